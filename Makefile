@@ -1,0 +1,98 @@
+# hutch — two commands on a fresh Debian 12 machine, as root: `make up`, `make test`.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STATE_DIR ?= $(CURDIR)/var
+LISTEN ?= 127.0.0.1:7070
+PYTEST_ARGS ?=
+
+# System packages hutch needs on the host (installed with apt, nothing by hand).
+APT_PACKAGES := qemu-system-x86 qemu-utils mmdebstrap nftables busybox-static lz4 \
+	e2fsprogs bubblewrap iproute2 cpio kmod xz-utils zstd python3-venv python3-pip \
+	ca-certificates procps
+
+.PHONY: help deps system-deps venv image up down restart check lint typecheck test \
+	test-fast openapi bench clean
+
+help:
+	@echo "make up      install deps, build the base image, start hutchd on $(LISTEN)"
+	@echo "make down    stop hutchd (sandboxes keep running; a restart adopts them)"
+	@echo "make test    install deps and run lint, types and the whole test suite"
+	@echo "make check   lint, types and the fast test tiers"
+	@echo "make bench   run the benchmark harness (results in bench/results/)"
+
+system-deps:
+	@missing=$$(for p in $(APT_PACKAGES); do \
+		dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; \
+	done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing system packages:" $$missing; \
+		apt-get update -q; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
+	fi
+
+$(BIN)/.installed: pyproject.toml requirements.lock
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements.lock
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e .
+	@touch $@
+
+venv: $(BIN)/.installed
+
+deps: system-deps venv
+
+image: deps
+	HUTCH_STATE_DIR=$(STATE_DIR) $(BIN)/hutch image build base
+
+up: image
+	@mkdir -p $(STATE_DIR)/logs
+	@if [ -f $(STATE_DIR)/hutchd.pid ] && kill -0 $$(cat $(STATE_DIR)/hutchd.pid) 2>/dev/null; then \
+		echo "hutchd already running (pid $$(cat $(STATE_DIR)/hutchd.pid))"; \
+	else \
+		HUTCH_STATE_DIR=$(STATE_DIR) HUTCH_LISTEN=$(LISTEN) setsid nohup $(BIN)/hutch daemon \
+			>>$(STATE_DIR)/logs/hutchd.out 2>&1 </dev/null & echo $$! > $(STATE_DIR)/hutchd.pid; \
+	fi
+	@for i in $$(seq 1 100); do \
+		if curl -fsS http://$(LISTEN)/healthz >/dev/null 2>&1; then \
+			echo "hutchd is up on http://$(LISTEN) (state: $(STATE_DIR), logs: $(STATE_DIR)/logs)"; \
+			exit 0; \
+		fi; \
+		kill -0 $$(cat $(STATE_DIR)/hutchd.pid) 2>/dev/null || { tail -20 $(STATE_DIR)/logs/hutchd.out; exit 1; }; \
+		sleep 0.2; \
+	done; echo "hutchd did not answer on $(LISTEN)"; tail -20 $(STATE_DIR)/logs/hutchd.out; exit 1
+
+down:
+	@if [ -f $(STATE_DIR)/hutchd.pid ] && kill -0 $$(cat $(STATE_DIR)/hutchd.pid) 2>/dev/null; then \
+		pid=$$(cat $(STATE_DIR)/hutchd.pid); kill $$pid; \
+		for i in $$(seq 1 50); do kill -0 $$pid 2>/dev/null || break; sleep 0.2; done; \
+		echo "hutchd stopped"; \
+	else echo "hutchd is not running"; fi
+	@rm -f $(STATE_DIR)/hutchd.pid
+
+restart: down up
+
+lint: venv
+	$(BIN)/ruff check src tests bench guest_agent
+	$(BIN)/ruff format --check src tests bench guest_agent
+
+typecheck: venv
+	$(BIN)/mypy
+
+check: deps lint typecheck
+	$(BIN)/pytest tests/unit tests/component $(PYTEST_ARGS)
+
+test: deps lint typecheck
+	HUTCH_TEST_STATE_DIR=$(STATE_DIR) $(BIN)/pytest tests $(PYTEST_ARGS)
+
+openapi: venv
+	$(BIN)/python -m hutch.api.openapi > openapi.json
+
+bench: deps
+	HUTCH_STATE_DIR=$(STATE_DIR) $(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,102 @@
+"""hutch: self-hosted micro-VM sandboxes for code written by AI agents.
+
+``from hutch import Sandbox, AsyncSandbox`` is the client API (see :mod:`hutch.sdk`).
+The SDK is imported on first use (PEP 562 ``__getattr__``), so the daemon's own modules,
+which import ``hutch.config`` and friends, do not pay for httpx at startup.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from hutch.errors import (
+    AgentVersionMismatch,
+    Capacity,
+    Conflict,
+    GuestError,
+    HutchError,
+    ImageBuildError,
+    InvalidArgument,
+    NetworkError,
+    NotFound,
+    SnapshotError,
+    StateError,
+    StoreError,
+    Timeout,
+    Unauthorized,
+    UnknownImage,
+    VmError,
+)
+from hutch.version import __version__
+
+if TYPE_CHECKING:
+    from hutch.sdk import (
+        ApiKeyMissing,
+        AsyncSandbox,
+        DaemonUnreachable,
+        ExecExit,
+        ExecOutput,
+        ExecResult,
+        FileEntry,
+        ProtocolError,
+        Sandbox,
+        SandboxInfo,
+    )
+
+__all__ = [
+    "AgentVersionMismatch",
+    "ApiKeyMissing",
+    "AsyncSandbox",
+    "Capacity",
+    "Conflict",
+    "DaemonUnreachable",
+    "ExecExit",
+    "ExecOutput",
+    "ExecResult",
+    "FileEntry",
+    "GuestError",
+    "HutchError",
+    "ImageBuildError",
+    "InvalidArgument",
+    "NetworkError",
+    "NotFound",
+    "ProtocolError",
+    "Sandbox",
+    "SandboxInfo",
+    "SnapshotError",
+    "StateError",
+    "StoreError",
+    "Timeout",
+    "Unauthorized",
+    "UnknownImage",
+    "VmError",
+    "__version__",
+]
+
+_FROM_SDK = frozenset(
+    {
+        "ApiKeyMissing",
+        "AsyncSandbox",
+        "DaemonUnreachable",
+        "ExecExit",
+        "ExecOutput",
+        "ExecResult",
+        "FileEntry",
+        "ProtocolError",
+        "Sandbox",
+        "SandboxInfo",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_SDK:
+        value = getattr(importlib.import_module("hutch.sdk"), name)
+        globals()[name] = value  # later lookups skip this hook
+        return value
+    raise AttributeError(f"module 'hutch' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | _FROM_SDK)

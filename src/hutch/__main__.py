@@ -1,0 +1,3 @@
+from hutch.cli.main import main
+
+main()

@@ -1,0 +1,76 @@
+"""Request body limits, enforced while the body streams in (not after buffering it)."""
+
+from __future__ import annotations
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from hutch.api.errors import error_body
+
+# JSON bodies (exec stdin included) are parsed in memory, so they are capped. File uploads
+# stream to the guest and are not.
+MAX_JSON_BODY = 16 * 1024 * 1024
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class BodyLimit:
+    def __init__(self, app: ASGIApp, limit: int = MAX_JSON_BODY) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or _is_upload(scope):
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", []):
+            if name == b"content-length" and value.isdigit() and int(value) > self.limit:
+                await _reject(send, self.limit)
+                return
+        seen = 0
+        started = False
+
+        async def limited_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise BodyTooLarge
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except BodyTooLarge:
+            if not started:
+                await _reject(send, self.limit)
+
+
+def _is_upload(scope: Scope) -> bool:
+    return bool(scope.get("method") == "PUT" and str(scope.get("path", "")).endswith("/files"))
+
+
+async def _reject(send: Send, limit: int) -> None:
+    import json
+
+    body = json.dumps(
+        error_body("payload_too_large", f"request body is larger than {limit} bytes")
+    ).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,113 @@
+from __future__ import annotations
+
+import codecs
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import StreamingResponse
+
+from hutch.api.deps import service
+from hutch.api.schemas import ExecRequest, ExecResult
+from hutch.errors import HutchError, Timeout
+from hutch.services.sandboxes import ExecStream, SandboxService
+
+router = APIRouter(prefix="/v1/sandboxes", tags=["exec"])
+Service = Annotated[SandboxService, Depends(service)]
+
+# A non-streamed result is held in the daemon's memory; past this it is cut (the command
+# keeps running to its end). Stream for more.
+MAX_COLLECTED_BYTES = 16 * 1024 * 1024
+TRUNCATION_NOTE = "\n[hutch: output truncated at 16 MiB; use stream=true for all of it]\n"
+
+
+def _timeout_message(timeout_s: float | None) -> str:
+    return f"the command ran longer than timeout_s={timeout_s} and was killed"
+
+
+@router.post(
+    "/{sandbox_id}/exec",
+    response_model=ExecResult,
+    responses={200: {"content": {"application/x-ndjson": {}}}},
+)
+async def exec_command(
+    sandbox_id: str, body: ExecRequest, svc: Service
+) -> ExecResult | StreamingResponse:
+    stream = await svc.exec(
+        sandbox_id,
+        body.cmd,
+        env=body.env,
+        cwd=body.cwd,
+        user=body.user,
+        stdin=body.stdin.encode() if body.stdin is not None else None,
+        timeout_s=body.timeout_s,
+    )
+    if body.stream:
+        return StreamingResponse(
+            _ndjson_events(stream, body.timeout_s), media_type="application/x-ndjson"
+        )
+    return await _collect(stream, body.timeout_s)
+
+
+async def _collect(stream: ExecStream, timeout_s: float | None) -> ExecResult:
+    buffers = {"stdout": bytearray(), "stderr": bytearray()}
+    truncated = {"stdout": False, "stderr": False}
+    async for chunk in stream:
+        buf = buffers[chunk.stream]
+        room = MAX_COLLECTED_BYTES - len(buf)
+        if room > 0:
+            buf += chunk.data[:room]
+        if len(chunk.data) > room:
+            truncated[chunk.stream] = True
+    done = await stream.wait()
+    if done.timed_out:
+        raise Timeout(_timeout_message(timeout_s))
+
+    def text(name: str) -> str:
+        out = buffers[name].decode(errors="replace")
+        return out + TRUNCATION_NOTE if truncated[name] else out
+
+    return ExecResult(
+        exit_code=done.exit_code,
+        signal=done.signal,
+        stdout=text("stdout"),
+        stderr=text("stderr"),
+        duration_ms=done.duration_ms,
+    )
+
+
+async def _ndjson_events(stream: ExecStream, timeout_s: float | None) -> AsyncIterator[bytes]:
+    # Incremental decoders: a chunk boundary may split a multi-byte UTF-8 character.
+    decoders = {
+        "stdout": codecs.getincrementaldecoder("utf-8")("replace"),
+        "stderr": codecs.getincrementaldecoder("utf-8")("replace"),
+    }
+
+    def line(obj: dict[str, object]) -> bytes:
+        return json.dumps(obj).encode() + b"\n"
+
+    try:
+        async for chunk in stream:
+            text = decoders[chunk.stream].decode(chunk.data)
+            if text:
+                yield line({"type": chunk.stream, "data": text})
+        for name, decoder in decoders.items():
+            rest = decoder.decode(b"", final=True)
+            if rest:
+                yield line({"type": name, "data": rest})
+        done = await stream.wait()
+    except HutchError as exc:
+        yield line({"type": "error", "code": exc.code, "message": exc.message})
+        return
+    if done.timed_out:
+        yield line({"type": "error", "code": "timeout", "message": _timeout_message(timeout_s)})
+        return
+    yield line(
+        {
+            "type": "exit",
+            "exit_code": done.exit_code,
+            "signal": done.signal,
+            "duration_ms": done.duration_ms,
+        }
+    )

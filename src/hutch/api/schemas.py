@@ -1,0 +1,160 @@
+"""Request and response bodies of the REST API (the OpenAPI spec is generated from these)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from hutch.models import (
+    DISK_GIB_RANGE,
+    MEMORY_MIB_RANGE,
+    TIMEOUT_S_RANGE,
+    VCPUS_RANGE,
+    SandboxRecord,
+    SandboxState,
+)
+
+MAX_EXEC_TIMEOUT_S = 24 * 3600
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CreateSandbox(Strict):
+    image: Annotated[str, Field(min_length=1, max_length=64)] = "base"
+    vcpus: Annotated[int, Field(ge=VCPUS_RANGE[0], le=VCPUS_RANGE[1], strict=True)] = 1
+    memory_mib: Annotated[
+        int, Field(ge=MEMORY_MIB_RANGE[0], le=MEMORY_MIB_RANGE[1], strict=True)
+    ] = 512
+    disk_gib: Annotated[int, Field(ge=DISK_GIB_RANGE[0], le=DISK_GIB_RANGE[1], strict=True)] = 4
+    env: dict[str, str] = Field(default_factory=dict, max_length=256)
+    metadata: dict[str, str] = Field(default_factory=dict, max_length=64)
+    name: Annotated[str, Field(min_length=1, max_length=63)] | None = None
+    timeout_s: (
+        Annotated[int, Field(ge=TIMEOUT_S_RANGE[0], le=TIMEOUT_S_RANGE[1], strict=True)] | None
+    ) = None
+
+
+def _iso(ts: float | None) -> dt.datetime | None:
+    return None if ts is None else dt.datetime.fromtimestamp(ts, dt.UTC)
+
+
+class Sandbox(BaseModel):
+    id: str
+    name: str | None
+    image: str
+    state: SandboxState
+    vcpus: int
+    memory_mib: int
+    disk_gib: int
+    metadata: dict[str, str]
+    timeout_s: int | None
+    created_at: dt.datetime
+    started_at: dt.datetime | None
+    expires_at: dt.datetime | None
+    ended_at: dt.datetime | None
+    error: str | None
+
+    @classmethod
+    def of(cls, rec: SandboxRecord) -> Sandbox:
+        created = _iso(rec.created_at)
+        assert created is not None
+        return cls(
+            id=rec.id,
+            name=rec.name,
+            image=rec.image,
+            state=rec.state,
+            vcpus=rec.shape.vcpus,
+            memory_mib=rec.shape.memory_mib,
+            disk_gib=rec.shape.disk_gib,
+            metadata=rec.metadata,
+            timeout_s=rec.timeout_s,
+            created_at=created,
+            started_at=_iso(rec.started_at),
+            expires_at=_iso(rec.expires_at),
+            ended_at=_iso(rec.ended_at),
+            error=rec.error,
+        )
+
+
+class SandboxList(BaseModel):
+    sandboxes: list[Sandbox]
+
+
+class ExecRequest(Strict):
+    cmd: (
+        Annotated[list[Annotated[str, Field(max_length=65536)]], Field(min_length=1)]
+        | Annotated[str, Field(min_length=1, max_length=262144)]
+    )
+    env: dict[str, str] = Field(default_factory=dict, max_length=256)
+    cwd: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
+    user: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    timeout_s: Annotated[float, Field(gt=0, le=MAX_EXEC_TIMEOUT_S)] | None = None
+    stdin: Annotated[str, Field(max_length=8 * 1024 * 1024)] | None = None
+    stream: bool = False
+
+
+class ExecResult(BaseModel):
+    exit_code: int | None
+    signal: int | None
+    stdout: str
+    stderr: str
+    duration_ms: int
+
+
+class FileEntry(BaseModel):
+    name: str
+    path: str
+    type: Literal["file", "dir", "symlink", "other"]
+    size: int
+    mode: str
+    mtime: dt.datetime
+
+
+class FileList(BaseModel):
+    entries: list[FileEntry]
+
+
+class WriteResult(BaseModel):
+    path: str
+    size: int
+
+
+class MkdirRequest(Strict):
+    path: Annotated[str, Field(min_length=1, max_length=4096)]
+
+
+class RenameRequest(Strict):
+    source: Annotated[str, Field(min_length=1, max_length=4096)]
+    destination: Annotated[str, Field(min_length=1, max_length=4096)]
+
+
+class Image(BaseModel):
+    name: str
+    description: str
+    built: bool
+    digest: str | None
+    size_bytes: int | None
+    kernel_release: str | None
+
+
+class ImageList(BaseModel):
+    images: list[Image]
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    version: str
+    accel: str
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail

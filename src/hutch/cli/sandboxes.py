@@ -1,0 +1,160 @@
+"""``hutch create | ls | inspect | rm``."""
+
+from __future__ import annotations
+
+import contextlib
+
+import click
+from rich.table import Table
+
+from hutch.cli._env import get_env, print_table, stderr_console
+from hutch.cli._output import parse_pairs, print_json, when
+from hutch.errors import HutchError
+from hutch.sdk import SandboxInfo
+
+__all__ = ["create", "inspect", "ls", "rm"]
+
+
+@click.command()
+@click.option("--image", default="base", show_default=True, help="Image to boot.")
+@click.option("--vcpus", type=int, default=1, show_default=True)
+@click.option(
+    "--memory",
+    "memory_mib",
+    type=int,
+    default=512,
+    show_default=True,
+    metavar="MIB",
+    help="Memory in MiB.",
+)
+@click.option(
+    "--disk",
+    "disk_gib",
+    type=int,
+    default=4,
+    show_default=True,
+    metavar="GIB",
+    help="Disk size in GiB.",
+)
+@click.option("--env", "env", multiple=True, metavar="K=V", help="Environment (repeatable).")
+@click.option("--metadata", multiple=True, metavar="K=V", help="Labels (repeatable).")
+@click.option("--name", help="A name (lowercase letters, digits, '-').")
+@click.option(
+    "--timeout", "timeout_s", type=int, metavar="S", help="Destroy the sandbox after S seconds."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the sandbox as JSON.")
+def create(
+    image: str,
+    vcpus: int,
+    memory_mib: int,
+    disk_gib: int,
+    env: tuple[str, ...],
+    metadata: tuple[str, ...],
+    name: str | None,
+    timeout_s: int | None,
+    as_json: bool,
+) -> None:
+    """Boot a sandbox and print its id."""
+    env_map = parse_pairs(env, "--env")
+    meta = parse_pairs(metadata, "--metadata")
+    client = get_env().client()
+    console = stderr_console()
+    spinner = (
+        console.status(f"booting a {image} sandbox...")
+        if console.is_terminal
+        else contextlib.nullcontext()
+    )
+    with spinner:
+        info = client.create_sandbox(
+            image,
+            vcpus=vcpus,
+            memory_mib=memory_mib,
+            disk_gib=disk_gib,
+            env=env_map,
+            metadata=meta,
+            name=name,
+            timeout_s=timeout_s,
+        )
+    if as_json:
+        print_json(info.to_dict())
+    else:
+        click.echo(info.id)
+
+
+@click.command()
+@click.option("--state", help="Only sandboxes in this state (default: all not destroyed).")
+@click.option("--metadata", multiple=True, metavar="K=V", help="Filter (repeatable; all match).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
+def ls(state: str | None, metadata: tuple[str, ...], as_json: bool) -> None:
+    """List sandboxes."""
+    sandboxes = get_env().client().list_sandboxes(state, parse_pairs(metadata, "--metadata"))
+    if as_json:
+        print_json([sb.to_dict() for sb in sandboxes])
+        return
+    table = Table(box=None, pad_edge=False, show_edge=False)
+    for column in ("ID", "NAME", "IMAGE", "STATE", "VCPUS", "MEM", "CREATED"):
+        table.add_column(column, no_wrap=True)
+    for sb in sandboxes:
+        table.add_row(
+            sb.id,
+            sb.name or "-",
+            sb.image,
+            sb.state,
+            str(sb.vcpus),
+            f"{sb.memory_mib}M",
+            when(sb.created_at),
+        )
+    print_table(table)
+
+
+def _describe(info: SandboxInfo) -> list[tuple[str, str]]:
+    rows = [
+        ("id", info.id),
+        ("name", info.name or "-"),
+        ("image", info.image),
+        ("state", info.state),
+        ("vcpus", str(info.vcpus)),
+        ("memory", f"{info.memory_mib} MiB"),
+        ("disk", f"{info.disk_gib} GiB"),
+        ("timeout", f"{info.timeout_s} s" if info.timeout_s else "-"),
+        ("created", when(info.created_at)),
+        ("started", when(info.started_at)),
+        ("expires", when(info.expires_at)),
+        ("ended", when(info.ended_at)),
+    ]
+    rows += [(f"metadata.{k}", v) for k, v in sorted(info.metadata.items())]
+    if info.error:
+        rows.append(("error", info.error))
+    return rows
+
+
+@click.command()
+@click.argument("sandbox_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="Print the sandbox as JSON.")
+def inspect(sandbox_id: str, as_json: bool) -> None:
+    """Show one sandbox."""
+    info = get_env().client().get_sandbox(sandbox_id)
+    if as_json:
+        print_json(info.to_dict())
+        return
+    width = max(len(k) for k, _ in _describe(info))
+    for key, value in _describe(info):
+        click.echo(f"{key + ':':<{width + 1}} {value}")
+
+
+@click.command()
+@click.argument("sandbox_ids", metavar="ID...", nargs=-1, required=True)
+def rm(sandbox_ids: tuple[str, ...]) -> None:
+    """Destroy sandboxes. Prints each id removed; fails (exit 1) if any could not be."""
+    client = get_env().client()
+    failed = 0
+    for sandbox_id in sandbox_ids:
+        try:
+            client.delete_sandbox(sandbox_id)
+        except HutchError as exc:
+            failed += 1
+            click.echo(f"error: {sandbox_id}: {exc}", err=True)
+            continue
+        click.echo(sandbox_id)
+    if failed:
+        raise click.exceptions.Exit(1)

@@ -1,0 +1,159 @@
+"""One typed settings object, read from ``HUTCH_*`` environment variables and an optional
+TOML file (``HUTCH_CONFIG``, or ``<state_dir>/config.toml`` when present).
+
+Precedence: environment > config file > defaults.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from hutch.errors import InvalidArgument
+
+ACCEL_CHOICES = ("auto", "kvm", "tcg")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Host capacity. Creating past these fails with ``Capacity``."""
+
+    max_sandboxes: int = 64
+    # Memory all running sandboxes may reserve together, MiB. 0 means 3/4 of host RAM.
+    max_memory_mib: int = 0
+
+    @property
+    def memory_budget_mib(self) -> int:
+        return self.max_memory_mib or host_memory_mib() * 3 // 4
+
+
+def host_memory_mib() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20)
+
+
+@dataclass(frozen=True)
+class Settings:
+    state_dir: Path = Path("./var")
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 7070
+    accel: str = "auto"
+    default_image: str = "base"
+    limits: Limits = field(default_factory=Limits)
+    # Seconds to wait for a booting guest's agent before giving up.
+    boot_timeout_s: float = 120.0
+    # Built images may be shared by several state directories (tests do this).
+    images_dir_override: Path | None = None
+
+    @property
+    def db_path(self) -> Path:
+        return self.state_dir / "hutch.db"
+
+    @property
+    def api_key_path(self) -> Path:
+        return self.state_dir / "api-key"
+
+    @property
+    def images_dir(self) -> Path:
+        return self.images_dir_override or self.state_dir / "images"
+
+    @property
+    def sandboxes_dir(self) -> Path:
+        return self.state_dir / "sandboxes"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.state_dir / "logs"
+
+    @property
+    def run_dir(self) -> Path:
+        """Short directory for unix sockets (their paths are limited to 107 bytes).
+
+        Derived from the state directory so two daemons never share it and a restarted
+        daemon finds its sockets again.
+        """
+        digest = hashlib.sha256(str(self.state_dir.resolve()).encode()).hexdigest()[:10]
+        return Path("/run/hutch") / digest
+
+    @property
+    def listen(self) -> str:
+        return f"{self.listen_host}:{self.listen_port}"
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """Parse ``host:port`` (``[v6]:port`` for IPv6)."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidArgument(f"HUTCH_LISTEN={value!r} is not host:port (example: 127.0.0.1:7070)")
+    return host.strip("[]"), int(port)
+
+
+def _from_mapping(base: Settings, values: dict[str, Any], source: str) -> Settings:
+    known = {f.name for f in fields(Settings)} - {"images_dir_override", "limits"}
+    known |= {"listen", "max_sandboxes", "max_memory_mib", "images_dir"}
+    unknown = set(values) - known
+    if unknown:
+        raise InvalidArgument(
+            f"{source}: unknown setting(s) {sorted(unknown)}; known: {sorted(known)}"
+        )
+    s = base
+    try:
+        if "state_dir" in values:
+            s = replace(s, state_dir=Path(str(values["state_dir"])))
+        if "listen" in values:
+            host, port = parse_listen(str(values["listen"]))
+            s = replace(s, listen_host=host, listen_port=port)
+        if "accel" in values:
+            s = replace(s, accel=str(values["accel"]).lower())
+        if "default_image" in values:
+            s = replace(s, default_image=str(values["default_image"]))
+        if "images_dir" in values:
+            s = replace(s, images_dir_override=Path(str(values["images_dir"])).resolve())
+        if "boot_timeout_s" in values:
+            s = replace(s, boot_timeout_s=float(values["boot_timeout_s"]))
+        limits = s.limits
+        if "max_sandboxes" in values:
+            limits = replace(limits, max_sandboxes=int(values["max_sandboxes"]))
+        if "max_memory_mib" in values:
+            limits = replace(limits, max_memory_mib=int(values["max_memory_mib"]))
+        s = replace(s, limits=limits)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"{source}: {exc}") from exc
+    if s.accel not in ACCEL_CHOICES:
+        raise InvalidArgument(f"{source}: accel={s.accel!r}; accepted: {', '.join(ACCEL_CHOICES)}")
+    return s
+
+
+_ENV = {
+    "HUTCH_STATE_DIR": "state_dir",
+    "HUTCH_LISTEN": "listen",
+    "HUTCH_ACCEL": "accel",
+    "HUTCH_DEFAULT_IMAGE": "default_image",
+    "HUTCH_BOOT_TIMEOUT_S": "boot_timeout_s",
+    "HUTCH_IMAGES_DIR": "images_dir",
+    "HUTCH_MAX_SANDBOXES": "max_sandboxes",
+    "HUTCH_MAX_MEMORY_MIB": "max_memory_mib",
+}
+
+
+def load_settings(env: dict[str, str] | None = None) -> Settings:
+    """Build settings from the environment and the optional config file."""
+    env = dict(os.environ if env is None else env)
+    from_env = {key: env[name] for name, key in _ENV.items() if env.get(name)}
+    settings = Settings()
+    state_dir = Path(from_env.get("state_dir", str(settings.state_dir)))
+    config_path = env.get("HUTCH_CONFIG") or str(state_dir / "config.toml")
+    path = Path(config_path)
+    if env.get("HUTCH_CONFIG") and not path.is_file():
+        raise InvalidArgument(f"HUTCH_CONFIG={config_path!r}: no such file")
+    if path.is_file():
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise InvalidArgument(f"{path}: not valid TOML: {exc}") from exc
+        settings = _from_mapping(settings, data, str(path))
+    settings = _from_mapping(settings, from_env, "environment")
+    return replace(settings, state_dir=settings.state_dir.resolve())

@@ -1,0 +1,75 @@
+"""hutchd: wire settings, store, backend, service and REST app together, then serve."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import logging.handlers
+import os
+import sys
+
+import uvicorn
+
+from hutch.api import create_app
+from hutch.api.auth import load_or_create_key
+from hutch.config import Settings
+from hutch.services.images import LocalImages
+from hutch.services.qemu_backend import QemuBackend
+from hutch.services.sandboxes import SandboxService
+from hutch.store import Store
+
+log = logging.getLogger("hutch")
+
+
+def setup_logging(settings: Settings) -> None:
+    settings.logs_dir.mkdir(parents=True, exist_ok=True)
+    handler = logging.handlers.RotatingFileHandler(
+        settings.logs_dir / "hutchd.log", maxBytes=20 << 20, backupCount=3
+    )
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler.setFormatter(fmt)
+    console = logging.StreamHandler(sys.stderr)
+    console.setFormatter(fmt)
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    root.addHandler(handler)
+    root.addHandler(console)
+
+
+def build(settings: Settings) -> tuple[SandboxService, str]:
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(settings.state_dir, 0o700)
+    key = load_or_create_key(settings.api_key_path)
+    store = Store(settings.db_path)
+    backend = QemuBackend(settings)
+    images = LocalImages(settings.images_dir)
+    return SandboxService(settings, store, backend, images), key
+
+
+async def serve(settings: Settings) -> None:
+    svc, key = build(settings)
+    app = create_app(svc, key)
+    config = uvicorn.Config(
+        app,
+        host=settings.listen_host,
+        port=settings.listen_port,
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=5,
+    )
+    server = uvicorn.Server(config)
+    print(
+        f"hutchd {app.version}: listening on http://{settings.listen}, "
+        f"state in {settings.state_dir}, accel {svc.backend.accel}",
+        file=sys.stderr,
+        flush=True,
+    )
+    await server.serve()
+    if not server.started:
+        raise SystemExit(f"hutchd could not listen on {settings.listen}")
+
+
+def run(settings: Settings) -> None:
+    """Run the daemon in the foreground until SIGINT/SIGTERM. Sandboxes keep running."""
+    setup_logging(settings)
+    asyncio.run(serve(settings))

@@ -1,0 +1,138 @@
+"""The one error hierarchy of hutch.
+
+Every error hutch raises on purpose derives from :class:`HutchError`. Callers catch by
+what they can do about it::
+
+    HutchError
+    ├── InvalidArgument      bad input; change the request          (400 invalid_argument)
+    │   └── UnknownImage     no such image                          (400 unknown_image)
+    ├── Unauthorized         missing or wrong API key               (401 unauthorized)
+    ├── NotFound             no such sandbox, file, ...             (404 not_found)
+    ├── Conflict             the resource is in the wrong state     (409 conflict)
+    │   └── StateError       ... with the state it is in and the states required
+    ├── Capacity             the host is full                       (429/507 capacity)
+    ├── Timeout              an operation ran out of time           (504 timeout)
+    ├── VmError              QEMU failed (carries argv and stderr)  (500 vm_error)
+    ├── GuestError           the guest agent failed or refused      (502 guest_error)
+    │   └── AgentVersionMismatch                                    (502 agent_version)
+    ├── ImageBuildError      an image cannot be built               (500 image_build)
+    ├── NetworkError         taps, nftables, DNS                    (500 network_error)
+    ├── SnapshotError        snapshot files missing or corrupt      (500 snapshot_error)
+    └── StoreError           the database failed                    (500 store_error)
+
+The REST layer maps each class to a status and a stable ``code`` in one table
+(``hutch.api.errors``); the SDK maps the codes back to these classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class HutchError(Exception):
+    """Root of every error hutch raises on purpose."""
+
+    code = "internal"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidArgument(HutchError):
+    code = "invalid_argument"
+
+
+class UnknownImage(InvalidArgument):
+    code = "unknown_image"
+
+
+class Unauthorized(HutchError):
+    code = "unauthorized"
+
+
+class NotFound(HutchError):
+    code = "not_found"
+
+
+class Conflict(HutchError):
+    code = "conflict"
+
+
+class StateError(Conflict):
+    """An operation needs the resource in another state."""
+
+    code = "invalid_state"
+
+    def __init__(self, what: str, state: str, required: Iterable[str]) -> None:
+        self.state = state
+        self.required = tuple(required)
+        super().__init__(f"{what} is {state}; this needs it to be {' or '.join(self.required)}")
+
+
+class Capacity(HutchError):
+    code = "capacity"
+
+
+class Timeout(HutchError):
+    code = "timeout"
+
+
+class VmError(HutchError):
+    """QEMU failed. Carries the command line and stderr when QEMU would not start."""
+
+    code = "vm_error"
+
+    def __init__(self, message: str, argv: list[str] | None = None, stderr: str = "") -> None:
+        self.argv = list(argv or [])
+        self.stderr = stderr
+        detail = message
+        if argv:
+            detail += "\ncommand: " + " ".join(self.argv)
+        if stderr:
+            detail += "\nstderr:\n" + stderr.strip()
+        super().__init__(detail)
+
+
+class GuestError(HutchError):
+    code = "guest_error"
+
+
+class AgentVersionMismatch(GuestError):
+    code = "agent_version"
+
+
+class ImageBuildError(HutchError):
+    code = "image_build"
+
+
+class NetworkError(HutchError):
+    code = "network_error"
+
+
+class SnapshotError(HutchError):
+    code = "snapshot_error"
+
+
+class StoreError(HutchError):
+    code = "store_error"
+
+
+ALL_ERRORS: tuple[type[HutchError], ...] = (
+    HutchError,
+    InvalidArgument,
+    UnknownImage,
+    Unauthorized,
+    NotFound,
+    Conflict,
+    StateError,
+    Capacity,
+    Timeout,
+    VmError,
+    GuestError,
+    AgentVersionMismatch,
+    ImageBuildError,
+    NetworkError,
+    SnapshotError,
+    StoreError,
+)

@@ -1,0 +1,244 @@
+"""``AsyncSandbox``: :class:`hutch.Sandbox` for asyncio (the same calls, awaited)."""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+
+import httpx
+
+from hutch.errors import NotFound
+from hutch.sdk._async_client import (
+    AsyncClient,
+    AsyncResponseStream,
+    AsyncUploadData,
+    OutputCallback,
+)
+from hutch.sdk._config import Timeouts
+from hutch.sdk._types import ExecEvent, ExecResult, FileEntry, SandboxInfo, WrittenFile
+
+__all__ = ["AsyncFiles", "AsyncSandbox"]
+
+
+class AsyncFiles:
+    """``sb.files`` of an :class:`AsyncSandbox`; see :class:`hutch.sdk.Files`."""
+
+    def __init__(self, client: AsyncClient, sandbox_id: str) -> None:
+        self._client = client
+        self._id = sandbox_id
+
+    async def write(self, path: str, data: AsyncUploadData, mode: int = 0o644) -> WrittenFile:
+        """Like ``Files.write``; also takes async iterables and async file objects."""
+        return await self._client.write_file(self._id, path, data, mode)
+
+    async def read(self, path: str) -> bytes:
+        return await self._client.read_file(self._id, path)
+
+    def read_stream(self, path: str) -> AsyncResponseStream[bytes]:
+        """``async for chunk in sb.files.read_stream(path)``."""
+        return self._client.read_file_stream(self._id, path)
+
+    async def list(self, path: str = ".") -> builtins.list[FileEntry]:
+        return await self._client.list_files(self._id, path)
+
+    async def stat(self, path: str) -> FileEntry:
+        return await self._client.stat_file(self._id, path)
+
+    async def mkdir(self, path: str) -> FileEntry:
+        return await self._client.mkdir(self._id, path)
+
+    async def rename(self, source: str, destination: str) -> FileEntry:
+        return await self._client.rename(self._id, source, destination)
+
+    async def remove(self, path: str, recursive: bool = False) -> None:
+        await self._client.remove_file(self._id, path, recursive)
+
+
+class AsyncSandbox:
+    """One sandbox, asyncio flavour: ``sb = await AsyncSandbox.create()``,
+    ``async with sb: ...`` kills it at the end. See :class:`hutch.Sandbox`."""
+
+    def __init__(
+        self, client: AsyncClient, info: SandboxInfo, *, owns_client: bool = False
+    ) -> None:
+        self._client = client
+        self._info = info
+        self._owns_client = owns_client
+        self._killed = False
+        self.files = AsyncFiles(client, info.id)
+
+    @staticmethod
+    def _client_for(
+        client: AsyncClient | None,
+        api_key: str | None,
+        base_url: str | None,
+        http_timeout: float | Timeouts | None,
+        transport: httpx.AsyncBaseTransport | None,
+    ) -> tuple[AsyncClient, bool]:
+        if client is not None:
+            return client, False
+        return (
+            AsyncClient(
+                base_url=base_url, api_key=api_key, timeout=http_timeout, transport=transport
+            ),
+            True,
+        )
+
+    @classmethod
+    async def create(
+        cls,
+        image: str = "base",
+        *,
+        vcpus: int = 1,
+        memory_mib: int = 512,
+        disk_gib: int = 4,
+        env: Mapping[str, str] | None = None,
+        metadata: Mapping[str, str] | None = None,
+        name: str | None = None,
+        timeout_s: int | None = None,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        http_timeout: float | Timeouts | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        client: AsyncClient | None = None,
+    ) -> AsyncSandbox:
+        http, owned = cls._client_for(client, api_key, base_url, http_timeout, transport)
+        try:
+            info = await http.create_sandbox(
+                image,
+                vcpus=vcpus,
+                memory_mib=memory_mib,
+                disk_gib=disk_gib,
+                env=env,
+                metadata=metadata,
+                name=name,
+                timeout_s=timeout_s,
+            )
+        except BaseException:
+            if owned:
+                await http.aclose()
+            raise
+        return cls(http, info, owns_client=owned)
+
+    @classmethod
+    async def connect(
+        cls,
+        sandbox_id: str,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        http_timeout: float | Timeouts | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        client: AsyncClient | None = None,
+    ) -> AsyncSandbox:
+        http, owned = cls._client_for(client, api_key, base_url, http_timeout, transport)
+        try:
+            info = await http.get_sandbox(sandbox_id)
+        except BaseException:
+            if owned:
+                await http.aclose()
+            raise
+        return cls(http, info, owns_client=owned)
+
+    @classmethod
+    async def list(
+        cls,
+        state: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        http_timeout: float | Timeouts | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        client: AsyncClient | None = None,
+    ) -> builtins.list[SandboxInfo]:
+        http, owned = cls._client_for(client, api_key, base_url, http_timeout, transport)
+        try:
+            return await http.list_sandboxes(state, metadata)
+        finally:
+            if owned:
+                await http.aclose()
+
+    @property
+    def id(self) -> str:
+        return self._info.id
+
+    @property
+    def info(self) -> SandboxInfo:
+        return self._info
+
+    async def refresh(self) -> SandboxInfo:
+        self._info = await self._client.get_sandbox(self.id)
+        return self._info
+
+    async def exec(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+        stdin: str | bytes | None = None,
+        timeout_s: float | None = None,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+    ) -> ExecResult:
+        """See ``Sandbox.exec``; callbacks may be coroutine functions."""
+        return await self._client.exec(
+            self.id,
+            cmd,
+            env=env,
+            cwd=cwd,
+            user=user,
+            stdin=stdin,
+            timeout_s=timeout_s,
+            on_stdout=on_stdout,
+            on_stderr=on_stderr,
+        )
+
+    def exec_stream(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+        stdin: str | bytes | None = None,
+        timeout_s: float | None = None,
+    ) -> AsyncResponseStream[ExecEvent]:
+        """``async for event in sb.exec_stream(cmd)``: output events, then ``ExecExit``."""
+        return self._client.exec_stream(
+            self.id, cmd, env=env, cwd=cwd, user=user, stdin=stdin, timeout_s=timeout_s
+        )
+
+    async def kill(self) -> None:
+        """Destroy the sandbox. Idempotent."""
+        if self._killed:
+            return
+        with contextlib.suppress(NotFound):
+            await self._client.delete_sandbox(self.id)
+        self._killed = True
+
+    async def close(self) -> None:
+        """Release the HTTP connections (the sandbox keeps running)."""
+        if self._owns_client:
+            await self._client.aclose()
+
+    async def __aenter__(self) -> AsyncSandbox:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            await self.kill()
+        finally:
+            await self.close()
+
+    def __repr__(self) -> str:
+        return f"<AsyncSandbox {self.id} image={self._info.image} state={self._info.state}>"

@@ -1,0 +1,281 @@
+"""What the SDK returns: frozen value objects parsed from the API's JSON.
+
+Each type keeps the API's field names, and ``to_dict()`` gives back the API form (the
+CLI's ``--json`` prints exactly that, so scripts see the contract, not Python reprs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from hutch.sdk._errors import ProtocolError
+
+__all__ = [
+    "ExecEvent",
+    "ExecExit",
+    "ExecOutput",
+    "ExecResult",
+    "FileEntry",
+    "Health",
+    "ImageInfo",
+    "SandboxInfo",
+    "WrittenFile",
+]
+
+
+def _get(obj: Any, key: str, kind: type | tuple[type, ...], what: str) -> Any:
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"{what}: expected a JSON object, got {type(obj).__name__}")
+    value = obj.get(key)
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    # JSON true is not a number, though Python's bool subclasses int.
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        raise ProtocolError(
+            f"{what}: field {key!r} is {value!r}; the daemon may be a "
+            "different version than this SDK"
+        )
+    return value
+
+
+def _opt(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], what: str) -> Any:
+    if obj.get(key) is None:
+        return None
+    return _get(obj, key, kind, what)
+
+
+def _time(obj: dict[str, Any], key: str, what: str) -> datetime | None:
+    raw = _opt(obj, key, str, what)
+    if raw is None:
+        return None
+    try:
+        return datetime.fromisoformat(raw)
+    except ValueError as exc:
+        raise ProtocolError(f"{what}: field {key!r}={raw!r} is not an ISO 8601 time") from exc
+
+
+def _iso(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    text = value.isoformat(timespec="milliseconds")
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
+
+
+@dataclass(frozen=True)
+class SandboxInfo:
+    """A sandbox as the daemon last reported it. Times are timezone-aware UTC."""
+
+    id: str
+    name: str | None
+    image: str
+    state: str
+    vcpus: int
+    memory_mib: int
+    disk_gib: int
+    metadata: dict[str, str]
+    timeout_s: int | None
+    created_at: datetime | None
+    started_at: datetime | None
+    expires_at: datetime | None
+    ended_at: datetime | None
+    error: str | None
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> SandboxInfo:
+        w = "sandbox"
+        meta = _opt(obj, "metadata", dict, w) or {}
+        return cls(
+            id=_get(obj, "id", str, w),
+            name=_opt(obj, "name", str, w),
+            image=_get(obj, "image", str, w),
+            state=_get(obj, "state", str, w),
+            vcpus=_get(obj, "vcpus", int, w),
+            memory_mib=_get(obj, "memory_mib", int, w),
+            disk_gib=_get(obj, "disk_gib", int, w),
+            metadata={str(k): str(v) for k, v in meta.items()},
+            timeout_s=_opt(obj, "timeout_s", int, w),
+            created_at=_time(obj, "created_at", w),
+            started_at=_time(obj, "started_at", w),
+            expires_at=_time(obj, "expires_at", w),
+            ended_at=_time(obj, "ended_at", w),
+            error=_opt(obj, "error", str, w),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "image": self.image,
+            "state": self.state,
+            "vcpus": self.vcpus,
+            "memory_mib": self.memory_mib,
+            "disk_gib": self.disk_gib,
+            "metadata": dict(self.metadata),
+            "timeout_s": self.timeout_s,
+            "created_at": _iso(self.created_at),
+            "started_at": _iso(self.started_at),
+            "expires_at": _iso(self.expires_at),
+            "ended_at": _iso(self.ended_at),
+            "error": self.error,
+        }
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """A finished command. ``exit_code`` is None when a signal (``signal``) ended it."""
+
+    exit_code: int | None
+    signal: int | None
+    stdout: str
+    stderr: str
+    duration_ms: int
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> ExecResult:
+        w = "exec result"
+        return cls(
+            exit_code=_opt(obj, "exit_code", int, w),
+            signal=_opt(obj, "signal", int, w),
+            stdout=_get(obj, "stdout", str, w),
+            stderr=_get(obj, "stderr", str, w),
+            duration_ms=_get(obj, "duration_ms", int, w),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "exit_code": self.exit_code,
+            "signal": self.signal,
+            "stdout": self.stdout,
+            "stderr": self.stderr,
+            "duration_ms": self.duration_ms,
+        }
+
+
+@dataclass(frozen=True)
+class ExecOutput:
+    """A chunk of a running command's output, in arrival order."""
+
+    stream: Literal["stdout", "stderr"]
+    data: str
+
+
+@dataclass(frozen=True)
+class ExecExit:
+    """The last event of a command: how it ended."""
+
+    exit_code: int | None
+    signal: int | None
+    duration_ms: int
+
+
+ExecEvent = ExecOutput | ExecExit
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """A file in a sandbox. ``mode`` is the permission bits as an int (0o644)."""
+
+    name: str
+    path: str
+    type: str
+    size: int
+    mode: int
+    mtime: datetime | None
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> FileEntry:
+        w = "file entry"
+        raw_mode = _get(obj, "mode", (str, int), w)
+        try:
+            mode = raw_mode if isinstance(raw_mode, int) else int(raw_mode, 8)
+        except ValueError as exc:
+            raise ProtocolError(f"{w}: mode {raw_mode!r} is not octal") from exc
+        return cls(
+            name=_get(obj, "name", str, w),
+            path=_get(obj, "path", str, w),
+            type=_get(obj, "type", str, w),
+            size=_get(obj, "size", int, w),
+            mode=mode,
+            mtime=_time(obj, "mtime", w),
+        )
+
+    @property
+    def is_dir(self) -> bool:
+        return self.type == "dir"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "path": self.path,
+            "type": self.type,
+            "size": self.size,
+            "mode": format(self.mode, "04o"),
+            "mtime": _iso(self.mtime),
+        }
+
+
+@dataclass(frozen=True)
+class WrittenFile:
+    """What ``files.write`` stored: the absolute path and its size in bytes."""
+
+    path: str
+    size: int
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> WrittenFile:
+        return cls(path=_get(obj, "path", str, "write"), size=_get(obj, "size", int, "write"))
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    name: str
+    description: str
+    built: bool
+    digest: str | None
+    size_bytes: int | None
+    kernel_release: str | None
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> ImageInfo:
+        w = "image"
+        return cls(
+            name=_get(obj, "name", str, w),
+            description=_opt(obj, "description", str, w) or "",
+            built=_get(obj, "built", bool, w),
+            digest=_opt(obj, "digest", str, w),
+            size_bytes=_opt(obj, "size_bytes", int, w),
+            kernel_release=_opt(obj, "kernel_release", str, w),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "built": self.built,
+            "digest": self.digest,
+            "size_bytes": self.size_bytes,
+            "kernel_release": self.kernel_release,
+        }
+
+
+@dataclass(frozen=True)
+class Health:
+    status: str
+    version: str
+    accel: str | None
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> Health:
+        w = "healthz"
+        return cls(
+            status=_get(obj, "status", str, w),
+            version=_get(obj, "version", str, w),
+            accel=_opt(obj, "accel", str, w),
+            raw=dict(obj),
+        )

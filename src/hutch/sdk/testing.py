@@ -1,0 +1,375 @@
+"""An in-memory fake of the hutch REST API v1, as an ``httpx.MockTransport``.
+
+For tests of code that uses the SDK (ours and yours): no daemon, no VMs. It follows the
+contract's shapes, status codes and error codes; commands do not really run — an
+``exec_handler`` decides what each one prints::
+
+    fake = FakeHutch()
+    fake.exec_handler = lambda sb, body: FakeRun([("stdout", "hi\\n")], exit_code=0)
+    with Sandbox.create(transport=fake.transport, api_key=fake.api_key) as sb:
+        assert sb.exec("echo hi").stdout == "hi\\n"
+
+The transport works for both ``Client`` and ``AsyncClient``. Streamed answers keep the
+chunk boundaries the handler gives, so decoders are exercised on split lines.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote
+
+import httpx
+
+__all__ = ["FakeError", "FakeHutch", "FakeRun", "FakeSandbox"]
+
+_TIME = "2026-11-30T03:00:00.123Z"
+
+
+@dataclass
+class FakeRun:
+    """What a faked command does: output chunks in order, then how it ends.
+
+    ``error`` ends the stream with an error line (e.g. ``("timeout", "...")``) and, for
+    a non-streamed exec, answers with that error instead.
+    """
+
+    output: Sequence[tuple[str, str]] = ()
+    exit_code: int | None = 0
+    signal: int | None = None
+    duration_ms: int = 7
+    error: tuple[str, str] | None = None
+
+
+@dataclass
+class FakeSandbox:
+    id: str
+    spec: dict[str, Any]
+    state: str = "running"
+    files: dict[str, bytes] = field(default_factory=dict)
+    modes: dict[str, int] = field(default_factory=dict)
+    dirs: set[str] = field(default_factory=lambda: {"/", "/root", "/tmp"})
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.spec.get("name"),
+            "image": self.spec.get("image", "base"),
+            "state": self.state,
+            "vcpus": self.spec.get("vcpus", 1),
+            "memory_mib": self.spec.get("memory_mib", 512),
+            "disk_gib": self.spec.get("disk_gib", 4),
+            "metadata": self.spec.get("metadata") or {},
+            "timeout_s": self.spec.get("timeout_s"),
+            "created_at": _TIME,
+            "started_at": _TIME,
+            "expires_at": None,
+            "ended_at": _TIME if self.state == "destroyed" else None,
+            "error": None,
+        }
+
+
+class FakeError(Exception):
+    """Raised inside the fake to answer with an API error body."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+class _Chunks(httpx.SyncByteStream, httpx.AsyncByteStream):
+    """A body that yields the given chunks one by one, to sync and async clients."""
+
+    def __init__(self, chunks: Sequence[bytes]) -> None:
+        self._chunks = list(chunks)
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self._chunks
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for chunk in self._chunks:
+            yield chunk
+
+
+def _default_exec(sandbox: FakeSandbox, body: dict[str, Any]) -> FakeRun:
+    """``echo`` prints its arguments; anything else echoes its stdin and exits 0."""
+    cmd = body["cmd"]
+    argv = cmd if isinstance(cmd, list) else ["/bin/sh", "-c", cmd]
+    if argv and argv[0] == "echo":
+        return FakeRun([("stdout", " ".join(argv[1:]) + "\n")])
+    return FakeRun([("stdout", body.get("stdin") or "")] if body.get("stdin") else [])
+
+
+class FakeHutch:
+    """The fake daemon. ``transport`` is the ``httpx.MockTransport`` to pass to clients.
+
+    ``requests`` logs every request received; ``fail_next(...)`` makes the next matching
+    request fail with a given error; ``download_chunk`` sets the file download chunk size.
+    """
+
+    def __init__(self, api_key: str = "test-key") -> None:
+        self.api_key = api_key
+        self.sandboxes: dict[str, FakeSandbox] = {}
+        self.requests: list[httpx.Request] = []
+        self.exec_handler: Callable[[FakeSandbox, dict[str, Any]], FakeRun] = _default_exec
+        self.images: list[dict[str, Any]] = [
+            {
+                "name": "base",
+                "description": "Debian 12 with Python 3",
+                "built": True,
+                "digest": "d1g3st",
+                "size_bytes": 1 << 30,
+                "kernel_release": "6.1.0-cloud",
+            },
+            {
+                "name": "devbox",
+                "description": "base plus build tools",
+                "built": False,
+                "digest": None,
+                "size_bytes": None,
+                "kernel_release": None,
+            },
+        ]
+        self.download_chunk = 1 << 16
+        self._failures: list[tuple[str, str, FakeError]] = []
+        self._counter = 0
+        self.transport = httpx.MockTransport(self._handle)
+
+    # -- test controls ------------------------------------------------------------
+
+    def fail_next(self, method: str, path_re: str, status: int, code: str, message: str) -> None:
+        """Answer the next ``method`` request whose path matches ``path_re`` with an error."""
+        self._failures.append((method, path_re, FakeError(status, code, message)))
+
+    def add_sandbox(self, **spec: Any) -> FakeSandbox:
+        self._counter += 1
+        sandbox = FakeSandbox(id=f"sb-{self._counter:012x}", spec={"image": "base", **spec})
+        self.sandboxes[sandbox.id] = sandbox
+        return sandbox
+
+    # -- dispatch -----------------------------------------------------------------
+
+    def _handle(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        try:
+            for i, (method, path_re, error) in enumerate(self._failures):
+                if method == request.method and re.fullmatch(path_re, request.url.path):
+                    del self._failures[i]
+                    raise error
+            return self._route(request)
+        except FakeError as exc:
+            return httpx.Response(
+                exc.status, json={"error": {"code": exc.code, "message": exc.message}}
+            )
+
+    def _route(self, request: httpx.Request) -> httpx.Response:
+        path, method = request.url.path, request.method
+        if path == "/healthz" and method == "GET":
+            return httpx.Response(200, json={"status": "ok", "version": "0.1.0", "accel": "tcg"})
+        if request.headers.get("authorization") != f"Bearer {self.api_key}":
+            raise FakeError(401, "unauthorized", "missing or wrong API key")
+        if path == "/v1/images" and method == "GET":
+            return httpx.Response(200, json={"images": self.images})
+        if path == "/v1/sandboxes":
+            if method == "POST":
+                return self._create(_body(request))
+            if method == "GET":
+                return self._list(request)
+        match = re.fullmatch(r"/v1/sandboxes/([^/]+)(/.*)?", path)
+        if match:
+            sandbox = self._sandbox(unquote(match.group(1)))
+            rest = match.group(2) or ""
+            return self._sandbox_route(sandbox, method, rest, request)
+        raise FakeError(404, "not_found", f"no route {method} {path}")
+
+    def _sandbox(self, sandbox_id: str) -> FakeSandbox:
+        sandbox = self.sandboxes.get(sandbox_id)
+        if sandbox is None:
+            raise FakeError(404, "not_found", f"sandbox {sandbox_id} does not exist")
+        return sandbox
+
+    def _create(self, body: dict[str, Any]) -> httpx.Response:
+        known = {"image", "vcpus", "memory_mib", "disk_gib", "env", "metadata", "name", "timeout_s"}
+        if set(body) - known:
+            raise FakeError(400, "invalid_argument", f"unknown fields {set(body) - known}")
+        image = body.get("image", "base")
+        if image not in {i["name"] for i in self.images}:
+            raise FakeError(400, "unknown_image", f"image {image!r} is not in the catalog")
+        if not 1 <= body.get("vcpus", 1) <= 8:
+            raise FakeError(400, "invalid_argument", "vcpus is out of range; accepted: 1-8")
+        return httpx.Response(201, json=self.add_sandbox(**body).to_json())
+
+    def _list(self, request: httpx.Request) -> httpx.Response:
+        state = request.url.params.get("state")
+        wanted = dict(p.split("=", 1) for p in request.url.params.get_list("metadata"))
+        found = [
+            sb.to_json()
+            for sb in self.sandboxes.values()
+            if (sb.state == state if state else sb.state != "destroyed")
+            and all((sb.spec.get("metadata") or {}).get(k) == v for k, v in wanted.items())
+        ]
+        return httpx.Response(200, json={"sandboxes": found})
+
+    def _sandbox_route(
+        self, sb: FakeSandbox, method: str, rest: str, request: httpx.Request
+    ) -> httpx.Response:
+        if rest == "" and method == "GET":
+            return httpx.Response(200, json=sb.to_json())
+        if rest == "" and method == "DELETE":
+            sb.state = "destroyed"
+            return httpx.Response(204)
+        if sb.state != "running":
+            raise FakeError(
+                409, "invalid_state", f"sandbox {sb.id} is {sb.state}; this needs it to be running"
+            )
+        if rest == "/exec" and method == "POST":
+            return self._exec(sb, _body(request))
+        return self._files(sb, method, rest, request)
+
+    def _exec(self, sb: FakeSandbox, body: dict[str, Any]) -> httpx.Response:
+        cmd = body.get("cmd")
+        if not (isinstance(cmd, str) or (isinstance(cmd, list) and cmd)):
+            raise FakeError(400, "invalid_argument", "cmd must be a string or a list")
+        run = self.exec_handler(sb, body)
+        if not body.get("stream"):
+            if run.error:
+                code, message = run.error
+                raise FakeError(504 if code == "timeout" else 500, code, message)
+            out = "".join(d for s, d in run.output if s == "stdout")
+            err = "".join(d for s, d in run.output if s == "stderr")
+            return httpx.Response(
+                200,
+                json={
+                    "exit_code": run.exit_code,
+                    "signal": run.signal,
+                    "stdout": out,
+                    "stderr": err,
+                    "duration_ms": run.duration_ms,
+                },
+            )
+        lines: list[dict[str, Any]] = [{"type": s, "data": d} for s, d in run.output]
+        if run.error:
+            lines.append({"type": "error", "code": run.error[0], "message": run.error[1]})
+        else:
+            lines.append(
+                {
+                    "type": "exit",
+                    "exit_code": run.exit_code,
+                    "signal": run.signal,
+                    "duration_ms": run.duration_ms,
+                }
+            )
+        encoded = [(json.dumps(line) + "\n").encode() for line in lines]
+        # Split every line in two so clients must reassemble lines across chunks.
+        chunks = [part for line in encoded for part in (line[:5], line[5:])]
+        return httpx.Response(
+            200, headers={"content-type": "application/x-ndjson"}, stream=_Chunks(chunks)
+        )
+
+    def _files(
+        self, sb: FakeSandbox, method: str, rest: str, request: httpx.Request
+    ) -> httpx.Response:
+        params = request.url.params
+        if rest in ("/files/mkdir", "/files/rename") and method == "POST":
+            body = _body(request)
+            if rest == "/files/mkdir":
+                path = _abs(body["path"])
+                parts = path.strip("/").split("/")
+                for i in range(1, len(parts) + 1):
+                    sb.dirs.add("/" + "/".join(parts[:i]))
+                return httpx.Response(200, json=_entry(sb, path))
+            src, dst = _abs(body["source"]), _abs(body["destination"])
+            if src not in sb.files:
+                raise FakeError(404, "not_found", f"{src}: no such file")
+            sb.files[dst] = sb.files.pop(src)
+            sb.modes[dst] = sb.modes.pop(src, 0o644)
+            return httpx.Response(200, json=_entry(sb, dst))
+        path = _abs(params.get("path") or "")
+        if rest == "/files" and method == "PUT":
+            if posixpath.dirname(path) not in sb.dirs:
+                raise FakeError(404, "not_found", f"{posixpath.dirname(path)}: no such directory")
+            if path in sb.dirs:
+                raise FakeError(400, "invalid_argument", f"{path} is a directory")
+            sb.files[path] = request.content
+            sb.modes[path] = int(params.get("mode", "0644"), 8)
+            return httpx.Response(200, json={"path": path, "size": len(request.content)})
+        if rest == "/files" and method == "GET":
+            if path not in sb.files:
+                kind = "is a directory" if path in sb.dirs else "no such file"
+                raise FakeError(
+                    400 if path in sb.dirs else 404,
+                    "invalid_argument" if path in sb.dirs else "not_found",
+                    f"{path}: {kind}",
+                )
+            data, n = sb.files[path], self.download_chunk
+            chunks = [data[i : i + n] for i in range(0, len(data), n)]
+            return httpx.Response(
+                200, headers={"content-type": "application/octet-stream"}, stream=_Chunks(chunks)
+            )
+        if rest == "/files/list" and method == "GET":
+            if path not in sb.dirs:
+                raise FakeError(404, "not_found", f"{path}: no such directory")
+            children = sorted(
+                p
+                for p in (sb.files.keys() | sb.dirs)
+                if p != "/" and posixpath.dirname(p) == path and p != path
+            )
+            return httpx.Response(200, json={"entries": [_entry(sb, p) for p in children]})
+        if rest == "/files/stat" and method == "GET":
+            return httpx.Response(200, json=_entry(sb, path))
+        if rest == "/files" and method == "DELETE":
+            if path in sb.files:
+                del sb.files[path]
+            elif path in sb.dirs:
+                inside = [p for p in sb.files.keys() | sb.dirs if p.startswith(path + "/")]
+                if inside and params.get("recursive") != "true":
+                    raise FakeError(
+                        409,
+                        "conflict",
+                        f"directory {path!r} is not empty; pass recursive to remove it",
+                    )
+                for p in inside:
+                    sb.files.pop(p, None)
+                    sb.dirs.discard(p)
+                sb.dirs.discard(path)
+            else:
+                raise FakeError(404, "not_found", f"{path}: no such file or directory")
+            return httpx.Response(204)
+        raise FakeError(404, "not_found", f"no route {method} {rest}")
+
+
+def _body(request: httpx.Request) -> dict[str, Any]:
+    try:
+        body = json.loads(request.content or b"{}")
+    except ValueError as exc:
+        raise FakeError(400, "invalid_argument", f"body is not JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise FakeError(400, "invalid_argument", "body must be a JSON object")
+    return body
+
+
+def _abs(path: str) -> str:
+    if not path:
+        raise FakeError(400, "invalid_argument", "path is required")
+    return posixpath.normpath(posixpath.join("/root", path))
+
+
+def _entry(sb: FakeSandbox, path: str) -> dict[str, Any]:
+    if path in sb.dirs:
+        kind, size, mode = "dir", 4096, 0o755
+    elif path in sb.files:
+        kind, size, mode = "file", len(sb.files[path]), sb.modes.get(path, 0o644)
+    else:
+        raise FakeError(404, "not_found", f"{path}: no such file or directory")
+    return {
+        "name": posixpath.basename(path) or "/",
+        "path": path,
+        "type": kind,
+        "size": size,
+        "mode": format(mode, "04o"),
+        "mtime": _TIME,
+    }

@@ -1,0 +1,1 @@
+"""Use cases. The only layer that coordinates subsystems; interfaces call only this."""

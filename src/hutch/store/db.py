@@ -1,0 +1,222 @@
+"""The sandbox store on SQLite (WAL).
+
+One connection guarded by a lock: every statement is short, so callers on the event loop
+call these methods directly. Writes are single transactions; a crash at any point leaves
+either the old or the new row, never a torn one.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from hutch.errors import Conflict, StoreError
+from hutch.models import SandboxRecord, SandboxState, Shape
+from hutch.store.migrations import MIGRATIONS
+
+_COLUMNS = (
+    "id",
+    "name",
+    "image",
+    "image_digest",
+    "state",
+    "vcpus",
+    "memory_mib",
+    "disk_gib",
+    "env_json",
+    "metadata_json",
+    "timeout_s",
+    "created_at",
+    "started_at",
+    "expires_at",
+    "ended_at",
+    "error",
+)
+_UPDATABLE = {
+    "state",
+    "image_digest",
+    "started_at",
+    "expires_at",
+    "ended_at",
+    "error",
+    "name",
+}
+LIVE_STATES = (SandboxState.CREATING, SandboxState.RUNNING, SandboxState.STOPPING)
+
+
+class Store:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._db = sqlite3.connect(
+                str(path), isolation_level=None, check_same_thread=False, timeout=30.0
+            )
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open the database {path}: {exc}") from exc
+        self._lock = threading.RLock()
+        self._migrate()
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                yield self._db
+                self._db.execute("COMMIT")
+            except sqlite3.IntegrityError as exc:
+                self._db.execute("ROLLBACK")
+                raise Conflict(f"conflicts with an existing sandbox: {exc}") from exc
+            except sqlite3.Error as exc:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise StoreError(f"database error: {exc}") from exc
+            except BaseException:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
+
+    def schema_version(self) -> int:
+        with self._lock:
+            row = self._db.execute("PRAGMA user_version").fetchone()
+        return int(row[0])
+
+    def _migrate(self) -> None:
+        current = self.schema_version()
+        if current > len(MIGRATIONS):
+            raise StoreError(
+                f"{self.path} has schema version {current}, newer than this hutch "
+                f"({len(MIGRATIONS)}); upgrade hutch or use another state directory"
+            )
+        for version, script in enumerate(MIGRATIONS[current:], start=current + 1):
+            with self._tx() as db:
+                for statement in script.split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+                db.execute(f"PRAGMA user_version = {version}")
+
+    # -- sandboxes ---------------------------------------------------------------------
+
+    def insert_sandbox(self, rec: SandboxRecord) -> None:
+        row = _to_row(rec)
+        marks = ", ".join("?" for _ in _COLUMNS)
+        with self._tx() as db:
+            if rec.name is not None:
+                clash = db.execute(
+                    "SELECT id FROM sandboxes WHERE name = ? AND state IN (?, ?, ?)",
+                    (rec.name, *LIVE_STATES),
+                ).fetchone()
+                if clash:
+                    raise Conflict(
+                        f"a sandbox named {rec.name!r} already exists ({clash[0]}); "
+                        "choose another name or delete it first"
+                    )
+            db.execute(f"INSERT INTO sandboxes ({', '.join(_COLUMNS)}) VALUES ({marks})", row)
+
+    def update_sandbox(self, sandbox_id: str, **changes: Any) -> None:
+        unknown = set(changes) - _UPDATABLE
+        if unknown:
+            raise ValueError(f"not updatable: {sorted(unknown)}")
+        if not changes:
+            return
+        sets = ", ".join(f"{key} = ?" for key in changes)
+        values = [str(v) if isinstance(v, SandboxState) else v for v in changes.values()]
+        with self._tx() as db:
+            db.execute(f"UPDATE sandboxes SET {sets} WHERE id = ?", (*values, sandbox_id))
+
+    def get_sandbox(self, sandbox_id: str) -> SandboxRecord | None:
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT {', '.join(_COLUMNS)} FROM sandboxes WHERE id = ?", (sandbox_id,)
+            ).fetchone()
+        return _from_row(row) if row else None
+
+    def list_sandboxes(
+        self,
+        states: Iterable[SandboxState] | None = None,
+        metadata: dict[str, str] | None = None,
+    ) -> list[SandboxRecord]:
+        query = f"SELECT {', '.join(_COLUMNS)} FROM sandboxes"
+        params: list[Any] = []
+        clauses: list[str] = []
+        if states is not None:
+            wanted = [str(s) for s in states]
+            clauses.append(f"state IN ({', '.join('?' for _ in wanted)})")
+            params.extend(wanted)
+        for key, value in (metadata or {}).items():
+            clauses.append("json_extract(metadata_json, ?) = ?")
+            params.extend([_json_path(key), value])
+        if clauses:
+            query += " WHERE " + " AND ".join(clauses)
+        query += " ORDER BY created_at, id"
+        with self._lock:
+            rows = self._db.execute(query, params).fetchall()
+        return [_from_row(r) for r in rows]
+
+    def live_usage(self) -> tuple[int, int]:
+        """(number of live sandboxes, MiB of memory they reserve)."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT COUNT(*), COALESCE(SUM(memory_mib), 0) FROM sandboxes "
+                "WHERE state IN (?, ?, ?)",
+                tuple(str(s) for s in LIVE_STATES),
+            ).fetchone()
+        return int(row[0]), int(row[1])
+
+
+def _json_path(key: str) -> str:
+    # Quote the key so dots and brackets in user metadata keys are taken literally.
+    return '$."' + key.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _to_row(rec: SandboxRecord) -> tuple[Any, ...]:
+    return (
+        rec.id,
+        rec.name,
+        rec.image,
+        rec.image_digest,
+        str(rec.state),
+        rec.shape.vcpus,
+        rec.shape.memory_mib,
+        rec.shape.disk_gib,
+        json.dumps(rec.env),
+        json.dumps(rec.metadata),
+        rec.timeout_s,
+        rec.created_at,
+        rec.started_at,
+        rec.expires_at,
+        rec.ended_at,
+        rec.error,
+    )
+
+
+def _from_row(row: tuple[Any, ...]) -> SandboxRecord:
+    values = dict(zip(_COLUMNS, row, strict=True))
+    return SandboxRecord(
+        id=values["id"],
+        name=values["name"],
+        image=values["image"],
+        image_digest=values["image_digest"],
+        state=SandboxState(values["state"]),
+        shape=Shape(values["vcpus"], values["memory_mib"], values["disk_gib"]),
+        env=json.loads(values["env_json"]),
+        metadata=json.loads(values["metadata_json"]),
+        timeout_s=values["timeout_s"],
+        created_at=values["created_at"],
+        started_at=values["started_at"],
+        expires_at=values["expires_at"],
+        ended_at=values["ended_at"],
+        error=values["error"],
+    )

@@ -1,0 +1,31 @@
+"""Numbered, forward-only schema migrations. Append; never edit a released entry."""
+
+from __future__ import annotations
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: sandboxes
+    """
+    CREATE TABLE sandboxes (
+        id            TEXT PRIMARY KEY,
+        name          TEXT,
+        image         TEXT NOT NULL,
+        image_digest  TEXT,
+        state         TEXT NOT NULL,
+        vcpus         INTEGER NOT NULL,
+        memory_mib    INTEGER NOT NULL,
+        disk_gib      INTEGER NOT NULL,
+        env_json      TEXT NOT NULL DEFAULT '{}',
+        metadata_json TEXT NOT NULL DEFAULT '{}',
+        timeout_s     INTEGER,
+        created_at    REAL NOT NULL,
+        started_at    REAL,
+        expires_at    REAL,
+        ended_at      REAL,
+        error         TEXT
+    );
+    CREATE INDEX sandboxes_state ON sandboxes(state);
+    -- Names are unique among sandboxes that are not ended (private DNS will rely on it).
+    CREATE UNIQUE INDEX sandboxes_live_name ON sandboxes(name)
+        WHERE name IS NOT NULL AND state IN ('creating', 'running', 'stopping');
+    """,
+)

@@ -1,0 +1,167 @@
+"""The QEMU command line for one sandbox (pure: no I/O).
+
+Every choice here was measured on our hosts (QEMU 7.2, Debian cloud kernel 6.1, TCG);
+see ARCHITECTURE.md "vm/" for the numbers.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from hutch.errors import InvalidArgument
+from hutch.models import MEMORY_MIB_RANGE, VCPUS_RANGE
+
+__all__ = ["AGENT_PORT_NAME", "MACHINE", "SANDBOX", "VmConfig", "build_argv", "guest_cmdline"]
+
+#: The virtio-serial port name the guest agent looks for.
+AGENT_PORT_NAME = "org.hutch.agent"
+
+# ACPI stays on: the cloud kernel has no CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES, so ACPI
+# (DSDT) is the only way it finds the virtio-mmio devices. The PIT and PIC stay on (the
+# default): with pit=off or pic=off the TCG guest has no tick and hangs at boot.
+MACHINE = "microvm,x-option-roms=off,isa-serial=on,rtc=off"
+
+#: seccomp policy. spawn=deny means ``exec:`` migration URIs kill QEMU (use ``fd:``).
+SANDBOX = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# sun_path is 108 bytes including the NUL.
+_MAX_SOCKET_PATH = 107
+# khz range of any x86 TSC we would believe (100 MHz - 10 GHz).
+_TSC_KHZ_RANGE = (100_000, 10_000_000)
+
+
+@dataclass(frozen=True)
+class VmConfig:
+    """Everything QEMU needs to run one sandbox. Paths should be absolute.
+
+    ``tsc_khz`` (TCG only): the host TSC rate. Under TCG the guest TSC *is* the host TSC,
+    and the guest kernel's own calibration against the PIT fails at random under TCG
+    ("tsc: Unable to calibrate against PIT"), after which the guest hangs without a
+    tick. Passing the rate on the kernel command line makes boot deterministic.
+    """
+
+    name: str
+    vcpus: int
+    memory_mib: int
+    kernel: Path
+    initrd: Path
+    cmdline: str
+    disk: Path
+    accel: str
+    qmp_socket: Path
+    agent_socket: Path
+    console_log: Path
+    pidfile: Path
+    qemu_log: Path
+    tsc_khz: int | None = None
+
+
+def _opt(path: Path) -> str:
+    """A path as a QEMU option value: commas are separators, so double them."""
+    return str(path).replace(",", ",,")
+
+
+def _validate(cfg: VmConfig) -> None:
+    if not _NAME_RE.match(cfg.name):
+        raise InvalidArgument(
+            f"VM name {cfg.name!r} is not valid; use 1-64 letters, digits, '_', '.', '-'"
+        )
+    for field, value, bounds in (
+        ("vcpus", cfg.vcpus, VCPUS_RANGE),
+        ("memory_mib", cfg.memory_mib, MEMORY_MIB_RANGE),
+    ):
+        lo, hi = bounds
+        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+            raise InvalidArgument(f"{field}={value!r} is out of range; accepted: {lo}-{hi}")
+    if cfg.accel not in ("kvm", "tcg"):
+        raise InvalidArgument(f"accel={cfg.accel!r}; resolve 'auto' with detect_accel() first")
+    for field, sock in (("qmp_socket", cfg.qmp_socket), ("agent_socket", cfg.agent_socket)):
+        if len(str(sock).encode()) > _MAX_SOCKET_PATH:
+            raise InvalidArgument(
+                f"{field} {str(sock)!r} is longer than {_MAX_SOCKET_PATH} bytes; "
+                "use a shorter run directory"
+            )
+    if "\0" in cfg.cmdline or "\n" in cfg.cmdline:
+        raise InvalidArgument("kernel cmdline contains a NUL or newline")
+    if cfg.tsc_khz is not None and not _TSC_KHZ_RANGE[0] <= cfg.tsc_khz <= _TSC_KHZ_RANGE[1]:
+        raise InvalidArgument(f"tsc_khz={cfg.tsc_khz} is not a plausible TSC rate")
+
+
+def guest_cmdline(cfg: VmConfig) -> str:
+    """The kernel command line: the image's, plus the TCG clock settings (see VmConfig)."""
+    parts = [cfg.cmdline.strip()]
+    if cfg.accel == "tcg" and cfg.tsc_khz is not None:
+        # tsc=reliable: TCG's jittery timing must not get the TSC marked unstable by the
+        # clocksource watchdog, which would leave the guest on jiffies again.
+        parts.append(f"tsc_early_khz={cfg.tsc_khz} tsc=reliable")
+    return " ".join(p for p in parts if p)
+
+
+def build_argv(cfg: VmConfig, qemu_binary: str = "qemu-system-x86_64") -> list[str]:
+    """The full argv for ``cfg``. Raises ``InvalidArgument`` for values out of range."""
+    _validate(cfg)
+    if cfg.accel == "kvm":
+        accel = ["-accel", "kvm", "-cpu", "host"]
+    else:
+        accel = ["-accel", "tcg,thread=multi", "-cpu", "max"]
+    return [
+        qemu_binary,
+        "-name",
+        f"{cfg.name},debug-threads=on",
+        "-M",
+        MACHINE,
+        *accel,
+        "-smp",
+        str(cfg.vcpus),
+        "-m",
+        f"{cfg.memory_mib}M",
+        "-nodefaults",
+        "-no-user-config",
+        "-nographic",
+        "-display",
+        "none",
+        # A guest reboot ends the sandbox: the daemon sees QEMU exit and decides.
+        "-no-reboot",
+        "-kernel",
+        str(cfg.kernel),
+        "-initrd",
+        str(cfg.initrd),
+        "-append",
+        guest_cmdline(cfg),
+        # cache=writeback (host page cache, guest flushes honoured): works on every host
+        # filesystem (cache=none needs O_DIRECT, which tmpfs lacks), and the read-only
+        # base image is shared in the page cache by all sandboxes on it. discard and
+        # detect-zeroes=unmap give freed guest blocks back to the host.
+        "-drive",
+        f"id=root,if=none,file={_opt(cfg.disk)},format=qcow2,cache=writeback,"
+        "aio=threads,discard=unmap,detect-zeroes=unmap",
+        "-device",
+        "virtio-blk-device,drive=root",
+        # max_ports=2: port 0 is reserved for a console, port 1 is the agent.
+        "-device",
+        "virtio-serial-device,max_ports=2",
+        "-chardev",
+        f"socket,id=agent,path={_opt(cfg.agent_socket)},server=on,wait=off",
+        "-device",
+        f"virtserialport,chardev=agent,name={AGENT_PORT_NAME}",
+        # Entropy from the host: without it early userspace blocks on getrandom().
+        "-object",
+        "rng-random,id=rng0,filename=/dev/urandom",
+        "-device",
+        "virtio-rng-device,rng=rng0",
+        "-chardev",
+        f"file,id=console,path={_opt(cfg.console_log)}",
+        "-serial",
+        "chardev:console",
+        "-chardev",
+        f"socket,id=qmp,path={_opt(cfg.qmp_socket)},server=on,wait=off",
+        "-mon",
+        "chardev=qmp,mode=control",
+        "-pidfile",
+        str(cfg.pidfile),
+        "-sandbox",
+        SANDBOX,
+    ]

@@ -1,0 +1,340 @@
+"""One QEMU process per sandbox, controlled over QMP.
+
+QEMU runs detached from the daemon (own session, no inherited fds, output to
+``qemu.log``), so a daemon restart or SIGKILL leaves guests running; a new daemon
+re-attaches with :meth:`QemuVm.adopt`. Process liveness is tracked through a pidfd,
+which also works for a process that is not our child and can never name a reused pid.
+
+States (``VmState``)::
+
+    RUNNING ──kill()──► STOPPING ──► EXITED
+       └──── QEMU exits on its own ───► EXITED
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from qemu.qmp import QMPClient
+from qemu.qmp import QMPError as _QMPError
+
+from hutch.errors import StateError, VmError
+from hutch.vm.argv import VmConfig, build_argv
+
+__all__ = ["QemuVm", "VmState"]
+
+log = logging.getLogger(__name__)
+
+_LOG_TAIL_BYTES = 4000
+
+
+class VmState(enum.StrEnum):
+    RUNNING = "running"
+    STOPPING = "stopping"
+    EXITED = "exited"
+
+
+def _tail(path: Path, limit: int = _LOG_TAIL_BYTES) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - limit))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _unlink(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+def _cmdline_names(pid: int, needle: str) -> bool:
+    """True when ``/proc/<pid>/cmdline`` has an argument containing ``needle``."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return any(needle in arg for arg in raw.decode(errors="replace").split("\0"))
+
+
+def _pidfd_exited(pidfd: int) -> bool:
+    """A pidfd polls readable once its process has exited."""
+    import select
+
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+class QemuVm:
+    """A running (or exited) QEMU. Create with :meth:`launch` or :meth:`adopt`."""
+
+    def __init__(
+        self,
+        cfg: VmConfig,
+        argv: list[str],
+        pid: int,
+        pidfd: int,
+        proc: subprocess.Popen[bytes] | None,
+    ) -> None:
+        self.cfg = cfg
+        self.argv = argv
+        self._pid = pid
+        self._pidfd: int | None = pidfd
+        # Set only when we started QEMU: we must reap our own child (no zombie).
+        self._proc = proc
+        self._qmp: QMPClient | None = None
+        self._state = VmState.RUNNING
+        self._exited = asyncio.Event()
+        self._kill_task: asyncio.Task[None] | None = None
+        self.returncode: int | None = None
+        #: Why QEMU exited, when known: "killed by hutch", "exit status N", "signal SIGx".
+        self.exit_reason: str | None = None
+        asyncio.get_running_loop().add_reader(pidfd, self._on_exit)
+
+    # ------------------------------------------------------------------ creation
+    @classmethod
+    async def launch(cls, cfg: VmConfig, *, ready_timeout_s: float = 10.0) -> QemuVm:
+        """Start QEMU for ``cfg`` and wait until QMP answers ``query-status``.
+
+        Raises ``VmError`` (with argv and the tail of ``qemu.log``) when QEMU exits or
+        QMP does not answer within ``ready_timeout_s`` seconds; QEMU is killed and its
+        sockets and pidfile removed first, so nothing is left behind.
+        """
+        argv = build_argv(cfg)
+        for stale in (cfg.qmp_socket, cfg.agent_socket, cfg.pidfile):
+            _unlink(stale)
+        try:
+            with cfg.qemu_log.open("wb") as out:
+                # Popen, not asyncio's subprocess: we reap through the pidfd ourselves
+                # (asyncio's child watcher would need the loop for the VM's whole life),
+                # and fork+exec blocks only for milliseconds.
+                proc = subprocess.Popen(  # noqa: ASYNC220
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    close_fds=True,
+                    # Own session: no SIGINT/SIGHUP from the daemon's terminal or group,
+                    # and the daemon may die without taking QEMU along.
+                    start_new_session=True,
+                )
+        except OSError as exc:
+            raise VmError(f"cannot start QEMU: {exc}", argv=argv) from exc
+        pidfd = os.pidfd_open(proc.pid)
+        vm = cls(cfg, argv, proc.pid, pidfd, proc)
+        started = time.monotonic()
+        try:
+            await vm._connect_qmp(ready_timeout_s)
+            status = await vm.query_status()
+        except BaseException as exc:
+            await vm.kill(grace_s=0)
+            if isinstance(exc, VmError | asyncio.CancelledError):
+                raise
+            raise VmError(
+                f"QEMU did not become ready: {exc}", argv=argv, stderr=_tail(cfg.qemu_log)
+            ) from exc
+        log.info(
+            "vm %s: pid %d, QMP ready in %.3fs, status %s",
+            cfg.name,
+            vm.pid,
+            time.monotonic() - started,
+            status,
+        )
+        return vm
+
+    @classmethod
+    async def adopt(cls, cfg: VmConfig, *, connect_timeout_s: float = 5.0) -> QemuVm | None:
+        """Re-attach to a QEMU started by an earlier daemon, via ``cfg.pidfile``.
+
+        Returns None when the process is gone or the pid now belongs to another program
+        (its cmdline must name ``cfg.qmp_socket``; a reused pid is never signalled).
+        Raises ``VmError`` when the process is ours but QMP does not answer.
+        """
+        try:
+            pid = int(cfg.pidfile.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        try:
+            # Open the pidfd first and check the cmdline after: the pidfd then refers to
+            # exactly the process we checked, even if the pid is reused later.
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            return None
+        if not _cmdline_names(pid, str(cfg.qmp_socket)) or _pidfd_exited(pidfd):
+            os.close(pidfd)
+            return None
+        vm = cls(cfg, build_argv(cfg), pid, pidfd, None)
+        try:
+            await vm._connect_qmp(connect_timeout_s)
+        except VmError:
+            vm._close_fds()
+            raise
+        return vm
+
+    async def _connect_qmp(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        last: Exception | None = None
+        while True:
+            if self._exited.is_set() or (self._pidfd is not None and _pidfd_exited(self._pidfd)):
+                self._on_exit()
+                raise VmError(
+                    f"QEMU exited during start-up ({self.exit_reason})",
+                    argv=self.argv,
+                    stderr=_tail(self.cfg.qemu_log),
+                )
+            if self.cfg.qmp_socket.exists():
+                client = QMPClient(self.cfg.name)
+                try:
+                    await asyncio.wait_for(client.connect(str(self.cfg.qmp_socket)), 2.0)
+                except (_QMPError, OSError, TimeoutError) as exc:
+                    last = exc
+                    with contextlib.suppress(Exception):
+                        await client.disconnect()
+                else:
+                    self._qmp = client
+                    return
+            if time.monotonic() >= deadline:
+                raise VmError(
+                    f"QMP socket {self.cfg.qmp_socket} did not answer within {timeout_s}s"
+                    + (f" (last error: {last})" if last else ""),
+                    argv=self.argv,
+                    stderr=_tail(self.cfg.qemu_log),
+                )
+            await asyncio.sleep(0.02)
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    @property
+    def state(self) -> VmState:
+        return self._state
+
+    def is_alive(self) -> bool:
+        """True until QEMU has exited (checked now, not cached)."""
+        if self._pidfd is None:
+            return False
+        if _pidfd_exited(self._pidfd):
+            self._on_exit()
+            return False
+        return True
+
+    async def wait_exited(self) -> None:
+        """Return once QEMU has exited, however it happened."""
+        await self._exited.wait()
+
+    async def query_status(self) -> str:
+        """QMP ``query-status`` → ``running``, ``paused``, ``shutdown``, ..."""
+        result = await self.qmp("query-status")
+        if not isinstance(result, dict) or not isinstance(result.get("status"), str):
+            raise VmError(f"unexpected query-status reply: {result!r}")
+        status: str = result["status"]
+        return status
+
+    async def qmp(self, cmd: str, **args: Any) -> object:
+        """Run one QMP command; raises ``StateError`` unless running, ``VmError`` when
+        QEMU answers with an error or the connection fails."""
+        if self._state is not VmState.RUNNING or self._qmp is None:
+            raise StateError(f"VM {self.cfg.name}", self._state.value, [VmState.RUNNING.value])
+        try:
+            return await self._qmp.execute(cmd, args or None)
+        except _QMPError as exc:
+            raise VmError(f"QMP {cmd} failed: {exc}") from exc
+
+    # ------------------------------------------------------------------ teardown
+    async def kill(self, grace_s: float = 2.0) -> None:
+        """Stop QEMU: QMP ``quit``, then SIGTERM, then SIGKILL, each after ``grace_s``.
+
+        Idempotent and safe to call concurrently, after a crash, or on a VM that is
+        already gone; never raises for that. Leaves the VM EXITED with its QMP and
+        agent sockets and pidfile removed.
+        """
+        if self._kill_task is None:
+            self._kill_task = asyncio.get_running_loop().create_task(self._kill(grace_s))
+        # shield: a cancelled caller must not leave QEMU half-killed.
+        await asyncio.shield(self._kill_task)
+
+    async def _kill(self, grace_s: float) -> None:
+        was_alive = self.is_alive()
+        if self._state is VmState.RUNNING:
+            self._state = VmState.STOPPING
+        if was_alive and self._qmp is not None and grace_s > 0:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._qmp.execute("quit"), grace_s)
+            await self._wait_for(grace_s)
+        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            if not self.is_alive():
+                break
+            self._signal(sig)
+            await self._wait_for(wait_s)
+        if self.is_alive():
+            log.error("vm %s: pid %d survived SIGKILL", self.cfg.name, self._pid)
+        if was_alive:
+            self.exit_reason = "killed by hutch"
+        await self._disconnect_qmp()
+        self._close_fds()
+        if not self.is_alive():
+            for path in (self.cfg.qmp_socket, self.cfg.agent_socket, self.cfg.pidfile):
+                _unlink(path)
+
+    def _signal(self, sig: signal.Signals) -> None:
+        if self._pidfd is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(self._pidfd, sig)
+
+    async def _wait_for(self, timeout_s: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._exited.wait(), timeout_s)
+
+    async def _disconnect_qmp(self) -> None:
+        client, self._qmp = self._qmp, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.disconnect(), 1.0)
+
+    def _close_fds(self) -> None:
+        if self._pidfd is not None and self._exited.is_set():
+            with contextlib.suppress(ValueError, RuntimeError):
+                asyncio.get_running_loop().remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = None
+
+    def _on_exit(self) -> None:
+        """pidfd readable: QEMU is gone. Reap our child and record why."""
+        if self._exited.is_set():
+            return
+        if self._proc is not None:
+            try:
+                self.returncode = self._proc.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                return
+            if self.returncode < 0:
+                reason = f"signal {signal.Signals(-self.returncode).name}"
+            else:
+                reason = f"exit status {self.returncode}"
+        else:
+            reason = "exited (not our child: status unknown)"
+        if self.exit_reason is None:
+            self.exit_reason = reason
+        self._state = VmState.EXITED
+        if self._pidfd is not None:
+            with contextlib.suppress(ValueError, RuntimeError):
+                asyncio.get_running_loop().remove_reader(self._pidfd)
+        self._exited.set()
+
+    def __repr__(self) -> str:
+        return f"<QemuVm {self.cfg.name} pid={self._pid} {self._state.value}>"

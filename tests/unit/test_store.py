@@ -1,0 +1,102 @@
+"""The SQLite store: migrations, round trips, filters, name uniqueness, durability."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from hutch.errors import Conflict, StoreError
+from hutch.models import SandboxRecord, SandboxState, Shape
+from hutch.store import Store
+from hutch.store.migrations import MIGRATIONS
+
+
+def record(sid: str = "sb-000000000001", **kw: object) -> SandboxRecord:
+    base: dict[str, object] = dict(
+        id=sid,
+        image="base",
+        state=SandboxState.RUNNING,
+        shape=Shape(2, 1024, 8),
+        created_at=time.time(),
+    )
+    base.update(kw)
+    return SandboxRecord(**base)  # type: ignore[arg-type]
+
+
+def test_round_trip_keeps_every_field(tmp_path: Path) -> None:
+    store = Store(tmp_path / "h.db")
+    rec = record(
+        name="web",
+        env={"A": "1"},
+        metadata={"team": "x"},
+        timeout_s=60,
+        image_digest="abc",
+        started_at=1.5,
+        expires_at=61.5,
+        error=None,
+    )
+    store.insert_sandbox(rec)
+    assert store.get_sandbox(rec.id) == rec
+
+
+def test_schema_is_migrated_once_and_reopens(tmp_path: Path) -> None:
+    Store(tmp_path / "h.db").close()
+    store = Store(tmp_path / "h.db")
+    assert store.schema_version() == len(MIGRATIONS)
+    journal = sqlite3.connect(tmp_path / "h.db").execute("PRAGMA journal_mode").fetchone()
+    assert journal[0] == "wal"
+
+
+def test_newer_schema_is_refused(tmp_path: Path) -> None:
+    Store(tmp_path / "h.db").close()
+    db = sqlite3.connect(tmp_path / "h.db")
+    db.execute(f"PRAGMA user_version = {len(MIGRATIONS) + 5}")
+    db.close()
+    with pytest.raises(StoreError, match="newer than this hutch"):
+        Store(tmp_path / "h.db")
+
+
+def test_filters_by_state_and_metadata(tmp_path: Path) -> None:
+    store = Store(tmp_path / "h.db")
+    store.insert_sandbox(record("sb-000000000001", metadata={"team": "a", "x.y": "1"}))
+    store.insert_sandbox(record("sb-000000000002", metadata={"team": "b"}))
+    store.insert_sandbox(
+        record("sb-000000000003", state=SandboxState.DESTROYED, metadata={"team": "a"})
+    )
+    ids = lambda rs: [r.id for r in rs]  # noqa: E731
+    assert ids(store.list_sandboxes(metadata={"team": "a"})) == [
+        "sb-000000000001",
+        "sb-000000000003",
+    ]
+    assert ids(store.list_sandboxes([SandboxState.RUNNING], {"team": "a"})) == ["sb-000000000001"]
+    assert ids(store.list_sandboxes(metadata={"x.y": "1"})) == ["sb-000000000001"]
+    assert ids(store.list_sandboxes(metadata={"team": "a' OR 1=1 --"})) == []
+
+
+def test_live_names_are_unique_but_reusable_after_destroy(tmp_path: Path) -> None:
+    store = Store(tmp_path / "h.db")
+    store.insert_sandbox(record("sb-000000000001", name="web"))
+    with pytest.raises(Conflict, match="already exists"):
+        store.insert_sandbox(record("sb-000000000002", name="web"))
+    store.update_sandbox("sb-000000000001", state=SandboxState.DESTROYED)
+    store.insert_sandbox(record("sb-000000000002", name="web"))
+
+
+def test_live_usage_counts_only_live(tmp_path: Path) -> None:
+    store = Store(tmp_path / "h.db")
+    store.insert_sandbox(record("sb-000000000001"))
+    store.insert_sandbox(record("sb-000000000002", state=SandboxState.CREATING))
+    store.insert_sandbox(record("sb-000000000003", state=SandboxState.FAILED))
+    assert store.live_usage() == (2, 2048)
+
+
+def test_failed_write_changes_nothing(tmp_path: Path) -> None:
+    store = Store(tmp_path / "h.db")
+    rec = record()
+    store.insert_sandbox(rec)
+    with pytest.raises(Conflict):
+        store.insert_sandbox(rec)  # same primary key
+    assert store.list_sandboxes() == [rec]

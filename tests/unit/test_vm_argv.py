@@ -1,0 +1,104 @@
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from hutch.errors import InvalidArgument
+from hutch.vm.argv import VmConfig, build_argv, guest_cmdline
+
+CFG = VmConfig(
+    name="sb-0123456789ab",
+    vcpus=2,
+    memory_mib=512,
+    kernel=Path("/img/vmlinux"),
+    initrd=Path("/img/initrd.img"),
+    cmdline="console=ttyS0 quiet",
+    disk=Path("/state/sandboxes/sb/disk.qcow2"),
+    accel="tcg",
+    qmp_socket=Path("/run/hutch/abc/sb/qmp.sock"),
+    agent_socket=Path("/run/hutch/abc/sb/agent.sock"),
+    console_log=Path("/state/sandboxes/sb/console.log"),
+    pidfile=Path("/state/sandboxes/sb/qemu.pid"),
+    qemu_log=Path("/state/sandboxes/sb/qemu.log"),
+    tsc_khz=2445404,
+)
+
+
+def _opt(argv: list[str], flag: str) -> list[str]:
+    return [argv[i + 1] for i, a in enumerate(argv) if a == flag]
+
+
+def test_machine_accel_shape() -> None:
+    argv = build_argv(CFG)
+    assert argv[0] == "qemu-system-x86_64"
+    assert _opt(argv, "-M") == ["microvm,x-option-roms=off,isa-serial=on,rtc=off"]
+    assert _opt(argv, "-accel") == ["tcg,thread=multi"]
+    assert _opt(argv, "-cpu") == ["max"]
+    assert _opt(argv, "-smp") == ["2"]
+    assert _opt(argv, "-m") == ["512M"]
+    for flag in ("-nodefaults", "-no-user-config", "-nographic", "-no-reboot"):
+        assert flag in argv
+    assert _opt(argv, "-display") == ["none"]
+    kvm = build_argv(replace(CFG, accel="kvm"))
+    assert _opt(kvm, "-accel") == ["kvm"]
+    assert _opt(kvm, "-cpu") == ["host"]
+
+
+def test_devices_and_sockets() -> None:
+    argv = build_argv(CFG)
+    drive = _opt(argv, "-drive")[0]
+    assert drive.startswith("id=root,if=none,file=/state/sandboxes/sb/disk.qcow2,format=qcow2")
+    assert "discard=unmap" in drive
+    devices = _opt(argv, "-device")
+    assert "virtio-blk-device,drive=root" in devices
+    assert "virtserialport,chardev=agent,name=org.hutch.agent" in devices
+    assert "virtio-rng-device,rng=rng0" in devices
+    assert "rng-random,id=rng0,filename=/dev/urandom" in _opt(argv, "-object")
+    chardevs = _opt(argv, "-chardev")
+    assert "socket,id=agent,path=/run/hutch/abc/sb/agent.sock,server=on,wait=off" in chardevs
+    assert "socket,id=qmp,path=/run/hutch/abc/sb/qmp.sock,server=on,wait=off" in chardevs
+    assert "file,id=console,path=/state/sandboxes/sb/console.log" in chardevs
+    assert _opt(argv, "-mon") == ["chardev=qmp,mode=control"]
+    assert "-monitor" not in argv
+    assert _opt(argv, "-pidfile") == ["/state/sandboxes/sb/qemu.pid"]
+    assert _opt(argv, "-sandbox") == [
+        "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
+    ]
+    assert not any("netdev" in a for a in argv)
+
+
+def test_kernel_and_cmdline() -> None:
+    argv = build_argv(CFG)
+    assert _opt(argv, "-kernel") == ["/img/vmlinux"]
+    assert _opt(argv, "-initrd") == ["/img/initrd.img"]
+    assert _opt(argv, "-append") == ["console=ttyS0 quiet tsc_early_khz=2445404 tsc=reliable"]
+    # KVM guests have kvmclock; no TSC hint.
+    assert guest_cmdline(replace(CFG, accel="kvm")) == "console=ttyS0 quiet"
+    assert guest_cmdline(replace(CFG, tsc_khz=None)) == "console=ttyS0 quiet"
+
+
+def test_commas_in_paths_are_escaped() -> None:
+    argv = build_argv(replace(CFG, disk=Path("/a,b/disk.qcow2")))
+    assert "file=/a,,b/disk.qcow2," in _opt(argv, "-drive")[0]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"vcpus": 0}, "vcpus=0"),
+        ({"vcpus": 64}, "vcpus=64"),
+        ({"vcpus": True}, "vcpus=True"),
+        ({"memory_mib": 64}, "memory_mib=64"),
+        ({"memory_mib": 1 << 20}, "memory_mib="),
+        ({"accel": "auto"}, "detect_accel"),
+        ({"name": "a,b"}, "VM name"),
+        ({"qmp_socket": Path("/run/" + "x" * 120)}, "longer than 107"),
+        ({"cmdline": "a\nb"}, "newline"),
+        ({"tsc_khz": 5}, "tsc_khz"),
+    ],
+)
+def test_absurd_values_are_refused(change: dict[str, object], message: str) -> None:
+    with pytest.raises(InvalidArgument, match=message):
+        build_argv(replace(CFG, **change))  # type: ignore[arg-type]
