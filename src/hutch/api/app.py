@@ -9,7 +9,7 @@ from fastapi import Depends, FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from hutch.api import errors
+from hutch.api import errors, spec
 from hutch.api.auth import BearerAuth
 from hutch.api.limits import BodyLimit
 from hutch.api.routes import exec as exec_routes
@@ -50,4 +50,5 @@ def create_app(svc: SandboxService, api_key: str, *, manage_service: bool = True
     app.add_exception_handler(StarletteHTTPException, errors.handle_http_error)
     app.add_exception_handler(Exception, errors.handle_unexpected)
     app.add_middleware(BodyLimit)
+    spec.install(app)
     return app

@@ -12,13 +12,7 @@ from hutch.services.sandboxes import SandboxService
 def generate() -> dict[str, Any]:
     # The spec depends only on the routes; no service is started to produce it.
     app = create_app(cast(SandboxService, None), api_key="unused", manage_service=False)
-    spec = app.openapi()
-    spec["components"].setdefault("securitySchemes", {})["bearer"] = {
-        "type": "http",
-        "scheme": "bearer",
-    }
-    spec["security"] = [{"bearer": []}]
-    return spec
+    return app.openapi()
 
 
 def main() -> None:

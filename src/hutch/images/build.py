@@ -53,14 +53,14 @@ ROOTFS_LABEL = "hutch-root"
 #: Where the guest agent's source lives in a checkout (src/hutch/images/ -> repo root).
 DEFAULT_AGENT_PATH = Path(__file__).resolve().parents[3] / "guest_agent" / "hutch_agent.py"
 
-#: Kernel command line the image's init needs; the VM layer appends hutch.hostname=<name>.
-#: reboot=t + panic=-1: a panic or a failed boot resets at once, which QEMU -no-reboot
-#: turns into an exit. 8250.nr_uarts=1: only ttyS0 exists on microvm, skip probing more.
-#: i8042.*: microvm has no PS/2 controller; don't wait for one. tsc=reliable: skip the
-#: clocksource watchdog, which misfires under TCG.
+#: Kernel command line the image's init needs; the VM layer appends hutch.hostname=<name>,
+#: optionally hutch.dns=<ip>[,<ip>...] (written to /etc/resolv.conf), and under TCG its
+#: TSC settings. reboot=t + panic=-1: a panic resets at once, which
+#: QEMU -no-reboot turns into an exit. 8250.nr_uarts=1: microvm has only ttyS0; don't
+#: probe more. i8042.*: microvm has no PS/2 controller; don't wait for one.
 KERNEL_CMDLINE = (
-    "console=ttyS0 reboot=t panic=-1 quiet 8250.nr_uarts=1 i8042.noaux i8042.nomux "
-    "i8042.nopnp i8042.dumbkbd tsc=reliable random.trust_cpu=on"
+    "console=ttyS0 reboot=t panic=-1 quiet 8250.nr_uarts=1 "
+    "i8042.noaux i8042.nomux i8042.nopnp i8042.dumbkbd"
 )
 
 #: ``progress(stage, fraction)``: stage names are "kernel", "packages", "initramfs",
@@ -202,6 +202,12 @@ def _assemble(
         agent_dst.unlink(missing_ok=True)
         shutil.copyfile(agent, agent_dst)
         agent_dst.chmod(0o644)
+        # mmdebstrap leaves the build host's resolv.conf; it means nothing in a guest.
+        # hutch-init writes it from hutch.dns= on the kernel command line.
+        resolv = staging / "etc/resolv.conf"
+        resolv.unlink(missing_ok=True)
+        resolv.write_text("# hutch-init writes this from hutch.dns= at boot\n")
+        resolv.chmod(0o644)
         init_dst = staging / "sbin/hutch-init"
         init_dst.unlink(missing_ok=True)
         shutil.copyfile(_init_path(), init_dst)

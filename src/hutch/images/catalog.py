@@ -1,7 +1,7 @@
 """The images hutch can build: a name, a Debian suite and the packages on top of minbase.
 
-A recipe is pure data. Its :meth:`ImageRecipe.tree_key` (with the apt sources) decides when
-the package tree must be rebuilt, so everything that changes the tree belongs in the recipe.
+A recipe is pure data. It and the apt sources make the package tree's cache key
+(``rootfs.tree_key``), so everything that changes the tree belongs in the recipe.
 """
 
 from __future__ import annotations

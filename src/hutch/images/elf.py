@@ -119,6 +119,8 @@ def parse_elf(data: bytes) -> ElfInfo:
         (ptype,) = struct.unpack_from("<I", data, base)
         (p_offset,) = struct.unpack_from("<Q", data, base + 8)
         (p_filesz,) = struct.unpack_from("<Q", data, base + 32)
+        if p_offset + p_filesz > len(data):
+            raise ImageBuildError(f"ELF segment {i} runs past the end of the file (truncated)")
         if ptype == _PT_INTERP:
             has_interp = True
         elif ptype == _PT_NOTE:

@@ -33,6 +33,8 @@ BUSYBOX_APPLETS: tuple[str, ...] = (
     "cat",
     "test",
     "[",
+    "ln",
+    "ip",
 )
 MODULES_DIR = "lib/modules"
 LOAD_ORDER_FILE = "lib/modules/load-order"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import uuid
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from hutch.errors import ImageBuildError
 from hutch.images import _proc
 from hutch.images.cache import atomic_write_text, short_digest
 from hutch.images.catalog import ImageRecipe
@@ -140,7 +142,17 @@ def prepare_tree(
             str(root),
             *mirrors,
         ]
-        _proc.run(argv, what=f"mmdebstrap for image {recipe.name}", timeout=3600)
+        try:
+            _proc.run(argv, what=f"mmdebstrap for image {recipe.name}", timeout=3600)
+        except ImageBuildError as exc:
+            missing = re.findall(r"Unable to locate package (\S+)", exc.message)
+            if not missing:
+                raise
+            raise ImageBuildError(
+                f"image {recipe.name}: apt has no package {', '.join(sorted(set(missing)))} "
+                f"in {recipe.suite} (mirrors: {'; '.join(mirrors)}); fix the recipe.\n"
+                + exc.message
+            ) from exc
         status = (root / "var/lib/dpkg/status").read_bytes()
         digest = hashlib.sha256(key.encode() + b"\0" + status).hexdigest()[:16]
         used, files = _measure(root)

@@ -13,7 +13,15 @@ from pathlib import Path
 from hutch.errors import InvalidArgument
 from hutch.models import MEMORY_MIB_RANGE, VCPUS_RANGE
 
-__all__ = ["AGENT_PORT_NAME", "MACHINE", "SANDBOX", "VmConfig", "build_argv", "guest_cmdline"]
+__all__ = [
+    "AGENT_PORT_NAME",
+    "MACHINE",
+    "MEMORY_BACKEND_ID",
+    "SANDBOX",
+    "VmConfig",
+    "build_argv",
+    "guest_cmdline",
+]
 
 #: The virtio-serial port name the guest agent looks for.
 AGENT_PORT_NAME = "org.hutch.agent"
@@ -22,6 +30,9 @@ AGENT_PORT_NAME = "org.hutch.agent"
 # (DSDT) is the only way it finds the virtio-mmio devices. The PIT and PIC stay on (the
 # default): with pit=off or pic=off the TCG guest has no tick and hangs at boot.
 MACHINE = "microvm,x-option-roms=off,isa-serial=on,rtc=off"
+
+#: The ``-object`` id of the file-backed guest RAM (``VmConfig.memory_file``).
+MEMORY_BACKEND_ID = "mem"
 
 #: seccomp policy. spawn=deny means ``exec:`` migration URIs kill QEMU (use ``fd:``).
 SANDBOX = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
@@ -41,6 +52,12 @@ class VmConfig:
     and the guest kernel's own calibration against the PIT fails at random under TCG
     ("tsc: Unable to calibrate against PIT"), after which the guest hangs without a
     tick. Passing the rate on the kernel command line makes boot deterministic.
+
+    ``memory_file`` (default None: anonymous RAM): guest RAM is this file, mapped by a
+    ``memory-backend-file``; ``memory_shared`` picks MAP_SHARED (guest writes land in the
+    file: the fast snapshot path, see ``hutch.vm.snapshot``) or MAP_PRIVATE
+    (copy-on-write over a frozen template file: clones). ``incoming`` adds
+    ``-incoming defer``: QEMU starts paused and waits for ``migrate-incoming``.
     """
 
     name: str
@@ -57,6 +74,9 @@ class VmConfig:
     pidfile: Path
     qemu_log: Path
     tsc_khz: int | None = None
+    memory_file: Path | None = None
+    memory_shared: bool = True
+    incoming: bool = False
 
 
 def _opt(path: Path) -> str:
@@ -88,6 +108,8 @@ def _validate(cfg: VmConfig) -> None:
         raise InvalidArgument("kernel cmdline contains a NUL or newline")
     if cfg.tsc_khz is not None and not _TSC_KHZ_RANGE[0] <= cfg.tsc_khz <= _TSC_KHZ_RANGE[1]:
         raise InvalidArgument(f"tsc_khz={cfg.tsc_khz} is not a plausible TSC rate")
+    if cfg.memory_file is not None and not cfg.memory_file.is_absolute():
+        raise InvalidArgument(f"memory_file {str(cfg.memory_file)!r} must be an absolute path")
 
 
 def guest_cmdline(cfg: VmConfig) -> str:
@@ -107,17 +129,30 @@ def build_argv(cfg: VmConfig, qemu_binary: str = "qemu-system-x86_64") -> list[s
         accel = ["-accel", "kvm", "-cpu", "host"]
     else:
         accel = ["-accel", "tcg,thread=multi", "-cpu", "max"]
+    machine = MACHINE
+    memory: list[str] = []
+    if cfg.memory_file is not None:
+        # Only memory-backend-file: QEMU 7.2's x-ignore-shared also skips memfd/shm
+        # backends, whose content would then be lost (design.md).
+        machine += f",memory-backend={MEMORY_BACKEND_ID}"
+        share = "on" if cfg.memory_shared else "off"
+        memory = [
+            "-object",
+            f"memory-backend-file,id={MEMORY_BACKEND_ID},size={cfg.memory_mib}M,"
+            f"mem-path={_opt(cfg.memory_file)},share={share}",
+        ]
     return [
         qemu_binary,
         "-name",
         f"{cfg.name},debug-threads=on",
         "-M",
-        MACHINE,
+        machine,
         *accel,
         "-smp",
         str(cfg.vcpus),
         "-m",
         f"{cfg.memory_mib}M",
+        *memory,
         "-nodefaults",
         "-no-user-config",
         "-nographic",
@@ -164,4 +199,7 @@ def build_argv(cfg: VmConfig, qemu_binary: str = "qemu-system-x86_64") -> list[s
         str(cfg.pidfile),
         "-sandbox",
         SANDBOX,
+        # Restore: start paused and take the state from ``migrate-incoming`` (an fd
+        # passed with ``getfd``; ``exec:`` would be killed by spawn=deny).
+        *(["-incoming", "defer"] if cfg.incoming else []),
     ]

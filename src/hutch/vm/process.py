@@ -254,6 +254,24 @@ class QemuVm:
         except _QMPError as exc:
             raise VmError(f"QMP {cmd} failed: {exc}") from exc
 
+    async def send_fd(self, name: str, fd: int) -> None:
+        """Pass ``fd`` to QEMU as ``name`` (SCM_RIGHTS + QMP ``getfd``), e.g. for a
+        ``migrate``/``migrate-incoming`` URI ``fd:<name>``. QEMU gets its own copy; the
+        caller still owns (and closes) ``fd``. A name already in use is replaced.
+
+        This is how QEMU reads or writes snapshot files it could not open itself (and
+        must not spawn a helper for: ``-sandbox spawn=deny``). Raises like :meth:`qmp`.
+        """
+        if self._state is not VmState.RUNNING or self._qmp is None:
+            raise StateError(f"VM {self.cfg.name}", self._state.value, [VmState.RUNNING.value])
+        try:
+            # The fd rides on a byte sent just before the command; QEMU attaches it to
+            # the next command it reads, which must therefore be this getfd.
+            self._qmp.send_fd_scm(fd)
+            await self._qmp.execute("getfd", {"fdname": name})
+        except (_QMPError, OSError) as exc:
+            raise VmError(f"passing fd {name!r} to QEMU failed: {exc}") from exc
+
     # ------------------------------------------------------------------ teardown
     async def kill(self, grace_s: float = 2.0) -> None:
         """Stop QEMU: QMP ``quit``, then SIGTERM, then SIGKILL, each after ``grace_s``.

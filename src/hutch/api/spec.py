@@ -1,0 +1,66 @@
+"""Post-processing of the generated OpenAPI document.
+
+FastAPI documents 422 for validation errors; hutch answers 400 with its own error body,
+and every operation can fail with the errors of the one table in ``hutch.api.errors``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from hutch.api.schemas import ErrorBody
+
+ERROR_STATUSES = {
+    "400": "Invalid argument (the message names the field and what is accepted)",
+    "401": "Missing or wrong API key",
+    "404": "No such sandbox or file",
+    "409": "The sandbox is in the wrong state, or a name is taken",
+    "413": "Request body too large",
+    "429": "The host is at capacity",
+    "500": "Internal error (VM, image, store)",
+    "502": "The guest agent failed",
+    "504": "The operation timed out",
+}
+
+
+def install(app: FastAPI) -> None:
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        spec = get_openapi(
+            title=app.title, version=app.version, description=app.description, routes=app.routes
+        )
+        schemas = spec.setdefault("components", {}).setdefault("schemas", {})
+        for name in ("HTTPValidationError", "ValidationError"):
+            schemas.pop(name, None)
+        schemas.update(
+            ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}").pop(
+                "$defs", {}
+            )
+        )
+        schemas["ErrorBody"] = {
+            k: v
+            for k, v in ErrorBody.model_json_schema(
+                ref_template="#/components/schemas/{model}"
+            ).items()
+            if k != "$defs"
+        }
+        error_ref = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+        for path, ops in spec.get("paths", {}).items():
+            for op in ops.values():
+                responses = op.setdefault("responses", {})
+                responses.pop("422", None)
+                for status, description in ERROR_STATUSES.items():
+                    if path == "/healthz" and status != "500":
+                        continue
+                    responses.setdefault(status, {"description": description, "content": error_ref})
+                if path != "/healthz":
+                    op["security"] = [{"bearer": []}]
+        spec["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        app.openapi_schema = spec
+        return spec
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -1,0 +1,549 @@
+"""Memory snapshots of a running QEMU: pause to files, resume, fork.
+
+Design note
+===========
+A snapshot directory holds::
+
+    state.mig       QEMU migration stream (device + CPU state; and all RAM unless
+                    ram_in_file). Written by QEMU through an fd hutch opened (``getfd``
+                    + ``migrate fd:``; ``exec:`` dies under ``-sandbox spawn=deny``).
+    memory.ram      (ram_in_file only) the guest RAM: the VM ran with
+                    ``memory-backend-file,share=on`` on this very file, so nothing was
+                    copied at pause time; QEMU skipped it (``x-ignore-shared``).
+    manifest.json   written last: its presence means the snapshot is complete.
+    consumed        marker: a non-clone restore took the snapshot over.
+    frozen          marker: clones may be running on it.
+
+What is frozen when
+-------------------
+* ``save_snapshot`` ``stop``s the guest (QEMU flushes the disk), migrates, checks
+  the result, then ends QEMU: a paused sandbox costs no CPU. From then on the VM's disk
+  (the qcow2 named in the manifest) and ``memory.ram`` are the snapshot's: the guest's
+  page cache in RAM matches exactly that disk, so neither may change while the snapshot
+  may still be restored.
+* ``restore(clone=False)`` (resume) *consumes* the snapshot: it writes ``consumed``, gives
+  ``memory.ram`` back to the VM (renamed to ``cfg.memory_file``, mapped ``share=on``) and
+  runs on the same disk. The guest then changes both, so the snapshot cannot be
+  restored again; a frozen snapshot refuses this.
+* ``restore(clone=True)`` (fork) *freezes* the snapshot: ``frozen`` is written and
+  ``memory.ram``, ``state.mig`` and the disk are made read-only (mode 0444). Every clone
+  maps ``memory.ram`` ``share=off`` (copy-on-write: a clone's writes stay in its own
+  anonymous pages, the file never changes) and runs on its own qcow2 overlay whose
+  backing file is the frozen disk (:func:`create_clone_disk`). ``memory.ram`` and the
+  frozen disk must never change while any clone runs: MAP_PRIVATE pages a clone has not
+  yet written still read through to the file. Resuming the original sandbox after a fork
+  means restoring it as one more clone.
+
+What is checked before a restore (``verify_snapshot``; any failure → SnapshotError)
+-------------------------------------------------------------------------------------
+* manifest present, parseable, known ``format``; not consumed; not frozen for a resume.
+* the config matches what the stream was taken from (``CompatFields``): machine string,
+  CPU model, accelerator, RAM size and backend kind, vCPUs, kernel sha256, TSC rate.
+  The QEMU version (QMP ``query-version``, build string included) is compared in the new
+  QEMU before it reads a byte of the stream.
+* ``state.mig`` size and sha256 equal the recorded ones. The stream is untrusted input to
+  QEMU's parser: restore hashes the very fd it then passes to QEMU.
+* ``memory.ram`` and the disk: same size and mtime as recorded (not hashed: 512 MiB would
+  cost ~1 s per restore). Not a security boundary: RAM content is guest-controlled at
+  any time anyway, and QEMU already treats guest memory as hostile.
+* clone: ``cfg.disk`` is a qcow2 whose backing file is the snapshot's disk.
+
+Clones and identity: every clone resumes with the template's kernel RNG state, boot_id,
+hostname, clock and MAC. The agent's hello (``AgentClient.connect``) sets the clock and
+credits host entropy; see tests/vm/test_snapshot.py for what that does and does not
+reseed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import errno
+import logging
+import os
+import shutil
+import struct
+import subprocess
+import time
+from pathlib import Path
+
+from hutch.errors import SnapshotError, VmError
+from hutch.vm.argv import VmConfig
+from hutch.vm.process import QemuVm
+from hutch.vm.snapshot_manifest import (
+    MANIFEST_FORMAT,
+    FileStamp,
+    SnapshotManifest,
+    compat_fields,
+    compat_mismatches,
+    describe_cmdline,
+    fd_sha256,
+    file_sha256,
+)
+
+__all__ = [
+    "CONSUMED_MARKER",
+    "FROZEN_MARKER",
+    "MANIFEST_FILE",
+    "MEMORY_FILE",
+    "STATE_FILE",
+    "SnapshotManifest",
+    "create_clone_disk",
+    "load_manifest",
+    "restore",
+    "save_snapshot",
+    "verify_snapshot",
+]
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "state.mig"
+MEMORY_FILE = "memory.ram"
+MANIFEST_FILE = "manifest.json"
+CONSUMED_MARKER = "consumed"
+FROZEN_MARKER = "frozen"
+
+_FD_NAME = "hutch-snapshot"
+# QEMU's default migration bandwidth cap (128 MiB/s) is meant for live migration over
+# a network; a stopped VM writing to a local file should go as fast as the disk.
+_MAX_BANDWIDTH = 1 << 40
+_POLL_S = 0.002
+_READ_ONLY = 0o444
+
+
+def _ms(since: float) -> float:
+    return round((time.perf_counter() - since) * 1000, 2)
+
+
+async def _qemu_version(vm: QemuVm) -> str:
+    reply = await vm.qmp("query-version")
+    if not isinstance(reply, dict):
+        raise VmError(f"unexpected query-version reply: {reply!r}")
+    q = reply.get("qemu", {})
+    return f"{q.get('major')}.{q.get('minor')}.{q.get('micro')} {reply.get('package', '')}".strip()
+
+
+async def _set_migration(vm: QemuVm, *, ignore_shared: bool) -> None:
+    # Capabilities live for the process: set both ways explicitly.
+    await vm.qmp(
+        "migrate-set-capabilities",
+        capabilities=[{"capability": "x-ignore-shared", "state": ignore_shared}],
+    )
+
+
+async def _wait_migration(vm: QemuVm, what: str, timeout_s: float) -> None:
+    """Poll ``query-migrate`` until completed; raise SnapshotError on failure."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if not vm.is_alive():
+            raise SnapshotError(f"{what}: QEMU exited ({vm.exit_reason}) during migration")
+        info = await vm.qmp("query-migrate")
+        status = info.get("status") if isinstance(info, dict) else None
+        if status == "completed":
+            return
+        if status in ("failed", "cancelled"):
+            detail = info.get("error-desc", "") if isinstance(info, dict) else ""
+            raise SnapshotError(f"{what}: migration {status}: {detail or 'no detail'}")
+        if time.monotonic() > deadline:
+            raise SnapshotError(f"{what}: migration not done after {timeout_s:g}s ({status})")
+        await asyncio.sleep(_POLL_S)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+async def save_snapshot(
+    vm: QemuVm,
+    dest_dir: Path,
+    *,
+    ram_in_file: bool,
+    fsync: bool = False,
+    timeout_s: float = 300.0,
+) -> SnapshotManifest:
+    """Pause ``vm`` into ``dest_dir`` (created; must not exist or be empty) and end QEMU.
+
+    ``ram_in_file``: the VM runs with ``memory_file`` + ``memory_shared`` and its RAM
+    stays in that file, which is moved to ``dest_dir/memory.ram`` (same file system
+    required); the stream is device state only (tens of KB). Otherwise all RAM goes into
+    ``state.mig``. ``fsync``: make the files durable before returning (else they reach
+    the disk with normal writeback; a host crash before that loses the snapshot).
+
+    On success QEMU has exited and the VM's disk belongs to the snapshot. On failure the
+    partial files are removed and, if QEMU is still alive, the guest is resumed
+    (``cont``) so the sandbox keeps running; raises ``SnapshotError`` (or ``StateError``
+    when the VM is not running).
+    """
+    cfg = vm.cfg
+    if ram_in_file and (cfg.memory_file is None or not cfg.memory_shared):
+        raise SnapshotError(
+            f"VM {cfg.name}: ram_in_file needs guest RAM in a shared memory file "
+            "(VmConfig memory_file=..., memory_shared=True); save with ram_in_file=False"
+        )
+    _prepare_dest(dest_dir)
+    timings: dict[str, float] = {}
+    t_all = time.perf_counter()
+    # Checked before the guest stops: a missing kernel must not cost a pause.
+    compat = compat_fields(cfg)
+    initrd_sha = file_sha256(cfg.initrd)
+    qemu_version = await _qemu_version(vm)
+    state_path = dest_dir / STATE_FILE
+    stopped_here = False
+    fd = os.open(state_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        t = time.perf_counter()
+        if await vm.query_status() == "running":
+            await vm.qmp("stop")
+            stopped_here = True
+        timings["stop"] = _ms(t)
+        t = time.perf_counter()
+        await _set_migration(vm, ignore_shared=ram_in_file)
+        await vm.qmp("migrate-set-parameters", **{"max-bandwidth": _MAX_BANDWIDTH})
+        await vm.send_fd(_FD_NAME, fd)
+        await vm.qmp("migrate", uri=f"fd:{_FD_NAME}")
+        await _wait_migration(vm, f"saving VM {cfg.name}", timeout_s)
+        timings["migrate"] = _ms(t)
+        t = time.perf_counter()
+        state_sha, state_size = await asyncio.to_thread(fd_sha256, fd)
+        timings["hash"] = _ms(t)
+        if fsync:
+            t = time.perf_counter()
+            await asyncio.to_thread(os.fsync, fd)
+            timings["fsync_state"] = _ms(t)
+    except BaseException:
+        os.close(fd)
+        shutil.rmtree(dest_dir, ignore_errors=True)
+        if stopped_here and vm.is_alive():
+            with contextlib.suppress(Exception):
+                await vm.qmp("cont")
+        raise
+    os.close(fd)
+    # The guest is stopped and its state saved: QEMU goes (quit flushes and closes the
+    # disk, whose block layer the migration already inactivated).
+    t = time.perf_counter()
+    await vm.kill()
+    timings["quit"] = _ms(t)
+    os.chmod(state_path, _READ_ONLY)
+    memory: FileStamp | None = None
+    if ram_in_file:
+        assert cfg.memory_file is not None
+        target = dest_dir / MEMORY_FILE
+        try:
+            os.rename(cfg.memory_file, target)
+        except OSError as exc:
+            shutil.rmtree(dest_dir, ignore_errors=True)
+            hint = (
+                "; put memory_file on the same file system as the snapshot directory"
+                if exc.errno == errno.EXDEV
+                else ""
+            )
+            raise SnapshotError(
+                f"cannot move the memory file {cfg.memory_file} into {dest_dir}: "
+                f"{exc.strerror}{hint} (the VM has exited; its memory file is unchanged)"
+            ) from exc
+        if fsync:
+            t = time.perf_counter()
+            await asyncio.to_thread(_fsync_path, target)
+            timings["fsync_memory"] = _ms(t)
+        memory = FileStamp.of(target)
+    timings["total"] = _ms(t_all)
+    manifest = SnapshotManifest(
+        format=MANIFEST_FORMAT,
+        name=cfg.name,
+        created_ns=time.time_ns(),
+        qemu_version=qemu_version,
+        compat=compat,
+        cmdline=describe_cmdline(cfg),
+        initrd_sha256=initrd_sha,
+        state_size=state_size,
+        state_sha256=state_sha,
+        ram_in_file=ram_in_file,
+        memory=memory,
+        disk=FileStamp.of(cfg.disk.resolve()),
+        timings_ms=timings,
+    )
+    _write_atomic(dest_dir / MANIFEST_FILE, manifest.to_json(), fsync=fsync)
+    log.info(
+        "vm %s: snapshot %s (%d bytes of state, ram_in_file=%s) in %.1f ms",
+        cfg.name,
+        dest_dir,
+        state_size,
+        ram_in_file,
+        timings["total"],
+    )
+    return manifest
+
+
+def _prepare_dest(dest_dir: Path) -> None:
+    dest_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if any(dest_dir.iterdir()):
+        raise SnapshotError(f"{dest_dir} is not empty; give a new snapshot directory")
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path: Path, text: str, *, fsync: bool) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w") as f:
+        f.write(text)
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
+    os.chmod(tmp, _READ_ONLY)
+    os.rename(tmp, path)
+    if fsync:
+        _fsync_dir(path.parent)
+
+
+def load_manifest(snapshot_dir: Path) -> SnapshotManifest:
+    """Read ``manifest.json``; SnapshotError if absent (incomplete snapshot) or bad."""
+    path = snapshot_dir / MANIFEST_FILE
+    try:
+        text = path.read_text()
+    except FileNotFoundError as exc:
+        raise SnapshotError(
+            f"{snapshot_dir} has no {MANIFEST_FILE}: the snapshot is incomplete or missing"
+        ) from exc
+    except OSError as exc:
+        raise SnapshotError(f"cannot read {path}: {exc.strerror}") from exc
+    return SnapshotManifest.from_json(text, path)
+
+
+def qcow2_backing_file(path: Path) -> str | None:
+    """The backing file name recorded in a qcow2 header (None: no backing file).
+
+    Read from the header directly (magic, version, backing_file_offset/size: big-endian
+    at bytes 0-20) so a clone check costs microseconds, not a ``qemu-img`` run.
+    """
+    try:
+        with path.open("rb") as f:
+            header = f.read(20)
+            if len(header) < 20 or header[:4] != b"QFI\xfb":
+                raise SnapshotError(f"{path} is not a qcow2 image")
+            offset, size = struct.unpack(">QI", header[8:20])
+            if offset == 0:
+                return None
+            f.seek(offset)
+            return f.read(size).decode()
+    except OSError as exc:
+        raise SnapshotError(f"cannot read the disk {path}: {exc.strerror}") from exc
+
+
+def _check_static(snapshot_dir: Path, cfg: VmConfig, *, clone: bool) -> SnapshotManifest:
+    """Every check but the stream checksum (see the design note)."""
+    manifest = load_manifest(snapshot_dir)
+    if (snapshot_dir / CONSUMED_MARKER).exists():
+        raise SnapshotError(
+            f"snapshot {snapshot_dir} was already resumed; its disk and memory have moved "
+            "on. Take a new snapshot"
+        )
+    if not clone and (snapshot_dir / FROZEN_MARKER).exists():
+        raise SnapshotError(
+            f"snapshot {snapshot_dir} is frozen (clones may run on it); restore it with "
+            "clone=True on a new overlay (create_clone_disk)"
+        )
+    if manifest.ram_in_file and clone:
+        # A clone's RAM is the snapshot's memory file, whatever cfg says.
+        cfg = dataclasses.replace(cfg, memory_file=snapshot_dir / MEMORY_FILE)
+    elif manifest.ram_in_file and cfg.memory_file is None:
+        raise SnapshotError(
+            f"snapshot {snapshot_dir} keeps RAM in a file: give VmConfig.memory_file "
+            "(same file system as the snapshot) to resume into"
+        )
+    problems = compat_mismatches(manifest.compat, compat_fields(cfg))
+    if problems:
+        raise SnapshotError(
+            f"snapshot {snapshot_dir} does not fit this VM config: " + "; ".join(problems)
+        )
+    if manifest.ram_in_file:
+        assert manifest.memory is not None
+        why = manifest.memory.changed(snapshot_dir / MEMORY_FILE)
+        if why:
+            raise SnapshotError(f"snapshot {snapshot_dir}: memory file: {why}")
+    disk = Path(manifest.disk.path)
+    why = manifest.disk.changed(disk)
+    if why:
+        raise SnapshotError(f"snapshot {snapshot_dir}: disk: {why}")
+    if clone:
+        backing = qcow2_backing_file(cfg.disk)
+        if backing is None or Path(backing).resolve() != disk:
+            raise SnapshotError(
+                f"clone disk {cfg.disk} must be a qcow2 overlay on the snapshot's disk "
+                f"{disk} (it has backing {backing!r}); create it with create_clone_disk()"
+            )
+    elif cfg.disk.resolve() != disk:
+        raise SnapshotError(
+            f"resume needs the snapshot's own disk {disk}, not {cfg.disk}; "
+            "or restore with clone=True on an overlay"
+        )
+    return manifest
+
+
+def _check_state_fd(snapshot_dir: Path, manifest: SnapshotManifest, fd: int) -> None:
+    digest, size = fd_sha256(fd)
+    if size != manifest.state_size or digest != manifest.state_sha256:
+        raise SnapshotError(
+            f"snapshot {snapshot_dir}: {STATE_FILE} does not match its recorded checksum "
+            f"({size} bytes, sha256 {digest[:16]}…; recorded {manifest.state_size} bytes, "
+            f"{manifest.state_sha256[:16]}…); it will not be loaded. Take a new snapshot"
+        )
+
+
+def verify_snapshot(snapshot_dir: Path, cfg: VmConfig, *, clone: bool = False) -> SnapshotManifest:
+    """All checks a restore of ``snapshot_dir`` with ``cfg`` makes before starting QEMU
+    (the design note lists them), including the stream's sha256. Raises SnapshotError
+    saying what differs; returns the manifest."""
+    manifest = _check_static(snapshot_dir, cfg, clone=clone)
+    fd = _open_state(snapshot_dir)
+    try:
+        _check_state_fd(snapshot_dir, manifest, fd)
+    finally:
+        os.close(fd)
+    return manifest
+
+
+def _open_state(snapshot_dir: Path) -> int:
+    try:
+        return os.open(snapshot_dir / STATE_FILE, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise SnapshotError(f"snapshot {snapshot_dir}: cannot open {STATE_FILE}: {exc}") from exc
+
+
+def create_clone_disk(snapshot_dir: Path, path: Path) -> None:
+    """Create ``path``: a qcow2 overlay on the snapshot's (frozen) disk, for one clone.
+
+    Makes the snapshot's disk read-only first. Raises SnapshotError when the snapshot is
+    unusable or ``qemu-img`` fails.
+    """
+    manifest = load_manifest(snapshot_dir)
+    disk = Path(manifest.disk.path)
+    why = manifest.disk.changed(disk)
+    if why:
+        raise SnapshotError(f"snapshot {snapshot_dir}: disk: {why}")
+    _freeze(snapshot_dir, manifest)
+    argv = ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(disk), str(path)]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SnapshotError(f"cannot run qemu-img: {exc} (install qemu-utils)") from exc
+    if done.returncode != 0:
+        raise SnapshotError(f"creating clone disk {path} failed: {done.stderr.strip()}")
+
+
+def _freeze(snapshot_dir: Path, manifest: SnapshotManifest) -> None:
+    """Mark the snapshot as a template: read-only files, no resume from now on."""
+    marker = snapshot_dir / FROZEN_MARKER
+    if marker.exists():
+        return
+    files = [snapshot_dir / STATE_FILE, Path(manifest.disk.path)]
+    if manifest.ram_in_file:
+        files.append(snapshot_dir / MEMORY_FILE)
+    for path in files:
+        os.chmod(path, _READ_ONLY)  # changes ctime only: stamps stay valid
+    marker.write_text(f"{time.time_ns()}\n")
+
+
+async def restore(
+    cfg: VmConfig,
+    snapshot_dir: Path,
+    *,
+    clone: bool,
+    ready_timeout_s: float = 20.0,
+    timeout_s: float = 300.0,
+) -> QemuVm:
+    """Start a QEMU for ``cfg`` from ``snapshot_dir`` and let the guest run (``cont``).
+
+    Resume (``clone=False``): ``cfg.disk`` must be the snapshot's disk; with a ram_in_file
+    snapshot ``memory.ram`` is moved to ``cfg.memory_file`` (required) and mapped shared.
+    The snapshot is consumed. Fork (``clone=True``): ``cfg.disk`` must be an overlay made
+    by :func:`create_clone_disk`; RAM maps ``memory.ram`` copy-on-write
+    (``cfg.memory_file`` is ignored); the snapshot is frozen. Names, sockets and logs
+    come from ``cfg`` and must be the clone's own.
+
+    The guest then runs with the template's clock, RNG and hostname: connect the agent
+    (``AgentClient.connect`` - its hello fixes those) before running user code.
+    Raises SnapshotError when a check fails, QEMU does not start or the stream does not
+    load (wrapping the VmError); QEMU is then killed and a resume leaves the snapshot as
+    it was.
+    """
+    t_all = time.perf_counter()
+    manifest = _check_static(snapshot_dir, cfg, clone=clone)
+    fd = _open_state(snapshot_dir)
+    undo: list[tuple[Path, Path]] = []
+    vm: QemuVm | None = None
+    try:
+        # Hash the very fd QEMU will read: no window to swap the file in between.
+        await asyncio.to_thread(_check_state_fd, snapshot_dir, manifest, fd)
+        run_cfg = dataclasses.replace(cfg, incoming=True)
+        if manifest.ram_in_file:
+            memory = snapshot_dir / MEMORY_FILE
+            if clone:
+                _freeze(snapshot_dir, manifest)
+                run_cfg = dataclasses.replace(run_cfg, memory_file=memory, memory_shared=False)
+            else:
+                assert cfg.memory_file is not None  # _check_static
+                _consume(snapshot_dir)
+                os.rename(memory, cfg.memory_file)
+                undo.append((cfg.memory_file, memory))
+                run_cfg = dataclasses.replace(run_cfg, memory_shared=True)
+        elif clone:
+            _freeze(snapshot_dir, manifest)
+        else:
+            _consume(snapshot_dir)
+        if not clone and manifest.ram_in_file and cfg.memory_file is not None:
+            os.chmod(cfg.memory_file, 0o600)
+        t = time.perf_counter()
+        vm = await QemuVm.launch(run_cfg, ready_timeout_s=ready_timeout_s)
+        launch_ms = _ms(t)
+        version = await _qemu_version(vm)
+        if version != manifest.qemu_version:
+            raise SnapshotError(
+                f"snapshot {snapshot_dir} was taken with QEMU {manifest.qemu_version!r}; "
+                f"this host runs {version!r}. Cold-boot the sandbox instead"
+            )
+        t = time.perf_counter()
+        await _set_migration(vm, ignore_shared=manifest.ram_in_file)
+        await vm.send_fd(_FD_NAME, fd)
+        await vm.qmp("migrate-incoming", uri=f"fd:{_FD_NAME}")
+        await _wait_migration(vm, f"restoring VM {cfg.name}", timeout_s)
+        load_ms = _ms(t)
+        await vm.qmp("cont")
+    except BaseException as exc:
+        if vm is not None:
+            await vm.kill(grace_s=0)
+        for now, back in reversed(undo):
+            with contextlib.suppress(OSError):
+                os.rename(now, back)
+        if not clone:
+            with contextlib.suppress(FileNotFoundError):
+                (snapshot_dir / CONSUMED_MARKER).unlink()
+        if isinstance(exc, VmError):
+            raise SnapshotError(f"restoring {snapshot_dir} failed: {exc}") from exc
+        raise
+    finally:
+        os.close(fd)
+    log.info(
+        "vm %s: restored from %s (clone=%s): launch %.1f ms, load %.1f ms, total %.1f ms",
+        cfg.name,
+        snapshot_dir,
+        clone,
+        launch_ms,
+        load_ms,
+        _ms(t_all),
+    )
+    return vm
+
+
+def _consume(snapshot_dir: Path) -> None:
+    (snapshot_dir / CONSUMED_MARKER).write_text(f"{time.time_ns()}\n")

@@ -1,0 +1,34 @@
+"""Fixtures shared by every tier.
+
+Built guest images are shared by all tests (and with `make up`): they live in
+``$HUTCH_TEST_IMAGES_DIR`` or ``./var/images``. A missing image is built (cached by content
+hash), never skipped: `make test` builds them first so the time shows up there.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_images_dir() -> Path:
+    return Path(os.environ.get("HUTCH_TEST_IMAGES_DIR", REPO / "var" / "images")).resolve()
+
+
+test_images_dir.__test__ = False  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="session")
+def images_dir() -> Path:
+    return test_images_dir()
+
+
+def ensure_image(name: str) -> object:
+    from hutch.images.build import build_image, find_image
+
+    images = test_images_dir()
+    return find_image(name, images) or build_image(name, images)

@@ -1,0 +1,391 @@
+"""End-to-end tier: the real ``hutch daemon`` as a subprocess, real QEMU guests, driven
+through the CLI (subprocess) and the SDK.
+
+- ``base_image`` (session): the built ``base`` image; built here if missing (fails loudly
+  when it cannot be).
+- ``Daemon``: one ``python -m hutch daemon`` on a free loopback port with its own state dir.
+  ``start()``, ``stop()`` (SIGTERM), ``kill9()``; ``url``, ``api_key``, ``state_dir``,
+  ``run_dir``, ``env`` (for CLI subprocesses), ``client()`` (SDK), ``cli(...)``.
+- ``daemon`` (session): a daemon shared by the tests that only need *a* daemon.
+- ``make_daemon``: private daemons for tests that kill, restart or compare daemons.
+- Every daemon is finalized by :func:`finalize_daemon`: all its sandboxes are deleted
+  through the API, the daemon is stopped, and no QEMU process, socket or sandbox directory
+  of its state may be left (leftovers are killed and removed first, then the test fails).
+- When a test fails, the sandboxes, the daemon log tail and each sandbox's console tail of
+  every daemon alive are attached to the report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Generator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from hutch.config import load_settings
+from hutch.images.build import ImageArtifacts, build_image, find_image
+from hutch.models import SANDBOX_ID_RE
+from hutch.sdk import Client
+
+REPO = Path(__file__).resolve().parents[2]
+SRC = REPO / "src"
+IMAGES_DIR = Path(os.environ.get("HUTCH_TEST_IMAGES_DIR") or REPO / "var" / "images").resolve()
+# Seconds a daemon has to answer /healthz after start (reconcile adopts running VMs first:
+# up to 10 s per VM whose agent does not answer).
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 20.0
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Every test in this directory drives a real daemon that boots real guests.
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.e2e)
+            item.add_marker(pytest.mark.vm)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def qemu_pids(*markers: str) -> dict[int, str]:
+    """QEMU processes whose command line mentions any of ``markers``: pid -> cmdline."""
+    found: dict[int, str] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "qemu-system" in cmdline and any(m in cmdline for m in markers):
+            found[int(proc.name)] = cmdline
+    return found
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval_s)
+    return predicate()
+
+
+def tail(path: Path, max_bytes: int = 4000) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - max_bytes))
+            return f.read().decode(errors="replace")
+    except OSError as exc:
+        return f"<{exc}>"
+
+
+class Daemon:
+    """A real hutchd subprocess on its own state dir and loopback port."""
+
+    def __init__(self, state_dir: Path, images_dir: Path = IMAGES_DIR) -> None:
+        self.state_dir = state_dir.resolve()
+        self.images_dir = images_dir
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._api_key: str | None = None
+        self.starts = 0
+        self.daemon_env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(SRC), str(REPO), os.environ.get("PYTHONPATH", "")) if p
+            ),
+            "HUTCH_STATE_DIR": str(self.state_dir),
+            "HUTCH_LISTEN": f"127.0.0.1:{self.port}",
+            "HUTCH_IMAGES_DIR": str(self.images_dir),
+        }
+        for leaked in ("HUTCH_URL", "HUTCH_API_KEY", "HUTCH_CONFIG"):
+            self.daemon_env.pop(leaked, None)
+        self.settings = load_settings(self.daemon_env)
+
+    # -- where things are ---------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.settings.run_dir
+
+    @property
+    def sandboxes_dir(self) -> Path:
+        return self.settings.sandboxes_dir
+
+    @property
+    def log_path(self) -> Path:
+        return self.state_dir / "logs" / "hutchd.log"
+
+    @property
+    def stderr_path(self) -> Path:
+        return self.state_dir / "logs" / f"stderr.{self.starts}.log"
+
+    @property
+    def api_key(self) -> str:
+        if self._api_key is None:
+            self._api_key = (self.state_dir / "api-key").read_text().strip()
+        return self._api_key
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Environment for a CLI subprocess talking to this daemon."""
+        return {**self.daemon_env, "HUTCH_URL": self.url, "HUTCH_API_KEY": self.api_key}
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start (or restart, on the same state dir and port) and wait for /healthz."""
+        assert not self.running, "daemon already running"
+        self.starts += 1
+        self.stderr_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.stderr_path.open("wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "hutch", "daemon"],
+                env=self.daemon_env,
+                cwd=self.state_dir.parent,
+                stdin=subprocess.DEVNULL,
+                stdout=err,
+                stderr=err,
+            )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"hutchd exited with {self.proc.returncode} while starting:\n"
+                    + tail(self.stderr_path)
+                )
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        self.kill9()
+        raise RuntimeError(
+            f"hutchd did not answer /healthz within {START_TIMEOUT_S} s:\n" + tail(self.stderr_path)
+        )
+
+    def stop(self) -> None:
+        """SIGTERM and wait (SIGKILL after STOP_TIMEOUT_S). Sandboxes keep running."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise RuntimeError(f"hutchd ignored SIGTERM for {STOP_TIMEOUT_S} s") from None
+        self.proc = None
+
+    def kill9(self) -> None:
+        """SIGKILL the daemon process only (its QEMU children are detached and live on)."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        self.proc.wait()
+        self.proc = None
+
+    # -- talking to it -------------------------------------------------------------------
+
+    def client(self, **kw: object) -> Client:
+        return Client(base_url=self.url, api_key=self.api_key, **kw)  # type: ignore[arg-type]
+
+    def cli(
+        self, *args: str, timeout: float = 300.0, input: bytes | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``hutch ARGS`` against this daemon; never raises on a nonzero exit."""
+        return subprocess.run(
+            [sys.executable, "-m", "hutch", *args],
+            env=self.env,
+            capture_output=True,
+            text=input is None,
+            input=input,
+            timeout=timeout,
+            check=False,
+        )
+
+    def cli_popen(self, *args: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "hutch", *args],
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+        )
+
+    # -- what is on the host ---------------------------------------------------------------
+
+    def qemu_pids(self) -> dict[int, str]:
+        return qemu_pids(str(self.state_dir), str(self.run_dir))
+
+    def sandbox_dirs(self) -> set[str]:
+        """Sandbox ids that have a directory in the state or run dir."""
+        found: set[str] = set()
+        for root in (self.sandboxes_dir, self.run_dir):
+            if root.is_dir():
+                found |= {d.name for d in root.iterdir() if SANDBOX_ID_RE.match(d.name)}
+        return found
+
+    def qemu_pid_of(self, sandbox_id: str) -> int:
+        return int((self.sandboxes_dir / sandbox_id / "qemu.pid").read_text().strip())
+
+    def diagnostics(self) -> str:
+        lines = [f"daemon {self.url} state={self.state_dir} run={self.run_dir}"]
+        if self.running:
+            try:
+                with self.client(timeout=5.0) as c:
+                    for sb in c.list_sandboxes():
+                        lines.append(f"  {sb.id} {sb.state} name={sb.name} error={sb.error}")
+            except Exception as exc:  # diagnostics must never hide the real failure
+                lines.append(f"  (could not list sandboxes: {exc})")
+        lines.append(f"  qemu processes: {sorted(self.qemu_pids())}")
+        lines.append(f"--- hutchd.log tail ({self.log_path})")
+        lines.append(tail(self.log_path, 6000))
+        if self.sandboxes_dir.is_dir():
+            for d in sorted(self.sandboxes_dir.iterdir()):
+                lines.append(f"--- {d.name} console.log tail")
+                lines.append(tail(d / "console.log", 3000))
+                qemu_log = tail(d / "qemu.log", 1000)
+                if qemu_log.strip():
+                    lines.append(f"--- {d.name} qemu.log tail")
+                    lines.append(qemu_log)
+        return "\n".join(lines)
+
+
+# Daemons alive right now, for failure reports.
+_LIVE: list[Daemon] = []
+
+
+def finalize_daemon(d: Daemon) -> list[str]:
+    """Delete every sandbox through the API, stop the daemon, then reclaim and report
+    anything left on the host. Returns the problems found (empty: clean)."""
+    problems: list[str] = []
+    try:
+        if not d.running and d.starts:
+            # Killed by the test: bring it back so the API can delete what it owns.
+            d.start()
+        if d.running:
+            with d.client(timeout=120.0) as c:
+                for sb in c.list_sandboxes():
+                    if sb.state in ("creating", "running", "stopping"):
+                        c.delete_sandbox(sb.id)
+                left = [sb for sb in c.list_sandboxes() if sb.state in ("creating", "running")]
+                if left:
+                    problems.append(f"sandboxes still live after delete: {left}")
+    except Exception as exc:
+        problems.append(f"could not delete sandboxes through the API: {exc!r}")
+    finally:
+        try:
+            d.stop()
+        except RuntimeError as exc:
+            problems.append(str(exc))
+    pids = d.qemu_pids()
+    for pid, cmdline in pids.items():
+        problems.append(f"QEMU process left running: {pid} {cmdline[:200]}")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    dirs = d.sandbox_dirs()
+    if dirs:
+        problems.append(f"sandbox directories left in {d.sandboxes_dir} / {d.run_dir}: {dirs}")
+    if d.run_dir.is_dir():
+        sockets = [p for p in d.run_dir.rglob("*") if p.is_socket()]
+        if sockets:
+            problems.append(f"sockets left: {sockets}")
+    # /run is outside the test's tmp dir; never litter it, even when clean.
+    shutil.rmtree(d.run_dir, ignore_errors=True)
+    shutil.rmtree(d.sandboxes_dir, ignore_errors=True)
+    if d in _LIVE:
+        _LIVE.remove(d)
+    return problems
+
+
+@pytest.fixture(scope="session")
+def base_image() -> ImageArtifacts:
+    art = find_image("base", IMAGES_DIR)
+    if art is not None:
+        return art
+    try:
+        return build_image("base", IMAGES_DIR)
+    except Exception as exc:
+        pytest.fail(
+            f"the e2e tests need the 'base' image in {IMAGES_DIR}; building it failed: {exc}"
+        )
+
+
+@pytest.fixture(scope="session")
+def daemon(
+    base_image: ImageArtifacts, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Daemon]:
+    """One daemon shared by tests that need nothing special of it. Tests on it must
+    filter by their own metadata or ids, never assume they are alone."""
+    d = Daemon(tmp_path_factory.mktemp("hutchd-shared") / "state")
+    _LIVE.append(d)
+    d.start()
+    yield d
+    problems = finalize_daemon(d)
+    assert not problems, "\n".join(problems)
+
+
+@pytest.fixture
+def make_daemon(base_image: ImageArtifacts, tmp_path: Path) -> Iterator[Callable[[], Daemon]]:
+    """``make_daemon()`` -> a started private daemon, finalized after the test."""
+    made: list[Daemon] = []
+
+    def make() -> Daemon:
+        d = Daemon(tmp_path / f"state{len(made)}")
+        made.append(d)
+        _LIVE.append(d)
+        d.start()
+        return d
+
+    yield make
+    problems: list[str] = []
+    for d in made:
+        problems += finalize_daemon(d)
+    assert not problems, "\n".join(problems)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.failed:
+        for d in _LIVE:
+            report.sections.append((f"hutchd {d.url}", d.diagnostics()))
+    return report

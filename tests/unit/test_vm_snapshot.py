@@ -1,0 +1,229 @@
+"""Snapshot manifest, compatibility checks and the argv of file-backed RAM / restore
+(pure parts; the real pause/resume/fork runs in tests/vm/test_snapshot.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hutch.errors import InvalidArgument, SnapshotError
+from hutch.vm.argv import VmConfig, build_argv
+from hutch.vm.snapshot import (
+    CONSUMED_MARKER,
+    FROZEN_MARKER,
+    MANIFEST_FILE,
+    MEMORY_FILE,
+    STATE_FILE,
+    create_clone_disk,
+    load_manifest,
+    qcow2_backing_file,
+    verify_snapshot,
+)
+from hutch.vm.snapshot_manifest import (
+    MANIFEST_FORMAT,
+    FileStamp,
+    SnapshotManifest,
+    compat_fields,
+    compat_mismatches,
+    fd_sha256,
+    file_sha256,
+)
+
+
+def _cfg(tmp: Path, **kw: object) -> VmConfig:
+    kernel = tmp / "vmlinux"
+    if not kernel.exists():
+        kernel.write_bytes(b"\x7fELF kernel")
+        (tmp / "initrd.img").write_bytes(b"initrd")
+    base = dict(
+        name="sb-1",
+        vcpus=1,
+        memory_mib=256,
+        kernel=kernel,
+        initrd=tmp / "initrd.img",
+        cmdline="console=ttyS0",
+        disk=tmp / "disk.qcow2",
+        accel="tcg",
+        qmp_socket=tmp / "qmp.sock",
+        agent_socket=tmp / "agent.sock",
+        console_log=tmp / "console.log",
+        pidfile=tmp / "qemu.pid",
+        qemu_log=tmp / "qemu.log",
+        tsc_khz=2_445_404,
+    )
+    base.update(kw)
+    return VmConfig(**base)  # type: ignore[arg-type]
+
+
+def _opt(argv: list[str], flag: str) -> list[str]:
+    return [argv[i + 1] for i, a in enumerate(argv) if a == flag]
+
+
+def test_default_argv_has_no_memory_backend_or_incoming(tmp_path: Path) -> None:
+    argv = build_argv(_cfg(tmp_path))
+    assert _opt(argv, "-M") == ["microvm,x-option-roms=off,isa-serial=on,rtc=off"]
+    assert not any("memory-backend" in a for a in argv)
+    assert "-incoming" not in argv
+
+
+@pytest.mark.parametrize(("shared", "share"), [(True, "on"), (False, "off")])
+def test_memory_file_argv(tmp_path: Path, shared: bool, share: str) -> None:
+    cfg = _cfg(tmp_path, memory_file=Path("/s/a,b/mem.ram"), memory_shared=shared)
+    argv = build_argv(cfg)
+    assert _opt(argv, "-M") == [
+        "microvm,x-option-roms=off,isa-serial=on,rtc=off,memory-backend=mem"
+    ]
+    assert _opt(argv, "-m") == ["256M"]
+    assert f"memory-backend-file,id=mem,size=256M,mem-path=/s/a,,b/mem.ram,share={share}" in _opt(
+        argv, "-object"
+    )
+
+
+def test_incoming_argv_and_relative_memory_file(tmp_path: Path) -> None:
+    argv = build_argv(_cfg(tmp_path, incoming=True))
+    assert argv[-2:] == ["-incoming", "defer"]
+    with pytest.raises(InvalidArgument, match="absolute"):
+        build_argv(_cfg(tmp_path, memory_file=Path("mem.ram")))
+
+
+def test_compat_mismatch_names_each_field(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path)
+    saved = compat_fields(cfg)
+    assert compat_mismatches(saved, compat_fields(cfg)) == []
+    other = compat_fields(
+        dataclasses.replace(
+            cfg, memory_mib=512, vcpus=2, tsc_khz=1_000_000, memory_file=tmp_path / "m"
+        )
+    )
+    problems = " ".join(compat_mismatches(saved, other))
+    for name in ("memory_mib", "vcpus", "tsc_khz", "memory_backend"):
+        assert name in problems
+    (tmp_path / "k2").write_bytes(b"another kernel")
+    assert "kernel_sha256" in " ".join(
+        compat_mismatches(saved, compat_fields(dataclasses.replace(cfg, kernel=tmp_path / "k2")))
+    )
+
+
+def test_file_digest_cache_sees_rewrites(tmp_path: Path) -> None:
+    f = tmp_path / "k"
+    f.write_bytes(b"one")
+    first = file_sha256(f)
+    assert file_sha256(f) == first
+    f.write_bytes(b"two")
+    assert file_sha256(f) != first
+
+
+def _fake_snapshot(tmp: Path, cfg: VmConfig, *, ram_in_file: bool = False) -> Path:
+    """A snapshot directory as save_snapshot leaves it (no QEMU needed for the checks)."""
+    snap = tmp / "snap"
+    snap.mkdir()
+    (snap / STATE_FILE).write_bytes(b"QEVM" + bytes(range(256)) * 10)
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(cfg.disk), "1G"], check=True)
+    memory = None
+    if ram_in_file:
+        (snap / MEMORY_FILE).write_bytes(b"\0" * 4096)
+        memory = FileStamp.of(snap / MEMORY_FILE)
+    fd = os.open(snap / STATE_FILE, os.O_RDONLY)
+    digest, size = fd_sha256(fd)
+    os.close(fd)
+    manifest = SnapshotManifest(
+        format=MANIFEST_FORMAT,
+        name=cfg.name,
+        created_ns=1,
+        qemu_version="7.2.22 test",
+        compat=compat_fields(cfg),
+        cmdline="console=ttyS0",
+        initrd_sha256=file_sha256(cfg.initrd),
+        state_size=size,
+        state_sha256=digest,
+        ram_in_file=ram_in_file,
+        memory=memory,
+        disk=FileStamp.of(cfg.disk.resolve()),
+    )
+    (snap / MANIFEST_FILE).write_text(manifest.to_json())
+    return snap
+
+
+@pytest.fixture
+def qemu_img() -> None:
+    if shutil.which("qemu-img") is None:
+        pytest.skip("qemu-img (qemu-utils) is not installed")
+
+
+@pytest.mark.usefixtures("qemu_img")
+def test_manifest_round_trip_and_verify(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path)
+    snap = _fake_snapshot(tmp_path, cfg)
+    manifest = verify_snapshot(snap, cfg)
+    assert load_manifest(snap) == manifest
+    assert manifest.memory is None
+
+
+@pytest.mark.usefixtures("qemu_img")
+def test_verify_refuses_tampering_and_wrong_disks(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path)
+    snap = _fake_snapshot(tmp_path, cfg)
+    state = snap / STATE_FILE
+    data = bytearray(state.read_bytes())
+    data[100] ^= 1
+    state.write_bytes(bytes(data))
+    with pytest.raises(SnapshotError, match="checksum"):
+        verify_snapshot(snap, cfg)
+    data[100] ^= 1
+    state.write_bytes(bytes(data))
+    verify_snapshot(snap, cfg)
+    with pytest.raises(SnapshotError, match="own disk"):
+        verify_snapshot(snap, dataclasses.replace(cfg, disk=tmp_path / "x.qcow2"))
+    with pytest.raises(SnapshotError, match="overlay on the snapshot's disk"):
+        verify_snapshot(snap, cfg, clone=True)  # its own disk is not an overlay of itself
+    with pytest.raises(SnapshotError, match="memory_mib"):
+        verify_snapshot(snap, dataclasses.replace(cfg, memory_mib=512))
+    with cfg.disk.open("ab") as f:
+        f.write(b"written after the snapshot")
+    with pytest.raises(SnapshotError, match="disk"):
+        verify_snapshot(snap, cfg)
+
+
+@pytest.mark.usefixtures("qemu_img")
+def test_clone_disk_freezes_and_markers_gate_restores(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, memory_file=tmp_path / "mem.ram")
+    snap = _fake_snapshot(tmp_path, cfg, ram_in_file=True)
+    with pytest.raises(SnapshotError, match="memory_file"):
+        verify_snapshot(snap, dataclasses.replace(cfg, memory_file=None))
+    clone_disk = tmp_path / "clone.qcow2"
+    create_clone_disk(snap, clone_disk)
+    assert qcow2_backing_file(clone_disk) == str(cfg.disk.resolve())
+    assert (snap / FROZEN_MARKER).exists()
+    for path in (snap / STATE_FILE, snap / MEMORY_FILE, cfg.disk):
+        assert path.stat().st_mode & 0o222 == 0, f"{path} left writable"
+    # The clone's config carries no memory file: the snapshot's is used.
+    clone_cfg = dataclasses.replace(cfg, name="c1", disk=clone_disk, memory_file=None)
+    verify_snapshot(snap, clone_cfg, clone=True)
+    with pytest.raises(SnapshotError, match="frozen"):
+        verify_snapshot(snap, cfg)
+    (snap / CONSUMED_MARKER).write_text("1\n")
+    with pytest.raises(SnapshotError, match="already resumed"):
+        verify_snapshot(snap, clone_cfg, clone=True)
+
+
+def test_missing_or_foreign_manifest(tmp_path: Path) -> None:
+    with pytest.raises(SnapshotError, match="incomplete"):
+        load_manifest(tmp_path)
+    (tmp_path / MANIFEST_FILE).write_text('{"format": 99}')
+    with pytest.raises(SnapshotError, match="format 99"):
+        load_manifest(tmp_path)
+    (tmp_path / MANIFEST_FILE).write_text('{"format": 1, "memory": null}')
+    with pytest.raises(SnapshotError, match="malformed"):
+        load_manifest(tmp_path)
+
+
+def test_qcow2_backing_file_rejects_non_qcow2(tmp_path: Path) -> None:
+    raw = tmp_path / "raw.img"
+    raw.write_bytes(b"\0" * 64)
+    with pytest.raises(SnapshotError, match="not a qcow2"):
+        qcow2_backing_file(raw)
