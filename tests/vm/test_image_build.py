@@ -54,6 +54,8 @@ async def test_base_image_boots_with_its_contract(
         try:
             assert (await _sh(agent, "hostname")).strip() == "imgtest"
             assert "127.0.1.1\timgtest" in await _sh(agent, "cat /etc/hosts")
+            assert (await _sh(agent, "cat /etc/resolv.conf")) == (
+                "nameserver 10.0.2.3\nnameserver 10.0.2.4\n"), await _sh(agent, "cat /proc/cmdline")
             mounts = {
                 line.split()[1]: line.split()[2]
                 for line in (await _sh(agent, "cat /proc/mounts")).splitlines()

@@ -185,7 +185,7 @@ async def save_snapshot(
             f"VM {cfg.name}: ram_in_file needs guest RAM in a shared memory file "
             "(VmConfig memory_file=..., memory_shared=True); save with ram_in_file=False"
         )
-    _prepare_dest(dest_dir)
+    _prepare_dest(dest_dir, cfg.memory_file if ram_in_file else None)
     timings: dict[str, float] = {}
     t_all = time.perf_counter()
     # Checked before the guest stops: a missing kernel must not cost a pause.
@@ -279,10 +279,17 @@ async def save_snapshot(
     return manifest
 
 
-def _prepare_dest(dest_dir: Path) -> None:
+def _prepare_dest(dest_dir: Path, memory_file: Path | None) -> None:
     dest_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     if any(dest_dir.iterdir()):
         raise SnapshotError(f"{dest_dir} is not empty; give a new snapshot directory")
+    # Checked before the guest stops: the memory file is renamed into the snapshot
+    # after QEMU has gone, when failing would lose the sandbox.
+    if memory_file is not None and memory_file.stat().st_dev != dest_dir.stat().st_dev:
+        raise SnapshotError(
+            f"the memory file {memory_file} is on another file system than {dest_dir}; "
+            "put the snapshot directory next to it (it is moved, not copied)"
+        )
 
 
 def _fsync_path(path: Path) -> None:
