@@ -27,8 +27,13 @@ def images_dir() -> Path:
     return test_images_dir()
 
 
-def ensure_image(name: str) -> object:
-    from hutch.images.build import build_image, find_image
+_built: dict[str, object] = {}
 
-    images = test_images_dir()
-    return find_image(name, images) or build_image(name, images)
+
+def ensure_image(name: str) -> object:
+    """The current build of image ``name`` (built or refreshed if its inputs changed)."""
+    from hutch.images.build import build_image
+
+    if name not in _built:
+        _built[name] = build_image(name, test_images_dir())
+    return _built[name]

@@ -226,14 +226,27 @@ class Daemon:
         return Client(base_url=self.url, api_key=self.api_key, **kw)  # type: ignore[arg-type]
 
     def cli(
-        self, *args: str, timeout: float = 300.0, input: bytes | None = None
+        self, *args: str, timeout: float = 300.0, input: str | None = None
     ) -> subprocess.CompletedProcess[str]:
         """Run ``hutch ARGS`` against this daemon; never raises on a nonzero exit."""
         return subprocess.run(
             [sys.executable, "-m", "hutch", *args],
             env=self.env,
             capture_output=True,
-            text=input is None,
+            text=True,
+            input=input,
+            timeout=timeout,
+            check=False,
+        )
+
+    def cli_bytes(
+        self, *args: str, timeout: float = 300.0, input: bytes = b""
+    ) -> subprocess.CompletedProcess[bytes]:
+        """Like :meth:`cli` with binary stdin/stdout."""
+        return subprocess.run(
+            [sys.executable, "-m", "hutch", *args],
+            env=self.env,
+            capture_output=True,
             input=input,
             timeout=timeout,
             check=False,

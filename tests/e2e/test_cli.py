@@ -11,10 +11,12 @@ import json
 import os
 import secrets
 import select
+import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -59,7 +61,7 @@ def cli_sb(daemon: Daemon) -> Iterator[CliSandbox]:
         daemon.cli("rm", sandbox_id)
 
 
-def _json(r: object) -> object:
+def _json(r: subprocess.CompletedProcess[str]) -> Any:
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
@@ -77,15 +79,15 @@ def test_ls_and_inspect(daemon: Daemon, cli_sb: CliSandbox) -> None:
     both = daemon.cli(
         "ls", "--json", "--metadata", f"suite=cli-{cli_sb.tag}", "--metadata", "role=e2e"
     )
-    assert [s["id"] for s in _json(both)] == [cli_sb.id]  # type: ignore[union-attr]
+    assert [s["id"] for s in _json(both)] == [cli_sb.id]
     wrong = daemon.cli(
         "ls", "--json", "--metadata", f"suite=cli-{cli_sb.tag}", "--metadata", "role=other"
     )
     assert _json(wrong) == []
     running = _json(daemon.cli("ls", "--json", "--state", "running"))
-    assert cli_sb.id in [s["id"] for s in running]  # type: ignore[union-attr]
+    assert cli_sb.id in [s["id"] for s in running]
     destroyed = _json(daemon.cli("ls", "--json", "--state", "destroyed"))
-    assert cli_sb.id not in [s["id"] for s in destroyed]  # type: ignore[union-attr]
+    assert cli_sb.id not in [s["id"] for s in destroyed]
 
     # The table for humans: one line per sandbox, greppable.
     table = daemon.cli("ls", "--metadata", f"suite=cli-{cli_sb.tag}")
@@ -146,8 +148,8 @@ def test_exec_exit_codes_and_env(daemon: Daemon, cli_sb: CliSandbox) -> None:
     # A signal ends the command: 128+N like a shell.
     r = daemon.cli("exec", cli_sb.id, "--", "sh", "-c", "kill -9 $$")
     assert r.returncode == 128 + 9
-    r = daemon.cli("exec", cli_sb.id, "-i", "--", "wc", "-c", input=b"12345")
-    assert r.returncode == 0 and r.stdout.strip() == b"5"
+    r = daemon.cli("exec", cli_sb.id, "-i", "--", "wc", "-c", input="12345")
+    assert r.returncode == 0 and r.stdout.strip() == "5"
 
 
 def test_cp_both_ways_keeps_the_bytes(daemon: Daemon, cli_sb: CliSandbox, tmp_path: Path) -> None:
@@ -189,10 +191,9 @@ def test_cp_both_ways_keeps_the_bytes(daemon: Daemon, cli_sb: CliSandbox, tmp_pa
         "head -c 100000 /dev/urandom > /root/g.bin; sha256sum /root/g.bin",
     )
     guest_made = r.stdout.split()[0]
-    r = daemon.cli("cp", f"{cli_sb.id}:/root/g.bin", "-", input=b"")
-    assert r.returncode == 0
-    assert isinstance(r.stdout, bytes)
-    assert hashlib.sha256(r.stdout).hexdigest() == guest_made
+    out = daemon.cli_bytes("cp", f"{cli_sb.id}:/root/g.bin", "-")
+    assert out.returncode == 0
+    assert hashlib.sha256(out.stdout).hexdigest() == guest_made
 
     r = daemon.cli("cp", f"{cli_sb.id}:/root/no-such-file", str(tmp_path / "x"))
     assert r.returncode == 1 and "no-such-file" in r.stderr

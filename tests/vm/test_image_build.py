@@ -40,9 +40,8 @@ async def test_base_image_boots_with_its_contract(
     arts = build_image("base", test_images_dir())
     assert arts.rootfs.stat().st_mode & 0o777 == 0o444
     assert arts.size_bytes < DISK_GIB << 30
-    guest = _GuestFiles(
-        arts.kernel, arts.initrd, arts.rootfs, f"{arts.cmdline} hutch.hostname=imgtest"
-    )
+    cmdline = f"{arts.cmdline} hutch.hostname=imgtest hutch.dns=10.0.2.3,10.0.2.4"
+    guest = _GuestFiles(arts.kernel, arts.initrd, arts.rootfs, cmdline)
     disk = tmp_path / "disk.qcow2"
     create_overlay(arts.rootfs, disk, DISK_GIB)
     cfg = make_vm_config(guest, disk, memory_mib=512)
@@ -55,7 +54,8 @@ async def test_base_image_boots_with_its_contract(
             assert (await _sh(agent, "hostname")).strip() == "imgtest"
             assert "127.0.1.1\timgtest" in await _sh(agent, "cat /etc/hosts")
             assert (await _sh(agent, "cat /etc/resolv.conf")) == (
-                "nameserver 10.0.2.3\nnameserver 10.0.2.4\n"), await _sh(agent, "cat /proc/cmdline")
+                "nameserver 10.0.2.3\nnameserver 10.0.2.4\n"
+            ), await _sh(agent, "cat /proc/cmdline")
             mounts = {
                 line.split()[1]: line.split()[2]
                 for line in (await _sh(agent, "cat /proc/mounts")).splitlines()

@@ -351,7 +351,9 @@ async def test_bench_pause_resume_fork(
         )
         booted = await _boot(cfg, cleanup)
         # A used sandbox: a third of its RAM holds data (tmpfs), plus a running counter.
-        await _sh(booted.agent, f"head -c {memory_mib // 3}M /dev/urandom > /tmp/blob")
+        await _sh(
+            booted.agent, f"head -c {memory_mib // 3}M /dev/urandom > /tmp/blob", timeout_s=300
+        )
         await _sh(booted.agent, COUNTER)
         await booted.agent.close()
         snap = tmp_path / f"{name}-snap"
@@ -359,6 +361,7 @@ async def test_bench_pause_resume_fork(
         manifest = await save_snapshot(booted.vm, snap, ram_in_file=ram_in_file)
         pause_s = time.perf_counter() - t0
         written = snap / (MEMORY_FILE if ram_in_file else STATE_FILE)
+        written_st = written.stat()
         cat_s = await asyncio.to_thread(_cat_s, written, tmp_path / "cat.out")
         t0 = time.perf_counter()
         vm = await restore(cfg, snap, clone=False)
@@ -373,8 +376,8 @@ async def test_bench_pause_resume_fork(
             "pause_s": round(pause_s, 4),
             "pause_phases_ms": manifest.timings_ms,
             "state_bytes": manifest.state_size,
-            "memory_file_bytes": written.stat().st_size if ram_in_file else None,
-            "memory_file_allocated_bytes": written.stat().st_blocks * 512 if ram_in_file else None,
+            "memory_file_bytes": written_st.st_size if ram_in_file else None,
+            "memory_file_allocated_bytes": written_st.st_blocks * 512 if ram_in_file else None,
             "cat_same_bytes_s": round(cat_s, 4),
             "resume_qemu_running_s": round(running_s, 4),
             "resume_to_agent_answer_s": round(answer_s, 4),
