@@ -819,7 +819,7 @@ def resolve_user(user: Any) -> pwd.struct_passwd:
             return pwd.getpwuid(int(user))
         if isinstance(user, str):
             return pwd.getpwnam(user)
-    except KeyError:
+    except (KeyError, ValueError, OverflowError):  # unknown, NUL byte, uid too big
         pass
     raise AgentError("invalid_argument", f"user {user!r} does not exist in the sandbox")
 

@@ -11,10 +11,6 @@ from hutch.api.errors import error_body
 MAX_JSON_BODY = 16 * 1024 * 1024
 
 
-class BodyTooLarge(Exception):
-    pass
-
-
 class BodyLimit:
     def __init__(self, app: ASGIApp, limit: int = MAX_JSON_BODY) -> None:
         self.app = app
@@ -30,27 +26,31 @@ class BodyLimit:
                 return
         seen = 0
         started = False
+        rejected = False
 
         async def limited_receive() -> Message:
-            nonlocal seen
+            nonlocal seen, rejected
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.limit:
-                    raise BodyTooLarge
+                    # Answer 413 now and tell the app the client went away, so nothing
+                    # downstream turns this into a parse error or buffers the rest.
+                    if not started and not rejected:
+                        rejected = True
+                        await _reject(send, self.limit)
+                    return {"type": "http.disconnect"}
             return message
 
-        async def tracking_send(message: Message) -> None:
+        async def guarded_send(message: Message) -> None:
             nonlocal started
+            if rejected:
+                return
             if message["type"] == "http.response.start":
                 started = True
             await send(message)
 
-        try:
-            await self.app(scope, limited_receive, tracking_send)
-        except BodyTooLarge:
-            if not started:
-                await _reject(send, self.limit)
+        await self.app(scope, limited_receive, guarded_send)
 
 
 def _is_upload(scope: Scope) -> bool:

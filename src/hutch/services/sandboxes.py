@@ -29,6 +29,7 @@ from hutch.models import (
     SandboxSpec,
     SandboxState,
     new_sandbox_id,
+    validate_env,
 )
 from hutch.services.backend import Runtime, VmBackend
 from hutch.services.images import ImageSource, ImageView, resolve
@@ -218,7 +219,7 @@ class SandboxService:
     ) -> ExecStream:
         rec = self.get(sandbox_id)
         runtime = self.runtime(sandbox_id)
-        merged_env = {**rec.env, **(env or {})}
+        merged_env = {**rec.env, **validate_env(env or {})}
         if isinstance(cmd, str):
             return await runtime.agent.exec(
                 shell=cmd, env=merged_env, cwd=cwd, user=user, stdin=stdin, timeout_s=timeout_s

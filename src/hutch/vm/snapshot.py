@@ -91,6 +91,7 @@ __all__ = [
     "SnapshotManifest",
     "create_clone_disk",
     "load_manifest",
+    "qcow2_backing_file",
     "restore",
     "save_snapshot",
     "verify_snapshot",
