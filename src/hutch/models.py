@@ -25,6 +25,11 @@ def new_sandbox_id() -> str:
 class SandboxState(enum.StrEnum):
     CREATING = "creating"
     RUNNING = "running"
+    #: Saving to disk (memory mode) or shutting down (disk mode).
+    PAUSING = "pausing"
+    #: No QEMU process; memory state (memory mode) and disk kept.
+    PAUSED = "paused"
+    RESUMING = "resuming"
     STOPPING = "stopping"
     DESTROYED = "destroyed"
     #: The VM died on its own or could not be started; resources are cleaned.
@@ -32,7 +37,18 @@ class SandboxState(enum.StrEnum):
 
     @property
     def is_live(self) -> bool:
-        return self in (SandboxState.CREATING, SandboxState.RUNNING)
+        """Not ended: it holds resources and can be deleted."""
+        return self not in (SandboxState.DESTROYED, SandboxState.FAILED)
+
+
+class PauseMode(enum.StrEnum):
+    #: CPU, memory and device state saved; processes continue after resume.
+    MEMORY = "memory"
+    #: Only the disk kept; the guest boots again on resume.
+    DISK = "disk"
+
+
+FORK_COUNT_RANGE = (1, 100)
 
 
 def _check_range(name: str, value: int, bounds: tuple[int, int], unit: str = "") -> None:
@@ -97,6 +113,7 @@ class SandboxSpec:
     metadata: dict[str, str] = field(default_factory=dict)
     name: str | None = None
     timeout_s: int | None = None
+    auto_resume: bool = False
 
     def __post_init__(self) -> None:
         validate_env(self.env)
@@ -125,3 +142,12 @@ class SandboxRecord:
     expires_at: float | None = None
     ended_at: float | None = None
     error: str | None = None
+    pause_mode: PauseMode | None = None
+    paused_at: float | None = None
+    #: Snapshot directory the next resume restores from, and whether as a clone
+    #: (a frozen fork snapshot) or by consuming it (its own pause snapshot).
+    resume_from: str | None = None
+    resume_clone: bool = False
+    parent_id: str | None = None
+    #: exec and file calls to this sandbox while paused resume it first.
+    auto_resume: bool = False

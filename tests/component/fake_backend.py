@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
+import signal
 from pathlib import Path
+from typing import Any
 
 from hutch.guest.client import AgentClient
 from hutch.images.build import ImageArtifacts
-from hutch.models import SANDBOX_ID_RE, SandboxRecord
+from hutch.models import SANDBOX_ID_RE, PauseMode, SandboxRecord
 
 AGENT = Path(__file__).resolve().parents[2] / "guest_agent" / "hutch_agent.py"
 # The agent is stdlib-only; the system Python is used because a virtualenv's interpreter
@@ -43,6 +46,9 @@ class FakeRuntime:
                 self.proc.kill()
             await self.proc.wait()
 
+    async def cont(self) -> None:
+        return None
+
     def console_tail(self, max_bytes: int = 4096) -> str:
         try:
             return self.log.read_bytes()[-max_bytes:].decode(errors="replace")
@@ -58,6 +64,7 @@ class FakeBackend:
         self.started: list[str] = []
         self.procs: dict[str, FakeRuntime] = {}
         self.fail_next_start: Exception | None = None
+        self.stopped: dict[str, FakeRuntime] = {}
 
     async def start(self, rec: SandboxRecord, image: ImageArtifacts) -> FakeRuntime:
         if self.fail_next_start is not None:
@@ -94,7 +101,11 @@ class FakeBackend:
         ]
         with log.open("wb") as out:
             proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                start_new_session=True,
             )
         try:
             agent = await AgentClient.connect(sock, timeout_s=10.0)
@@ -107,11 +118,64 @@ class FakeBackend:
         self.procs[rec.id] = runtime
         return runtime
 
+    # Pause keeps the agent process stopped (SIGSTOP), which keeps its memory like a
+    # memory-mode pause; disk mode ends it. A fork starts fresh agents: only real VMs
+    # clone memory (tests/vm prove that).
+
+    def pause_dir(self, sandbox_id: str) -> Path:
+        return self.root / sandbox_id / "pause"
+
+    async def pause(self, runtime: FakeRuntime, mode: PauseMode) -> str | None:
+        await runtime.agent.close()
+        if mode is PauseMode.DISK:
+            await runtime.destroy()
+            self.procs.pop(runtime.sandbox_id, None)
+            return None
+        os.killpg(runtime.proc.pid, signal.SIGSTOP)
+        self.stopped[runtime.sandbox_id] = runtime
+        return str(self.pause_dir(runtime.sandbox_id))
+
+    async def resume(self, rec: SandboxRecord, resume_from: str | None, *, clone: bool) -> Any:
+        stopped = self.stopped.pop(rec.id, None)
+        if stopped is not None:
+            os.killpg(stopped.proc.pid, signal.SIGCONT)
+            stopped.agent = await AgentClient.connect(
+                self.root / rec.id / "agent.sock", timeout_s=10.0
+            )
+            return stopped
+        shutil.rmtree(self.root / rec.id, ignore_errors=True)
+        return await self.start(rec, None)  # type: ignore[arg-type]
+
+    def fork_dir(self, snapshot_id: str) -> Path:
+        return self.root / "snapshots" / snapshot_id
+
+    async def freeze_for_fork(self, runtime: FakeRuntime, snapshot_dir: Path) -> None:
+        snapshot_dir.mkdir(parents=True)
+
+    async def start_clone(
+        self, rec: SandboxRecord, template: SandboxRecord, snapshot_dir: Path
+    ) -> Any:
+        if rec.id == template.id:
+            runtime = self.procs[rec.id]
+            if runtime.agent.closed:
+                runtime.agent = await AgentClient.connect(
+                    self.root / rec.id / "agent.sock", timeout_s=10.0
+                )
+            return runtime
+        return await self.start(rec, None)  # type: ignore[arg-type]
+
+    def snapshot_complete(self, snapshot_dir: str) -> bool:
+        return Path(snapshot_dir).exists()
+
+    def collect_snapshots(self, live_ids: set[str]) -> list[str]:
+        return []
+
     async def adopt(self, rec: SandboxRecord) -> FakeRuntime | None:
         # A bubblewrap child dies with the test's daemon, so there is never anything to adopt.
         return None
 
     async def cleanup(self, sandbox_id: str) -> None:
+        self.stopped.pop(sandbox_id, None)
         runtime = self.procs.pop(sandbox_id, None)
         if runtime is not None:
             await runtime.destroy()

@@ -300,6 +300,7 @@ class Daemon:
         return "\n".join(lines)
 
 
+_ENDED = ("destroyed", "failed")
 # Daemons alive right now, for failure reports.
 _LIVE: list[Daemon] = []
 
@@ -315,9 +316,9 @@ def finalize_daemon(d: Daemon) -> list[str]:
         if d.running:
             with d.client(timeout=120.0) as c:
                 for sb in c.list_sandboxes():
-                    if sb.state in ("creating", "running", "stopping"):
+                    if sb.state not in _ENDED:
                         c.delete_sandbox(sb.id)
-                left = [sb for sb in c.list_sandboxes() if sb.state in ("creating", "running")]
+                left = [sb for sb in c.list_sandboxes() if sb.state not in _ENDED]
                 if left:
                     problems.append(f"sandboxes still live after delete: {left}")
     except Exception as exc:

@@ -9,9 +9,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hutch.models import (
     DISK_GIB_RANGE,
+    FORK_COUNT_RANGE,
     MEMORY_MIB_RANGE,
     TIMEOUT_S_RANGE,
     VCPUS_RANGE,
+    PauseMode,
     SandboxRecord,
     SandboxState,
 )
@@ -36,6 +38,7 @@ class CreateSandbox(Strict):
     timeout_s: (
         Annotated[int, Field(ge=TIMEOUT_S_RANGE[0], le=TIMEOUT_S_RANGE[1], strict=True)] | None
     ) = None
+    auto_resume: Annotated[bool, Field(strict=True)] = False
 
 
 def _iso(ts: float | None) -> dt.datetime | None:
@@ -57,6 +60,10 @@ class Sandbox(BaseModel):
     expires_at: dt.datetime | None
     ended_at: dt.datetime | None
     error: str | None
+    pause_mode: PauseMode | None
+    paused_at: dt.datetime | None
+    parent_id: str | None
+    auto_resume: bool
 
     @classmethod
     def of(cls, rec: SandboxRecord) -> Sandbox:
@@ -77,11 +84,23 @@ class Sandbox(BaseModel):
             expires_at=_iso(rec.expires_at),
             ended_at=_iso(rec.ended_at),
             error=rec.error,
+            pause_mode=rec.pause_mode,
+            paused_at=_iso(rec.paused_at),
+            parent_id=rec.parent_id,
+            auto_resume=rec.auto_resume,
         )
 
 
 class SandboxList(BaseModel):
     sandboxes: list[Sandbox]
+
+
+class PauseRequest(Strict):
+    mode: PauseMode = PauseMode.MEMORY
+
+
+class ForkRequest(Strict):
+    count: Annotated[int, Field(ge=FORK_COUNT_RANGE[0], le=FORK_COUNT_RANGE[1], strict=True)] = 1
 
 
 class ExecRequest(Strict):

@@ -6,7 +6,9 @@ Tests drive the CLI without a daemon by passing ``obj=CliEnv(transport=...)`` to
 
 from __future__ import annotations
 
+import contextlib
 import io
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import click
@@ -16,7 +18,7 @@ from rich.table import Table
 
 from hutch.sdk import Client
 
-__all__ = ["CliEnv", "get_env", "print_table", "stderr_console"]
+__all__ = ["CliEnv", "get_env", "print_table", "spinner", "stderr_console"]
 
 
 @dataclass
@@ -61,3 +63,15 @@ def print_table(table: Table) -> None:
 def stderr_console() -> Console:
     """Spinners and progress bars go here, and only when it is a terminal."""
     return Console(stderr=True, highlight=False)
+
+
+@contextlib.contextmanager
+def spinner(text: str) -> Iterator[None]:
+    """A spinner with ``text`` on stderr while a long call runs, only on a terminal:
+    piped or logged output stays exactly what the command prints."""
+    console = stderr_console()
+    if not console.is_terminal:
+        yield
+        return
+    with console.status(text):
+        yield

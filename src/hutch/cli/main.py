@@ -19,6 +19,7 @@ from hutch.cli._output import print_json
 from hutch.cli.cp import cp
 from hutch.cli.exec_cmd import exec_
 from hutch.cli.images import image, images
+from hutch.cli.lifecycle import fork, pause, resume
 from hutch.cli.sandboxes import create, inspect, ls, rm
 from hutch.errors import HutchError
 from hutch.sdk import DaemonUnreachable
@@ -92,7 +93,7 @@ def _run_daemon() -> None:
     run(load_settings())
 
 
-for _command in (create, ls, inspect, rm, exec_, cp, images, image):
+for _command in (create, ls, inspect, rm, pause, resume, fork, exec_, cp, images, image):
     cli.add_command(_command)
 
 

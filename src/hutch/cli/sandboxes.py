@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import click
 from rich.table import Table
 
-from hutch.cli._env import get_env, print_table, stderr_console
+from hutch.cli._env import get_env, print_table, spinner
 from hutch.cli._output import parse_pairs, print_json, when
 from hutch.errors import HutchError
 from hutch.sdk import SandboxInfo
 
-__all__ = ["create", "inspect", "ls", "rm"]
+__all__ = ["create", "inspect", "ls", "rm", "state_label"]
+
+
+def state_label(info: SandboxInfo) -> str:
+    """The state as one word for tables: a paused sandbox shows its mode
+    (``paused:memory``), so columns stay split by whitespace for awk."""
+    if info.state == "paused" and info.pause_mode:
+        return f"paused:{info.pause_mode}"
+    return info.state
 
 
 @click.command()
@@ -42,6 +48,11 @@ __all__ = ["create", "inspect", "ls", "rm"]
 @click.option(
     "--timeout", "timeout_s", type=int, metavar="S", help="Destroy the sandbox after S seconds."
 )
+@click.option(
+    "--auto-resume",
+    is_flag=True,
+    help="exec and file calls to it while paused resume it first (instead of failing).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the sandbox as JSON.")
 def create(
     image: str,
@@ -52,19 +63,14 @@ def create(
     metadata: tuple[str, ...],
     name: str | None,
     timeout_s: int | None,
+    auto_resume: bool,
     as_json: bool,
 ) -> None:
     """Boot a sandbox and print its id."""
     env_map = parse_pairs(env, "--env")
     meta = parse_pairs(metadata, "--metadata")
     client = get_env().client()
-    console = stderr_console()
-    spinner = (
-        console.status(f"booting a {image} sandbox...")
-        if console.is_terminal
-        else contextlib.nullcontext()
-    )
-    with spinner:
+    with spinner(f"booting a {image} sandbox..."):
         info = client.create_sandbox(
             image,
             vcpus=vcpus,
@@ -74,6 +80,7 @@ def create(
             metadata=meta,
             name=name,
             timeout_s=timeout_s,
+            auto_resume=auto_resume,
         )
     if as_json:
         print_json(info.to_dict())
@@ -99,7 +106,7 @@ def ls(state: str | None, metadata: tuple[str, ...], as_json: bool) -> None:
             sb.id,
             sb.name or "-",
             sb.image,
-            sb.state,
+            state_label(sb),
             str(sb.vcpus),
             f"{sb.memory_mib}M",
             when(sb.created_at),
@@ -112,7 +119,7 @@ def _describe(info: SandboxInfo) -> list[tuple[str, str]]:
         ("id", info.id),
         ("name", info.name or "-"),
         ("image", info.image),
-        ("state", info.state),
+        ("state", state_label(info)),
         ("vcpus", str(info.vcpus)),
         ("memory", f"{info.memory_mib} MiB"),
         ("disk", f"{info.disk_gib} GiB"),
@@ -122,6 +129,10 @@ def _describe(info: SandboxInfo) -> list[tuple[str, str]]:
         ("expires", when(info.expires_at)),
         ("ended", when(info.ended_at)),
     ]
+    if info.paused_at is not None:
+        rows.append(("paused", when(info.paused_at)))
+    if info.parent_id is not None:
+        rows.append(("parent", info.parent_id))
     rows += [(f"metadata.{k}", v) for k, v in sorted(info.metadata.items())]
     if info.error:
         rows.append(("error", info.error))

@@ -2,11 +2,13 @@
 
 Layout (after httpx): ``_core`` builds requests and reads answers without I/O;
 ``_client``/``_async_client`` send them (sync/asyncio); ``_sandbox``/``_async_sandbox``
-are the E2B-style handles on top. Configuration: ``_config`` (URL, key, timeouts).
+are the E2B-style handles on top (create, exec, files, pause/resume/fork, kill).
+Configuration: ``_config`` (URL, key, timeouts).
 """
 
 from __future__ import annotations
 
+from hutch.models import PauseMode
 from hutch.sdk._async_client import AsyncClient, AsyncResponseStream
 from hutch.sdk._async_sandbox import AsyncFiles, AsyncSandbox
 from hutch.sdk._client import Client, ResponseStream
@@ -21,6 +23,7 @@ from hutch.sdk._types import (
     FileEntry,
     Health,
     ImageInfo,
+    PauseModeArg,
     SandboxInfo,
     WrittenFile,
 )
@@ -44,6 +47,8 @@ __all__ = [
     "Files",
     "Health",
     "ImageInfo",
+    "PauseMode",
+    "PauseModeArg",
     "ProtocolError",
     "ResponseStream",
     "Sandbox",

@@ -35,6 +35,7 @@ from hutch.sdk._types import (
     FileEntry,
     Health,
     ImageInfo,
+    PauseModeArg,
     SandboxInfo,
     WrittenFile,
 )
@@ -123,6 +124,7 @@ class AsyncClient:
         metadata: Mapping[str, str] | None = None,
         name: str | None = None,
         timeout_s: int | None = None,
+        auto_resume: bool = False,
     ) -> SandboxInfo:
         return await self.call(
             self.core.create_sandbox(
@@ -134,6 +136,7 @@ class AsyncClient:
                 metadata=metadata,
                 name=name,
                 timeout_s=timeout_s,
+                auto_resume=auto_resume,
             )
         )
 
@@ -147,6 +150,15 @@ class AsyncClient:
 
     async def delete_sandbox(self, sandbox_id: str) -> None:
         await self.call(self.core.delete_sandbox(sandbox_id))
+
+    async def pause_sandbox(self, sandbox_id: str, mode: PauseModeArg = "memory") -> SandboxInfo:
+        return await self.call(self.core.pause_sandbox(sandbox_id, mode))
+
+    async def resume_sandbox(self, sandbox_id: str) -> SandboxInfo:
+        return await self.call(self.core.resume_sandbox(sandbox_id))
+
+    async def fork_sandbox(self, sandbox_id: str, count: int = 1) -> builtins.list[SandboxInfo]:
+        return await self.call(self.core.fork_sandbox(sandbox_id, count))
 
     async def exec(
         self,

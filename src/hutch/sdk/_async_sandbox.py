@@ -17,7 +17,14 @@ from hutch.sdk._async_client import (
     OutputCallback,
 )
 from hutch.sdk._config import Timeouts
-from hutch.sdk._types import ExecEvent, ExecResult, FileEntry, SandboxInfo, WrittenFile
+from hutch.sdk._types import (
+    ExecEvent,
+    ExecResult,
+    FileEntry,
+    PauseModeArg,
+    SandboxInfo,
+    WrittenFile,
+)
 
 __all__ = ["AsyncFiles", "AsyncSandbox"]
 
@@ -98,12 +105,14 @@ class AsyncSandbox:
         metadata: Mapping[str, str] | None = None,
         name: str | None = None,
         timeout_s: int | None = None,
+        auto_resume: bool = False,
         api_key: str | None = None,
         base_url: str | None = None,
         http_timeout: float | Timeouts | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         client: AsyncClient | None = None,
     ) -> AsyncSandbox:
+        """See ``Sandbox.create``."""
         http, owned = cls._client_for(client, api_key, base_url, http_timeout, transport)
         try:
             info = await http.create_sandbox(
@@ -115,6 +124,7 @@ class AsyncSandbox:
                 metadata=metadata,
                 name=name,
                 timeout_s=timeout_s,
+                auto_resume=auto_resume,
             )
         except BaseException:
             if owned:
@@ -212,6 +222,21 @@ class AsyncSandbox:
         return self._client.exec_stream(
             self.id, cmd, env=env, cwd=cwd, user=user, stdin=stdin, timeout_s=timeout_s
         )
+
+    async def pause(self, mode: PauseModeArg = "memory") -> SandboxInfo:
+        """See ``Sandbox.pause``: pause and update :attr:`info`."""
+        self._info = await self._client.pause_sandbox(self.id, mode)
+        return self._info
+
+    async def resume(self) -> SandboxInfo:
+        """See ``Sandbox.resume``; a running sandbox is left as it is."""
+        self._info = await self._client.resume_sandbox(self.id)
+        return self._info
+
+    async def fork(self, count: int = 1) -> builtins.list[AsyncSandbox]:
+        """See ``Sandbox.fork``: the children share this handle's client."""
+        children = await self._client.fork_sandbox(self.id, count)
+        return [AsyncSandbox(self._client, info) for info in children]
 
     async def kill(self) -> None:
         """Destroy the sandbox. Idempotent."""

@@ -28,6 +28,7 @@ from hutch.sdk._types import (
     FileEntry,
     Health,
     ImageInfo,
+    PauseModeArg,
     SandboxInfo,
     WrittenFile,
 )
@@ -116,6 +117,7 @@ class Client:
         metadata: Mapping[str, str] | None = None,
         name: str | None = None,
         timeout_s: int | None = None,
+        auto_resume: bool = False,
     ) -> SandboxInfo:
         return self.call(
             self.core.create_sandbox(
@@ -127,6 +129,7 @@ class Client:
                 metadata=metadata,
                 name=name,
                 timeout_s=timeout_s,
+                auto_resume=auto_resume,
             )
         )
 
@@ -140,6 +143,15 @@ class Client:
 
     def delete_sandbox(self, sandbox_id: str) -> None:
         self.call(self.core.delete_sandbox(sandbox_id))
+
+    def pause_sandbox(self, sandbox_id: str, mode: PauseModeArg = "memory") -> SandboxInfo:
+        return self.call(self.core.pause_sandbox(sandbox_id, mode))
+
+    def resume_sandbox(self, sandbox_id: str) -> SandboxInfo:
+        return self.call(self.core.resume_sandbox(sandbox_id))
+
+    def fork_sandbox(self, sandbox_id: str, count: int = 1) -> builtins.list[SandboxInfo]:
+        return self.call(self.core.fork_sandbox(sandbox_id, count))
 
     def exec(
         self,

@@ -31,8 +31,10 @@ class Timeouts:
 
     ``read`` bounds the wait for each chunk of an answer. Calls whose length the caller
     controls get their own bound instead: ``exec`` waits ``timeout_s + read`` when the
-    command has a ``timeout_s`` and forever otherwise (the daemon enforces the limit), and
-    ``create`` waits ``create`` seconds (booting a guest under TCG takes a while).
+    command has a ``timeout_s`` and forever otherwise (the daemon enforces the limit),
+    ``create`` waits ``create`` seconds (booting a guest under TCG takes a while), and
+    ``pause``/``resume``/``fork`` wait ``lifecycle`` seconds (they write or restore guest
+    memory, or boot a disk-paused guest again; a fork of many children takes longest).
     """
 
     connect: float | None = 5.0
@@ -40,6 +42,7 @@ class Timeouts:
     write: float | None = 60.0
     pool: float | None = 10.0
     create: float | None = 600.0
+    lifecycle: float | None = 600.0
 
     @classmethod
     def coerce(cls, value: float | Timeouts | None) -> Timeouts:
@@ -53,7 +56,7 @@ class Timeouts:
                 f"http_timeout={value!r}: give seconds > 0 or a hutch.sdk.Timeouts"
             )
         v = float(value)
-        return cls(connect=v, read=v, write=v, pool=v, create=v)
+        return cls(connect=v, read=v, write=v, pool=v, create=v, lifecycle=v)
 
     def as_httpx(self) -> dict[str, float | None]:
         """The ``timeout`` request extension httpx transports read."""

@@ -17,6 +17,7 @@ from urllib.parse import quote, urlsplit
 import httpx
 
 from hutch.errors import HutchError, InvalidArgument, Timeout
+from hutch.models import FORK_COUNT_RANGE, PauseMode
 from hutch.sdk._config import ClientConfig
 from hutch.sdk._errors import DaemonUnreachable, ProtocolError, error_from_body
 from hutch.sdk._types import (
@@ -72,6 +73,21 @@ def _check_path(path: str, what: str = "path") -> str:
     if not isinstance(path, str) or not path:
         raise InvalidArgument(f"{what} must be a non-empty string, got {path!r}")
     return path
+
+
+def _pause_mode(mode: str) -> PauseMode:
+    try:
+        return PauseMode(mode)
+    except ValueError:
+        choices = ", ".join(repr(m.value) for m in PauseMode)
+        raise InvalidArgument(f"pause mode {mode!r} is not one of {choices}") from None
+
+
+def _fork_count(count: int) -> int:
+    lo, hi = FORK_COUNT_RANGE
+    if isinstance(count, bool) or not isinstance(count, int) or not lo <= count <= hi:
+        raise InvalidArgument(f"fork count={count!r} is out of range; accepted: {lo}-{hi}")
+    return count
 
 
 def _cmd(cmd: str | Sequence[str]) -> str | list[str]:
@@ -189,6 +205,7 @@ class ClientCore:
         metadata: Mapping[str, str] | None,
         name: str | None,
         timeout_s: int | None,
+        auto_resume: bool = False,
     ) -> Call[SandboxInfo]:
         body: dict[str, Any] = {
             "image": image,
@@ -204,6 +221,10 @@ class ClientCore:
             body["name"] = name
         if timeout_s is not None:
             body["timeout_s"] = timeout_s
+        if auto_resume:
+            # Sent only when set, so a daemon older than pause/resume still accepts the
+            # request (it rejects fields it does not know).
+            body["auto_resume"] = True
         req = self.request(
             "POST", "/v1/sandboxes", json_body=body, read_timeout=self.config.timeouts.create
         )
@@ -226,6 +247,36 @@ class ClientCore:
 
     def delete_sandbox(self, sandbox_id: str) -> Call[None]:
         return Call(self.request("DELETE", self._sandbox_path(sandbox_id)), _nothing)
+
+    def pause_sandbox(self, sandbox_id: str, mode: str = PauseMode.MEMORY) -> Call[SandboxInfo]:
+        """Pause: ``memory`` keeps the running processes, ``disk`` only the disk."""
+        body = {"mode": _pause_mode(mode).value}
+        req = self.request(
+            "POST",
+            self._sandbox_path(sandbox_id, "/pause"),
+            json_body=body,
+            read_timeout=self.config.timeouts.lifecycle,
+        )
+        return Call(req, lambda r: SandboxInfo.from_dict(_json(r)))
+
+    def resume_sandbox(self, sandbox_id: str) -> Call[SandboxInfo]:
+        """Resume a paused sandbox; a running one is left as it is."""
+        req = self.request(
+            "POST",
+            self._sandbox_path(sandbox_id, "/resume"),
+            read_timeout=self.config.timeouts.lifecycle,
+        )
+        return Call(req, lambda r: SandboxInfo.from_dict(_json(r)))
+
+    def fork_sandbox(self, sandbox_id: str, count: int = 1) -> Call[list[SandboxInfo]]:
+        """Fork ``count`` children off a sandbox; the answer lists the children only."""
+        req = self.request(
+            "POST",
+            self._sandbox_path(sandbox_id, "/fork"),
+            json_body={"count": _fork_count(count)},
+            read_timeout=self.config.timeouts.lifecycle,
+        )
+        return Call(req, _list_of("sandboxes", SandboxInfo.from_dict))
 
     def exec_request(
         self,

@@ -13,7 +13,14 @@ from hutch.errors import NotFound
 from hutch.sdk._bodies import UploadData
 from hutch.sdk._client import Client, ResponseStream
 from hutch.sdk._config import Timeouts
-from hutch.sdk._types import ExecEvent, ExecResult, FileEntry, SandboxInfo, WrittenFile
+from hutch.sdk._types import (
+    ExecEvent,
+    ExecResult,
+    FileEntry,
+    PauseModeArg,
+    SandboxInfo,
+    WrittenFile,
+)
 
 __all__ = ["Files", "Sandbox"]
 
@@ -97,6 +104,7 @@ class Sandbox:
         metadata: Mapping[str, str] | None = None,
         name: str | None = None,
         timeout_s: int | None = None,
+        auto_resume: bool = False,
         api_key: str | None = None,
         base_url: str | None = None,
         http_timeout: float | Timeouts | None = None,
@@ -104,7 +112,9 @@ class Sandbox:
         client: Client | None = None,
     ) -> Sandbox:
         """Boot a sandbox and return once its guest answers. ``timeout_s``: the daemon
-        destroys it after that many seconds (None: never)."""
+        destroys it after that many seconds (None: never). ``auto_resume``: commands and
+        file calls to it while it is paused resume it first instead of failing with
+        ``StateError``."""
         http, owned = cls._client_for(client, api_key, base_url, http_timeout, transport)
         try:
             info = http.create_sandbox(
@@ -116,6 +126,7 @@ class Sandbox:
                 metadata=metadata,
                 name=name,
                 timeout_s=timeout_s,
+                auto_resume=auto_resume,
             )
         except BaseException:
             if owned:
@@ -222,6 +233,33 @@ class Sandbox:
         return self._client.exec_stream(
             self.id, cmd, env=env, cwd=cwd, user=user, stdin=stdin, timeout_s=timeout_s
         )
+
+    def pause(self, mode: PauseModeArg = "memory") -> SandboxInfo:
+        """Pause the sandbox and update :attr:`info` (state ``paused``).
+
+        ``mode="memory"`` saves CPU, memory and devices: after :meth:`resume` its
+        processes carry on where they were. ``mode="disk"`` keeps only the disk: resume
+        boots it again. Raises ``StateError`` unless it is running.
+        """
+        self._info = self._client.pause_sandbox(self.id, mode)
+        return self._info
+
+    def resume(self) -> SandboxInfo:
+        """Start a paused sandbox again and update :attr:`info` (state ``running``).
+        Resuming a running sandbox does nothing."""
+        self._info = self._client.resume_sandbox(self.id)
+        return self._info
+
+    def fork(self, count: int = 1) -> builtins.list[Sandbox]:
+        """``count`` (1-100) new sandboxes, each a copy of this one as it is now (memory,
+        processes and disk); this one is left running or paused as it was.
+
+        The children share this handle's HTTP client: they work until it is closed
+        (by :meth:`close` or the end of this sandbox's ``with`` block); a ``with`` on a
+        child kills that child. Use ``Sandbox.connect(child.id)`` for a handle of its own.
+        """
+        children = self._client.fork_sandbox(self.id, count)
+        return [Sandbox(self._client, info) for info in children]
 
     def kill(self) -> None:
         """Destroy the sandbox. Idempotent: killing a gone sandbox is not an error."""

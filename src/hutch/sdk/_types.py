@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+from hutch.models import PauseMode
 from hutch.sdk._errors import ProtocolError
 
 __all__ = [
@@ -20,9 +21,14 @@ __all__ = [
     "FileEntry",
     "Health",
     "ImageInfo",
+    "PauseModeArg",
     "SandboxInfo",
     "WrittenFile",
 ]
+
+#: What ``pause(mode=...)`` takes: ``"memory"`` (processes keep running after resume) or
+#: ``"disk"`` (only the disk is kept; the guest boots again on resume).
+PauseModeArg = PauseMode | Literal["memory", "disk"]
 
 
 def _get(obj: Any, key: str, kind: type | tuple[type, ...], what: str) -> Any:
@@ -64,7 +70,13 @@ def _iso(value: datetime | None) -> str | None:
 
 @dataclass(frozen=True)
 class SandboxInfo:
-    """A sandbox as the daemon last reported it. Times are timezone-aware UTC."""
+    """A sandbox as the daemon last reported it. Times are timezone-aware UTC.
+
+    ``state`` is one of ``creating running pausing paused resuming stopping destroyed
+    failed``. ``pause_mode`` (``"memory"`` or ``"disk"``) and ``paused_at`` are set while
+    it is paused; ``parent_id`` names the sandbox it was forked from. A daemon older than
+    pause/fork does not send those three: they read as None.
+    """
 
     id: str
     name: str | None
@@ -80,6 +92,13 @@ class SandboxInfo:
     expires_at: datetime | None
     ended_at: datetime | None
     error: str | None
+    pause_mode: str | None = None
+    paused_at: datetime | None = None
+    parent_id: str | None = None
+
+    @property
+    def is_paused(self) -> bool:
+        return self.state == "paused"
 
     @classmethod
     def from_dict(cls, obj: Any) -> SandboxInfo:
@@ -100,6 +119,9 @@ class SandboxInfo:
             expires_at=_time(obj, "expires_at", w),
             ended_at=_time(obj, "ended_at", w),
             error=_opt(obj, "error", str, w),
+            pause_mode=_opt(obj, "pause_mode", str, w),
+            paused_at=_time(obj, "paused_at", w),
+            parent_id=_opt(obj, "parent_id", str, w),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -118,6 +140,9 @@ class SandboxInfo:
             "expires_at": _iso(self.expires_at),
             "ended_at": _iso(self.ended_at),
             "error": self.error,
+            "pause_mode": self.pause_mode,
+            "paused_at": _iso(self.paused_at),
+            "parent_id": self.parent_id,
         }
 
 

@@ -11,6 +11,12 @@ contract's shapes, status codes and error codes; commands do not really run — 
 
 The transport works for both ``Client`` and ``AsyncClient``. Streamed answers keep the
 chunk boundaries the handler gives, so decoders are exercised on split lines.
+
+Pause, resume and fork follow the contract too: ``pause`` moves a running sandbox to
+``paused`` (any other state: 409 ``invalid_state``); exec and file calls on a paused
+sandbox answer 409 ``invalid_state`` unless it was created with ``auto_resume``, which
+resumes it first; ``fork`` makes ``count`` running children with ``parent_id`` set and a
+copy of the parent's files, and leaves the parent as it was.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ import httpx
 __all__ = ["FakeError", "FakeHutch", "FakeRun", "FakeSandbox"]
 
 _TIME = "2026-11-30T03:00:00.123Z"
+_PAUSED_TIME = "2026-11-30T03:05:00.000Z"
+_PAUSE_MODES = ("memory", "disk")
 
 
 @dataclass
@@ -53,6 +61,17 @@ class FakeSandbox:
     files: dict[str, bytes] = field(default_factory=dict)
     modes: dict[str, int] = field(default_factory=dict)
     dirs: set[str] = field(default_factory=lambda: {"/", "/root", "/tmp"})
+    pause_mode: str | None = None
+    parent_id: str | None = None
+    #: How many times it was resumed (explicitly or by ``auto_resume``).
+    resumes: int = 0
+
+    def pause(self, mode: str) -> None:
+        self.state, self.pause_mode = "paused", mode
+
+    def resume(self) -> None:
+        self.state, self.pause_mode = "running", None
+        self.resumes += 1
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -70,6 +89,9 @@ class FakeSandbox:
             "expires_at": None,
             "ended_at": _TIME if self.state == "destroyed" else None,
             "error": None,
+            "pause_mode": self.pause_mode,
+            "paused_at": _PAUSED_TIME if self.state == "paused" else None,
+            "parent_id": self.parent_id,
         }
 
 
@@ -146,6 +168,7 @@ class FakeHutch:
         self._failures.append((method, path_re, FakeError(status, code, message)))
 
     def add_sandbox(self, **spec: Any) -> FakeSandbox:
+        """A running sandbox with the create body ``spec`` (``auto_resume=True`` too)."""
         self._counter += 1
         sandbox = FakeSandbox(id=f"sb-{self._counter:012x}", spec={"image": "base", **spec})
         self.sandboxes[sandbox.id] = sandbox
@@ -193,9 +216,21 @@ class FakeHutch:
         return sandbox
 
     def _create(self, body: dict[str, Any]) -> httpx.Response:
-        known = {"image", "vcpus", "memory_mib", "disk_gib", "env", "metadata", "name", "timeout_s"}
+        known = {
+            "image",
+            "vcpus",
+            "memory_mib",
+            "disk_gib",
+            "env",
+            "metadata",
+            "name",
+            "timeout_s",
+            "auto_resume",
+        }
         if set(body) - known:
             raise FakeError(400, "invalid_argument", f"unknown fields {set(body) - known}")
+        if not isinstance(body.get("auto_resume", False), bool):
+            raise FakeError(400, "invalid_argument", "auto_resume must be true or false")
         image = body.get("image", "base")
         if image not in {i["name"] for i in self.images}:
             raise FakeError(400, "unknown_image", f"image {image!r} is not in the catalog")
@@ -220,15 +255,43 @@ class FakeHutch:
         if rest == "" and method == "GET":
             return httpx.Response(200, json=sb.to_json())
         if rest == "" and method == "DELETE":
-            sb.state = "destroyed"
+            sb.state, sb.pause_mode = "destroyed", None
             return httpx.Response(204)
-        if sb.state != "running":
-            raise FakeError(
-                409, "invalid_state", f"sandbox {sb.id} is {sb.state}; this needs it to be running"
-            )
+        if method == "POST" and rest in ("/pause", "/resume", "/fork"):
+            return self._lifecycle(sb, rest, request)
+        if sb.state == "paused" and sb.spec.get("auto_resume"):
+            sb.resume()
+        _require(sb, "running")
         if rest == "/exec" and method == "POST":
             return self._exec(sb, _body(request))
         return self._files(sb, method, rest, request)
+
+    def _lifecycle(self, sb: FakeSandbox, rest: str, request: httpx.Request) -> httpx.Response:
+        body = _body(request)
+        if rest == "/pause":
+            mode = body.get("mode", "memory")
+            if mode not in _PAUSE_MODES:
+                raise FakeError(400, "invalid_argument", f"mode {mode!r} is not memory or disk")
+            _require(sb, "running")
+            sb.pause(mode)
+            return httpx.Response(200, json=sb.to_json())
+        if rest == "/resume":
+            if sb.state != "running":  # resuming a running sandbox is a no-op
+                _require(sb, "paused", "running")
+                sb.resume()
+            return httpx.Response(200, json=sb.to_json())
+        count = body.get("count", 1)
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 100:
+            raise FakeError(400, "invalid_argument", f"count={count!r} is out of range; 1-100")
+        _require(sb, "running", "paused")
+        children = []
+        for _ in range(count):
+            child = self.add_sandbox(**{k: v for k, v in sb.spec.items() if k != "name"})
+            child.parent_id = sb.id
+            child.files, child.modes = dict(sb.files), dict(sb.modes)
+            child.dirs = set(sb.dirs)
+            children.append(child.to_json())
+        return httpx.Response(201, json={"sandboxes": children})
 
     def _exec(self, sb: FakeSandbox, body: dict[str, Any]) -> httpx.Response:
         cmd = body.get("cmd")
@@ -340,6 +403,15 @@ class FakeHutch:
                 raise FakeError(404, "not_found", f"{path}: no such file or directory")
             return httpx.Response(204)
         raise FakeError(404, "not_found", f"no route {method} {rest}")
+
+
+def _require(sb: FakeSandbox, *states: str) -> None:
+    if sb.state not in states:
+        raise FakeError(
+            409,
+            "invalid_state",
+            f"sandbox {sb.id} is {sb.state}; this needs it to be {' or '.join(states)}",
+        )
 
 
 def _body(request: httpx.Request) -> dict[str, Any]:

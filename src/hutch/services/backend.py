@@ -6,11 +6,12 @@ the service and API may use a verified fake that runs the real guest agent witho
 
 from __future__ import annotations
 
-from typing import Protocol
+from pathlib import Path
+from typing import Any, Protocol
 
 from hutch.guest.client import AgentClient
 from hutch.images.build import ImageArtifacts
-from hutch.models import SandboxRecord
+from hutch.models import PauseMode, SandboxRecord
 
 
 class Runtime(Protocol):
@@ -27,6 +28,9 @@ class Runtime(Protocol):
 
     def console_tail(self, max_bytes: int = 4096) -> str:
         """The end of the guest's serial console, for error messages."""
+
+    async def cont(self) -> None:
+        """Let a VM stopped by an interrupted pause run again."""
 
 
 class VmBackend(Protocol):
@@ -48,3 +52,32 @@ class VmBackend(Protocol):
 
     def leftover_ids(self) -> set[str]:
         """Sandbox ids that still have a process or files on this host."""
+
+    async def pause(self, runtime: Any, mode: PauseMode) -> str | None:
+        """Stop the VM keeping memory (returns the snapshot dir) or only the disk (None).
+
+        On failure the VM keeps running with a fresh agent connection.
+        """
+
+    async def resume(self, rec: SandboxRecord, resume_from: str | None, *, clone: bool) -> Runtime:
+        """Start a paused sandbox from its snapshot (or boot its disk)."""
+
+    def pause_dir(self, sandbox_id: str) -> Path:
+        """Where a memory-mode pause of this sandbox is saved."""
+
+    def fork_dir(self, snapshot_id: str) -> Path:
+        """Where a fork snapshot lives."""
+
+    async def freeze_for_fork(self, runtime: Any, snapshot_dir: Path) -> None:
+        """Save the VM into ``snapshot_dir`` as the frozen template of a fork; QEMU exits."""
+
+    async def start_clone(
+        self, rec: SandboxRecord, template: SandboxRecord, snapshot_dir: Path
+    ) -> Runtime:
+        """Start ``rec`` as a copy-on-write clone of a frozen snapshot."""
+
+    def snapshot_complete(self, snapshot_dir: str) -> bool:
+        """A restorable snapshot (complete and not consumed) is there."""
+
+    def collect_snapshots(self, live_ids: set[str]) -> list[str]:
+        """Remove snapshots no live sandbox depends on."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -23,11 +24,21 @@ from hutch.config import Settings
 from hutch.errors import GuestError, HutchError, Timeout, VmError
 from hutch.guest.client import AgentClient
 from hutch.images.build import ImageArtifacts
-from hutch.models import SANDBOX_ID_RE, SandboxRecord
+from hutch.models import SANDBOX_ID_RE, PauseMode, SandboxRecord
 from hutch.storage.overlay import create_overlay
 from hutch.vm.accel import detect_accel, host_tsc_khz
 from hutch.vm.argv import VmConfig
 from hutch.vm.process import QemuVm
+from hutch.vm.snapshot import (
+    CONSUMED_MARKER,
+    MANIFEST_FILE,
+    create_clone_disk,
+    load_manifest,
+    move_disk,
+    qcow2_backing_file,
+    restore,
+    save_snapshot,
+)
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +116,10 @@ class QemuRuntime:
     def console_tail(self, max_bytes: int = 4096) -> str:
         return tail(self.paths.console_log, max_bytes)
 
+    async def cont(self) -> None:
+        if await self.vm.query_status() != "running":
+            await self.vm.qmp("cont")
+
 
 class QemuBackend:
     def __init__(self, settings: Settings) -> None:
@@ -154,7 +169,146 @@ class QemuBackend:
             raise
         return QemuRuntime(rec.id, vm, agent, p)
 
-    async def _connect_agent(self, vm: QemuVm, p: SandboxPaths) -> AgentClient:
+    # -- pause / resume / fork ----------------------------------------------------------
+
+    def pause_dir(self, sandbox_id: str) -> Path:
+        return self.paths(sandbox_id).state / "pause"
+
+    def fork_dir(self, snapshot_id: str) -> Path:
+        return self.settings.state_dir / "snapshots" / snapshot_id
+
+    async def pause(self, runtime: QemuRuntime, mode: PauseMode) -> str | None:
+        """Stop the VM, keeping memory state (memory mode) or only the disk.
+
+        Returns the snapshot directory a resume restores from (None in disk mode: the
+        guest boots again). On failure the VM keeps running and ``runtime.agent`` is a
+        fresh connection.
+        """
+        if mode is PauseMode.DISK:
+            with contextlib.suppress(HutchError):
+                await runtime.agent.run(["sync"], timeout_s=30)
+            await runtime.agent.close()
+            await runtime.vm.kill(grace_s=10.0)
+            return None
+        dest = self.pause_dir(runtime.sandbox_id)
+        await asyncio.to_thread(shutil.rmtree, dest, True)
+        await runtime.agent.close()
+        try:
+            await save_snapshot(runtime.vm, dest, ram_in_file=False)
+        except BaseException:
+            runtime.agent = await self._connect_agent(runtime.vm, runtime.paths)
+            raise
+        return str(dest)
+
+    async def resume(
+        self, rec: SandboxRecord, resume_from: str | None, *, clone: bool
+    ) -> QemuRuntime:
+        """Start a paused sandbox again: restore its memory, or boot its disk."""
+        p = self.paths(rec.id)
+        cfg = _read_config(p.vm_json)
+        if cfg is None:
+            raise VmError(f"sandbox {rec.id} has no VM configuration at {p.vm_json}")
+        p.run.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if resume_from is None:
+            vm = await QemuVm.launch(cfg)
+        else:
+            vm = await restore(cfg, Path(resume_from), clone=clone)
+        try:
+            agent = await self._connect_agent(vm, p, hostname=rec.name or rec.id)
+        except BaseException:
+            await vm.kill()
+            raise
+        if resume_from is not None and not clone:
+            # The consumed pause snapshot can never be restored again: free its space.
+            await asyncio.to_thread(shutil.rmtree, resume_from, True)
+        return QemuRuntime(rec.id, vm, agent, p)
+
+    async def freeze_for_fork(self, runtime: QemuRuntime, snapshot_dir: Path) -> None:
+        """Save the VM's state and take its disk into ``snapshot_dir``; QEMU exits.
+
+        From then on the snapshot is the template of the parent and every child.
+        """
+        snapshot_dir.parent.mkdir(parents=True, exist_ok=True)
+        await runtime.agent.close()
+        try:
+            await save_snapshot(runtime.vm, snapshot_dir, ram_in_file=False)
+        except BaseException:
+            runtime.agent = await self._connect_agent(runtime.vm, runtime.paths)
+            raise
+        await asyncio.to_thread(move_disk, snapshot_dir, snapshot_dir / "disk.qcow2")
+
+    async def start_clone(
+        self, rec: SandboxRecord, template: SandboxRecord, snapshot_dir: Path
+    ) -> QemuRuntime:
+        """Start ``rec`` as a copy-on-write clone of the frozen ``snapshot_dir``.
+
+        ``template`` is the sandbox the snapshot was taken from (its VM configuration
+        is reused with ``rec``'s own names, sockets and disk).
+        """
+        p = self.paths(rec.id)
+        manifest = load_manifest(snapshot_dir)
+        if Path(manifest.disk.path) == p.disk.resolve():
+            # The daemon stopped between the save and the disk move of a fork.
+            await asyncio.to_thread(move_disk, snapshot_dir, snapshot_dir / "disk.qcow2")
+        template_cfg = _read_config(self.paths(template.id).vm_json)
+        if template_cfg is None:
+            raise VmError(f"sandbox {template.id} has no VM configuration to clone")
+        p.state.mkdir(parents=True, exist_ok=True, mode=0o700)
+        p.run.mkdir(parents=True, exist_ok=True, mode=0o700)
+        p.disk.unlink(missing_ok=True)
+        await asyncio.to_thread(create_clone_disk, snapshot_dir, p.disk)
+        cfg = dataclasses.replace(
+            template_cfg,
+            name=rec.id,
+            disk=p.disk,
+            qmp_socket=p.qmp_socket,
+            agent_socket=p.agent_socket,
+            console_log=p.console_log,
+            pidfile=p.pidfile,
+            qemu_log=p.qemu_log,
+        )
+        _write_config(p.vm_json, cfg)
+        vm = await restore(cfg, snapshot_dir, clone=True)
+        try:
+            agent = await self._connect_agent(vm, p, hostname=rec.name or rec.id)
+        except BaseException:
+            await vm.kill()
+            raise
+        return QemuRuntime(rec.id, vm, agent, p)
+
+    def snapshot_complete(self, snapshot_dir: str) -> bool:
+        d = Path(snapshot_dir)
+        return (d / MANIFEST_FILE).is_file() and not (d / CONSUMED_MARKER).exists()
+
+    def collect_snapshots(self, live_ids: set[str]) -> list[str]:
+        """Remove fork snapshots no live sandbox's disk chain uses; return what went."""
+        root = self.settings.state_dir / "snapshots"
+        if not root.is_dir():
+            return []
+        used: set[Path] = set()
+        for sandbox_id in live_ids:
+            disk: Path | None = self.paths(sandbox_id).disk
+            for _ in range(64):  # a chain deeper than this is a bug, not a reason to hang
+                if disk is None or not disk.exists():
+                    break
+                used.add(disk.resolve())
+                backing = qcow2_backing_file(disk)
+                disk = Path(backing) if backing else None
+            pause = self.pause_dir(sandbox_id)
+            if (pause / MANIFEST_FILE).exists():
+                with contextlib.suppress(HutchError):
+                    used.add(Path(load_manifest(pause).disk.path).resolve())
+        removed = []
+        for snap in root.iterdir():
+            if (snap / "disk.qcow2").resolve() in used:
+                continue
+            shutil.rmtree(snap, ignore_errors=True)
+            removed.append(snap.name)
+        return removed
+
+    async def _connect_agent(
+        self, vm: QemuVm, p: SandboxPaths, hostname: str | None = None
+    ) -> AgentClient:
         """Wait for the guest agent, failing fast if the VM dies while booting."""
         connect = asyncio.ensure_future(
             AgentClient.connect(p.agent_socket, timeout_s=self.settings.boot_timeout_s)

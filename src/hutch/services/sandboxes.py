@@ -3,8 +3,14 @@
 State machine (stored in SQLite, the source of truth)::
 
     creating ──► running ──► stopping ──► destroyed
-        │           │
-        └───────────┴──► failed   (VM would not boot, or died on its own; cleaned)
+        │          │  ▲
+        │   pausing│  │resuming
+        │          ▼  │
+        │         paused ──────► stopping
+        └──────────┴──► failed   (VM would not boot, or died on its own; cleaned)
+
+A fork pauses the parent into a frozen snapshot, then restores the parent and every
+child from it as copy-on-write clones (``start_clone``).
 
 Every transition is written before the side effect it announces, so a daemon killed at
 any point finds, on restart, a row that tells it what to finish (see ``reconcile``).
@@ -15,16 +21,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import replace
 
 from hutch.config import Settings
-from hutch.errors import Capacity, Conflict, HutchError, NotFound, StateError
+from hutch.errors import Capacity, Conflict, HutchError, InvalidArgument, NotFound, StateError
 from hutch.guest.client import ExecStream
 from hutch.guest.results import FileEntry
 from hutch.models import (
+    FORK_COUNT_RANGE,
     SANDBOX_ID_RE,
+    PauseMode,
     SandboxRecord,
     SandboxSpec,
     SandboxState,
@@ -41,6 +50,8 @@ __all__ = ["ExecStream", "FileEntry", "SandboxService"]
 log = logging.getLogger(__name__)
 
 REAPER_INTERVAL_S = 1.0
+#: Clones restored at once during a fork (each reads the snapshot and boots a QEMU).
+FORK_PARALLELISM = 4
 
 
 class SandboxService:
@@ -84,6 +95,8 @@ class SandboxService:
         """
         live = self.store.list_sandboxes(states=LIVE_STATES)
         for rec in live:
+            if rec.state is SandboxState.PAUSED:
+                continue
             runtime: Runtime | None = None
             if rec.state is not SandboxState.STOPPING:
                 try:
@@ -94,7 +107,22 @@ class SandboxService:
                 self._attach(rec.id, runtime)
                 if rec.state is SandboxState.CREATING:
                     self._mark_running(rec)
+                elif rec.state is not SandboxState.RUNNING:
+                    # A pause that had not finished (the VM still runs) or a resume that
+                    # had: either way the VM is running now.
+                    with contextlib.suppress(HutchError):
+                        await runtime.cont()
+                    self._set_running_after_resume(rec.id)
                 log.info("adopted running sandbox %s", rec.id)
+                continue
+            if rec.state in (SandboxState.PAUSING, SandboxState.RESUMING) and (
+                rec.resume_from is not None and self.backend.snapshot_complete(rec.resume_from)
+            ):
+                self.store.update_sandbox(rec.id, state=SandboxState.PAUSED)
+                log.info("sandbox %s recovered as paused", rec.id)
+                continue
+            if rec.state is SandboxState.RESUMING and rec.pause_mode is PauseMode.DISK:
+                self.store.update_sandbox(rec.id, state=SandboxState.PAUSED)
                 continue
             await self.backend.cleanup(rec.id)
             if rec.state is SandboxState.STOPPING:
@@ -107,6 +135,7 @@ class SandboxService:
         for orphan in self.backend.leftover_ids() - owned:
             log.info("removing leftovers of sandbox %s", orphan)
             await self.backend.cleanup(orphan)
+        self._collect_snapshots()
 
     # -- queries -----------------------------------------------------------------------
 
@@ -134,18 +163,7 @@ class SandboxService:
         async with self._create_gate:
             # Capacity is checked and the row inserted under one lock so that concurrent
             # creates cannot overshoot the limits together.
-            count, memory = self.store.live_usage()
-            limits = self.settings.limits
-            if count >= limits.max_sandboxes:
-                raise Capacity(
-                    f"this host runs {count} sandboxes, the limit (HUTCH_MAX_SANDBOXES); "
-                    "delete some or raise the limit"
-                )
-            if memory + spec.shape.memory_mib > limits.memory_budget_mib:
-                raise Capacity(
-                    f"not enough memory: {memory} MiB reserved + {spec.shape.memory_mib} MiB "
-                    f"asked > {limits.memory_budget_mib} MiB (HUTCH_MAX_MEMORY_MIB)"
-                )
+            self._check_capacity(spec.shape.memory_mib, extra_sandboxes=1)
             rec = SandboxRecord(
                 id=new_sandbox_id(),
                 image=spec.image,
@@ -157,6 +175,7 @@ class SandboxService:
                 env=dict(spec.env),
                 metadata=dict(spec.metadata),
                 timeout_s=spec.timeout_s,
+                auto_resume=spec.auto_resume,
             )
             self.store.insert_sandbox(rec)
         async with self._lock(rec.id):
@@ -187,15 +206,178 @@ class SandboxService:
             self.store.update_sandbox(rec.id, state=SandboxState.STOPPING)
             await self._teardown(rec.id)
             self._finish(rec.id, SandboxState.DESTROYED)
+        self._collect_snapshots()
 
     async def _teardown(self, sandbox_id: str) -> None:
-        monitor = self._monitors.pop(sandbox_id, None)
-        if monitor is not None and monitor is not asyncio.current_task():
-            monitor.cancel()
+        self._stop_watching(sandbox_id)
         runtime = self._runtimes.pop(sandbox_id, None)
         if runtime is not None:
             await runtime.destroy()
         await self.backend.cleanup(sandbox_id)
+
+    # -- pause / resume / fork ---------------------------------------------------------
+
+    async def pause(self, sandbox_id: str, mode: PauseMode = PauseMode.MEMORY) -> SandboxRecord:
+        rec = self.get(sandbox_id)
+        async with self._lock(sandbox_id):
+            return await self._pause_locked(self.get(rec.id), mode)
+
+    async def _pause_locked(self, rec: SandboxRecord, mode: PauseMode) -> SandboxRecord:
+        if rec.state is not SandboxState.RUNNING or rec.id not in self._runtimes:
+            raise StateError(f"sandbox {rec.id}", str(rec.state), ["running"])
+        runtime = self._runtimes[rec.id]
+        self._stop_watching(rec.id)
+        planned = str(self.backend.pause_dir(rec.id)) if mode is PauseMode.MEMORY else None
+        self.store.update_sandbox(
+            rec.id,
+            state=SandboxState.PAUSING,
+            pause_mode=mode,
+            resume_from=planned,
+            resume_clone=False,
+        )
+        try:
+            resume_from = await self.backend.pause(runtime, mode)
+        except BaseException:
+            self._attach(rec.id, runtime)
+            self.store.update_sandbox(
+                rec.id, state=SandboxState.RUNNING, pause_mode=None, resume_from=None
+            )
+            raise
+        self._runtimes.pop(rec.id, None)
+        now = time.time()
+        self.store.update_sandbox(
+            rec.id,
+            state=SandboxState.PAUSED,
+            pause_mode=mode,
+            paused_at=now,
+            resume_from=resume_from,
+            resume_clone=False,
+        )
+        return self.get(rec.id)
+
+    async def resume(self, sandbox_id: str) -> SandboxRecord:
+        rec = self.get(sandbox_id)
+        async with self._lock(sandbox_id):
+            return await self._resume_locked(self.get(rec.id))
+
+    async def _resume_locked(self, rec: SandboxRecord) -> SandboxRecord:
+        if rec.state is SandboxState.RUNNING:
+            return rec
+        if rec.state is not SandboxState.PAUSED:
+            raise StateError(f"sandbox {rec.id}", str(rec.state), ["paused", "running"])
+        async with self._create_gate:
+            self._check_capacity(rec.shape.memory_mib, extra_sandboxes=0)
+            self.store.update_sandbox(rec.id, state=SandboxState.RESUMING)
+        try:
+            runtime = await self.backend.resume(rec, rec.resume_from, clone=rec.resume_clone)
+        except BaseException:
+            self.store.update_sandbox(rec.id, state=SandboxState.PAUSED)
+            raise
+        self._attach(rec.id, runtime)
+        self._set_running_after_resume(rec.id)
+        return self.get(rec.id)
+
+    def _set_running_after_resume(self, sandbox_id: str) -> None:
+        self.store.update_sandbox(
+            sandbox_id,
+            state=SandboxState.RUNNING,
+            pause_mode=None,
+            paused_at=None,
+            resume_from=None,
+            resume_clone=False,
+        )
+
+    async def fork(self, sandbox_id: str, count: int = 1) -> list[SandboxRecord]:
+        """``count`` new sandboxes, each a copy-on-write clone of this one as it is now.
+
+        The parent is left as it was (running, or paused again if it was paused).
+        """
+        lo, hi = FORK_COUNT_RANGE
+        if isinstance(count, bool) or not isinstance(count, int) or not lo <= count <= hi:
+            raise InvalidArgument(f"count={count!r} is out of range; accepted: {lo}-{hi}")
+        rec = self.get(sandbox_id)
+        async with self._lock(sandbox_id):
+            parent = self.get(rec.id)
+            was_paused = parent.state is SandboxState.PAUSED
+            if was_paused:
+                parent = await self._resume_locked(parent)
+            if parent.state is not SandboxState.RUNNING:
+                raise StateError(f"sandbox {rec.id}", str(parent.state), ["running", "paused"])
+            children = await self._fork_locked(parent, count)
+            if was_paused:
+                await self._pause_locked(self.get(parent.id), PauseMode.MEMORY)
+        return children
+
+    async def _fork_locked(self, parent: SandboxRecord, count: int) -> list[SandboxRecord]:
+        async with self._create_gate:
+            self._check_capacity(parent.shape.memory_mib * count, extra_sandboxes=count)
+            children = []
+            for _ in range(count):
+                child = replace(
+                    parent,
+                    id=new_sandbox_id(),
+                    name=None,
+                    state=SandboxState.CREATING,
+                    created_at=time.time(),
+                    started_at=None,
+                    expires_at=None,
+                    ended_at=None,
+                    error=None,
+                    pause_mode=None,
+                    paused_at=None,
+                    resume_from=None,
+                    resume_clone=False,
+                    parent_id=parent.id,
+                )
+                self.store.insert_sandbox(child)
+                children.append(child)
+        snapshot_dir = self.backend.fork_dir("fork-" + secrets.token_hex(6))
+        runtime = self._runtimes[parent.id]
+        self._stop_watching(parent.id)
+        self.store.update_sandbox(
+            parent.id,
+            state=SandboxState.PAUSING,
+            pause_mode=PauseMode.MEMORY,
+            resume_from=str(snapshot_dir),
+            resume_clone=True,
+        )
+        try:
+            await self.backend.freeze_for_fork(runtime, snapshot_dir)
+        except BaseException as exc:
+            self._attach(parent.id, runtime)
+            self._set_running_after_resume(parent.id)
+            for child in children:
+                self._finish(child.id, SandboxState.FAILED, f"fork failed: {exc}")
+            raise
+        self._runtimes.pop(parent.id, None)
+        # The parent first: it must come back even if children fail.
+        self.store.update_sandbox(parent.id, state=SandboxState.RESUMING)
+        try:
+            self._attach(parent.id, await self.backend.start_clone(parent, parent, snapshot_dir))
+        except BaseException:
+            self.store.update_sandbox(parent.id, state=SandboxState.PAUSED)
+            for child in children:
+                self._finish(child.id, SandboxState.FAILED, "the fork's parent did not resume")
+            raise
+        self._set_running_after_resume(parent.id)
+        gate = asyncio.Semaphore(FORK_PARALLELISM)
+
+        async def start(child: SandboxRecord) -> SandboxRecord | BaseException:
+            async with gate, self._lock(child.id):
+                try:
+                    runtime = await self.backend.start_clone(child, parent, snapshot_dir)
+                except BaseException as exc:
+                    await self.backend.cleanup(child.id)
+                    self._finish(child.id, SandboxState.FAILED, str(exc))
+                    return exc
+                self._attach(child.id, runtime)
+                return self._mark_running(child)
+
+        results = await asyncio.gather(*(start(c) for c in children))
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            raise failures[0]
+        return [r for r in results if isinstance(r, SandboxRecord)]
 
     # -- guest operations --------------------------------------------------------------
 
@@ -203,8 +385,19 @@ class SandboxService:
         rec = self.get(sandbox_id)
         runtime = self._runtimes.get(sandbox_id)
         if rec.state is not SandboxState.RUNNING or runtime is None:
-            raise StateError(f"sandbox {sandbox_id}", str(rec.state), ["running"])
+            hint = ""
+            if rec.state is SandboxState.PAUSED:
+                hint = " (resume it, or create sandboxes with auto_resume=true)"
+            raise StateError(f"sandbox {sandbox_id}{hint}", str(rec.state), ["running"])
         return runtime
+
+    async def ready(self, sandbox_id: str) -> Runtime:
+        """The running sandbox's runtime, resuming it first if it is paused with
+        ``auto_resume``."""
+        rec = self.get(sandbox_id)
+        if rec.state is SandboxState.PAUSED and rec.auto_resume:
+            await self.resume(sandbox_id)
+        return self.runtime(sandbox_id)
 
     async def exec(
         self,
@@ -218,7 +411,7 @@ class SandboxService:
         timeout_s: float | None = None,
     ) -> ExecStream:
         rec = self.get(sandbox_id)
-        runtime = self.runtime(sandbox_id)
+        runtime = await self.ready(sandbox_id)
         merged_env = {**rec.env, **validate_env(env or {})}
         if isinstance(cmd, str):
             return await runtime.agent.exec(
@@ -228,30 +421,54 @@ class SandboxService:
             cmd, env=merged_env, cwd=cwd, user=user, stdin=stdin, timeout_s=timeout_s
         )
 
-    def read_file(self, sandbox_id: str, path: str) -> AsyncIterator[bytes]:
-        return self.runtime(sandbox_id).agent.read_file(path)
+    async def read_file(self, sandbox_id: str, path: str) -> AsyncIterator[bytes]:
+        return (await self.ready(sandbox_id)).agent.read_file(path)
 
     async def write_file(
         self, sandbox_id: str, path: str, data: bytes | AsyncIterable[bytes], mode: int = 0o644
     ) -> FileEntry:
-        return await self.runtime(sandbox_id).agent.write_file(path, data, mode=mode)
+        return await (await self.ready(sandbox_id)).agent.write_file(path, data, mode=mode)
 
     async def list_dir(self, sandbox_id: str, path: str) -> list[FileEntry]:
-        return await self.runtime(sandbox_id).agent.list_dir(path)
+        return await (await self.ready(sandbox_id)).agent.list_dir(path)
 
     async def stat(self, sandbox_id: str, path: str) -> FileEntry:
-        return await self.runtime(sandbox_id).agent.stat(path)
+        return await (await self.ready(sandbox_id)).agent.stat(path)
 
     async def mkdir(self, sandbox_id: str, path: str) -> FileEntry:
-        return await self.runtime(sandbox_id).agent.mkdir(path)
+        return await (await self.ready(sandbox_id)).agent.mkdir(path)
 
     async def remove(self, sandbox_id: str, path: str, recursive: bool = False) -> None:
-        await self.runtime(sandbox_id).agent.remove(path, recursive=recursive)
+        await (await self.ready(sandbox_id)).agent.remove(path, recursive=recursive)
 
     async def rename(self, sandbox_id: str, source: str, destination: str) -> FileEntry:
-        return await self.runtime(sandbox_id).agent.rename(source, destination)
+        return await (await self.ready(sandbox_id)).agent.rename(source, destination)
 
     # -- internals ---------------------------------------------------------------------
+
+    def _check_capacity(self, memory_mib: int, extra_sandboxes: int) -> None:
+        count, memory = self.store.live_usage()
+        limits = self.settings.limits
+        if count + extra_sandboxes > limits.max_sandboxes:
+            raise Capacity(
+                f"this host has {count} sandboxes and the limit is {limits.max_sandboxes} "
+                "(HUTCH_MAX_SANDBOXES); delete some or raise the limit"
+            )
+        if memory + memory_mib > limits.memory_budget_mib:
+            raise Capacity(
+                f"not enough memory: {memory} MiB reserved + {memory_mib} MiB asked > "
+                f"{limits.memory_budget_mib} MiB (HUTCH_MAX_MEMORY_MIB)"
+            )
+
+    def _stop_watching(self, sandbox_id: str) -> None:
+        monitor = self._monitors.pop(sandbox_id, None)
+        if monitor is not None and monitor is not asyncio.current_task():
+            monitor.cancel()
+
+    def _collect_snapshots(self) -> None:
+        live = {r.id for r in self.store.list_sandboxes(states=LIVE_STATES)}
+        for name in self.backend.collect_snapshots(live):
+            log.info("removed snapshot %s: no sandbox uses it any more", name)
 
     def _lock(self, sandbox_id: str) -> asyncio.Lock:
         return self._locks.setdefault(sandbox_id, asyncio.Lock())

@@ -7,6 +7,7 @@ either the old or the new row, never a torn one.
 
 from __future__ import annotations
 
+import enum
 import json
 import sqlite3
 import threading
@@ -16,37 +17,25 @@ from pathlib import Path
 from typing import Any
 
 from hutch.errors import Conflict, StoreError
-from hutch.models import SandboxRecord, SandboxState, Shape
+from hutch.models import PauseMode, SandboxRecord, SandboxState, Shape
 from hutch.store.migrations import MIGRATIONS
 
 _COLUMNS = (
-    "id",
-    "name",
-    "image",
-    "image_digest",
-    "state",
-    "vcpus",
-    "memory_mib",
-    "disk_gib",
-    "env_json",
-    "metadata_json",
-    "timeout_s",
-    "created_at",
-    "started_at",
-    "expires_at",
-    "ended_at",
-    "error",
-)
+    "id", "name", "image", "image_digest", "state", "vcpus", "memory_mib", "disk_gib",
+    "env_json", "metadata_json", "timeout_s", "created_at", "started_at", "expires_at",
+    "ended_at", "error", "pause_mode", "paused_at", "resume_from", "resume_clone",
+    "parent_id", "auto_resume",
+)  # fmt: skip
 _UPDATABLE = {
-    "state",
-    "image_digest",
-    "started_at",
-    "expires_at",
-    "ended_at",
-    "error",
-    "name",
-}
-LIVE_STATES = (SandboxState.CREATING, SandboxState.RUNNING, SandboxState.STOPPING)
+    "state", "image_digest", "started_at", "expires_at", "ended_at", "error", "name",
+    "pause_mode", "paused_at", "resume_from", "resume_clone",
+}  # fmt: skip
+LIVE_STATES = tuple(s for s in SandboxState if s.is_live)
+#: States in which a sandbox has (or is getting) a QEMU process and reserves memory.
+RUNNING_STATES = (
+    SandboxState.CREATING, SandboxState.RUNNING, SandboxState.PAUSING, SandboxState.RESUMING,
+    SandboxState.STOPPING,
+)  # fmt: skip
 
 
 class Store:
@@ -114,8 +103,9 @@ class Store:
         marks = ", ".join("?" for _ in _COLUMNS)
         with self._tx() as db:
             if rec.name is not None:
+                live = ", ".join("?" for _ in LIVE_STATES)
                 clash = db.execute(
-                    "SELECT id FROM sandboxes WHERE name = ? AND state IN (?, ?, ?)",
+                    f"SELECT id FROM sandboxes WHERE name = ? AND state IN ({live})",
                     (rec.name, *LIVE_STATES),
                 ).fetchone()
                 if clash:
@@ -132,7 +122,7 @@ class Store:
         if not changes:
             return
         sets = ", ".join(f"{key} = ?" for key in changes)
-        values = [str(v) if isinstance(v, SandboxState) else v for v in changes.values()]
+        values = [str(v) if isinstance(v, enum.Enum) else v for v in changes.values()]
         with self._tx() as db:
             db.execute(f"UPDATE sandboxes SET {sets} WHERE id = ?", (*values, sandbox_id))
 
@@ -166,12 +156,18 @@ class Store:
         return [_from_row(r) for r in rows]
 
     def live_usage(self) -> tuple[int, int]:
-        """(number of live sandboxes, MiB of memory they reserve)."""
+        """(number of live sandboxes, MiB of memory reserved by those with a VM process).
+
+        Paused sandboxes count against the number but hold no host memory.
+        """
+        live = [str(s) for s in LIVE_STATES]
+        running = [str(s) for s in RUNNING_STATES]
         with self._lock:
             row = self._db.execute(
-                "SELECT COUNT(*), COALESCE(SUM(memory_mib), 0) FROM sandboxes "
-                "WHERE state IN (?, ?, ?)",
-                tuple(str(s) for s in LIVE_STATES),
+                f"SELECT COUNT(*), COALESCE(SUM(CASE WHEN state IN "
+                f"({', '.join('?' for _ in running)}) THEN memory_mib ELSE 0 END), 0) "
+                f"FROM sandboxes WHERE state IN ({', '.join('?' for _ in live)})",
+                (*running, *live),
             ).fetchone()
         return int(row[0]), int(row[1])
 
@@ -199,6 +195,12 @@ def _to_row(rec: SandboxRecord) -> tuple[Any, ...]:
         rec.expires_at,
         rec.ended_at,
         rec.error,
+        str(rec.pause_mode) if rec.pause_mode else None,
+        rec.paused_at,
+        rec.resume_from,
+        int(rec.resume_clone),
+        rec.parent_id,
+        int(rec.auto_resume),
     )
 
 
@@ -219,4 +221,10 @@ def _from_row(row: tuple[Any, ...]) -> SandboxRecord:
         expires_at=values["expires_at"],
         ended_at=values["ended_at"],
         error=values["error"],
+        pause_mode=PauseMode(values["pause_mode"]) if values["pause_mode"] else None,
+        paused_at=values["paused_at"],
+        resume_from=values["resume_from"],
+        resume_clone=bool(values["resume_clone"]),
+        parent_id=values["parent_id"],
+        auto_resume=bool(values["auto_resume"]),
     )

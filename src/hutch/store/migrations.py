@@ -28,4 +28,16 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE UNIQUE INDEX sandboxes_live_name ON sandboxes(name)
         WHERE name IS NOT NULL AND state IN ('creating', 'running', 'stopping');
     """,
+    # 2: pause / resume / fork
+    """
+    ALTER TABLE sandboxes ADD COLUMN pause_mode TEXT;
+    ALTER TABLE sandboxes ADD COLUMN paused_at REAL;
+    ALTER TABLE sandboxes ADD COLUMN resume_from TEXT;
+    ALTER TABLE sandboxes ADD COLUMN resume_clone INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE sandboxes ADD COLUMN parent_id TEXT;
+    ALTER TABLE sandboxes ADD COLUMN auto_resume INTEGER NOT NULL DEFAULT 0;
+    DROP INDEX sandboxes_live_name;
+    CREATE UNIQUE INDEX sandboxes_live_name ON sandboxes(name)
+        WHERE name IS NOT NULL AND state NOT IN ('destroyed', 'failed');
+    """,
 )

@@ -91,6 +91,7 @@ __all__ = [
     "SnapshotManifest",
     "create_clone_disk",
     "load_manifest",
+    "move_disk",
     "qcow2_backing_file",
     "restore",
     "save_snapshot",
@@ -299,6 +300,29 @@ def _fsync_path(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def move_disk(snapshot_dir: Path, new_path: Path) -> SnapshotManifest:
+    """Move the snapshot's disk to ``new_path`` (same file system) and record it.
+
+    A fork takes the parent's disk into the snapshot directory so that the frozen disk
+    outlives the parent. Only allowed before anything restored from the snapshot.
+    """
+    manifest = load_manifest(snapshot_dir)
+    if (snapshot_dir / CONSUMED_MARKER).exists() or (snapshot_dir / FROZEN_MARKER).exists():
+        raise SnapshotError(f"snapshot {snapshot_dir} is in use; its disk cannot move")
+    old = Path(manifest.disk.path)
+    why = manifest.disk.changed(old)
+    if why:
+        raise SnapshotError(f"snapshot {snapshot_dir}: disk: {why}")
+    os.rename(old, new_path)
+    moved = dataclasses.replace(
+        manifest, disk=dataclasses.replace(manifest.disk, path=str(new_path.resolve()))
+    )
+    manifest_path = snapshot_dir / MANIFEST_FILE
+    os.chmod(manifest_path, 0o600)
+    _write_atomic(manifest_path, moved.to_json(), fsync=False)
+    return moved
 
 
 def _write_atomic(path: Path, text: str, *, fsync: bool) -> None:

@@ -59,7 +59,7 @@ async def write_file(
     responses={200: {"content": {"application/octet-stream": {}}}},
 )
 async def read_file(sandbox_id: str, path: PathParam, svc: Service) -> StreamingResponse:
-    chunks = svc.read_file(sandbox_id, path)
+    chunks = await svc.read_file(sandbox_id, path)
     # Pull the first chunk now so that a missing file is a 404, not a broken stream.
     try:
         first = await anext(chunks)

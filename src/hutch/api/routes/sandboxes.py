@@ -5,9 +5,9 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Response
 
 from hutch.api.deps import service
-from hutch.api.schemas import CreateSandbox, Sandbox, SandboxList
+from hutch.api.schemas import CreateSandbox, ForkRequest, PauseRequest, Sandbox, SandboxList
 from hutch.errors import InvalidArgument
-from hutch.models import SandboxSpec, SandboxState, Shape
+from hutch.models import PauseMode, SandboxSpec, SandboxState, Shape
 from hutch.services.sandboxes import SandboxService
 
 router = APIRouter(prefix="/v1/sandboxes", tags=["sandboxes"])
@@ -23,6 +23,7 @@ async def create_sandbox(body: CreateSandbox, svc: Service) -> Sandbox:
         metadata=body.metadata,
         name=body.name,
         timeout_s=body.timeout_s,
+        auto_resume=body.auto_resume,
     )
     return Sandbox.of(await svc.create(spec))
 
@@ -54,3 +55,24 @@ async def get_sandbox(sandbox_id: str, svc: Service) -> Sandbox:
 async def delete_sandbox(sandbox_id: str, svc: Service) -> Response:
     await svc.delete(sandbox_id)
     return Response(status_code=204)
+
+
+@router.post("/{sandbox_id}/pause", response_model=Sandbox)
+async def pause_sandbox(sandbox_id: str, svc: Service, body: PauseRequest | None = None) -> Sandbox:
+    """Pause: `memory` keeps processes where they are; `disk` keeps only the disk."""
+    mode = body.mode if body else PauseMode.MEMORY
+    return Sandbox.of(await svc.pause(sandbox_id, mode))
+
+
+@router.post("/{sandbox_id}/resume", response_model=Sandbox)
+async def resume_sandbox(sandbox_id: str, svc: Service) -> Sandbox:
+    return Sandbox.of(await svc.resume(sandbox_id))
+
+
+@router.post("/{sandbox_id}/fork", status_code=201, response_model=SandboxList)
+async def fork_sandbox(
+    sandbox_id: str, svc: Service, body: ForkRequest | None = None
+) -> SandboxList:
+    """New sandboxes, each a copy-on-write clone of this one (memory, processes, disk)."""
+    count = body.count if body else 1
+    return SandboxList(sandboxes=[Sandbox.of(r) for r in await svc.fork(sandbox_id, count)])

@@ -1,0 +1,95 @@
+"""Pause, resume and fork through the REST API: states, errors, auto_resume.
+
+The memory semantics (processes continue, clones differ) are proven with real VMs in
+tests/vm/test_pause_fork.py; here the agent is a bubblewrap process held with SIGSTOP.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.timeout(120)
+
+
+async def create(api: httpx.AsyncClient, **body: object) -> str:
+    r = await api.post("/v1/sandboxes", json=body)
+    assert r.status_code == 201, r.text
+    return str(r.json()["id"])
+
+
+async def test_pause_resume_memory_keeps_the_process(api: httpx.AsyncClient) -> None:
+    sid = await create(api)
+    await api.put(f"/v1/sandboxes/{sid}/files", params={"path": "/root/f"}, content=b"kept")
+    r = await api.post(f"/v1/sandboxes/{sid}/pause", json={"mode": "memory"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["state"] == "paused" and body["pause_mode"] == "memory" and body["paused_at"]
+
+    r = await api.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": ["true"]})
+    assert r.status_code == 409 and r.json()["error"]["code"] == "invalid_state"
+    assert "resume it" in r.json()["error"]["message"]
+    r = await api.post(f"/v1/sandboxes/{sid}/pause", json={})
+    assert r.status_code == 409
+
+    r = await api.post(f"/v1/sandboxes/{sid}/resume")
+    assert r.status_code == 200 and r.json()["state"] == "running"
+    assert r.json()["pause_mode"] is None
+    r = await api.get(f"/v1/sandboxes/{sid}/files", params={"path": "/root/f"})
+    assert r.content == b"kept"
+    r = await api.post(f"/v1/sandboxes/{sid}/resume")  # running already: a no-op
+    assert r.status_code == 200 and r.json()["state"] == "running"
+
+
+async def test_pause_disk_mode_and_delete_while_paused(api: httpx.AsyncClient) -> None:
+    sid = await create(api)
+    r = await api.post(f"/v1/sandboxes/{sid}/pause", json={"mode": "disk"})
+    assert r.json()["pause_mode"] == "disk"
+    assert (await api.delete(f"/v1/sandboxes/{sid}")).status_code == 204
+    assert (await api.get(f"/v1/sandboxes/{sid}")).json()["state"] == "destroyed"
+
+
+async def test_bad_pause_and_fork_input(api: httpx.AsyncClient) -> None:
+    sid = await create(api)
+    r = await api.post(f"/v1/sandboxes/{sid}/pause", json={"mode": "hibernate"})
+    assert r.status_code == 400 and "mode" in r.json()["error"]["message"]
+    for count in (0, 101, "3", 2.5):
+        r = await api.post(f"/v1/sandboxes/{sid}/fork", json={"count": count})
+        assert r.status_code == 400, (count, r.text)
+        assert "count" in r.json()["error"]["message"]
+    r = await api.post("/v1/sandboxes/sb-000000000000/fork", json={"count": 1})
+    assert r.status_code == 404
+
+
+async def test_auto_resume(api: httpx.AsyncClient) -> None:
+    sid = await create(api, auto_resume=True)
+    await api.post(f"/v1/sandboxes/{sid}/pause")
+    r = await api.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": ["echo", "back"]})
+    assert r.status_code == 200 and r.json()["stdout"] == "back\n"
+    assert (await api.get(f"/v1/sandboxes/{sid}")).json()["state"] == "running"
+
+
+async def test_fork_makes_children_and_leaves_the_parent(api: httpx.AsyncClient) -> None:
+    sid = await create(api, metadata={"team": "a"})
+    r = await api.post(f"/v1/sandboxes/{sid}/fork", json={"count": 3})
+    assert r.status_code == 201, r.text
+    children = r.json()["sandboxes"]
+    assert len(children) == 3 and len({c["id"] for c in children}) == 3
+    for child in children:
+        assert child["parent_id"] == sid and child["state"] == "running"
+        assert child["metadata"] == {"team": "a"}
+        r = await api.post(f"/v1/sandboxes/{child['id']}/exec", json={"cmd": ["true"]})
+        assert r.status_code == 200
+    assert (await api.get(f"/v1/sandboxes/{sid}")).json()["state"] == "running"
+
+    await api.post(f"/v1/sandboxes/{sid}/pause")
+    r = await api.post(f"/v1/sandboxes/{sid}/fork", json={"count": 1})
+    assert r.status_code == 201
+    assert (await api.get(f"/v1/sandboxes/{sid}")).json()["state"] == "paused"
+
+
+async def test_fork_respects_capacity(api: httpx.AsyncClient) -> None:
+    sid = await create(api)
+    r = await api.post(f"/v1/sandboxes/{sid}/fork", json={"count": 100})
+    assert r.status_code == 429 and r.json()["error"]["code"] == "capacity"
+    assert (await api.get(f"/v1/sandboxes/{sid}")).json()["state"] == "running"
