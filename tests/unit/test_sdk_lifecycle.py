@@ -123,6 +123,7 @@ def test_exec_and_files_on_a_paused_sandbox_fail_without_auto_resume(
 def test_auto_resume_is_sent_and_resumes_on_exec_and_files(fake: FakeHutch) -> None:
     with Sandbox.create(auto_resume=True, api_key=fake.api_key, transport=fake.transport) as sb:
         assert _last(fake)[2]["auto_resume"] is True
+        assert sb.info.auto_resume is True
         sb.pause()
         assert sb.exec(["echo", "back"]).stdout == "back\n"
         assert sb.refresh().state == "running"
@@ -153,9 +154,7 @@ def test_fork_returns_child_handles_and_leaves_the_parent(fake: FakeHutch, sb: S
     assert fake.sandboxes[sb.id].state == "running"
 
 
-def test_fork_default_count_and_a_paused_parent_stays_paused(
-    fake: FakeHutch, sb: Sandbox
-) -> None:
+def test_fork_default_count_and_a_paused_parent_stays_paused(fake: FakeHutch, sb: Sandbox) -> None:
     sb.pause()
     (child,) = sb.fork()
     assert _last(fake)[2] == {"count": 1}
@@ -164,9 +163,7 @@ def test_fork_default_count_and_a_paused_parent_stays_paused(
 
 
 @pytest.mark.parametrize("count", [0, 101, True, 2.0])
-def test_fork_rejects_a_bad_count_before_sending(
-    fake: FakeHutch, sb: Sandbox, count: Any
-) -> None:
+def test_fork_rejects_a_bad_count_before_sending(fake: FakeHutch, sb: Sandbox, count: Any) -> None:
     sent = len(fake.requests)
     with pytest.raises(InvalidArgument, match="accepted: 1-100"):
         sb.fork(count)
@@ -196,9 +193,11 @@ def test_fork_with_a_shared_client(fake: FakeHutch) -> None:
 
 def test_a_malformed_fork_answer_is_a_protocol_error() -> None:
     transport = httpx.MockTransport(lambda r: httpx.Response(201, json={"children": []}))
-    with Client(api_key="k", transport=transport) as client:
-        with pytest.raises(ProtocolError, match="'sandboxes'"):
-            client.fork_sandbox("sb-000000000001", 2)
+    with (
+        Client(api_key="k", transport=transport) as client,
+        pytest.raises(ProtocolError, match="'sandboxes'"),
+    ):
+        client.fork_sandbox("sb-000000000001", 2)
 
 
 def test_lifecycle_timeout_is_configurable(fake: FakeHutch) -> None:
@@ -214,12 +213,18 @@ def test_lifecycle_timeout_is_configurable(fake: FakeHutch) -> None:
 def test_sandbox_info_pause_fields_round_trip_and_are_optional(fake: FakeHutch) -> None:
     raw = fake.add_sandbox(name="p").to_json()
     raw.update(state="paused", pause_mode="memory", paused_at="2026-11-30T03:05:00.000Z")
-    raw["parent_id"] = "sb-00000000000a"
+    raw.update(parent_id="sb-00000000000a", auto_resume=True)
     assert SandboxInfo.from_dict(raw).to_dict() == raw
     # A daemon from before pause/fork does not send the fields at all.
-    old = {k: v for k, v in raw.items() if k not in ("pause_mode", "paused_at", "parent_id")}
+    new_fields = ("pause_mode", "paused_at", "parent_id", "auto_resume")
+    old = {k: v for k, v in raw.items() if k not in new_fields}
     info = SandboxInfo.from_dict(old)
-    assert (info.pause_mode, info.paused_at, info.parent_id) == (None, None, None)
+    assert (info.pause_mode, info.paused_at, info.parent_id, info.auto_resume) == (
+        None,
+        None,
+        None,
+        False,
+    )
     with pytest.raises(ProtocolError, match="'parent_id'"):
         SandboxInfo.from_dict({**raw, "parent_id": 7})
 
@@ -256,9 +261,11 @@ async def test_async_fork(fake: FakeHutch, asb: AsyncSandbox) -> None:
 
 async def test_async_auto_resume(fake: FakeHutch) -> None:
     async with AsyncClient(api_key=fake.api_key, transport=fake.transport) as client:
-        async with await AsyncSandbox.create(auto_resume=True, client=client) as sb:
+        sb = await AsyncSandbox.create(auto_resume=True, client=client)
+        async with sb:
             assert _last(fake)[2]["auto_resume"] is True
             await sb.pause()
             await sb.files.write("f", b"1")
             assert (await sb.refresh()).state == "running"
             assert fake.sandboxes[sb.id].resumes == 1
+        assert fake.sandboxes[sb.id].state == "destroyed"

@@ -68,8 +68,8 @@ def fork(sandbox_id: str, count: int, as_json: bool) -> None:
     """Fork sandbox ID into COUNT copies of it as it is now; print the children's ids,
     one per line. ID itself is left running or paused as it was."""
     client = get_env().client()
-    plural = "s" if count != 1 else ""
-    with spinner(f"forking {sandbox_id} into {count} sandbox{plural}..."):
+    noun = "sandbox" if count == 1 else "sandboxes"
+    with spinner(f"forking {sandbox_id} into {count} {noun}..."):
         children = client.fork_sandbox(sandbox_id, count)
     if as_json:
         print_json([child.to_dict() for child in children])

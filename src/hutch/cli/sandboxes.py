@@ -133,6 +133,8 @@ def _describe(info: SandboxInfo) -> list[tuple[str, str]]:
         rows.append(("paused", when(info.paused_at)))
     if info.parent_id is not None:
         rows.append(("parent", info.parent_id))
+    if info.auto_resume:
+        rows.append(("auto_resume", "yes"))
     rows += [(f"metadata.{k}", v) for k, v in sorted(info.metadata.items())]
     if info.error:
         rows.append(("error", info.error))

@@ -74,8 +74,9 @@ class SandboxInfo:
 
     ``state`` is one of ``creating running pausing paused resuming stopping destroyed
     failed``. ``pause_mode`` (``"memory"`` or ``"disk"``) and ``paused_at`` are set while
-    it is paused; ``parent_id`` names the sandbox it was forked from. A daemon older than
-    pause/fork does not send those three: they read as None.
+    it is paused; ``parent_id`` names the sandbox it was forked from; ``auto_resume``:
+    exec and file calls resume it when paused. A daemon older than pause/fork does not
+    send these: they read as None (``auto_resume`` as False).
     """
 
     id: str
@@ -95,6 +96,7 @@ class SandboxInfo:
     pause_mode: str | None = None
     paused_at: datetime | None = None
     parent_id: str | None = None
+    auto_resume: bool = False
 
     @property
     def is_paused(self) -> bool:
@@ -122,6 +124,7 @@ class SandboxInfo:
             pause_mode=_opt(obj, "pause_mode", str, w),
             paused_at=_time(obj, "paused_at", w),
             parent_id=_opt(obj, "parent_id", str, w),
+            auto_resume=bool(_opt(obj, "auto_resume", bool, w)),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -143,6 +146,7 @@ class SandboxInfo:
             "pause_mode": self.pause_mode,
             "paused_at": _iso(self.paused_at),
             "parent_id": self.parent_id,
+            "auto_resume": self.auto_resume,
         }
 
 

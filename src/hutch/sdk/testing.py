@@ -92,6 +92,7 @@ class FakeSandbox:
             "pause_mode": self.pause_mode,
             "paused_at": _PAUSED_TIME if self.state == "paused" else None,
             "parent_id": self.parent_id,
+            "auto_resume": bool(self.spec.get("auto_resume", False)),
         }
 
 

@@ -292,7 +292,10 @@ class QemuBackend:
                 if disk is None or not disk.exists():
                     break
                 used.add(disk.resolve())
-                backing = qcow2_backing_file(disk)
+                try:
+                    backing = qcow2_backing_file(disk)
+                except HutchError:
+                    break  # the raw image at the bottom of the chain
                 disk = Path(backing) if backing else None
             pause = self.pause_dir(sandbox_id)
             if (pause / MANIFEST_FILE).exists():

@@ -387,8 +387,8 @@ class SandboxService:
         if rec.state is not SandboxState.RUNNING or runtime is None:
             hint = ""
             if rec.state is SandboxState.PAUSED:
-                hint = " (resume it, or create sandboxes with auto_resume=true)"
-            raise StateError(f"sandbox {sandbox_id}{hint}", str(rec.state), ["running"])
+                hint = "resume it, or create sandboxes with auto_resume=true"
+            raise StateError(f"sandbox {sandbox_id}", str(rec.state), ["running"], hint)
         return runtime
 
     async def ready(self, sandbox_id: str) -> Runtime:

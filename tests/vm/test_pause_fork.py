@@ -1,0 +1,123 @@
+"""Pause, resume and fork of real micro-VMs through the service.
+
+Memory mode keeps running processes exactly where they were; disk mode keeps files only;
+a fork gives independent children with their own identity and disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+
+from hutch.models import PauseMode, SandboxSpec, SandboxState, Shape
+from hutch.services.qemu_backend import QemuBackend
+from hutch.services.sandboxes import SandboxService
+from tests.vm.test_sandbox_vm import qemu_pids_mentioning, run, service  # noqa: F401
+
+pytestmark = [pytest.mark.vm, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(600)]
+
+COUNTER = "setsid -f sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/c; sleep 0.2; done'"
+# A Python process holding a value in memory only; it answers on a FIFO.
+HOLDER = (
+    'mkfifo /tmp/q /tmp/a && setsid -f python3 -c "'
+    "import random\n"
+    "secret = random.getrandbits(64)\n"
+    "open('/tmp/secret-at-start', 'w').write(str(secret))\n"
+    "while True:\n"
+    "    open('/tmp/q').read()\n"
+    "    open('/tmp/a', 'w').write(str(secret))\n"
+    '"'
+)
+
+
+async def ask_holder(svc: SandboxService, sid: str) -> str:
+    return await run(svc, sid, "echo x > /tmp/q; cat /tmp/a", timeout_s=30)
+
+
+async def counter(svc: SandboxService, sid: str) -> int:
+    return int((await run(svc, sid, ["cat", "/tmp/c"])).strip())
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def parent(service: SandboxService) -> AsyncIterator[str]:  # noqa: F811
+    rec = await service.create(SandboxSpec(image="base", shape=Shape(memory_mib=256), name="dad"))
+    await run(service, rec.id, COUNTER)
+    await run(service, rec.id, HOLDER)
+    for _ in range(50):
+        if (await run(service, rec.id, "test -e /tmp/secret-at-start && echo y || true")) == "y\n":
+            break
+        await asyncio.sleep(0.2)
+    yield rec.id
+
+
+async def test_memory_pause_keeps_processes(service: SandboxService, parent: str) -> None:  # noqa: F811
+    await run(service, parent, ["sh", "-c", "echo keep > /root/file"])
+    secret = await ask_holder(service, parent)
+    before = await counter(service, parent)
+    rec = await service.pause(parent, PauseMode.MEMORY)
+    assert rec.state is SandboxState.PAUSED
+    assert isinstance(service.backend, QemuBackend)
+    assert qemu_pids_mentioning(str(service.backend.paths(parent).run)) == [], (
+        "a paused sandbox must not keep a QEMU process"
+    )
+    await asyncio.sleep(2)
+    await service.resume(parent)
+    after = await counter(service, parent)
+    assert before <= after < before + 8, (
+        f"the counter restarted or ran while paused: {before}->{after}"
+    )
+    await asyncio.sleep(1)
+    assert await counter(service, parent) > after, "the counter does not run after resume"
+    assert await ask_holder(service, parent) == secret
+    assert await run(service, parent, ["cat", "/root/file"]) == "keep\n"
+    guest_now = float(await run(service, parent, ["date", "+%s.%N"]))
+    assert abs(guest_now - time.time()) < 5, "the guest clock was not corrected after resume"
+
+
+async def test_fork_gives_independent_children(service: SandboxService, parent: str) -> None:  # noqa: F811
+    secret = await ask_holder(service, parent)
+    children = await service.fork(parent, 3)
+    ids = [c.id for c in children]
+    assert all(c.state is SandboxState.RUNNING and c.parent_id == parent for c in children)
+    everyone = [parent, *ids]
+
+    hostnames = {await run(service, s, ["hostname"]) for s in everyone}
+    assert len(hostnames) == 4
+    machine_ids = {await run(service, s, ["cat", "/etc/machine-id"]) for s in everyone}
+    assert len(machine_ids) == 4, "children share a machine-id"
+    randoms = {await run(service, s, "head -c 16 /dev/urandom | od -An -tx1") for s in everyone}
+    assert len(randoms) == 4, "children return the same random bytes"
+    # Memory was copied: every child still has the parent's Python value and counter.
+    for child in ids:
+        assert await ask_holder(service, child) == secret
+        assert await counter(service, child) > 0
+
+    await run(service, ids[0], ["sh", "-c", "echo mine > /root/only-in-child"])
+    for other in (parent, ids[1], ids[2]):
+        out = await run(service, other, "cat /root/only-in-child 2>/dev/null || echo absent")
+        assert out == "absent\n"
+    assert service.get(parent).state is SandboxState.RUNNING
+    for child in ids:
+        await service.delete(child)
+    assert await ask_holder(service, parent) == secret
+
+
+async def test_disk_pause_keeps_files_not_processes(service: SandboxService) -> None:  # noqa: F811
+    rec = await service.create(SandboxSpec(image="base", shape=Shape(memory_mib=256)))
+    await run(service, rec.id, COUNTER)
+    await run(service, rec.id, ["sh", "-c", "echo on-disk > /root/kept; sync"])
+    await asyncio.sleep(0.5)
+    paused = await service.pause(rec.id, PauseMode.DISK)
+    assert paused.pause_mode is PauseMode.DISK
+    await service.resume(rec.id)
+    assert await run(service, rec.id, ["cat", "/root/kept"]) == "on-disk\n"
+    procs = await run(service, rec.id, "ps -eo args | grep -c 'i=\\$((i+1))' || true")
+    assert procs.strip() in ("0", "1"), procs  # 1 = the grep itself
+    assert "while" not in await run(
+        service, rec.id, "ps -eo args | grep -v grep | grep while || true"
+    )
+    await service.delete(rec.id)
