@@ -26,6 +26,7 @@ import glob
 import json
 import logging
 import os
+import re
 import posixpath
 import pwd
 import queue
@@ -595,6 +596,14 @@ class Agent:
             seed = b""
         if seed:
             add_entropy(seed)
+            reseed_now()
+        machine_id = h.get("machine_id")
+        if isinstance(machine_id, str) and re.fullmatch(r"[0-9a-f]{32}", machine_id):
+            try:
+                with open("/etc/machine-id", "w") as f:
+                    f.write(machine_id + "\n")
+            except OSError as exc:
+                log.warning("could not write /etc/machine-id: %s", exc)
         name = h.get("hostname")
         if isinstance(name, str) and name:
             try:
@@ -922,6 +931,28 @@ def set_clock(time_ns: Any) -> None:
             time.clock_settime_ns(time.CLOCK_REALTIME, time_ns)
         except OSError as exc:
             log.warning("could not set the clock: %s", exc)
+
+
+RNDRESEEDCRNG = 0x5207  # _IO('R', 0x07)
+
+
+def reseed_now() -> None:
+    """Make the kernel's CRNG use the pool now (RNDRESEEDCRNG).
+
+    Crediting entropy alone is not enough: Linux 6.1 reseeds on its own schedule (every
+    60 s after the first two minutes), so clones of one snapshot would return the same
+    /dev/urandom bytes until then.
+    """
+    try:
+        fd = os.open("/dev/urandom", os.O_WRONLY)
+    except OSError:
+        return
+    try:
+        fcntl.ioctl(fd, RNDRESEEDCRNG)
+    except OSError as exc:
+        log.warning("could not reseed the kernel RNG: %s", exc)
+    finally:
+        os.close(fd)
 
 
 def add_entropy(seed: bytes) -> None:

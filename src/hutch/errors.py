@@ -64,10 +64,11 @@ class StateError(Conflict):
 
     code = "invalid_state"
 
-    def __init__(self, what: str, state: str, required: Iterable[str]) -> None:
+    def __init__(self, what: str, state: str, required: Iterable[str], hint: str = "") -> None:
         self.state = state
         self.required = tuple(required)
-        super().__init__(f"{what} is {state}; this needs it to be {' or '.join(self.required)}")
+        message = f"{what} is {state}; this needs it to be {' or '.join(self.required)}"
+        super().__init__(f"{message} ({hint})" if hint else message)
 
 
 class Capacity(HutchError):

@@ -15,6 +15,7 @@ import os
 import secrets
 import signal as _signal
 import time
+from dataclasses import dataclass
 from collections.abc import AsyncIterable, AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,16 @@ log = logging.getLogger(__name__)
 _READ_SIZE = 256 * 1024
 #: While the guest boots, its agent may not see the first hello; resend this often (s).
 _HELLO_RESEND_S = 1.0
+_HELLO_FIRST_RESEND_S = 0.1
+
+
+@dataclass(frozen=True)
+class GuestIdentity:
+    """Who the guest is. Sent on every connect so that clones restored from one snapshot
+    each take their own name and machine-id before user code runs again."""
+
+    hostname: str
+    machine_id: str  # 32 lowercase hex digits, as in /etc/machine-id
 
 
 class _HandshakeLost(Exception):
@@ -161,7 +172,12 @@ class AgentClient:
 
     # -- connecting ---------------------------------------------------------------------
     @classmethod
-    async def connect(cls, socket_path: Path, timeout_s: float = 30.0) -> AgentClient:
+    async def connect(
+        cls,
+        socket_path: Path,
+        timeout_s: float = 30.0,
+        identity: GuestIdentity | None = None,
+    ) -> AgentClient:
         """Connect and handshake, retrying while the socket is absent or refused.
 
         Raises ``Timeout`` if the agent has not answered within ``timeout_s`` seconds,
@@ -195,7 +211,7 @@ class AgentClient:
                 ) from exc
             try:
                 decoder = Decoder()
-                info = await cls._handshake(reader, writer, decoder, deadline)
+                info = await cls._handshake(reader, writer, decoder, deadline, identity)
             except _HandshakeLost:
                 problem = "the connection closed during the handshake"
                 await _close_writer(writer)
@@ -216,24 +232,24 @@ class AgentClient:
         writer: asyncio.StreamWriter,
         decoder: Decoder,
         deadline: float,
+        identity: GuestIdentity | None = None,
     ) -> AgentInfo:
         loop = asyncio.get_running_loop()
         nonce = secrets.token_hex(16)
+        resend_s = _HELLO_FIRST_RESEND_S
 
         def hello() -> bytes:
-            return encode_frame(
-                Frame(
-                    FrameType.REQUEST,
-                    0,
-                    {
-                        "op": "hello",
-                        "protocol": list(PROTOCOL_VERSION),
-                        "nonce": nonce,
-                        "time_ns": time.time_ns(),
-                        "entropy": base64.b64encode(os.urandom(64)).decode(),
-                    },
-                )
-            )
+            header: dict[str, Any] = {
+                "op": "hello",
+                "protocol": list(PROTOCOL_VERSION),
+                "nonce": nonce,
+                "time_ns": time.time_ns(),
+                "entropy": base64.b64encode(os.urandom(64)).decode(),
+            }
+            if identity is not None:
+                header["hostname"] = identity.hostname
+                header["machine_id"] = identity.machine_id
+            return encode_frame(Frame(FrameType.REQUEST, 0, header))
 
         while True:
             try:
@@ -241,7 +257,10 @@ class AgentClient:
                 await writer.drain()
             except OSError as exc:
                 raise _HandshakeLost() from exc
-            resend_at = min(deadline, loop.time() + _HELLO_RESEND_S)
+            # A hello sent while a restored guest was still waking can be lost: resend
+            # quickly at first, then settle at the steady interval.
+            resend_at = min(deadline, loop.time() + resend_s)
+            resend_s = min(resend_s * 2, _HELLO_RESEND_S)
             # Everything before our hello's reply is stale (an earlier connection's frames
             # left in QEMU's buffers) and is dropped.
             while (remaining := resend_at - loop.time()) > 0:

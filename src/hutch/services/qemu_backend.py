@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -22,7 +23,7 @@ from typing import Any
 
 from hutch.config import Settings
 from hutch.errors import GuestError, HutchError, Timeout, VmError
-from hutch.guest.client import AgentClient
+from hutch.guest.client import AgentClient, GuestIdentity
 from hutch.images.build import ImageArtifacts
 from hutch.models import SANDBOX_ID_RE, PauseMode, SandboxRecord
 from hutch.storage.overlay import create_overlay
@@ -163,7 +164,7 @@ class QemuBackend:
         _write_config(p.vm_json, cfg)
         vm = await QemuVm.launch(cfg)
         try:
-            agent = await self._connect_agent(vm, p)
+            agent = await self._connect_agent(vm, p, hostname=rec.name or rec.id)
         except BaseException:
             await vm.kill()
             raise
@@ -312,9 +313,17 @@ class QemuBackend:
     async def _connect_agent(
         self, vm: QemuVm, p: SandboxPaths, hostname: str | None = None
     ) -> AgentClient:
-        """Wait for the guest agent, failing fast if the VM dies while booting."""
+        """Wait for the guest agent, failing fast if the VM dies while booting.
+
+        The hello gives the guest its identity (hostname, machine-id), the time and fresh
+        entropy: a clone restored from a snapshot takes them before user code runs again.
+        """
         connect = asyncio.ensure_future(
-            AgentClient.connect(p.agent_socket, timeout_s=self.settings.boot_timeout_s)
+            AgentClient.connect(
+                p.agent_socket,
+                timeout_s=self.settings.boot_timeout_s,
+                identity=identity_of(vm.cfg.name, hostname or vm.cfg.name),
+            )
         )
         died = asyncio.ensure_future(vm.wait_exited())
         try:
@@ -340,7 +349,9 @@ class QemuBackend:
         if vm is None:
             return None
         try:
-            agent = await AgentClient.connect(p.agent_socket, timeout_s=10.0)
+            agent = await AgentClient.connect(
+                p.agent_socket, timeout_s=10.0, identity=identity_of(rec.id, rec.name or rec.id)
+            )
         except (GuestError, Timeout) as exc:
             log.warning("sandbox %s: VM alive but its agent does not answer: %s", rec.id, exc)
             await vm.kill()
@@ -369,6 +380,12 @@ class QemuBackend:
             if root.is_dir():
                 found.update(d.name for d in root.iterdir() if SANDBOX_ID_RE.match(d.name))
         return found
+
+
+def identity_of(sandbox_id: str, hostname: str) -> GuestIdentity:
+    """A sandbox's guest identity: stable for its lifetime, distinct from every other."""
+    machine_id = hashlib.sha256(f"hutch-machine-id:{sandbox_id}".encode()).hexdigest()[:32]
+    return GuestIdentity(hostname=hostname, machine_id=machine_id)
 
 
 def _write_config(path: Path, cfg: VmConfig) -> None:
