@@ -59,7 +59,7 @@ PREFIX = struct.Struct(">4sBBHIII")
 MAX_FRAME = 1 << 20
 CHUNK = 64 * 1024
 WINDOW = 16
-READ_SIZE = 64 * 1024  # reused receive buffer of a transport, bytes
+READ_SIZE = 64 * 1024  # the least room a read gets in the decoder's buffer, bytes
 STALL_S = 3.0  # an incomplete frame pending this long, while bytes arrive, is stale
 REQUEST, REPLY, DATA, EOF, CREDIT, END, ERROR, CANCEL = range(1, 9)
 STDOUT, STDERR = 1, 2
@@ -95,70 +95,105 @@ class Frame:
 class Decoder:
     """Sans-IO decoder; resyncs on the magic. Errors are (stream id | None, message).
 
-    ``need`` is how many buffered bytes the frame at the front needs: the port hands over
-    one 4 KiB page per read, so a 64 KiB frame arrives in 16 feeds, and all but the last
-    return at once instead of re-parsing the header (that matters 16x under TCG).
+    It owns its receive buffer: a transport reads straight into :meth:`space` and calls
+    :meth:`commit`; :meth:`feed` copies bytes in for callers that have them already. Why:
+    the port hands over one 4 KiB page per read(), and growing and shrinking a bytearray
+    by that much per read (plus the copy out of a throw-away read buffer) cost more than
+    the read itself; under TCG that capped uploads at ~2.5 MB/s. ``need`` is how many
+    buffered bytes the frame at the front needs, so the reads that only carry a frame's
+    middle return at once without re-parsing its header.
     """
 
     def __init__(self) -> None:
-        self.buf = bytearray()
-        self.errors: list[tuple[int | None, str]] = []
+        self.buf = bytearray(2 * READ_SIZE)
+        self.view = memoryview(self.buf)
+        self.start = 0  # first byte not yet parsed
+        self.end = 0  # end of the bytes received
         self.need = 0
+        self.errors: list[tuple[int | None, str]] = []
+
+    @property
+    def pending(self) -> int:
+        """Bytes held for an incomplete frame."""
+        return self.end - self.start
+
+    def space(self, minimum: int = READ_SIZE) -> memoryview:
+        """Free room after the received bytes, at least ``minimum`` bytes long."""
+        if len(self.buf) - self.end < minimum:
+            pending = self.end - self.start
+            size = max(len(self.buf), pending + max(minimum, self.need - pending))
+            if size > len(self.buf):
+                # A new buffer (never a resize: views of the old one may be alive).
+                buf = bytearray(size)
+                buf[:pending] = self.view[self.start : self.end]
+                self.buf, self.view = buf, memoryview(buf)
+            else:
+                self.view[:pending] = self.view[self.start : self.end]
+            self.start, self.end = 0, pending
+        return self.view[self.end :]
+
+    def feed(self, data: bytes | memoryview) -> list[Frame]:
+        n = len(data)
+        self.space(n)[:n] = data
+        return self.commit(n)
 
     def skip_partial(self) -> list[Frame]:
         """Drop the front byte of a stalled incomplete frame and resync."""
-        if self.buf:
-            del self.buf[0]
+        if self.end > self.start:
+            self.start += 1
         self.need = 0
-        return self.feed(b"")
+        return self.commit(0)
 
-    def feed(self, data: bytes | memoryview) -> list[Frame]:
-        buf = self.buf
-        buf += data
-        if len(buf) < self.need:
+    def commit(self, n: int) -> list[Frame]:
+        """``n`` bytes were written at the front of :meth:`space`; parse what is complete."""
+        self.end += n
+        end = self.end
+        if end - self.start < self.need:
             return []
         self.need = 0
+        buf, view = self.buf, self.view
         frames: list[Frame] = []
-        pos = 0
-        # One view for the whole pass: payloads are copied once, straight out of buf.
-        with memoryview(buf) as view:
-            while True:
-                start = buf.find(MAGIC, pos)
-                if start < 0:
-                    pos = max(pos, len(buf) - len(MAGIC) + 1)
-                    break
-                pos = start
-                if len(buf) - pos < HEADER.size:
-                    self.need = HEADER.size
-                    break
-                _m, ftype, channel, _r, sid, hlen, plen, crc = HEADER.unpack_from(buf, pos)
-                if zlib.crc32(view[pos : pos + HEADER.size - 4]) != crc:
-                    pos += 1
-                    continue
-                total = HEADER.size + hlen + plen
-                if total > MAX_FRAME:
-                    self.errors.append((sid, f"frame of {total} bytes exceeds {MAX_FRAME}"))
-                    pos += 1
-                    continue
-                if len(buf) - pos < total:
-                    self.need = total
-                    break
-                body = pos + HEADER.size
-                head, payload = bytes(view[body : body + hlen]), bytes(view[body + hlen : pos + total])
-                pos += total
-                if not REQUEST <= ftype <= CANCEL:
-                    self.errors.append((sid, f"unknown frame type {ftype}"))
-                    continue
-                try:
-                    header = json.loads(head) if hlen else {}
-                except ValueError as exc:
-                    self.errors.append((sid, f"frame header is not JSON: {exc}"))
-                    continue
-                if not isinstance(header, dict):
-                    self.errors.append((sid, "frame header is not a JSON object"))
-                    continue
-                frames.append(Frame(ftype, sid, header, payload, channel))
-        del buf[:pos]
+        pos = self.start
+        while True:
+            start = buf.find(MAGIC, pos, end)
+            if start < 0:
+                pos = max(pos, end - len(MAGIC) + 1)
+                break
+            pos = start
+            if end - pos < HEADER.size:
+                self.need = HEADER.size
+                break
+            _m, ftype, channel, _r, sid, hlen, plen, crc = HEADER.unpack_from(buf, pos)
+            if zlib.crc32(view[pos : pos + HEADER.size - 4]) != crc:
+                pos += 1
+                continue
+            total = HEADER.size + hlen + plen
+            if total > MAX_FRAME:
+                self.errors.append((sid, f"frame of {total} bytes exceeds {MAX_FRAME}"))
+                pos += 1
+                continue
+            if end - pos < total:
+                self.need = total
+                break
+            body = pos + HEADER.size
+            head, payload = bytes(view[body : body + hlen]), bytes(view[body + hlen : pos + total])
+            pos += total
+            if not REQUEST <= ftype <= CANCEL:
+                self.errors.append((sid, f"unknown frame type {ftype}"))
+                continue
+            try:
+                header = json.loads(head) if hlen else {}
+            except ValueError as exc:
+                self.errors.append((sid, f"frame header is not JSON: {exc}"))
+                continue
+            if not isinstance(header, dict):
+                self.errors.append((sid, "frame header is not a JSON object"))
+                continue
+            frames.append(Frame(ftype, sid, header, payload, channel))
+        if pos >= end:
+            self.start = self.end = 0
+        else:
+            self.start = pos
         return frames
 
 
@@ -260,20 +295,14 @@ class DeviceTransport:
     def __init__(self, path: str) -> None:
         self.fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         self.lock = threading.Lock()
-        # virtio_console returns at most one 4 KiB receive buffer per read(), however
-        # much is queued. os.read(fd, n) allocates n bytes per call, and for n past
-        # glibc's mmap threshold (128 KiB) that is an mmap/munmap per 4 KiB read: under
-        # TCG that alone capped uploads at ~2.5 MB/s. Read into one reused buffer.
-        self.buf = bytearray(READ_SIZE)
-        self.view = memoryview(self.buf)
 
-    def read(self) -> memoryview:
-        """The bytes read, as a view valid until the next read()."""
+    def read_into(self, room: memoryview) -> int:
+        """Read into ``room``; 0 while no host is connected (or the read failed)."""
         try:
-            return self.view[: os.readv(self.fd, [self.view])]
+            return os.readv(self.fd, [room])
         except OSError as exc:
             log.warning("read from the port failed: %s", exc)
-            return self.view[:0]
+            return 0
 
     def idle(self) -> None:
         time.sleep(0.05)  # no host: poll() gives POLLHUP, so sleep instead of spinning
@@ -301,25 +330,24 @@ class UnixTransport:
         self.server.listen(1)
         self.conn: socket.socket | None = None
         self.lock = threading.Lock()
-        self.view = memoryview(bytearray(READ_SIZE))  # reused, as in DeviceTransport
 
-    def read(self) -> memoryview:
-        """The bytes read, as a view valid until the next read()."""
+    def read_into(self, room: memoryview) -> int:
+        """Read into ``room``; 0 once the connection closed (the next call accepts)."""
         if self.conn is None:
             conn, _ = self.server.accept()
             with self.lock:
                 self.conn = conn
         try:
-            data = self.view[: self.conn.recv_into(self.view)]
+            n = self.conn.recv_into(room)
         except OSError:
-            data = self.view[:0]
-        if not data:
+            n = 0
+        if not n:
             with self.lock:  # no writer is inside sendall on this socket now
                 with contextlib.suppress(OSError):
                     self.conn.shutdown(socket.SHUT_RDWR)
                 self.conn.close()
                 self.conn = None
-        return data
+        return n
 
     def idle(self) -> None:
         pass
@@ -461,8 +489,10 @@ class Agent:
         connected = False
         partial_since: float | None = None
         while True:
-            data = self.transport.read()
-            if not data:
+            # Straight into the decoder's buffer: the port gives one 4 KiB page per
+            # read(), so this loop runs 256 times per MiB and must do little.
+            n = self.transport.read_into(self.decoder.space())
+            if not n:
                 if connected:
                     log.info("host disconnected; session reset")
                     connected = False
@@ -472,11 +502,11 @@ class Agent:
                 self.transport.idle()
                 continue
             connected = True
-            frames = self.decoder.feed(data)
+            frames = self.decoder.commit(n)
             # A frame that stays incomplete while bytes keep coming is the head of a frame
             # cut off by a host that reconnected before we saw it leave: skip past it so
             # it cannot swallow the new host's hello (which is resent every second).
-            if not self.decoder.buf:
+            if not self.decoder.pending:
                 partial_since = None
             elif frames or partial_since is None:
                 partial_since = time.monotonic()  # progress: a new partial frame

@@ -47,6 +47,8 @@ class Settings:
     boot_timeout_s: float = 120.0
     # Built images may be shared by several state directories (tests do this).
     images_dir_override: Path | None = None
+    # Create by restoring a template snapshot per (image, shape) instead of booting.
+    templates: bool = True
 
     @property
     def db_path(self) -> Path:
@@ -112,6 +114,11 @@ def _from_mapping(base: Settings, values: dict[str, Any], source: str) -> Settin
             s = replace(s, default_image=str(values["default_image"]))
         if "images_dir" in values:
             s = replace(s, images_dir_override=Path(str(values["images_dir"])).resolve())
+        if "templates" in values:
+            flag = str(values["templates"]).lower()
+            if flag not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                raise InvalidArgument(f"{source}: templates={flag!r}; accepted: 1/0, true/false")
+            s = replace(s, templates=flag in ("1", "true", "yes", "on"))
         if "boot_timeout_s" in values:
             s = replace(s, boot_timeout_s=float(values["boot_timeout_s"]))
         limits = s.limits
@@ -134,6 +141,7 @@ _ENV = {
     "HUTCH_DEFAULT_IMAGE": "default_image",
     "HUTCH_BOOT_TIMEOUT_S": "boot_timeout_s",
     "HUTCH_IMAGES_DIR": "images_dir",
+    "HUTCH_TEMPLATES": "templates",
     "HUTCH_MAX_SANDBOXES": "max_sandboxes",
     "HUTCH_MAX_MEMORY_MIB": "max_memory_mib",
 }

@@ -65,6 +65,7 @@ class FakeBackend:
         self.procs: dict[str, FakeRuntime] = {}
         self.fail_next_start: Exception | None = None
         self.stopped: dict[str, FakeRuntime] = {}
+        self.templates_built: list[tuple[str, object]] = []
 
     async def start(self, rec: SandboxRecord, image: ImageArtifacts) -> FakeRuntime:
         if self.fail_next_start is not None:
@@ -152,10 +153,8 @@ class FakeBackend:
     async def freeze_for_fork(self, runtime: FakeRuntime, snapshot_dir: Path) -> None:
         snapshot_dir.mkdir(parents=True)  # noqa: ASYNC240 - a test fake, instant
 
-    async def start_clone(
-        self, rec: SandboxRecord, template: SandboxRecord, snapshot_dir: Path
-    ) -> Any:
-        if rec.id == template.id:
+    async def start_clone(self, rec: SandboxRecord, snapshot_dir: Path) -> Any:
+        if rec.id in self.procs:
             runtime = self.procs[rec.id]
             if runtime.agent.closed:
                 runtime.agent = await AgentClient.connect(
@@ -163,6 +162,16 @@ class FakeBackend:
                 )
             return runtime
         return await self.start(rec, None)  # type: ignore[arg-type]
+
+    def find_template(self, image: ImageArtifacts, shape: object) -> Path | None:
+        return None  # creates always "cold boot" a fresh agent
+
+    async def build_template(self, image: ImageArtifacts, shape: object) -> Path:
+        self.templates_built.append((image.name, shape))
+        return self.root / "templates"
+
+    def discard_unfinished_templates(self) -> None:
+        return None
 
     def snapshot_complete(self, snapshot_dir: str) -> bool:
         return Path(snapshot_dir).exists()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -266,6 +267,16 @@ class Daemon:
     def qemu_pids(self) -> dict[int, str]:
         return qemu_pids(str(self.state_dir), str(self.run_dir))
 
+    def sandbox_qemus(self) -> dict[str, int]:
+        """Sandbox id -> QEMU pid, for this daemon's sandbox VMs (template builds, which
+        the daemon runs in the background, are not sandboxes)."""
+        found: dict[str, int] = {}
+        for pid, cmdline in self.qemu_pids().items():
+            match = _QEMU_NAME.search(cmdline)
+            if match:
+                found[match.group(1)] = pid
+        return found
+
     def sandbox_dirs(self) -> set[str]:
         """Sandbox ids that have a directory in the state or run dir."""
         found: set[str] = set()
@@ -301,6 +312,7 @@ class Daemon:
 
 
 _ENDED = ("destroyed", "failed")
+_QEMU_NAME = re.compile(r"-name (sb-[0-9a-f]{12})\b")
 # Daemons alive right now, for failure reports.
 _LIVE: list[Daemon] = []
 

@@ -38,7 +38,7 @@ def test_two_daemons_side_by_side(make_daemon: Callable[[], Daemon]) -> None:
     with a.client() as c:
         assert c.list_sandboxes(metadata={"owner": b.url}) == []
     pid_a, pid_b = a.qemu_pid_of(sa.id), b.qemu_pid_of(sb.id)
-    assert set(a.qemu_pids()) == {pid_a} and set(b.qemu_pids()) == {pid_b}
+    assert a.sandbox_qemus() == {sa.id: pid_a} and b.sandbox_qemus() == {sb.id: pid_b}
 
     # Stopping one daemon leaves every VM running: its own (adopted later) and the other's.
     a.stop()

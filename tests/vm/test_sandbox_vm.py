@@ -48,6 +48,7 @@ async def service(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[San
 
     state = tmp_path_factory.mktemp("vmstate")
     settings = Settings(
+        templates=False,  # these tests prove the cold-boot path; test_templates the other
         state_dir=state,
         images_dir_override=test_images_dir(),
         accel=os.environ.get("HUTCH_ACCEL", "auto"),

@@ -15,8 +15,8 @@ import os
 import secrets
 import signal as _signal
 import time
-from dataclasses import dataclass
 from collections.abc import AsyncIterable, AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from hutch.guest.client import AgentClient
 from hutch.images.build import ImageArtifacts
-from hutch.models import PauseMode, SandboxRecord
+from hutch.models import PauseMode, SandboxRecord, Shape
 
 
 class Runtime(Protocol):
@@ -71,10 +71,17 @@ class VmBackend(Protocol):
     async def freeze_for_fork(self, runtime: Any, snapshot_dir: Path) -> None:
         """Save the VM into ``snapshot_dir`` as the frozen template of a fork; QEMU exits."""
 
-    async def start_clone(
-        self, rec: SandboxRecord, template: SandboxRecord, snapshot_dir: Path
-    ) -> Runtime:
+    async def start_clone(self, rec: SandboxRecord, snapshot_dir: Path) -> Runtime:
         """Start ``rec`` as a copy-on-write clone of a frozen snapshot."""
+
+    def find_template(self, image: ImageArtifacts, shape: Shape) -> Path | None:
+        """The ready template snapshot for (image, shape), if one was built."""
+
+    async def build_template(self, image: ImageArtifacts, shape: Shape) -> Path:
+        """Boot once and freeze the template for (image, shape)."""
+
+    def discard_unfinished_templates(self) -> None:
+        """Remove template builds a stopped daemon left half done."""
 
     def snapshot_complete(self, snapshot_dir: str) -> bool:
         """A restorable snapshot (complete and not consumed) is there."""

@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 from dataclasses import asdict, dataclass
@@ -25,7 +26,7 @@ from hutch.config import Settings
 from hutch.errors import GuestError, HutchError, Timeout, VmError
 from hutch.guest.client import AgentClient, GuestIdentity
 from hutch.images.build import ImageArtifacts
-from hutch.models import SANDBOX_ID_RE, PauseMode, SandboxRecord
+from hutch.models import SANDBOX_ID_RE, PauseMode, SandboxRecord, Shape
 from hutch.storage.overlay import create_overlay
 from hutch.vm.accel import detect_accel, host_tsc_khz
 from hutch.vm.argv import VmConfig
@@ -134,12 +135,15 @@ class QemuBackend:
         )
 
     def vm_config(self, rec: SandboxRecord, image: ImageArtifacts) -> VmConfig:
-        p = self.paths(rec.id)
-        hostname = rec.name or rec.id
+        return self._vm_config(self.paths(rec.id), rec.id, rec.shape, image, rec.name or rec.id)
+
+    def _vm_config(
+        self, p: SandboxPaths, name: str, shape: Shape, image: ImageArtifacts, hostname: str
+    ) -> VmConfig:
         return VmConfig(
-            name=rec.id,
-            vcpus=rec.shape.vcpus,
-            memory_mib=rec.shape.memory_mib,
+            name=name,
+            vcpus=shape.vcpus,
+            memory_mib=shape.memory_mib,
             kernel=image.kernel,
             initrd=image.initrd,
             cmdline=f"{image.cmdline} hutch.hostname={hostname}",
@@ -236,24 +240,24 @@ class QemuBackend:
         except BaseException:
             runtime.agent = await self._connect_agent(runtime.vm, runtime.paths)
             raise
-        await asyncio.to_thread(move_disk, snapshot_dir, snapshot_dir / "disk.qcow2")
+        await asyncio.to_thread(_finish_template, snapshot_dir, runtime.vm.cfg)
 
-    async def start_clone(
-        self, rec: SandboxRecord, template: SandboxRecord, snapshot_dir: Path
-    ) -> QemuRuntime:
+    async def start_clone(self, rec: SandboxRecord, snapshot_dir: Path) -> QemuRuntime:
         """Start ``rec`` as a copy-on-write clone of the frozen ``snapshot_dir``.
 
-        ``template`` is the sandbox the snapshot was taken from (its VM configuration
-        is reused with ``rec``'s own names, sockets and disk).
+        The snapshot's VM configuration (``vm.json`` beside it) is reused with ``rec``'s
+        own names, sockets and disk.
         """
         p = self.paths(rec.id)
-        manifest = load_manifest(snapshot_dir)
-        if Path(manifest.disk.path) == p.disk.resolve():
-            # The daemon stopped between the save and the disk move of a fork.
-            await asyncio.to_thread(move_disk, snapshot_dir, snapshot_dir / "disk.qcow2")
-        template_cfg = _read_config(self.paths(template.id).vm_json)
+        template_cfg = _read_config(snapshot_dir / "vm.json")
         if template_cfg is None:
-            raise VmError(f"sandbox {template.id} has no VM configuration to clone")
+            # The daemon stopped between a fork's save and its disk move.
+            manifest = load_manifest(snapshot_dir)
+            source = _read_config(Path(manifest.disk.path).parent / "vm.json")
+            if source is None:
+                raise VmError(f"snapshot {snapshot_dir} has no VM configuration to clone")
+            await asyncio.to_thread(_finish_template, snapshot_dir, source)
+            template_cfg = source
         p.state.mkdir(parents=True, exist_ok=True, mode=0o700)
         p.run.mkdir(parents=True, exist_ok=True, mode=0o700)
         p.disk.unlink(missing_ok=True)
@@ -276,6 +280,64 @@ class QemuBackend:
             await vm.kill()
             raise
         return QemuRuntime(rec.id, vm, agent, p)
+
+    # -- templates: create = restore a snapshot taken once per (image, shape) --------------
+
+    def template_dir(self, image: ImageArtifacts, shape: Shape) -> Path:
+        key = f"{image.name}-{image.digest}-{shape.vcpus}c-{shape.memory_mib}m-{shape.disk_gib}g"
+        return self.settings.state_dir / "templates" / key
+
+    def find_template(self, image: ImageArtifacts, shape: Shape) -> Path | None:
+        d = self.template_dir(image, shape)
+        return d if (d / "vm.json").is_file() and (d / MANIFEST_FILE).is_file() else None
+
+    async def build_template(self, image: ImageArtifacts, shape: Shape) -> Path:
+        """Boot ``image`` once at ``shape``, let it settle, and freeze it as the template
+        every later create at that shape restores from (no cold boot on the hot path)."""
+        final = self.template_dir(image, shape)
+        if self.find_template(image, shape):
+            return final
+        work = SandboxPaths(
+            state=final.parent / (final.name + ".build"),
+            run=self.settings.run_dir / ("tpl-" + secrets.token_hex(4)),
+        )
+        await asyncio.to_thread(_discard_template_build, work.state)
+        work.state.mkdir(parents=True, mode=0o700)
+        work.run.mkdir(parents=True, mode=0o700)
+        try:
+            await asyncio.to_thread(create_overlay, image.rootfs, work.disk, shape.disk_gib)
+            cfg = self._vm_config(work, "template", shape, image, "hutch")
+            _write_config(work.vm_json, cfg)
+            vm = await QemuVm.launch(cfg)
+            try:
+                agent = await self._connect_agent(vm, work, hostname="hutch")
+                # Let boot-time work finish so that no clone inherits it half-done.
+                await agent.run(
+                    ["sh", "-c", "while pgrep -x resize2fs >/dev/null; do sleep 0.1; done; sync"],
+                    timeout_s=120,
+                )
+                await agent.close()
+                snap = work.state / "snapshot"
+                await save_snapshot(vm, snap, ram_in_file=False)
+            except BaseException:
+                await vm.kill()
+                raise
+            await asyncio.to_thread(_finish_template, snap, cfg)
+            await asyncio.to_thread(_publish_template, snap, final)
+        finally:
+            await asyncio.to_thread(shutil.rmtree, work.run, True)
+            await asyncio.to_thread(_discard_template_build, work.state)
+        return final
+
+    def discard_unfinished_templates(self) -> None:
+        root = self.settings.state_dir / "templates"
+        if root.is_dir():
+            for d in root.glob("*.build"):
+                _discard_template_build(d)
+        run_root = self.settings.run_dir
+        if run_root.is_dir():
+            for d in run_root.glob("tpl-*"):
+                shutil.rmtree(d, ignore_errors=True)
 
     def snapshot_complete(self, snapshot_dir: str) -> bool:
         d = Path(snapshot_dir)
@@ -380,6 +442,32 @@ class QemuBackend:
             if root.is_dir():
                 found.update(d.name for d in root.iterdir() if SANDBOX_ID_RE.match(d.name))
         return found
+
+
+def _finish_template(snapshot_dir: Path, cfg: VmConfig) -> None:
+    """Make a saved snapshot a template: take its disk in and record its VM config."""
+    manifest = load_manifest(snapshot_dir)
+    if Path(manifest.disk.path) != (snapshot_dir / "disk.qcow2").resolve():
+        move_disk(snapshot_dir, snapshot_dir / "disk.qcow2")
+    _write_config(snapshot_dir / "vm.json", cfg)
+
+
+def _publish_template(snapshot_dir: Path, final: Path) -> None:
+    """Move a finished template into place. Paths inside its manifest are absolute, so
+    the disk is moved (and recorded) first, then the directory is renamed over."""
+    final.mkdir(parents=True, exist_ok=True)
+    for name in os.listdir(snapshot_dir):
+        if name not in ("disk.qcow2", MANIFEST_FILE, "vm.json"):
+            os.rename(snapshot_dir / name, final / name)
+    move_disk(snapshot_dir, final / "disk.qcow2")
+    os.rename(snapshot_dir / MANIFEST_FILE, final / MANIFEST_FILE)
+    # vm.json last: its presence marks the template complete.
+    os.rename(snapshot_dir / "vm.json", final / "vm.json")
+
+
+def _discard_template_build(state: Path) -> None:
+    _kill_verified(state / "qemu.pid", "tpl-")
+    shutil.rmtree(state, ignore_errors=True)
 
 
 def identity_of(sandbox_id: str, hostname: str) -> GuestIdentity:

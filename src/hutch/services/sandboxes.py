@@ -30,6 +30,7 @@ from hutch.config import Settings
 from hutch.errors import Capacity, Conflict, HutchError, InvalidArgument, NotFound, StateError
 from hutch.guest.client import ExecStream
 from hutch.guest.results import FileEntry
+from hutch.images.build import ImageArtifacts
 from hutch.models import (
     FORK_COUNT_RANGE,
     SANDBOX_ID_RE,
@@ -37,6 +38,7 @@ from hutch.models import (
     SandboxRecord,
     SandboxSpec,
     SandboxState,
+    Shape,
     new_sandbox_id,
     validate_env,
 )
@@ -66,6 +68,9 @@ class SandboxService:
         self._monitors: dict[str, asyncio.Task[None]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._create_gate = asyncio.Lock()
+        # One template build at a time: each boots a VM, and boots compete for CPU.
+        self._template_gate = asyncio.Lock()
+        self._template_tasks: dict[tuple[str, str, Shape], asyncio.Task[None]] = {}
         self._reaper: asyncio.Task[None] | None = None
 
     # -- daemon lifecycle --------------------------------------------------------------
@@ -76,7 +81,11 @@ class SandboxService:
 
     async def close(self) -> None:
         """Stop background work and drop agent connections. VMs keep running."""
-        tasks = [t for t in (self._reaper, *self._monitors.values()) if t is not None]
+        tasks = [
+            t
+            for t in (self._reaper, *self._monitors.values(), *self._template_tasks.values())
+            if t is not None
+        ]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -93,6 +102,7 @@ class SandboxService:
         failed (or destroyed, if a delete was under way). Processes and files on the host
         that no live row owns are removed.
         """
+        self.backend.discard_unfinished_templates()
         live = self.store.list_sandboxes(states=LIVE_STATES)
         for rec in live:
             if rec.state is SandboxState.PAUSED:
@@ -180,7 +190,17 @@ class SandboxService:
             self.store.insert_sandbox(rec)
         async with self._lock(rec.id):
             try:
-                runtime = await self.backend.start(rec, image)
+                template = (
+                    self.backend.find_template(image, spec.shape)
+                    if self.settings.templates
+                    else None
+                )
+                if template is not None:
+                    runtime = await self.backend.start_clone(rec, template)
+                else:
+                    runtime = await self.backend.start(rec, image)
+                    if self.settings.templates:
+                        self._schedule_template(image, spec.shape)
             except BaseException as exc:
                 await self.backend.cleanup(rec.id)
                 reason = str(exc) if isinstance(exc, HutchError) else repr(exc)
@@ -353,7 +373,7 @@ class SandboxService:
         # The parent first: it must come back even if children fail.
         self.store.update_sandbox(parent.id, state=SandboxState.RESUMING)
         try:
-            self._attach(parent.id, await self.backend.start_clone(parent, parent, snapshot_dir))
+            self._attach(parent.id, await self.backend.start_clone(parent, snapshot_dir))
         except BaseException:
             self.store.update_sandbox(parent.id, state=SandboxState.PAUSED)
             for child in children:
@@ -365,7 +385,7 @@ class SandboxService:
         async def start(child: SandboxRecord) -> SandboxRecord | BaseException:
             async with gate, self._lock(child.id):
                 try:
-                    runtime = await self.backend.start_clone(child, parent, snapshot_dir)
+                    runtime = await self.backend.start_clone(child, snapshot_dir)
                 except BaseException as exc:
                     await self.backend.cleanup(child.id)
                     self._finish(child.id, SandboxState.FAILED, str(exc))
@@ -459,6 +479,25 @@ class SandboxService:
                 f"not enough memory: {memory} MiB reserved + {memory_mib} MiB asked > "
                 f"{limits.memory_budget_mib} MiB (HUTCH_MAX_MEMORY_MIB)"
             )
+
+    def _schedule_template(self, image: ImageArtifacts, shape: Shape) -> None:
+        """Build the template for (image, shape) in the background, once."""
+        key = (image.name, image.digest, shape)
+        if key in self._template_tasks:
+            return
+
+        async def build() -> None:
+            async with self._template_gate:
+                try:
+                    where = await self.backend.build_template(image, shape)
+                    log.info("template ready for %s at %s: %s", image.name, shape, where)
+                except Exception as exc:
+                    log.warning(
+                        "could not build the template for %s %s: %s", image.name, shape, exc
+                    )
+                    self._template_tasks.pop(key, None)
+
+        self._template_tasks[key] = asyncio.create_task(build(), name=f"hutch-template-{key}")
 
     def _stop_watching(self, sandbox_id: str) -> None:
         monitor = self._monitors.pop(sandbox_id, None)

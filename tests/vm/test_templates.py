@@ -1,0 +1,86 @@
+"""Create from a template snapshot: the hot path restores instead of booting, and every
+sandbox restored from one template still gets its own identity."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+
+from hutch.config import Settings
+from hutch.images.build import ImageArtifacts
+from hutch.models import SandboxSpec, Shape
+from hutch.services.images import LocalImages
+from hutch.services.qemu_backend import QemuBackend
+from hutch.services.sandboxes import SandboxService
+from hutch.store import Store
+from tests.conftest import ensure_image, test_images_dir
+from tests.vm.test_sandbox_vm import qemu_pids_mentioning, run
+
+pytestmark = [pytest.mark.vm, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(600)]
+
+SHAPE = Shape(vcpus=1, memory_mib=256, disk_gib=2)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def service(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[SandboxService]:
+    ensure_image("base")
+    state = tmp_path_factory.mktemp("tplstate")
+    settings = Settings(
+        state_dir=state,
+        images_dir_override=test_images_dir(),
+        accel=os.environ.get("HUTCH_ACCEL", "auto"),
+    )
+    svc = SandboxService(
+        settings, Store(settings.db_path), QemuBackend(settings), LocalImages(settings.images_dir)
+    )
+    await svc.start()
+    try:
+        yield svc
+    finally:
+        for rec in svc.list_sandboxes():
+            if rec.state.is_live:
+                await svc.delete(rec.id)
+        await svc.close()
+        assert qemu_pids_mentioning(str(settings.run_dir)) == []
+
+
+async def test_second_create_restores_the_template(service: SandboxService) -> None:
+    image = ensure_image("base")
+    assert isinstance(image, ImageArtifacts)
+    backend = service.backend
+    assert isinstance(backend, QemuBackend)
+    assert backend.find_template(image, SHAPE) is None
+
+    start = time.monotonic()
+    cold = await service.create(SandboxSpec(image="base", shape=SHAPE))
+    cold_s = time.monotonic() - start
+    for _ in range(600):  # the template is built in the background
+        if backend.find_template(image, SHAPE):
+            break
+        await asyncio.sleep(0.2)
+    assert backend.find_template(image, SHAPE), "the template was never built"
+
+    start = time.monotonic()
+    warm = [await service.create(SandboxSpec(image="base", shape=SHAPE)) for _ in range(2)]
+    warm_s = (time.monotonic() - start) / 2
+    print(f"cold create {cold_s:.2f} s, create from template {warm_s:.2f} s")
+
+    everyone = [cold.id, *(w.id for w in warm)]
+    assert len({await run(service, s, ["hostname"]) for s in everyone}) == 3
+    assert len({await run(service, s, ["cat", "/etc/machine-id"]) for s in everyone}) == 3
+    rand = "head -c 16 /dev/urandom | od -An -tx1"
+    assert len({await run(service, s, rand) for s in everyone}) == 3
+    for sid in everyone:
+        guest_now = float(await run(service, sid, ["date", "+%s"]))
+        assert abs(guest_now - time.time()) < 5
+    df = await run(service, warm[0].id, ["df", "--output=size", "-B1M", "/"])
+    assert 1700 < int(df.split()[-1]) <= 2048
+    await run(service, warm[0].id, ["sh", "-c", "echo a > /root/x"])
+    assert "absent" in await run(service, warm[1].id, "cat /root/x 2>/dev/null || echo absent")
+    for sid in everyone:
+        await service.delete(sid)
