@@ -49,6 +49,13 @@ class PauseMode(enum.StrEnum):
 
 
 FORK_COUNT_RANGE = (1, 100)
+AUTO_PAUSE_S_RANGE = (60, 24 * 3600)
+AUTO_DELETE_S_RANGE = (60, 30 * 24 * 3600)
+SNAPSHOT_ID_RE = re.compile(r"^snap-[0-9a-f]{12}$")
+
+
+def new_snapshot_id() -> str:
+    return "snap-" + secrets.token_hex(6)
 
 
 def _check_range(name: str, value: int, bounds: tuple[int, int], unit: str = "") -> None:
@@ -114,8 +121,15 @@ class SandboxSpec:
     name: str | None = None
     timeout_s: int | None = None
     auto_resume: bool = False
+    auto_pause_s: int | None = None
+    auto_delete_s: int | None = None
+    snapshot_id: str | None = None
 
     def __post_init__(self) -> None:
+        if self.auto_pause_s is not None:
+            _check_range("auto_pause_s", self.auto_pause_s, AUTO_PAUSE_S_RANGE, " seconds")
+        if self.auto_delete_s is not None:
+            _check_range("auto_delete_s", self.auto_delete_s, AUTO_DELETE_S_RANGE, " seconds")
         validate_env(self.env)
         validate_metadata(self.metadata)
         if self.name is not None:
@@ -151,3 +165,22 @@ class SandboxRecord:
     parent_id: str | None = None
     #: exec and file calls to this sandbox while paused resume it first.
     auto_resume: bool = False
+    #: Pause (memory mode) after this many idle seconds; delete after this long paused.
+    auto_pause_s: int | None = None
+    auto_delete_s: int | None = None
+    #: The named snapshot this sandbox was created from.
+    snapshot_id: str | None = None
+
+
+@dataclass(frozen=True)
+class SnapshotRecord:
+    """A named snapshot: memory, device state and disk of a sandbox at one moment."""
+
+    id: str
+    name: str
+    sandbox_id: str
+    image: str
+    shape: Shape
+    path: str
+    size_bytes: int
+    created_at: float

@@ -66,6 +66,7 @@ class FakeBackend:
         self.fail_next_start: Exception | None = None
         self.stopped: dict[str, FakeRuntime] = {}
         self.templates_built: list[tuple[str, object]] = []
+        self.clone_of: dict[str, Path] = {}
 
     async def start(self, rec: SandboxRecord, image: ImageArtifacts) -> FakeRuntime:
         if self.fail_next_start is not None:
@@ -154,6 +155,7 @@ class FakeBackend:
         snapshot_dir.mkdir(parents=True)  # noqa: ASYNC240 - a test fake, instant
 
     async def start_clone(self, rec: SandboxRecord, snapshot_dir: Path) -> Any:
+        self.clone_of[rec.id] = snapshot_dir
         if rec.id in self.procs:
             runtime = self.procs[rec.id]
             if runtime.agent.closed:
@@ -176,8 +178,17 @@ class FakeBackend:
     def snapshot_complete(self, snapshot_dir: str) -> bool:
         return Path(snapshot_dir).exists()
 
-    def collect_snapshots(self, live_ids: set[str]) -> list[str]:
+    def collect_snapshots(self, live_ids: set[str], keep: set[str] | None = None) -> list[str]:
         return []
+
+    def snapshot_users(self, snapshot_dir: Path, live_ids: set[str]) -> list[str]:
+        return sorted(i for i in live_ids if self.clone_of.get(i) == snapshot_dir)
+
+    def snapshot_size(self, snapshot_dir: Path) -> int:
+        return 4096
+
+    def remove_snapshot(self, snapshot_dir: Path) -> None:
+        shutil.rmtree(snapshot_dir, ignore_errors=True)
 
     async def adopt(self, rec: SandboxRecord) -> FakeRuntime | None:
         # A bubblewrap child dies with the test's daemon, so there is never anything to adopt.

@@ -6,6 +6,8 @@ tests/vm/test_pause_fork.py; here the agent is a bubblewrap process held with SI
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
@@ -93,3 +95,73 @@ async def test_fork_respects_capacity(api: httpx.AsyncClient) -> None:
     r = await api.post(f"/v1/sandboxes/{sid}/fork", json={"count": 100})
     assert r.status_code == 429 and r.json()["error"]["code"] == "capacity"
     assert (await api.get(f"/v1/sandboxes/{sid}")).json()["state"] == "running"
+
+
+async def test_named_snapshots(api: httpx.AsyncClient) -> None:
+    sid = await create(api, memory_mib=256)
+    r = await api.post(f"/v1/sandboxes/{sid}/snapshots", json={"name": "base-ready"})
+    assert r.status_code == 201, r.text
+    snap = r.json()
+    assert snap["id"].startswith("snap-") and snap["sandbox_id"] == sid
+    assert snap["size_bytes"] > 0 and snap["memory_mib"] == 256
+    assert (await api.get(f"/v1/sandboxes/{sid}")).json()["state"] == "running"
+
+    listed = (await api.get("/v1/snapshots")).json()["snapshots"]
+    assert [s["id"] for s in listed] == [snap["id"]]
+    assert (await api.get(f"/v1/snapshots/{snap['id']}")).json()["name"] == "base-ready"
+
+    r = await api.post("/v1/sandboxes", json={"snapshot": snap["id"]})
+    assert r.status_code == 201, r.text
+    child = r.json()
+    assert child["snapshot_id"] == snap["id"] and child["memory_mib"] == 256
+
+    r = await api.delete(f"/v1/snapshots/{snap['id']}")
+    assert r.status_code == 409 and child["id"] in r.json()["error"]["message"]
+    assert (await api.delete(f"/v1/sandboxes/{child['id']}")).status_code == 204
+    assert (await api.delete(f"/v1/sandboxes/{sid}")).status_code == 204
+    assert (await api.delete(f"/v1/snapshots/{snap['id']}")).status_code == 204
+    assert (await api.get(f"/v1/snapshots/{snap['id']}")).status_code == 404
+
+
+async def test_bad_snapshot_input(api: httpx.AsyncClient) -> None:
+    sid = await create(api)
+    r = await api.post(f"/v1/sandboxes/{sid}/snapshots", json={"name": "Has Spaces"})
+    assert r.status_code == 400 and "name" in r.json()["error"]["message"]
+    r = await api.post("/v1/sandboxes", json={"snapshot": "snap-000000000000"})
+    assert r.status_code == 404
+    r = await api.post("/v1/sandboxes", json={"snapshot": "../etc"})
+    assert r.status_code == 404
+    r = await api.delete("/v1/snapshots/nope")
+    assert r.status_code == 404
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{"auto_pause_s": 59}, {"auto_pause_s": 86401}, {"auto_delete_s": 1}, {"auto_pause_s": "60"}],
+)
+async def test_policy_ranges(api: httpx.AsyncClient, body: dict[str, object]) -> None:
+    r = await api.post("/v1/sandboxes", json=body)
+    assert r.status_code == 400 and next(iter(body)) in r.json()["error"]["message"]
+
+
+async def test_auto_pause_then_auto_delete(api: httpx.AsyncClient, service: object) -> None:
+    from hutch.services.sandboxes import SandboxService
+
+    assert isinstance(service, SandboxService)
+    offset = 0.0
+    service.clock = lambda: time.time() + offset
+    idle = await create(api, auto_pause_s=60, auto_delete_s=120)
+    busy = await create(api, auto_pause_s=60)
+    async with api.stream(
+        "POST", f"/v1/sandboxes/{busy}/exec", json={"cmd": "sleep 3; echo done", "stream": True}
+    ) as r:
+        offset = 61.0
+        await service.apply_policies()
+        assert (await api.get(f"/v1/sandboxes/{idle}")).json()["state"] == "paused"
+        # An exec in progress keeps a sandbox from being idle.
+        assert (await api.get(f"/v1/sandboxes/{busy}")).json()["state"] == "running"
+        assert [line async for line in r.aiter_lines() if line][-1].startswith('{"type": "exit"')
+    offset = 61.0 + 121.0
+    await service.apply_policies()
+    assert (await api.get(f"/v1/sandboxes/{idle}")).json()["state"] == "destroyed"
+    assert (await api.get(f"/v1/sandboxes/{busy}")).json()["state"] == "paused"

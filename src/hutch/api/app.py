@@ -43,6 +43,7 @@ def create_app(svc: SandboxService, api_key: str, *, manage_service: bool = True
     app.include_router(meta.health_router)
     app.include_router(meta.router, dependencies=auth)
     app.include_router(sandboxes.router, dependencies=auth)
+    app.include_router(sandboxes.snapshots_router, dependencies=auth)
     app.include_router(exec_routes.router, dependencies=auth)
     app.include_router(files.router, dependencies=auth)
     app.add_exception_handler(HutchError, errors.handle_hutch_error)

@@ -8,6 +8,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from hutch.models import (
+    AUTO_DELETE_S_RANGE,
+    AUTO_PAUSE_S_RANGE,
     DISK_GIB_RANGE,
     FORK_COUNT_RANGE,
     MEMORY_MIB_RANGE,
@@ -16,6 +18,7 @@ from hutch.models import (
     PauseMode,
     SandboxRecord,
     SandboxState,
+    SnapshotRecord,
 )
 
 MAX_EXEC_TIMEOUT_S = 24 * 3600
@@ -39,6 +42,18 @@ class CreateSandbox(Strict):
         Annotated[int, Field(ge=TIMEOUT_S_RANGE[0], le=TIMEOUT_S_RANGE[1], strict=True)] | None
     ) = None
     auto_resume: Annotated[bool, Field(strict=True)] = False
+    auto_pause_s: (
+        Annotated[int, Field(ge=AUTO_PAUSE_S_RANGE[0], le=AUTO_PAUSE_S_RANGE[1], strict=True)]
+        | None
+    ) = None
+    auto_delete_s: (
+        Annotated[int, Field(ge=AUTO_DELETE_S_RANGE[0], le=AUTO_DELETE_S_RANGE[1], strict=True)]
+        | None
+    ) = None
+    snapshot: Annotated[str, Field(min_length=1, max_length=64)] | None = Field(
+        default=None,
+        description="Start from this snapshot (its image and shape are used).",
+    )
 
 
 def _iso(ts: float | None) -> dt.datetime | None:
@@ -64,6 +79,9 @@ class Sandbox(BaseModel):
     paused_at: dt.datetime | None
     parent_id: str | None
     auto_resume: bool
+    auto_pause_s: int | None
+    auto_delete_s: int | None
+    snapshot_id: str | None
 
     @classmethod
     def of(cls, rec: SandboxRecord) -> Sandbox:
@@ -88,11 +106,50 @@ class Sandbox(BaseModel):
             paused_at=_iso(rec.paused_at),
             parent_id=rec.parent_id,
             auto_resume=rec.auto_resume,
+            auto_pause_s=rec.auto_pause_s,
+            auto_delete_s=rec.auto_delete_s,
+            snapshot_id=rec.snapshot_id,
         )
 
 
 class SandboxList(BaseModel):
     sandboxes: list[Sandbox]
+
+
+class Snapshot(BaseModel):
+    id: str
+    name: str
+    sandbox_id: str
+    image: str
+    vcpus: int
+    memory_mib: int
+    disk_gib: int
+    size_bytes: int
+    created_at: dt.datetime
+
+    @classmethod
+    def of(cls, snap: SnapshotRecord) -> Snapshot:
+        created = _iso(snap.created_at)
+        assert created is not None
+        return cls(
+            id=snap.id,
+            name=snap.name,
+            sandbox_id=snap.sandbox_id,
+            image=snap.image,
+            vcpus=snap.shape.vcpus,
+            memory_mib=snap.shape.memory_mib,
+            disk_gib=snap.shape.disk_gib,
+            size_bytes=snap.size_bytes,
+            created_at=created,
+        )
+
+
+class SnapshotList(BaseModel):
+    snapshots: list[Snapshot]
+
+
+class SnapshotRequest(Strict):
+    name: Annotated[str, Field(min_length=1, max_length=63)]
 
 
 class PauseRequest(Strict):

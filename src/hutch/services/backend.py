@@ -86,5 +86,14 @@ class VmBackend(Protocol):
     def snapshot_complete(self, snapshot_dir: str) -> bool:
         """A restorable snapshot (complete and not consumed) is there."""
 
-    def collect_snapshots(self, live_ids: set[str]) -> list[str]:
-        """Remove snapshots no live sandbox depends on."""
+    def collect_snapshots(self, live_ids: set[str], keep: set[str] | None = None) -> list[str]:
+        """Remove snapshots no live sandbox depends on (except those in ``keep``)."""
+
+    def snapshot_users(self, snapshot_dir: Path, live_ids: set[str]) -> list[str]:
+        """Live sandboxes whose disks are built on this snapshot."""
+
+    def snapshot_size(self, snapshot_dir: Path) -> int:
+        """Bytes the snapshot holds on disk."""
+
+    def remove_snapshot(self, snapshot_dir: Path) -> None:
+        """Delete the snapshot's files."""

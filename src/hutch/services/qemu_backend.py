@@ -343,27 +343,27 @@ class QemuBackend:
         d = Path(snapshot_dir)
         return (d / MANIFEST_FILE).is_file() and not (d / CONSUMED_MARKER).exists()
 
-    def collect_snapshots(self, live_ids: set[str]) -> list[str]:
-        """Remove fork snapshots no live sandbox's disk chain uses; return what went."""
+    def snapshot_users(self, snapshot_dir: Path, live_ids: set[str]) -> list[str]:
+        """Live sandboxes whose disk chain includes the snapshot's disk."""
+        disk = (snapshot_dir / "disk.qcow2").resolve()
+        return sorted(i for i in live_ids if disk in self._disks_used_by({i}))
+
+    def snapshot_size(self, snapshot_dir: Path) -> int:
+        """Bytes the snapshot holds on disk (allocated, not apparent: disks are sparse)."""
+        return sum(f.stat().st_blocks * 512 for f in snapshot_dir.rglob("*") if f.is_file())
+
+    def remove_snapshot(self, snapshot_dir: Path) -> None:
+        shutil.rmtree(snapshot_dir, ignore_errors=True)
+
+    def collect_snapshots(self, live_ids: set[str], keep: set[str] | None = None) -> list[str]:
+        """Remove fork snapshots no live sandbox's disk chain uses (named ones in ``keep``
+        stay); return what went."""
         root = self.settings.state_dir / "snapshots"
         if not root.is_dir():
             return []
-        used: set[Path] = set()
-        for sandbox_id in live_ids:
-            disk: Path | None = self.paths(sandbox_id).disk
-            for _ in range(64):  # a chain deeper than this is a bug, not a reason to hang
-                if disk is None or not disk.exists():
-                    break
-                used.add(disk.resolve())
-                try:
-                    backing = qcow2_backing_file(disk)
-                except HutchError:
-                    break  # the raw image at the bottom of the chain
-                disk = Path(backing) if backing else None
-            pause = self.pause_dir(sandbox_id)
-            if (pause / MANIFEST_FILE).exists():
-                with contextlib.suppress(HutchError):
-                    used.add(Path(load_manifest(pause).disk.path).resolve())
+        used = self._disks_used_by(live_ids)
+        for kept in keep or set():
+            used |= self._chain(Path(kept) / "disk.qcow2")
         removed = []
         for snap in root.iterdir():
             if (snap / "disk.qcow2").resolve() in used:
@@ -371,6 +371,29 @@ class QemuBackend:
             shutil.rmtree(snap, ignore_errors=True)
             removed.append(snap.name)
         return removed
+
+    def _chain(self, disk: Path | None) -> set[Path]:
+        found: set[Path] = set()
+        for _ in range(64):  # a chain deeper than this is a bug, not a reason to hang
+            if disk is None or not disk.exists():
+                break
+            found.add(disk.resolve())
+            try:
+                backing = qcow2_backing_file(disk)
+            except HutchError:
+                break  # the raw image at the bottom of the chain
+            disk = Path(backing) if backing else None
+        return found
+
+    def _disks_used_by(self, live_ids: set[str]) -> set[Path]:
+        used: set[Path] = set()
+        for sandbox_id in live_ids:
+            used |= self._chain(self.paths(sandbox_id).disk)
+            pause = self.pause_dir(sandbox_id)
+            if (pause / MANIFEST_FILE).exists():
+                with contextlib.suppress(HutchError):
+                    used |= self._chain(Path(load_manifest(pause).disk.path))
+        return used
 
     async def _connect_agent(
         self, vm: QemuVm, p: SandboxPaths, hostname: str | None = None

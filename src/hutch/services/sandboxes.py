@@ -23,8 +23,9 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator
 from dataclasses import replace
+from pathlib import Path
 
 from hutch.config import Settings
 from hutch.errors import Capacity, Conflict, HutchError, InvalidArgument, NotFound, StateError
@@ -34,13 +35,17 @@ from hutch.images.build import ImageArtifacts
 from hutch.models import (
     FORK_COUNT_RANGE,
     SANDBOX_ID_RE,
+    SNAPSHOT_ID_RE,
     PauseMode,
     SandboxRecord,
     SandboxSpec,
     SandboxState,
     Shape,
+    SnapshotRecord,
     new_sandbox_id,
+    new_snapshot_id,
     validate_env,
+    validate_name,
 )
 from hutch.services.backend import Runtime, VmBackend
 from hutch.services.images import ImageSource, ImageView, resolve
@@ -72,6 +77,11 @@ class SandboxService:
         self._template_gate = asyncio.Lock()
         self._template_tasks: dict[tuple[str, str, Shape], asyncio.Task[None]] = {}
         self._reaper: asyncio.Task[None] | None = None
+        # Idle tracking for auto_pause_s: in memory, since after a restart every sandbox
+        # counts as freshly active (never paused early).
+        self.clock: Callable[[], float] = time.time
+        self._last_active: dict[str, float] = {}
+        self._busy: dict[str, int] = {}
 
     # -- daemon lifecycle --------------------------------------------------------------
 
@@ -169,6 +179,11 @@ class SandboxService:
     # -- create / delete ---------------------------------------------------------------
 
     async def create(self, spec: SandboxSpec) -> SandboxRecord:
+        source: SnapshotRecord | None = None
+        if spec.snapshot_id is not None:
+            source = self.get_snapshot(spec.snapshot_id)
+            # A snapshot fixes the machine: its image and shape come with it.
+            spec = replace(spec, image=source.image, shape=source.shape)
         image = resolve(self.image_source, spec.image)
         async with self._create_gate:
             # Capacity is checked and the row inserted under one lock so that concurrent
@@ -186,6 +201,9 @@ class SandboxService:
                 metadata=dict(spec.metadata),
                 timeout_s=spec.timeout_s,
                 auto_resume=spec.auto_resume,
+                auto_pause_s=spec.auto_pause_s,
+                auto_delete_s=spec.auto_delete_s,
+                snapshot_id=spec.snapshot_id,
             )
             self.store.insert_sandbox(rec)
         async with self._lock(rec.id):
@@ -195,7 +213,9 @@ class SandboxService:
                     if self.settings.templates
                     else None
                 )
-                if template is not None:
+                if source is not None:
+                    runtime = await self.backend.start_clone(rec, Path(source.path))
+                elif template is not None:
                     runtime = await self.backend.start_clone(rec, template)
                 else:
                     runtime = await self.backend.start(rec, image)
@@ -264,7 +284,7 @@ class SandboxService:
             )
             raise
         self._runtimes.pop(rec.id, None)
-        now = time.time()
+        now = self.clock()
         self.store.update_sandbox(
             rec.id,
             state=SandboxState.PAUSED,
@@ -352,34 +372,12 @@ class SandboxService:
                 self.store.insert_sandbox(child)
                 children.append(child)
         snapshot_dir = self.backend.fork_dir("fork-" + secrets.token_hex(6))
-        runtime = self._runtimes[parent.id]
-        self._stop_watching(parent.id)
-        self.store.update_sandbox(
-            parent.id,
-            state=SandboxState.PAUSING,
-            pause_mode=PauseMode.MEMORY,
-            resume_from=str(snapshot_dir),
-            resume_clone=True,
-        )
         try:
-            await self.backend.freeze_for_fork(runtime, snapshot_dir)
+            await self._freeze_parent(parent, snapshot_dir)
         except BaseException as exc:
-            self._attach(parent.id, runtime)
-            self._set_running_after_resume(parent.id)
             for child in children:
                 self._finish(child.id, SandboxState.FAILED, f"fork failed: {exc}")
             raise
-        self._runtimes.pop(parent.id, None)
-        # The parent first: it must come back even if children fail.
-        self.store.update_sandbox(parent.id, state=SandboxState.RESUMING)
-        try:
-            self._attach(parent.id, await self.backend.start_clone(parent, snapshot_dir))
-        except BaseException:
-            self.store.update_sandbox(parent.id, state=SandboxState.PAUSED)
-            for child in children:
-                self._finish(child.id, SandboxState.FAILED, "the fork's parent did not resume")
-            raise
-        self._set_running_after_resume(parent.id)
         gate = asyncio.Semaphore(FORK_PARALLELISM)
 
         async def start(child: SandboxRecord) -> SandboxRecord | BaseException:
@@ -398,6 +396,87 @@ class SandboxService:
         if failures:
             raise failures[0]
         return [r for r in results if isinstance(r, SandboxRecord)]
+
+    async def _freeze_parent(self, parent: SandboxRecord, snapshot_dir: Path) -> None:
+        """Save the running ``parent`` into ``snapshot_dir`` and bring it back as a clone
+        of it. On failure the parent is running (or, if it cannot come back, paused on
+        the snapshot) and the error is raised."""
+        runtime = self._runtimes[parent.id]
+        self._stop_watching(parent.id)
+        self.store.update_sandbox(
+            parent.id,
+            state=SandboxState.PAUSING,
+            pause_mode=PauseMode.MEMORY,
+            resume_from=str(snapshot_dir),
+            resume_clone=True,
+        )
+        try:
+            await self.backend.freeze_for_fork(runtime, snapshot_dir)
+        except BaseException:
+            self._attach(parent.id, runtime)
+            self._set_running_after_resume(parent.id)
+            raise
+        self._runtimes.pop(parent.id, None)
+        self.store.update_sandbox(parent.id, state=SandboxState.RESUMING)
+        try:
+            self._attach(parent.id, await self.backend.start_clone(parent, snapshot_dir))
+        except BaseException:
+            self.store.update_sandbox(parent.id, state=SandboxState.PAUSED)
+            raise
+        self._set_running_after_resume(parent.id)
+
+    # -- named snapshots ----------------------------------------------------------------
+
+    async def snapshot(self, sandbox_id: str, name: str) -> SnapshotRecord:
+        """Save the sandbox's memory, devices and disk under ``name``. The sandbox is
+        paused for the moment of the save and then runs on (or stays paused)."""
+        validate_name(name)
+        rec = self.get(sandbox_id)
+        async with self._lock(sandbox_id):
+            parent = self.get(rec.id)
+            was_paused = parent.state is SandboxState.PAUSED
+            if was_paused:
+                parent = await self._resume_locked(parent)
+            if parent.state is not SandboxState.RUNNING:
+                raise StateError(f"sandbox {rec.id}", str(parent.state), ["running", "paused"])
+            snap_id = new_snapshot_id()
+            snapshot_dir = self.backend.fork_dir(snap_id)
+            await self._freeze_parent(parent, snapshot_dir)
+            snap = SnapshotRecord(
+                id=snap_id,
+                name=name,
+                sandbox_id=parent.id,
+                image=parent.image,
+                shape=parent.shape,
+                path=str(snapshot_dir),
+                size_bytes=await asyncio.to_thread(self.backend.snapshot_size, snapshot_dir),
+                created_at=time.time(),
+            )
+            self.store.insert_snapshot(snap)
+            if was_paused:
+                await self._pause_locked(self.get(parent.id), PauseMode.MEMORY)
+        return snap
+
+    def get_snapshot(self, snapshot_id: str) -> SnapshotRecord:
+        snap = self.store.get_snapshot(snapshot_id) if SNAPSHOT_ID_RE.match(snapshot_id) else None
+        if snap is None:
+            raise NotFound(f"no snapshot {snapshot_id!r}; ids look like snap-0123456789ab")
+        return snap
+
+    def list_snapshots(self) -> list[SnapshotRecord]:
+        return self.store.list_snapshots()
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        snap = self.get_snapshot(snapshot_id)
+        live = {r.id for r in self.store.list_sandboxes(states=LIVE_STATES)}
+        users = self.backend.snapshot_users(Path(snap.path), live)
+        if users:
+            raise Conflict(
+                f"snapshot {snapshot_id} is still needed by sandbox(es) {', '.join(users)}: "
+                "their disks are built on it; delete them first"
+            )
+        self.store.delete_snapshot(snapshot_id)
+        await asyncio.to_thread(self.backend.remove_snapshot, Path(snap.path))
 
     # -- guest operations --------------------------------------------------------------
 
@@ -506,7 +585,8 @@ class SandboxService:
 
     def _collect_snapshots(self) -> None:
         live = {r.id for r in self.store.list_sandboxes(states=LIVE_STATES)}
-        for name in self.backend.collect_snapshots(live):
+        named = {snap.path for snap in self.store.list_snapshots()}
+        for name in self.backend.collect_snapshots(live, named):
             log.info("removed snapshot %s: no sandbox uses it any more", name)
 
     def _lock(self, sandbox_id: str) -> asyncio.Lock:
@@ -545,14 +625,53 @@ class SandboxService:
             await self.backend.cleanup(sandbox_id)
             self._finish(sandbox_id, SandboxState.FAILED, "the VM stopped unexpectedly")
 
+    def begin_activity(self, sandbox_id: str) -> None:
+        """The sandbox is busy (an exec, a file transfer) until ``end_activity``: it is
+        not idle for ``auto_pause_s``."""
+        self._busy[sandbox_id] = self._busy.get(sandbox_id, 0) + 1
+        self._last_active[sandbox_id] = self.clock()
+
+    def end_activity(self, sandbox_id: str) -> None:
+        self._busy[sandbox_id] = max(0, self._busy.get(sandbox_id, 0) - 1)
+        self._last_active[sandbox_id] = self.clock()
+
+    @contextlib.contextmanager
+    def activity(self, sandbox_id: str) -> Iterator[None]:
+        self.begin_activity(sandbox_id)
+        try:
+            yield
+        finally:
+            self.end_activity(sandbox_id)
+
+    def _idle_for(self, rec: SandboxRecord, now: float) -> float:
+        if self._busy.get(rec.id, 0) > 0:
+            return 0.0
+        since = self._last_active.get(rec.id) or rec.started_at or rec.created_at
+        return now - since
+
     async def _reap_expired(self) -> None:
         while True:
             await asyncio.sleep(REAPER_INTERVAL_S)
-            now = time.time()
-            for rec in self.store.list_sandboxes(states=[SandboxState.RUNNING]):
+            await self.apply_policies()
+
+    async def apply_policies(self) -> None:
+        """timeout_s, auto_pause_s and auto_delete_s: one pass (the reaper runs it every
+        second)."""
+        now = self.clock()
+        for rec in self.store.list_sandboxes(states=[SandboxState.RUNNING]):
+            try:
                 if rec.expires_at is not None and rec.expires_at <= now:
-                    log.info("sandbox %s reached its timeout_s=%s; deleting", rec.id, rec.timeout_s)
-                    try:
-                        await self.delete(rec.id)
-                    except HutchError as exc:
-                        log.error("could not delete expired sandbox %s: %s", rec.id, exc)
+                    log.info("sandbox %s reached timeout_s=%s; deleting", rec.id, rec.timeout_s)
+                    await self.delete(rec.id)
+                elif rec.auto_pause_s and self._idle_for(rec, now) >= rec.auto_pause_s:
+                    log.info("sandbox %s idle for %ss; pausing", rec.id, rec.auto_pause_s)
+                    await self.pause(rec.id, PauseMode.MEMORY)
+            except HutchError as exc:
+                log.error("lifecycle policy on sandbox %s failed: %s", rec.id, exc)
+        for rec in self.store.list_sandboxes(states=[SandboxState.PAUSED]):
+            if rec.auto_delete_s and rec.paused_at and now - rec.paused_at >= rec.auto_delete_s:
+                log.info("sandbox %s paused for %ss; deleting", rec.id, rec.auto_delete_s)
+                try:
+                    await self.delete(rec.id)
+                except HutchError as exc:
+                    log.error("could not delete sandbox %s: %s", rec.id, exc)

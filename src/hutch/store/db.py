@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from hutch.errors import Conflict, StoreError
-from hutch.models import PauseMode, SandboxRecord, SandboxState, Shape
+from hutch.models import PauseMode, SandboxRecord, SandboxState, Shape, SnapshotRecord
 from hutch.store.migrations import MIGRATIONS
 
 _COLUMNS = (
     "id", "name", "image", "image_digest", "state", "vcpus", "memory_mib", "disk_gib",
     "env_json", "metadata_json", "timeout_s", "created_at", "started_at", "expires_at",
     "ended_at", "error", "pause_mode", "paused_at", "resume_from", "resume_clone",
-    "parent_id", "auto_resume",
+    "parent_id", "auto_resume", "auto_pause_s", "auto_delete_s", "snapshot_id",
 )  # fmt: skip
 _UPDATABLE = {
     "state", "image_digest", "started_at", "expires_at", "ended_at", "error", "name",
@@ -155,6 +155,36 @@ class Store:
             rows = self._db.execute(query, params).fetchall()
         return [_from_row(r) for r in rows]
 
+    # -- snapshots ----------------------------------------------------------------------
+
+    def insert_snapshot(self, snap: SnapshotRecord) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO snapshots (id, name, sandbox_id, image, vcpus, memory_mib, "
+                "disk_gib, path, size_bytes, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (snap.id, snap.name, snap.sandbox_id, snap.image, snap.shape.vcpus,
+                 snap.shape.memory_mib, snap.shape.disk_gib, snap.path, snap.size_bytes,
+                 snap.created_at),
+            )  # fmt: skip
+
+    def get_snapshot(self, snapshot_id: str) -> SnapshotRecord | None:
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT {_SNAPSHOT_COLUMNS} FROM snapshots WHERE id = ?", (snapshot_id,)
+            ).fetchone()
+        return _snapshot_from_row(row) if row else None
+
+    def list_snapshots(self) -> list[SnapshotRecord]:
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT {_SNAPSHOT_COLUMNS} FROM snapshots ORDER BY created_at, id"
+            ).fetchall()
+        return [_snapshot_from_row(r) for r in rows]
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM snapshots WHERE id = ?", (snapshot_id,))
+
     def live_usage(self) -> tuple[int, int]:
         """(number of live sandboxes, MiB of memory reserved by those with a VM process).
 
@@ -170,6 +200,19 @@ class Store:
                 (*running, *live),
             ).fetchone()
         return int(row[0]), int(row[1])
+
+
+_SNAPSHOT_COLUMNS = (
+    "id, name, sandbox_id, image, vcpus, memory_mib, disk_gib, path, size_bytes, created_at"
+)
+
+
+def _snapshot_from_row(row: tuple[Any, ...]) -> SnapshotRecord:
+    sid, name, sandbox_id, image, vcpus, memory, disk, path, size, created = row
+    return SnapshotRecord(
+        id=sid, name=name, sandbox_id=sandbox_id, image=image, shape=Shape(vcpus, memory, disk),
+        path=path, size_bytes=size, created_at=created,
+    )  # fmt: skip
 
 
 def _json_path(key: str) -> str:
@@ -201,6 +244,9 @@ def _to_row(rec: SandboxRecord) -> tuple[Any, ...]:
         int(rec.resume_clone),
         rec.parent_id,
         int(rec.auto_resume),
+        rec.auto_pause_s,
+        rec.auto_delete_s,
+        rec.snapshot_id,
     )
 
 
@@ -227,4 +273,7 @@ def _from_row(row: tuple[Any, ...]) -> SandboxRecord:
         resume_clone=bool(values["resume_clone"]),
         parent_id=values["parent_id"],
         auto_resume=bool(values["auto_resume"]),
+        auto_pause_s=values["auto_pause_s"],
+        auto_delete_s=values["auto_delete_s"],
+        snapshot_id=values["snapshot_id"],
     )

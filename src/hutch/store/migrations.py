@@ -40,4 +40,22 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE UNIQUE INDEX sandboxes_live_name ON sandboxes(name)
         WHERE name IS NOT NULL AND state NOT IN ('destroyed', 'failed');
     """,
+    # 3: named snapshots, lifecycle policies
+    """
+    CREATE TABLE snapshots (
+        id          TEXT PRIMARY KEY,
+        name        TEXT NOT NULL,
+        sandbox_id  TEXT NOT NULL,
+        image       TEXT NOT NULL,
+        vcpus       INTEGER NOT NULL,
+        memory_mib  INTEGER NOT NULL,
+        disk_gib    INTEGER NOT NULL,
+        path        TEXT NOT NULL,
+        size_bytes  INTEGER NOT NULL,
+        created_at  REAL NOT NULL
+    );
+    ALTER TABLE sandboxes ADD COLUMN auto_pause_s INTEGER;
+    ALTER TABLE sandboxes ADD COLUMN auto_delete_s INTEGER;
+    ALTER TABLE sandboxes ADD COLUMN snapshot_id TEXT;
+    """,
 )

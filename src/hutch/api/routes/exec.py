@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import codecs
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated
 
 from fastapi import APIRouter, Depends
@@ -34,20 +34,27 @@ def _timeout_message(timeout_s: float | None) -> str:
 async def exec_command(
     sandbox_id: str, body: ExecRequest, svc: Service
 ) -> ExecResult | StreamingResponse:
-    stream = await svc.exec(
-        sandbox_id,
-        body.cmd,
-        env=body.env,
-        cwd=body.cwd,
-        user=body.user,
-        stdin=body.stdin.encode() if body.stdin is not None else None,
-        timeout_s=body.timeout_s,
-    )
-    if body.stream:
-        return StreamingResponse(
-            _ndjson_events(stream, body.timeout_s), media_type="application/x-ndjson"
+    svc.begin_activity(sandbox_id)
+    handed_over = False
+    try:
+        stream = await svc.exec(
+            sandbox_id,
+            body.cmd,
+            env=body.env,
+            cwd=body.cwd,
+            user=body.user,
+            stdin=body.stdin.encode() if body.stdin is not None else None,
+            timeout_s=body.timeout_s,
         )
-    return await _collect(stream, body.timeout_s)
+        if body.stream:
+            # The sandbox stays busy (not idle for auto_pause_s) until the stream ends.
+            events = _ndjson_events(stream, body.timeout_s, lambda: svc.end_activity(sandbox_id))
+            handed_over = True
+            return StreamingResponse(events, media_type="application/x-ndjson")
+        return await _collect(stream, body.timeout_s)
+    finally:
+        if not handed_over:
+            svc.end_activity(sandbox_id)
 
 
 async def _collect(stream: ExecStream, timeout_s: float | None) -> ExecResult:
@@ -77,7 +84,17 @@ async def _collect(stream: ExecStream, timeout_s: float | None) -> ExecResult:
     )
 
 
-async def _ndjson_events(stream: ExecStream, timeout_s: float | None) -> AsyncIterator[bytes]:
+async def _ndjson_events(
+    stream: ExecStream, timeout_s: float | None, on_end: Callable[[], None]
+) -> AsyncIterator[bytes]:
+    try:
+        async for line in _events(stream, timeout_s):
+            yield line
+    finally:
+        on_end()
+
+
+async def _events(stream: ExecStream, timeout_s: float | None) -> AsyncIterator[bytes]:
     # Incremental decoders: a chunk boundary may split a multi-byte UTF-8 character.
     decoders = {
         "stdout": codecs.getincrementaldecoder("utf-8")("replace"),

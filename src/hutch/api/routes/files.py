@@ -49,7 +49,8 @@ async def write_file(
     svc: Service,
     mode: Annotated[str, Query(pattern=r"^[0-7]{3,4}$")] = "0644",
 ) -> WriteResult:
-    written = await svc.write_file(sandbox_id, path, request.stream(), mode=parse_mode(mode))
+    with svc.activity(sandbox_id):
+        written = await svc.write_file(sandbox_id, path, request.stream(), mode=parse_mode(mode))
     return WriteResult(path=written.path, size=written.size)
 
 
@@ -67,10 +68,11 @@ async def read_file(sandbox_id: str, path: PathParam, svc: Service) -> Streaming
         first = b""
 
     async def body() -> AsyncIterator[bytes]:
-        if first:
-            yield first
-        async for chunk in chunks:
-            yield chunk
+        with svc.activity(sandbox_id):
+            if first:
+                yield first
+            async for chunk in chunks:
+                yield chunk
 
     return StreamingResponse(body(), media_type="application/octet-stream")
 

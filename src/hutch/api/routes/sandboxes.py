@@ -5,7 +5,16 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Response
 
 from hutch.api.deps import service
-from hutch.api.schemas import CreateSandbox, ForkRequest, PauseRequest, Sandbox, SandboxList
+from hutch.api.schemas import (
+    CreateSandbox,
+    ForkRequest,
+    PauseRequest,
+    Sandbox,
+    SandboxList,
+    Snapshot,
+    SnapshotList,
+    SnapshotRequest,
+)
 from hutch.errors import InvalidArgument
 from hutch.models import PauseMode, SandboxSpec, SandboxState, Shape
 from hutch.services.sandboxes import SandboxService
@@ -24,6 +33,9 @@ async def create_sandbox(body: CreateSandbox, svc: Service) -> Sandbox:
         name=body.name,
         timeout_s=body.timeout_s,
         auto_resume=body.auto_resume,
+        auto_pause_s=body.auto_pause_s,
+        auto_delete_s=body.auto_delete_s,
+        snapshot_id=body.snapshot,
     )
     return Sandbox.of(await svc.create(spec))
 
@@ -76,3 +88,30 @@ async def fork_sandbox(
     """New sandboxes, each a copy-on-write clone of this one (memory, processes, disk)."""
     count = body.count if body else 1
     return SandboxList(sandboxes=[Sandbox.of(r) for r in await svc.fork(sandbox_id, count)])
+
+
+@router.post("/{sandbox_id}/snapshots", status_code=201, response_model=Snapshot)
+async def snapshot_sandbox(sandbox_id: str, body: SnapshotRequest, svc: Service) -> Snapshot:
+    """Save memory, devices and disk under a name; start new sandboxes from it with
+    `POST /v1/sandboxes {"snapshot": id}`."""
+    return Snapshot.of(await svc.snapshot(sandbox_id, body.name))
+
+
+snapshots_router = APIRouter(prefix="/v1/snapshots", tags=["snapshots"])
+
+
+@snapshots_router.get("", response_model=SnapshotList)
+async def list_snapshots(svc: Service) -> SnapshotList:
+    return SnapshotList(snapshots=[Snapshot.of(s) for s in svc.list_snapshots()])
+
+
+@snapshots_router.get("/{snapshot_id}", response_model=Snapshot)
+async def get_snapshot(snapshot_id: str, svc: Service) -> Snapshot:
+    return Snapshot.of(svc.get_snapshot(snapshot_id))
+
+
+@snapshots_router.delete("/{snapshot_id}", status_code=204, response_class=Response)
+async def delete_snapshot(snapshot_id: str, svc: Service) -> Response:
+    """Refused (409) while a sandbox's disk is built on the snapshot."""
+    await svc.delete_snapshot(snapshot_id)
+    return Response(status_code=204)
