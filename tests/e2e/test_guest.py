@@ -41,9 +41,8 @@ def test_guest_runs_its_own_kernel(sb: Sandbox, client: Client, base_image: Imag
     assert guest == served.kernel_release
     assert guest != platform.release(), "uname -r in the guest is the host's kernel"
     # Proof that it is a VM with its own devices, not a namespace on this host.
-    r = sb.exec("cat /proc/cmdline; cat /sys/block/vda/size; nproc; hostname")
-    cmdline, sectors, cpus, hostname = r.stdout.splitlines()
-    assert f"hutch.hostname={sb.id}" in cmdline
+    r = sb.exec("cat /sys/block/vda/size; nproc; hostname")
+    sectors, cpus, hostname = r.stdout.splitlines()
     assert int(sectors) * 512 >= 4 << 30  # the 4 GiB overlay, grown into by hutch-init
     assert cpus == "1"
     assert hostname == sb.id

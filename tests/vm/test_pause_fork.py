@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
+from hutch.errors import Conflict, SnapshotError
 from hutch.models import PauseMode, SandboxSpec, SandboxState, Shape
 from hutch.services.qemu_backend import QemuBackend
 from hutch.services.sandboxes import SandboxService
@@ -121,3 +123,34 @@ async def test_disk_pause_keeps_files_not_processes(service: SandboxService) -> 
         service, rec.id, "ps -eo args | grep -v grep | grep while || true"
     )
     await service.delete(rec.id)
+
+
+async def test_named_snapshot_starts_new_sandboxes(
+    service: SandboxService,  # noqa: F811
+    parent: str,
+) -> None:
+    secret = await ask_holder(service, parent)
+    snap = await service.snapshot(parent, "with-holder")
+    assert snap.size_bytes > 0
+    assert service.get(parent).state is SandboxState.RUNNING
+    child = await service.create(SandboxSpec(image="base", snapshot_id=snap.id))
+    assert child.shape == service.get(parent).shape
+    assert await ask_holder(service, child.id) == secret
+    assert await run(service, child.id, ["hostname"]) != await run(service, parent, ["hostname"])
+    with pytest.raises(Conflict, match="still needed"):
+        await service.delete_snapshot(snap.id)
+
+    # A snapshot whose bytes changed is refused, never restored.
+    state_file = Path(snap.path) / "state.mig"
+    state_file.chmod(0o600)
+    with state_file.open("r+b") as f:
+        f.seek(state_file.stat().st_size // 2)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(SnapshotError):
+        await service.create(SandboxSpec(image="base", snapshot_id=snap.id))
+    failed = service.list_sandboxes(state=SandboxState.FAILED)
+    assert any("sha256" in (r.error or "") or "checksum" in (r.error or "") for r in failed)
+    assert await run(service, parent, ["echo", "still-fine"]) == "still-fine\n"
+    await service.delete(child.id)

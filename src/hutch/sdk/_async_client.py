@@ -37,6 +37,7 @@ from hutch.sdk._types import (
     ImageInfo,
     PauseModeArg,
     SandboxInfo,
+    SnapshotInfo,
     WrittenFile,
 )
 
@@ -125,6 +126,9 @@ class AsyncClient:
         name: str | None = None,
         timeout_s: int | None = None,
         auto_resume: bool = False,
+        snapshot: str | None = None,
+        auto_pause_s: int | None = None,
+        auto_delete_s: int | None = None,
     ) -> SandboxInfo:
         return await self.call(
             self.core.create_sandbox(
@@ -137,6 +141,9 @@ class AsyncClient:
                 name=name,
                 timeout_s=timeout_s,
                 auto_resume=auto_resume,
+                snapshot=snapshot,
+                auto_pause_s=auto_pause_s,
+                auto_delete_s=auto_delete_s,
             )
         )
 
@@ -159,6 +166,20 @@ class AsyncClient:
 
     async def fork_sandbox(self, sandbox_id: str, count: int = 1) -> builtins.list[SandboxInfo]:
         return await self.call(self.core.fork_sandbox(sandbox_id, count))
+
+    async def create_snapshot(self, sandbox_id: str, name: str) -> SnapshotInfo:
+        """Save sandbox ``sandbox_id`` (running or paused; it stays so) as ``name``."""
+        return await self.call(self.core.create_snapshot(sandbox_id, name))
+
+    async def list_snapshots(self) -> builtins.list[SnapshotInfo]:
+        return await self.call(self.core.list_snapshots())
+
+    async def get_snapshot(self, snapshot_id: str) -> SnapshotInfo:
+        return await self.call(self.core.get_snapshot(snapshot_id))
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        """Raises ``Conflict`` while a sandbox started from it is alive."""
+        await self.call(self.core.delete_snapshot(snapshot_id))
 
     async def exec(
         self,

@@ -30,6 +30,7 @@ from hutch.sdk._types import (
     ImageInfo,
     PauseModeArg,
     SandboxInfo,
+    SnapshotInfo,
     WrittenFile,
 )
 
@@ -118,6 +119,9 @@ class Client:
         name: str | None = None,
         timeout_s: int | None = None,
         auto_resume: bool = False,
+        snapshot: str | None = None,
+        auto_pause_s: int | None = None,
+        auto_delete_s: int | None = None,
     ) -> SandboxInfo:
         return self.call(
             self.core.create_sandbox(
@@ -130,6 +134,9 @@ class Client:
                 name=name,
                 timeout_s=timeout_s,
                 auto_resume=auto_resume,
+                snapshot=snapshot,
+                auto_pause_s=auto_pause_s,
+                auto_delete_s=auto_delete_s,
             )
         )
 
@@ -152,6 +159,20 @@ class Client:
 
     def fork_sandbox(self, sandbox_id: str, count: int = 1) -> builtins.list[SandboxInfo]:
         return self.call(self.core.fork_sandbox(sandbox_id, count))
+
+    def create_snapshot(self, sandbox_id: str, name: str) -> SnapshotInfo:
+        """Save sandbox ``sandbox_id`` (running or paused; it stays so) as ``name``."""
+        return self.call(self.core.create_snapshot(sandbox_id, name))
+
+    def list_snapshots(self) -> builtins.list[SnapshotInfo]:
+        return self.call(self.core.list_snapshots())
+
+    def get_snapshot(self, snapshot_id: str) -> SnapshotInfo:
+        return self.call(self.core.get_snapshot(snapshot_id))
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        """Raises ``Conflict`` while a sandbox started from it is alive."""
+        self.call(self.core.delete_snapshot(snapshot_id))
 
     def exec(
         self,

@@ -17,7 +17,14 @@ from urllib.parse import quote, urlsplit
 import httpx
 
 from hutch.errors import HutchError, InvalidArgument, Timeout
-from hutch.models import FORK_COUNT_RANGE, PauseMode
+from hutch.models import (
+    AUTO_DELETE_S_RANGE,
+    AUTO_PAUSE_S_RANGE,
+    FORK_COUNT_RANGE,
+    PauseMode,
+    Shape,
+    validate_name,
+)
 from hutch.sdk._config import ClientConfig
 from hutch.sdk._errors import DaemonUnreachable, ProtocolError, error_from_body
 from hutch.sdk._types import (
@@ -26,6 +33,7 @@ from hutch.sdk._types import (
     Health,
     ImageInfo,
     SandboxInfo,
+    SnapshotInfo,
     WrittenFile,
 )
 from hutch.version import __version__
@@ -88,6 +96,38 @@ def _fork_count(count: int) -> int:
     if isinstance(count, bool) or not isinstance(count, int) or not lo <= count <= hi:
         raise InvalidArgument(f"fork count={count!r} is out of range; accepted: {lo}-{hi}")
     return count
+
+
+def _seconds(name: str, value: int | None, bounds: tuple[int, int]) -> int | None:
+    lo, hi = bounds
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise InvalidArgument(f"{name}={value!r} is out of range; accepted: {lo}-{hi} seconds")
+    return value
+
+
+#: What ``create`` asks for when the caller names no image or shape.
+DEFAULT_IMAGE = "base"
+_DEFAULT_SHAPE = Shape()
+
+
+def _from_snapshot_only(image: str, vcpus: int, memory_mib: int, disk_gib: int) -> None:
+    """A snapshot fixes the machine: the daemon uses its image and shape and ignores the
+    request's. Asking for another one alongside is a mistake worth saying out loud
+    rather than quietly booting something else than what was asked for."""
+    asked = {
+        "image": (image, DEFAULT_IMAGE),
+        "vcpus": (vcpus, _DEFAULT_SHAPE.vcpus),
+        "memory_mib": (memory_mib, _DEFAULT_SHAPE.memory_mib),
+        "disk_gib": (disk_gib, _DEFAULT_SHAPE.disk_gib),
+    }
+    clashes = [f"{k}={v!r}" for k, (v, default) in asked.items() if v != default]
+    if clashes:
+        raise InvalidArgument(
+            f"a sandbox started from a snapshot gets the snapshot's image and shape; "
+            f"drop {', '.join(clashes)} or do not pass snapshot"
+        )
 
 
 def _cmd(cmd: str | Sequence[str]) -> str | list[str]:
@@ -206,13 +246,19 @@ class ClientCore:
         name: str | None,
         timeout_s: int | None,
         auto_resume: bool = False,
+        snapshot: str | None = None,
+        auto_pause_s: int | None = None,
+        auto_delete_s: int | None = None,
     ) -> Call[SandboxInfo]:
-        body: dict[str, Any] = {
-            "image": image,
-            "vcpus": vcpus,
-            "memory_mib": memory_mib,
-            "disk_gib": disk_gib,
-        }
+        """``snapshot``: start from that snapshot id (its image and shape are used, so
+        ``image`` and the shape must be left at their defaults). ``auto_pause_s``/
+        ``auto_delete_s`` are checked against the daemon's ranges before sending."""
+        body: dict[str, Any] = {}
+        if snapshot is not None:
+            _from_snapshot_only(image, vcpus, memory_mib, disk_gib)
+            body["snapshot"] = _check_path(snapshot, "snapshot id")
+        else:
+            body.update(image=image, vcpus=vcpus, memory_mib=memory_mib, disk_gib=disk_gib)
         if env:
             body["env"] = dict(env)
         if metadata:
@@ -225,6 +271,11 @@ class ClientCore:
             # Sent only when set, so a daemon older than pause/resume still accepts the
             # request (it rejects fields it does not know).
             body["auto_resume"] = True
+        # Like auto_resume: sent only when set, for daemons that predate the policies.
+        if _seconds("auto_pause_s", auto_pause_s, AUTO_PAUSE_S_RANGE) is not None:
+            body["auto_pause_s"] = auto_pause_s
+        if _seconds("auto_delete_s", auto_delete_s, AUTO_DELETE_S_RANGE) is not None:
+            body["auto_delete_s"] = auto_delete_s
         req = self.request(
             "POST", "/v1/sandboxes", json_body=body, read_timeout=self.config.timeouts.create
         )
@@ -277,6 +328,40 @@ class ClientCore:
             read_timeout=self.config.timeouts.lifecycle,
         )
         return Call(req, _list_of("sandboxes", SandboxInfo.from_dict))
+
+    # -- named snapshots ---------------------------------------------------------------
+
+    def _snapshot_path(self, snapshot_id: str) -> str:
+        _check_path(snapshot_id, "snapshot id")
+        return f"/v1/snapshots/{quote(snapshot_id, safe='')}"
+
+    def create_snapshot(self, sandbox_id: str, name: str) -> Call[SnapshotInfo]:
+        """Snapshot a running or paused sandbox under ``name``; it stays as it was."""
+        if not isinstance(name, str):
+            raise InvalidArgument(f"snapshot name must be a string, got {name!r}")
+        req = self.request(
+            "POST",
+            self._sandbox_path(sandbox_id, "/snapshots"),
+            json_body={"name": validate_name(name)},
+            # Saving guest memory and disk takes as long as a pause does.
+            read_timeout=self.config.timeouts.lifecycle,
+        )
+        return Call(req, lambda r: SnapshotInfo.from_dict(_json(r)))
+
+    def list_snapshots(self) -> Call[list[SnapshotInfo]]:
+        return Call(
+            self.request("GET", "/v1/snapshots"), _list_of("snapshots", SnapshotInfo.from_dict)
+        )
+
+    def get_snapshot(self, snapshot_id: str) -> Call[SnapshotInfo]:
+        req = self.request("GET", self._snapshot_path(snapshot_id))
+        return Call(req, lambda r: SnapshotInfo.from_dict(_json(r)))
+
+    def delete_snapshot(self, snapshot_id: str) -> Call[None]:
+        """Refused with ``Conflict`` while a sandbox started from it is alive."""
+        return Call(self.request("DELETE", self._snapshot_path(snapshot_id)), _nothing)
+
+    # -- exec -------------------------------------------------------------------------
 
     def exec_request(
         self,

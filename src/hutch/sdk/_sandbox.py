@@ -6,6 +6,7 @@ import builtins
 import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
+from typing import TypeVar
 
 import httpx
 
@@ -19,10 +20,13 @@ from hutch.sdk._types import (
     FileEntry,
     PauseModeArg,
     SandboxInfo,
+    SnapshotInfo,
     WrittenFile,
 )
 
 __all__ = ["Files", "Sandbox"]
+
+T = TypeVar("T")
 
 
 class Files:
@@ -93,6 +97,24 @@ class Sandbox:
         )
 
     @classmethod
+    def _once(
+        cls,
+        call: Callable[[Client], T],
+        client: Client | None,
+        api_key: str | None,
+        base_url: str | None,
+        http_timeout: float | Timeouts | None,
+        transport: httpx.BaseTransport | None,
+    ) -> T:
+        """One call on ``client``, or on a client of its own that is closed afterwards."""
+        http, owned = cls._client_for(client, api_key, base_url, http_timeout, transport)
+        try:
+            return call(http)
+        finally:
+            if owned:
+                http.close()
+
+    @classmethod
     def create(
         cls,
         image: str = "base",
@@ -105,6 +127,9 @@ class Sandbox:
         name: str | None = None,
         timeout_s: int | None = None,
         auto_resume: bool = False,
+        snapshot: str | None = None,
+        auto_pause_s: int | None = None,
+        auto_delete_s: int | None = None,
         api_key: str | None = None,
         base_url: str | None = None,
         http_timeout: float | Timeouts | None = None,
@@ -114,7 +139,14 @@ class Sandbox:
         """Boot a sandbox and return once its guest answers. ``timeout_s``: the daemon
         destroys it after that many seconds (None: never). ``auto_resume``: commands and
         file calls to it while it is paused resume it first instead of failing with
-        ``StateError``."""
+        ``StateError``.
+
+        ``snapshot``: a snapshot id (``snap-...``, see :meth:`snapshot`) to start from:
+        the new sandbox has the files, memory and processes saved there and the
+        snapshot's image and shape (so leave ``image`` and the shape at their defaults,
+        else ``InvalidArgument``). ``auto_pause_s`` (60-86400): the daemon pauses it after
+        that many idle seconds; ``auto_delete_s`` (60-2592000): it deletes it after that
+        many seconds paused. Out-of-range values raise ``InvalidArgument`` unsent."""
         http, owned = cls._client_for(client, api_key, base_url, http_timeout, transport)
         try:
             info = http.create_sandbox(
@@ -127,6 +159,9 @@ class Sandbox:
                 name=name,
                 timeout_s=timeout_s,
                 auto_resume=auto_resume,
+                snapshot=snapshot,
+                auto_pause_s=auto_pause_s,
+                auto_delete_s=auto_delete_s,
             )
         except BaseException:
             if owned:
@@ -169,12 +204,73 @@ class Sandbox:
     ) -> builtins.list[SandboxInfo]:
         """Sandboxes that are not destroyed (or those in ``state``), filtered by
         ``metadata`` (all pairs must match)."""
-        http, owned = cls._client_for(client, api_key, base_url, http_timeout, transport)
-        try:
-            return http.list_sandboxes(state, metadata)
-        finally:
-            if owned:
-                http.close()
+        return cls._once(
+            lambda http: http.list_sandboxes(state, metadata),
+            client,
+            api_key,
+            base_url,
+            http_timeout,
+            transport,
+        )
+
+    @classmethod
+    def list_snapshots(
+        cls,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        http_timeout: float | Timeouts | None = None,
+        transport: httpx.BaseTransport | None = None,
+        client: Client | None = None,
+    ) -> builtins.list[SnapshotInfo]:
+        """Every named snapshot on the daemon."""
+        return cls._once(
+            lambda http: http.list_snapshots(), client, api_key, base_url, http_timeout, transport
+        )
+
+    @classmethod
+    def get_snapshot(
+        cls,
+        snapshot_id: str,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        http_timeout: float | Timeouts | None = None,
+        transport: httpx.BaseTransport | None = None,
+        client: Client | None = None,
+    ) -> SnapshotInfo:
+        """One snapshot; raises ``NotFound`` if there is none."""
+        return cls._once(
+            lambda http: http.get_snapshot(snapshot_id),
+            client,
+            api_key,
+            base_url,
+            http_timeout,
+            transport,
+        )
+
+    @classmethod
+    def delete_snapshot(
+        cls,
+        snapshot_id: str,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        http_timeout: float | Timeouts | None = None,
+        transport: httpx.BaseTransport | None = None,
+        client: Client | None = None,
+    ) -> None:
+        """Delete a snapshot. Raises ``Conflict`` while a sandbox started from it is
+        alive (its disk is built on the snapshot: kill those first), ``NotFound`` if
+        there is no such snapshot."""
+        cls._once(
+            lambda http: http.delete_snapshot(snapshot_id),
+            client,
+            api_key,
+            base_url,
+            http_timeout,
+            transport,
+        )
 
     @property
     def id(self) -> str:
@@ -260,6 +356,16 @@ class Sandbox:
         """
         children = self._client.fork_sandbox(self.id, count)
         return [Sandbox(self._client, info) for info in children]
+
+    def snapshot(self, name: str) -> SnapshotInfo:
+        """Save this sandbox as it is now (memory, processes and disk) under ``name``
+        (1-63 lowercase letters, digits and '-'; names need not be unique: the returned
+        ``id`` is what :meth:`create` takes as ``snapshot=``).
+
+        The sandbox is held still for the moment of the save and then carries on running,
+        or stays paused if it was. Raises ``StateError`` unless it is running or paused.
+        """
+        return self._client.create_snapshot(self.id, name)
 
     def kill(self) -> None:
         """Destroy the sandbox. Idempotent: killing a gone sandbox is not an error."""

@@ -23,6 +23,7 @@ __all__ = [
     "ImageInfo",
     "PauseModeArg",
     "SandboxInfo",
+    "SnapshotInfo",
     "WrittenFile",
 ]
 
@@ -75,8 +76,10 @@ class SandboxInfo:
     ``state`` is one of ``creating running pausing paused resuming stopping destroyed
     failed``. ``pause_mode`` (``"memory"`` or ``"disk"``) and ``paused_at`` are set while
     it is paused; ``parent_id`` names the sandbox it was forked from; ``auto_resume``:
-    exec and file calls resume it when paused. A daemon older than pause/fork does not
-    send these: they read as None (``auto_resume`` as False).
+    exec and file calls resume it when paused. ``auto_pause_s``: it pauses after that many
+    idle seconds; ``auto_delete_s``: it is deleted after that many seconds paused;
+    ``snapshot_id``: the named snapshot it was started from. A daemon older than these
+    features does not send them: they read as None (``auto_resume`` as False).
     """
 
     id: str
@@ -97,6 +100,9 @@ class SandboxInfo:
     paused_at: datetime | None = None
     parent_id: str | None = None
     auto_resume: bool = False
+    auto_pause_s: int | None = None
+    auto_delete_s: int | None = None
+    snapshot_id: str | None = None
 
     @property
     def is_paused(self) -> bool:
@@ -125,6 +131,9 @@ class SandboxInfo:
             paused_at=_time(obj, "paused_at", w),
             parent_id=_opt(obj, "parent_id", str, w),
             auto_resume=bool(_opt(obj, "auto_resume", bool, w)),
+            auto_pause_s=_opt(obj, "auto_pause_s", int, w),
+            auto_delete_s=_opt(obj, "auto_delete_s", int, w),
+            snapshot_id=_opt(obj, "snapshot_id", str, w),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -147,6 +156,57 @@ class SandboxInfo:
             "paused_at": _iso(self.paused_at),
             "parent_id": self.parent_id,
             "auto_resume": self.auto_resume,
+            "auto_pause_s": self.auto_pause_s,
+            "auto_delete_s": self.auto_delete_s,
+            "snapshot_id": self.snapshot_id,
+        }
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    """A named snapshot: a sandbox's memory, devices and disk at one moment.
+
+    ``id`` looks like ``snap-0123456789ab``; ``sandbox_id`` is the sandbox it was taken
+    of; ``image`` and the shape (``vcpus``, ``memory_mib``, ``disk_gib``) are what every
+    sandbox started from it gets; ``size_bytes`` is the space it takes on the host.
+    """
+
+    id: str
+    name: str
+    sandbox_id: str
+    image: str
+    vcpus: int
+    memory_mib: int
+    disk_gib: int
+    size_bytes: int
+    created_at: datetime | None
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> SnapshotInfo:
+        w = "snapshot"
+        return cls(
+            id=_get(obj, "id", str, w),
+            name=_get(obj, "name", str, w),
+            sandbox_id=_get(obj, "sandbox_id", str, w),
+            image=_get(obj, "image", str, w),
+            vcpus=_get(obj, "vcpus", int, w),
+            memory_mib=_get(obj, "memory_mib", int, w),
+            disk_gib=_get(obj, "disk_gib", int, w),
+            size_bytes=_get(obj, "size_bytes", int, w),
+            created_at=_time(obj, "created_at", w),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "sandbox_id": self.sandbox_id,
+            "image": self.image,
+            "vcpus": self.vcpus,
+            "memory_mib": self.memory_mib,
+            "disk_gib": self.disk_gib,
+            "size_bytes": self.size_bytes,
+            "created_at": _iso(self.created_at),
         }
 
 
