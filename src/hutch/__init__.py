@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         ProtocolError,
         Sandbox,
         SandboxInfo,
+        SnapshotInfo,
     )
 
 __all__ = [
@@ -65,6 +66,7 @@ __all__ = [
     "Sandbox",
     "SandboxInfo",
     "SnapshotError",
+    "SnapshotInfo",
     "StateError",
     "StoreError",
     "Timeout",
@@ -86,6 +88,7 @@ _FROM_SDK = frozenset(
         "ProtocolError",
         "Sandbox",
         "SandboxInfo",
+        "SnapshotInfo",
     }
 )
 

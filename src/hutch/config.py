@@ -49,6 +49,8 @@ class Settings:
     images_dir_override: Path | None = None
     # Create by restoring a template snapshot per (image, shape) instead of booting.
     templates: bool = True
+    # Sandboxes per image kept restored ahead of time (default shape only); 0 = no pool.
+    pool_size: int = 0
 
     @property
     def db_path(self) -> Path:
@@ -119,6 +121,10 @@ def _from_mapping(base: Settings, values: dict[str, Any], source: str) -> Settin
             if flag not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
                 raise InvalidArgument(f"{source}: templates={flag!r}; accepted: 1/0, true/false")
             s = replace(s, templates=flag in ("1", "true", "yes", "on"))
+        if "pool_size" in values:
+            s = replace(s, pool_size=int(values["pool_size"]))
+            if not 0 <= s.pool_size <= 32:
+                raise InvalidArgument(f"{source}: pool_size={s.pool_size}; accepted: 0-32")
         if "boot_timeout_s" in values:
             s = replace(s, boot_timeout_s=float(values["boot_timeout_s"]))
         limits = s.limits
@@ -142,6 +148,7 @@ _ENV = {
     "HUTCH_BOOT_TIMEOUT_S": "boot_timeout_s",
     "HUTCH_IMAGES_DIR": "images_dir",
     "HUTCH_TEMPLATES": "templates",
+    "HUTCH_POOL_SIZE": "pool_size",
     "HUTCH_MAX_SANDBOXES": "max_sandboxes",
     "HUTCH_MAX_MEMORY_MIB": "max_memory_mib",
 }

@@ -165,6 +165,9 @@ class FakeBackend:
             return runtime
         return await self.start(rec, None)  # type: ignore[arg-type]
 
+    async def retake_identity(self, runtime: FakeRuntime, rec: SandboxRecord) -> None:
+        return None
+
     def find_template(self, image: ImageArtifacts, shape: object) -> Path | None:
         return None  # creates always "cold boot" a fresh agent
 

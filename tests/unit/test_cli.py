@@ -380,6 +380,7 @@ def test_help_lists_every_command(hutch: Hutch) -> None:
         "pause",
         "resume",
         "fork",
+        "snapshot",
         "exec",
         "cp",
         "images",

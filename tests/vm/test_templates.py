@@ -31,6 +31,7 @@ async def service(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[San
     ensure_image("base")
     state = tmp_path_factory.mktemp("tplstate")
     settings = Settings(
+        pool_size=1,
         state_dir=state,
         images_dir_override=test_images_dir(),
         accel=os.environ.get("HUTCH_ACCEL", "auto"),
@@ -83,4 +84,27 @@ async def test_second_create_restores_the_template(service: SandboxService) -> N
     await run(service, warm[0].id, ["sh", "-c", "echo a > /root/x"])
     assert "absent" in await run(service, warm[1].id, "cat /root/x 2>/dev/null || echo absent")
     for sid in everyone:
+        await service.delete(sid)
+
+
+async def test_warm_pool_hands_out_ready_sandboxes(service: SandboxService) -> None:
+    image = ensure_image("base")
+    assert isinstance(image, ImageArtifacts)
+    default = Shape()
+    first = await service.create(SandboxSpec(image="base"))  # builds the template
+    for _ in range(900):
+        if service.pool._ready.get((image.name, image.digest)):
+            break
+        await asyncio.sleep(0.2)
+    ready = service.pool._ready.get((image.name, image.digest))
+    assert ready, "the pool was never filled"
+    pooled_id = ready[0][0]
+    start = time.monotonic()
+    got = await service.create(SandboxSpec(image="base", name="from-pool"))
+    took = time.monotonic() - start
+    print(f"create from the warm pool: {took:.3f} s")
+    assert got.id == pooled_id and got.shape == default
+    assert await run(service, got.id, ["hostname"]) == "from-pool\n"
+    assert await run(service, got.id, ["echo", "ok"]) == "ok\n"
+    for sid in (first.id, got.id):
         await service.delete(sid)

@@ -21,6 +21,7 @@ from hutch.cli.exec_cmd import exec_
 from hutch.cli.images import image, images
 from hutch.cli.lifecycle import fork, pause, resume
 from hutch.cli.sandboxes import create, inspect, ls, rm
+from hutch.cli.snapshots import snapshot
 from hutch.errors import HutchError
 from hutch.sdk import DaemonUnreachable
 from hutch.version import __version__
@@ -93,7 +94,20 @@ def _run_daemon() -> None:
     run(load_settings())
 
 
-for _command in (create, ls, inspect, rm, pause, resume, fork, exec_, cp, images, image):
+for _command in (
+    create,
+    ls,
+    inspect,
+    rm,
+    pause,
+    resume,
+    fork,
+    snapshot,
+    exec_,
+    cp,
+    images,
+    image,
+):
     cli.add_command(_command)
 
 

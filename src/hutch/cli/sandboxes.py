@@ -8,6 +8,7 @@ from rich.table import Table
 from hutch.cli._env import get_env, print_table, spinner
 from hutch.cli._output import parse_pairs, print_json, when
 from hutch.errors import HutchError
+from hutch.models import AUTO_DELETE_S_RANGE, AUTO_PAUSE_S_RANGE
 from hutch.sdk import SandboxInfo
 
 __all__ = ["create", "inspect", "ls", "rm", "state_label"]
@@ -19,6 +20,27 @@ def state_label(info: SandboxInfo) -> str:
     if info.state == "paused" and info.pause_mode:
         return f"paused:{info.pause_mode}"
     return info.state
+
+
+#: Options a snapshot decides for itself (``--snapshot`` brings its image and shape).
+_FIXED_BY_SNAPSHOT = {
+    "image": "--image",
+    "vcpus": "--vcpus",
+    "memory_mib": "--memory",
+    "disk_gib": "--disk",
+}
+
+
+def _refuse_shape_with_snapshot(ctx: click.Context) -> None:
+    given = [
+        flag
+        for param, flag in _FIXED_BY_SNAPSHOT.items()
+        if ctx.get_parameter_source(param) is not click.core.ParameterSource.DEFAULT
+    ]
+    if given:
+        raise click.UsageError(
+            f"--snapshot brings its own image and shape; drop {', '.join(given)}", ctx=ctx
+        )
 
 
 @click.command()
@@ -53,8 +75,29 @@ def state_label(info: SandboxInfo) -> str:
     is_flag=True,
     help="exec and file calls to it while paused resume it first (instead of failing).",
 )
+@click.option(
+    "--snapshot",
+    metavar="SNAP",
+    help="Start from this snapshot (its files, processes, image and shape).",
+)
+@click.option(
+    "--auto-pause",
+    "auto_pause_s",
+    type=click.IntRange(*AUTO_PAUSE_S_RANGE),
+    metavar="S",
+    help=f"Pause it after S idle seconds ({AUTO_PAUSE_S_RANGE[0]}-{AUTO_PAUSE_S_RANGE[1]}).",
+)
+@click.option(
+    "--auto-delete",
+    "auto_delete_s",
+    type=click.IntRange(*AUTO_DELETE_S_RANGE),
+    metavar="S",
+    help=(f"Delete it after S seconds paused ({AUTO_DELETE_S_RANGE[0]}-{AUTO_DELETE_S_RANGE[1]})."),
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the sandbox as JSON.")
+@click.pass_context
 def create(
+    ctx: click.Context,
     image: str,
     vcpus: int,
     memory_mib: int,
@@ -64,13 +107,19 @@ def create(
     name: str | None,
     timeout_s: int | None,
     auto_resume: bool,
+    snapshot: str | None,
+    auto_pause_s: int | None,
+    auto_delete_s: int | None,
     as_json: bool,
 ) -> None:
     """Boot a sandbox and print its id."""
     env_map = parse_pairs(env, "--env")
     meta = parse_pairs(metadata, "--metadata")
+    if snapshot is not None:
+        _refuse_shape_with_snapshot(ctx)
     client = get_env().client()
-    with spinner(f"booting a {image} sandbox..."):
+    what = f"a sandbox from {snapshot}" if snapshot else f"a {image} sandbox"
+    with spinner(f"booting {what}..."):
         info = client.create_sandbox(
             image,
             vcpus=vcpus,
@@ -81,6 +130,9 @@ def create(
             name=name,
             timeout_s=timeout_s,
             auto_resume=auto_resume,
+            snapshot=snapshot,
+            auto_pause_s=auto_pause_s,
+            auto_delete_s=auto_delete_s,
         )
     if as_json:
         print_json(info.to_dict())
@@ -135,6 +187,12 @@ def _describe(info: SandboxInfo) -> list[tuple[str, str]]:
         rows.append(("parent", info.parent_id))
     if info.auto_resume:
         rows.append(("auto_resume", "yes"))
+    if info.auto_pause_s is not None:
+        rows.append(("auto_pause", f"{info.auto_pause_s} s idle"))
+    if info.auto_delete_s is not None:
+        rows.append(("auto_delete", f"{info.auto_delete_s} s paused"))
+    if info.snapshot_id is not None:
+        rows.append(("snapshot", info.snapshot_id))
     rows += [(f"metadata.{k}", v) for k, v in sorted(info.metadata.items())]
     if info.error:
         rows.append(("error", info.error))

@@ -2,7 +2,8 @@
 
 Layout (after httpx): ``_core`` builds requests and reads answers without I/O;
 ``_client``/``_async_client`` send them (sync/asyncio); ``_sandbox``/``_async_sandbox``
-are the E2B-style handles on top (create, exec, files, pause/resume/fork, kill).
+are the E2B-style handles on top (create, exec, files, pause/resume/fork, named
+snapshots, kill).
 Configuration: ``_config`` (URL, key, timeouts).
 """
 
@@ -25,6 +26,7 @@ from hutch.sdk._types import (
     ImageInfo,
     PauseModeArg,
     SandboxInfo,
+    SnapshotInfo,
     WrittenFile,
 )
 from hutch.version import __version__
@@ -53,6 +55,7 @@ __all__ = [
     "ResponseStream",
     "Sandbox",
     "SandboxInfo",
+    "SnapshotInfo",
     "Timeouts",
     "WrittenFile",
     "__version__",

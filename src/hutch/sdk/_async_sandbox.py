@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
+from typing import TypeVar
 
 import httpx
 
@@ -23,10 +24,13 @@ from hutch.sdk._types import (
     FileEntry,
     PauseModeArg,
     SandboxInfo,
+    SnapshotInfo,
     WrittenFile,
 )
 
 __all__ = ["AsyncFiles", "AsyncSandbox"]
+
+T = TypeVar("T")
 
 
 class AsyncFiles:
@@ -94,6 +98,24 @@ class AsyncSandbox:
         )
 
     @classmethod
+    async def _once(
+        cls,
+        call: Callable[[AsyncClient], Awaitable[T]],
+        client: AsyncClient | None,
+        api_key: str | None,
+        base_url: str | None,
+        http_timeout: float | Timeouts | None,
+        transport: httpx.AsyncBaseTransport | None,
+    ) -> T:
+        """One call on ``client``, or on a client of its own that is closed afterwards."""
+        http, owned = cls._client_for(client, api_key, base_url, http_timeout, transport)
+        try:
+            return await call(http)
+        finally:
+            if owned:
+                await http.aclose()
+
+    @classmethod
     async def create(
         cls,
         image: str = "base",
@@ -106,13 +128,16 @@ class AsyncSandbox:
         name: str | None = None,
         timeout_s: int | None = None,
         auto_resume: bool = False,
+        snapshot: str | None = None,
+        auto_pause_s: int | None = None,
+        auto_delete_s: int | None = None,
         api_key: str | None = None,
         base_url: str | None = None,
         http_timeout: float | Timeouts | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         client: AsyncClient | None = None,
     ) -> AsyncSandbox:
-        """See ``Sandbox.create``."""
+        """See ``Sandbox.create`` (``snapshot``, ``auto_pause_s``, ``auto_delete_s`` too)."""
         http, owned = cls._client_for(client, api_key, base_url, http_timeout, transport)
         try:
             info = await http.create_sandbox(
@@ -125,6 +150,9 @@ class AsyncSandbox:
                 name=name,
                 timeout_s=timeout_s,
                 auto_resume=auto_resume,
+                snapshot=snapshot,
+                auto_pause_s=auto_pause_s,
+                auto_delete_s=auto_delete_s,
             )
         except BaseException:
             if owned:
@@ -164,12 +192,71 @@ class AsyncSandbox:
         transport: httpx.AsyncBaseTransport | None = None,
         client: AsyncClient | None = None,
     ) -> builtins.list[SandboxInfo]:
-        http, owned = cls._client_for(client, api_key, base_url, http_timeout, transport)
-        try:
-            return await http.list_sandboxes(state, metadata)
-        finally:
-            if owned:
-                await http.aclose()
+        return await cls._once(
+            lambda http: http.list_sandboxes(state, metadata),
+            client,
+            api_key,
+            base_url,
+            http_timeout,
+            transport,
+        )
+
+    @classmethod
+    async def list_snapshots(
+        cls,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        http_timeout: float | Timeouts | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        client: AsyncClient | None = None,
+    ) -> builtins.list[SnapshotInfo]:
+        """See ``Sandbox.list_snapshots``."""
+        return await cls._once(
+            lambda http: http.list_snapshots(), client, api_key, base_url, http_timeout, transport
+        )
+
+    @classmethod
+    async def get_snapshot(
+        cls,
+        snapshot_id: str,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        http_timeout: float | Timeouts | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        client: AsyncClient | None = None,
+    ) -> SnapshotInfo:
+        """See ``Sandbox.get_snapshot``."""
+        return await cls._once(
+            lambda http: http.get_snapshot(snapshot_id),
+            client,
+            api_key,
+            base_url,
+            http_timeout,
+            transport,
+        )
+
+    @classmethod
+    async def delete_snapshot(
+        cls,
+        snapshot_id: str,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        http_timeout: float | Timeouts | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        client: AsyncClient | None = None,
+    ) -> None:
+        """See ``Sandbox.delete_snapshot``: ``Conflict`` while a sandbox uses it."""
+        await cls._once(
+            lambda http: http.delete_snapshot(snapshot_id),
+            client,
+            api_key,
+            base_url,
+            http_timeout,
+            transport,
+        )
 
     @property
     def id(self) -> str:
@@ -237,6 +324,10 @@ class AsyncSandbox:
         """See ``Sandbox.fork``: the children share this handle's client."""
         children = await self._client.fork_sandbox(self.id, count)
         return [AsyncSandbox(self._client, info) for info in children]
+
+    async def snapshot(self, name: str) -> SnapshotInfo:
+        """See ``Sandbox.snapshot``: save it as ``name``; it runs on (or stays paused)."""
+        return await self._client.create_snapshot(self.id, name)
 
     async def kill(self) -> None:
         """Destroy the sandbox. Idempotent."""

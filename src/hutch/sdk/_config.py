@@ -33,8 +33,9 @@ class Timeouts:
     controls get their own bound instead: ``exec`` waits ``timeout_s + read`` when the
     command has a ``timeout_s`` and forever otherwise (the daemon enforces the limit),
     ``create`` waits ``create`` seconds (booting a guest under TCG takes a while), and
-    ``pause``/``resume``/``fork`` wait ``lifecycle`` seconds (they write or restore guest
-    memory, or boot a disk-paused guest again; a fork of many children takes longest).
+    ``pause``/``resume``/``fork``/``snapshot`` wait ``lifecycle`` seconds (they write or
+    restore guest memory, or boot a disk-paused guest again; a fork of many children
+    takes longest).
     """
 
     connect: float | None = 5.0

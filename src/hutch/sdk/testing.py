@@ -17,6 +17,12 @@ Pause, resume and fork follow the contract too: ``pause`` moves a running sandbo
 sandbox answer 409 ``invalid_state`` unless it was created with ``auto_resume``, which
 resumes it first; ``fork`` makes ``count`` running children with ``parent_id`` set and a
 copy of the parent's files, and leaves the parent as it was.
+
+Named snapshots: ``POST /v1/sandboxes/{id}/snapshots`` saves a running or paused sandbox's
+files (its state is left alone); a create with ``snapshot`` starts from a copy of them,
+with the snapshot's image and shape; deleting a snapshot answers 409 ``conflict`` while a
+sandbox started from it (or forked from one that was) is alive. ``auto_pause_s`` and
+``auto_delete_s`` are range-checked and reported back, but no clock runs them.
 """
 
 from __future__ import annotations
@@ -31,11 +37,31 @@ from urllib.parse import unquote
 
 import httpx
 
-__all__ = ["FakeError", "FakeHutch", "FakeRun", "FakeSandbox"]
+from hutch.models import AUTO_DELETE_S_RANGE, AUTO_PAUSE_S_RANGE, NAME_RE
+
+__all__ = ["FakeError", "FakeHutch", "FakeRun", "FakeSandbox", "FakeSnapshot"]
 
 _TIME = "2026-11-30T03:00:00.123Z"
 _PAUSED_TIME = "2026-11-30T03:05:00.000Z"
+_SNAPSHOT_TIME = "2026-11-30T03:10:00.000Z"
 _PAUSE_MODES = ("memory", "disk")
+_ENDED = ("destroyed", "failed")
+_CREATE_FIELDS = frozenset(
+    {
+        "image",
+        "vcpus",
+        "memory_mib",
+        "disk_gib",
+        "env",
+        "metadata",
+        "name",
+        "timeout_s",
+        "auto_resume",
+        "snapshot",
+        "auto_pause_s",
+        "auto_delete_s",
+    }
+)
 
 
 @dataclass
@@ -93,6 +119,41 @@ class FakeSandbox:
             "paused_at": _PAUSED_TIME if self.state == "paused" else None,
             "parent_id": self.parent_id,
             "auto_resume": bool(self.spec.get("auto_resume", False)),
+            "auto_pause_s": self.spec.get("auto_pause_s"),
+            "auto_delete_s": self.spec.get("auto_delete_s"),
+            "snapshot_id": self.spec.get("snapshot"),
+        }
+
+
+@dataclass
+class FakeSnapshot:
+    """A named snapshot: the spec (image and shape) and files of a sandbox at one moment."""
+
+    id: str
+    name: str
+    sandbox_id: str
+    spec: dict[str, Any]
+    files: dict[str, bytes]
+    modes: dict[str, int]
+    dirs: set[str]
+
+    @property
+    def size_bytes(self) -> int:
+        # Memory image plus the files: deterministic, and grows with what was written.
+        memory = int(self.spec.get("memory_mib", 512)) << 20
+        return memory + sum(len(data) for data in self.files.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "sandbox_id": self.sandbox_id,
+            "image": self.spec.get("image", "base"),
+            "vcpus": self.spec.get("vcpus", 1),
+            "memory_mib": self.spec.get("memory_mib", 512),
+            "disk_gib": self.spec.get("disk_gib", 4),
+            "size_bytes": self.size_bytes,
+            "created_at": _SNAPSHOT_TIME,
         }
 
 
@@ -137,6 +198,7 @@ class FakeHutch:
     def __init__(self, api_key: str = "test-key") -> None:
         self.api_key = api_key
         self.sandboxes: dict[str, FakeSandbox] = {}
+        self.snapshots: dict[str, FakeSnapshot] = {}
         self.requests: list[httpx.Request] = []
         self.exec_handler: Callable[[FakeSandbox, dict[str, Any]], FakeRun] = _default_exec
         self.images: list[dict[str, Any]] = [
@@ -160,6 +222,7 @@ class FakeHutch:
         self.download_chunk = 1 << 16
         self._failures: list[tuple[str, str, FakeError]] = []
         self._counter = 0
+        self._snapshot_counter = 0
         self.transport = httpx.MockTransport(self._handle)
 
     # -- test controls ------------------------------------------------------------
@@ -174,6 +237,22 @@ class FakeHutch:
         sandbox = FakeSandbox(id=f"sb-{self._counter:012x}", spec={"image": "base", **spec})
         self.sandboxes[sandbox.id] = sandbox
         return sandbox
+
+    def add_snapshot(self, sandbox: FakeSandbox, name: str) -> FakeSnapshot:
+        """A snapshot of ``sandbox`` as it is now (a copy of its files), whatever its state."""
+        self._snapshot_counter += 1
+        shape = ("image", "vcpus", "memory_mib", "disk_gib")
+        snapshot = FakeSnapshot(
+            id=f"snap-{self._snapshot_counter:012x}",
+            name=name,
+            sandbox_id=sandbox.id,
+            spec={k: v for k, v in sandbox.spec.items() if k in shape},
+            files=dict(sandbox.files),
+            modes=dict(sandbox.modes),
+            dirs=set(sandbox.dirs),
+        )
+        self.snapshots[snapshot.id] = snapshot
+        return snapshot
 
     # -- dispatch -----------------------------------------------------------------
 
@@ -198,6 +277,15 @@ class FakeHutch:
             raise FakeError(401, "unauthorized", "missing or wrong API key")
         if path == "/v1/images" and method == "GET":
             return httpx.Response(200, json={"images": self.images})
+        if path == "/v1/snapshots" and method == "GET":
+            found = [snap.to_json() for snap in self.snapshots.values()]
+            return httpx.Response(200, json={"snapshots": found})
+        match = re.fullmatch(r"/v1/snapshots/([^/]+)", path)
+        if match and method in ("GET", "DELETE"):
+            snapshot = self._snapshot(unquote(match.group(1)))
+            if method == "GET":
+                return httpx.Response(200, json=snapshot.to_json())
+            return self._delete_snapshot(snapshot)
         if path == "/v1/sandboxes":
             if method == "POST":
                 return self._create(_body(request))
@@ -216,22 +304,54 @@ class FakeHutch:
             raise FakeError(404, "not_found", f"sandbox {sandbox_id} does not exist")
         return sandbox
 
+    def _snapshot(self, snapshot_id: str) -> FakeSnapshot:
+        snapshot = self.snapshots.get(snapshot_id)
+        if snapshot is None:
+            raise FakeError(
+                404, "not_found", f"no snapshot {snapshot_id!r}; ids look like snap-0123456789ab"
+            )
+        return snapshot
+
+    def _delete_snapshot(self, snapshot: FakeSnapshot) -> httpx.Response:
+        users = [
+            sb.id
+            for sb in self.sandboxes.values()
+            if sb.spec.get("snapshot") == snapshot.id and sb.state not in _ENDED
+        ]
+        if users:
+            raise FakeError(
+                409,
+                "conflict",
+                f"snapshot {snapshot.id} is still needed by sandbox(es) {', '.join(users)}: "
+                "their disks are built on it; delete them first",
+            )
+        del self.snapshots[snapshot.id]
+        return httpx.Response(204)
+
     def _create(self, body: dict[str, Any]) -> httpx.Response:
-        known = {
-            "image",
-            "vcpus",
-            "memory_mib",
-            "disk_gib",
-            "env",
-            "metadata",
-            "name",
-            "timeout_s",
-            "auto_resume",
-        }
-        if set(body) - known:
-            raise FakeError(400, "invalid_argument", f"unknown fields {set(body) - known}")
+        if set(body) - _CREATE_FIELDS:
+            unknown = set(body) - _CREATE_FIELDS
+            raise FakeError(400, "invalid_argument", f"unknown fields {unknown}")
         if not isinstance(body.get("auto_resume", False), bool):
             raise FakeError(400, "invalid_argument", "auto_resume must be true or false")
+        for key, (lo, hi) in (
+            ("auto_pause_s", AUTO_PAUSE_S_RANGE),
+            ("auto_delete_s", AUTO_DELETE_S_RANGE),
+        ):
+            value = body.get(key)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi
+            ):
+                raise FakeError(
+                    400, "invalid_argument", f"{key}={value!r} is out of range; accepted: {lo}-{hi}"
+                )
+        if body.get("snapshot") is not None:
+            source = self._snapshot(body["snapshot"])
+            # The snapshot fixes the machine, as in the daemon: its image and shape win.
+            sandbox = self.add_sandbox(**{**body, **source.spec})
+            sandbox.files, sandbox.modes = dict(source.files), dict(source.modes)
+            sandbox.dirs = set(source.dirs)
+            return httpx.Response(201, json=sandbox.to_json())
         image = body.get("image", "base")
         if image not in {i["name"] for i in self.images}:
             raise FakeError(400, "unknown_image", f"image {image!r} is not in the catalog")
@@ -260,6 +380,16 @@ class FakeHutch:
             return httpx.Response(204)
         if method == "POST" and rest in ("/pause", "/resume", "/fork"):
             return self._lifecycle(sb, rest, request)
+        if method == "POST" and rest == "/snapshots":
+            name = _body(request).get("name")
+            if not isinstance(name, str) or not NAME_RE.match(name):
+                raise FakeError(
+                    400,
+                    "invalid_argument",
+                    f"name={name!r} is not valid; use 1-63 lowercase letters, digits and '-'",
+                )
+            _require(sb, "running", "paused")
+            return httpx.Response(201, json=self.add_snapshot(sb, name).to_json())
         if sb.state == "paused" and sb.spec.get("auto_resume"):
             sb.resume()
         _require(sb, "running")

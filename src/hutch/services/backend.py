@@ -74,6 +74,9 @@ class VmBackend(Protocol):
     async def start_clone(self, rec: SandboxRecord, snapshot_dir: Path) -> Runtime:
         """Start ``rec`` as a copy-on-write clone of a frozen snapshot."""
 
+    async def retake_identity(self, runtime: Any, rec: SandboxRecord) -> None:
+        """Reconnect the agent so the guest takes ``rec``'s identity (name, machine-id)."""
+
     def find_template(self, image: ImageArtifacts, shape: Shape) -> Path | None:
         """The ready template snapshot for (image, shape), if one was built."""
 

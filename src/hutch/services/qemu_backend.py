@@ -281,6 +281,10 @@ class QemuBackend:
             raise
         return QemuRuntime(rec.id, vm, agent, p)
 
+    async def retake_identity(self, runtime: QemuRuntime, rec: SandboxRecord) -> None:
+        await runtime.agent.close()
+        runtime.agent = await self._connect_agent(runtime.vm, runtime.paths, rec.name or rec.id)
+
     # -- templates: create = restore a snapshot taken once per (image, shape) --------------
 
     def template_dir(self, image: ImageArtifacts, shape: Shape) -> Path:

@@ -49,6 +49,7 @@ from hutch.models import (
 )
 from hutch.services.backend import Runtime, VmBackend
 from hutch.services.images import ImageSource, ImageView, resolve
+from hutch.services.pool import WarmPool
 from hutch.store import Store
 from hutch.store.db import LIVE_STATES
 
@@ -76,6 +77,7 @@ class SandboxService:
         # One template build at a time: each boots a VM, and boots compete for CPU.
         self._template_gate = asyncio.Lock()
         self._template_tasks: dict[tuple[str, str, Shape], asyncio.Task[None]] = {}
+        self.pool = WarmPool(backend, settings.pool_size if settings.templates else 0)
         self._reaper: asyncio.Task[None] | None = None
         # Idle tracking for auto_pause_s: in memory, since after a restart every sandbox
         # counts as freshly active (never paused early).
@@ -87,10 +89,15 @@ class SandboxService:
 
     async def start(self) -> None:
         await self.reconcile()
+        default = self.image_source.find(self.settings.default_image)
+        if default is not None:
+            self.pool.refill(default)
         self._reaper = asyncio.create_task(self._reap_expired(), name="hutch-reaper")
 
     async def close(self) -> None:
-        """Stop background work and drop agent connections. VMs keep running."""
+        """Stop background work and drop agent connections. VMs keep running (pooled
+        ones, which have no row to be adopted by, are destroyed)."""
+        await self.pool.close()
         tasks = [
             t
             for t in (self._reaper, *self._monitors.values(), *self._template_tasks.values())
@@ -185,12 +192,18 @@ class SandboxService:
             # A snapshot fixes the machine: its image and shape come with it.
             spec = replace(spec, image=source.image, shape=source.shape)
         image = resolve(self.image_source, spec.image)
+        pooled = self.pool.take(image, spec.shape) if source is None else None
         async with self._create_gate:
             # Capacity is checked and the row inserted under one lock so that concurrent
             # creates cannot overshoot the limits together.
-            self._check_capacity(spec.shape.memory_mib, extra_sandboxes=1)
+            try:
+                self._check_capacity(spec.shape.memory_mib, extra_sandboxes=1)
+            except Capacity:
+                if pooled is not None:
+                    self.pool.give_back(image, pooled)
+                raise
             rec = SandboxRecord(
-                id=new_sandbox_id(),
+                id=pooled[0] if pooled else new_sandbox_id(),
                 image=spec.image,
                 image_digest=image.digest,
                 state=SandboxState.CREATING,
@@ -213,7 +226,10 @@ class SandboxService:
                     if self.settings.templates
                     else None
                 )
-                if source is not None:
+                if pooled is not None:
+                    runtime = pooled[1]
+                    await self.backend.retake_identity(runtime, rec)
+                elif source is not None:
                     runtime = await self.backend.start_clone(rec, Path(source.path))
                 elif template is not None:
                     runtime = await self.backend.start_clone(rec, template)
@@ -221,6 +237,7 @@ class SandboxService:
                     runtime = await self.backend.start(rec, image)
                     if self.settings.templates:
                         self._schedule_template(image, spec.shape)
+                self.pool.refill(image)
             except BaseException as exc:
                 await self.backend.cleanup(rec.id)
                 reason = str(exc) if isinstance(exc, HutchError) else repr(exc)
@@ -570,6 +587,7 @@ class SandboxService:
                 try:
                     where = await self.backend.build_template(image, shape)
                     log.info("template ready for %s at %s: %s", image.name, shape, where)
+                    self.pool.refill(image)
                 except Exception as exc:
                     log.warning(
                         "could not build the template for %s %s: %s", image.name, shape, exc
