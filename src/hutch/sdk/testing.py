@@ -21,7 +21,8 @@ copy of the parent's files, and leaves the parent as it was.
 Named snapshots: ``POST /v1/sandboxes/{id}/snapshots`` saves a running or paused sandbox's
 files (its state is left alone); a create with ``snapshot`` starts from a copy of them,
 with the snapshot's image and shape; deleting a snapshot answers 409 ``conflict`` while a
-sandbox started from it (or forked from one that was) is alive. ``auto_pause_s`` and
+live sandbox's disk is built on it, as in the daemon: one started from it, a fork of
+such a one, and the sandbox it was taken of (which runs on from the snapshot). ``auto_pause_s`` and
 ``auto_delete_s`` are range-checked and reported back, but no clock runs them.
 """
 
@@ -91,6 +92,9 @@ class FakeSandbox:
     parent_id: str | None = None
     #: How many times it was resumed (explicitly or by ``auto_resume``).
     resumes: int = 0
+    #: Named snapshots its disk is built on. As in the daemon, a snapshotted sandbox
+    #: runs on from the snapshot, so it is one of them too; forks inherit them.
+    bases: set[str] = field(default_factory=set)
 
     def pause(self, mode: str) -> None:
         self.state, self.pause_mode = "paused", mode
@@ -136,6 +140,8 @@ class FakeSnapshot:
     files: dict[str, bytes]
     modes: dict[str, int]
     dirs: set[str]
+    #: The named snapshots the source's disk was already built on.
+    bases: set[str] = field(default_factory=set)
 
     @property
     def size_bytes(self) -> int:
@@ -251,6 +257,8 @@ class FakeHutch:
             modes=dict(sandbox.modes),
             dirs=set(sandbox.dirs),
         )
+        snapshot.bases = set(sandbox.bases)
+        sandbox.bases.add(snapshot.id)
         self.snapshots[snapshot.id] = snapshot
         return snapshot
 
@@ -313,11 +321,11 @@ class FakeHutch:
         return snapshot
 
     def _delete_snapshot(self, snapshot: FakeSnapshot) -> httpx.Response:
-        users = [
+        users = sorted(
             sb.id
             for sb in self.sandboxes.values()
-            if sb.spec.get("snapshot") == snapshot.id and sb.state not in _ENDED
-        ]
+            if snapshot.id in sb.bases and sb.state not in _ENDED
+        )
         if users:
             raise FakeError(
                 409,
@@ -351,6 +359,7 @@ class FakeHutch:
             sandbox = self.add_sandbox(**{**body, **source.spec})
             sandbox.files, sandbox.modes = dict(source.files), dict(source.modes)
             sandbox.dirs = set(source.dirs)
+            sandbox.bases = source.bases | {source.id}
             return httpx.Response(201, json=sandbox.to_json())
         image = body.get("image", "base")
         if image not in {i["name"] for i in self.images}:
@@ -421,6 +430,7 @@ class FakeHutch:
             child.parent_id = sb.id
             child.files, child.modes = dict(sb.files), dict(sb.modes)
             child.dirs = set(sb.dirs)
+            child.bases = set(sb.bases)
             children.append(child.to_json())
         return httpx.Response(201, json={"sandboxes": children})
 
