@@ -124,8 +124,10 @@ def test_snapshot_inspect(fake: FakeHutch, hutch: Any) -> None:
 
 
 def test_snapshot_rm_removes_each_and_reports_failures(fake: FakeHutch, hutch: Any) -> None:
-    sb = fake.add_sandbox()
-    free, used, other = (fake.add_snapshot(sb, n) for n in ("free", "used", "other"))
+    sources = [fake.add_sandbox() for _ in range(3)]
+    free, used, other = (fake.add_snapshot(sb, n) for sb, n in zip(sources, "abc", strict=True))
+    # Each source runs on from its snapshot; with them gone only `user` needs one.
+    assert hutch("rm", *(sb.id for sb in sources)).exit_code == 0
     user = fake.add_sandbox(snapshot=used.id)
     result = hutch("snapshot", "rm", free.id, used.id, "snap-000000000bad", other.id)
     assert result.exit_code == 1

@@ -7,7 +7,7 @@ import pytest
 from hutch.models import SandboxSpec, Shape
 from hutch.services.sandboxes import SandboxService
 from tests.conftest import ensure_image
-from tests.vm.test_sandbox_vm import qemu_pids_mentioning, run, service  # noqa: F401
+from tests.vm.test_sandbox_vm import run, service  # noqa: F401
 
 pytestmark = [pytest.mark.vm, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(900)]
 

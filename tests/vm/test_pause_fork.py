@@ -18,7 +18,8 @@ from hutch.errors import Conflict, SnapshotError
 from hutch.models import PauseMode, SandboxSpec, SandboxState, Shape
 from hutch.services.qemu_backend import QemuBackend
 from hutch.services.sandboxes import SandboxService
-from tests.vm.test_sandbox_vm import qemu_pids_mentioning, run, service  # noqa: F401
+from tests.vm.services import qemu_pids_mentioning
+from tests.vm.test_sandbox_vm import run, service  # noqa: F401
 
 pytestmark = [pytest.mark.vm, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(600)]
 

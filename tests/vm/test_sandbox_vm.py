@@ -9,62 +9,26 @@ import os
 import signal
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
-from hutch.config import Settings
 from hutch.errors import InvalidArgument, NotFound, UnknownImage
 from hutch.images.build import ImageArtifacts
 from hutch.models import SandboxSpec, SandboxState, Shape
-from hutch.services.images import LocalImages
 from hutch.services.qemu_backend import QemuBackend
 from hutch.services.sandboxes import SandboxService
-from hutch.store import Store
 from tests.conftest import ensure_image
+from tests.vm.services import qemu_pids_mentioning, real_service
 
 pytestmark = [pytest.mark.vm, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(600)]
 
 
-def qemu_pids_mentioning(marker: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
-        except OSError:
-            continue
-        if "qemu-system" in cmdline and marker in cmdline:
-            pids.append(int(entry.name))
-    return pids
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def service(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[SandboxService]:
-    ensure_image("base")
-    from tests.conftest import test_images_dir
-
-    state = tmp_path_factory.mktemp("vmstate")
-    settings = Settings(
-        templates=False,  # these tests prove the cold-boot path; test_templates the other
-        state_dir=state,
-        images_dir_override=test_images_dir(),
-        accel=os.environ.get("HUTCH_ACCEL", "auto"),
-    )
-    svc = SandboxService(
-        settings, Store(settings.db_path), QemuBackend(settings), LocalImages(settings.images_dir)
-    )
-    await svc.start()
-    try:
+    # These tests prove the cold-boot path; test_templates proves the other.
+    async with real_service(tmp_path_factory.mktemp("vmstate"), templates=False) as svc:
         yield svc
-    finally:
-        for rec in svc.list_sandboxes():
-            if rec.state.is_live:
-                await svc.delete(rec.id)
-        await svc.close()
-        assert qemu_pids_mentioning(str(settings.run_dir)) == []
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

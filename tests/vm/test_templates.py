@@ -4,22 +4,19 @@ sandbox restored from one template still gets its own identity."""
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
 
-from hutch.config import Settings
 from hutch.images.build import ImageArtifacts
 from hutch.models import SandboxSpec, Shape
-from hutch.services.images import LocalImages
 from hutch.services.qemu_backend import QemuBackend
 from hutch.services.sandboxes import SandboxService
-from hutch.store import Store
-from tests.conftest import ensure_image, test_images_dir
-from tests.vm.test_sandbox_vm import qemu_pids_mentioning, run
+from tests.conftest import ensure_image
+from tests.vm.services import real_service
+from tests.vm.test_sandbox_vm import run
 
 pytestmark = [pytest.mark.vm, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(600)]
 
@@ -28,26 +25,8 @@ SHAPE = Shape(vcpus=1, memory_mib=256, disk_gib=2)
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def service(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[SandboxService]:
-    ensure_image("base")
-    state = tmp_path_factory.mktemp("tplstate")
-    settings = Settings(
-        pool_size=1,
-        state_dir=state,
-        images_dir_override=test_images_dir(),
-        accel=os.environ.get("HUTCH_ACCEL", "auto"),
-    )
-    svc = SandboxService(
-        settings, Store(settings.db_path), QemuBackend(settings), LocalImages(settings.images_dir)
-    )
-    await svc.start()
-    try:
+    async with real_service(tmp_path_factory.mktemp("tplstate"), pool_size=1) as svc:
         yield svc
-    finally:
-        for rec in svc.list_sandboxes():
-            if rec.state.is_live:
-                await svc.delete(rec.id)
-        await svc.close()
-        assert qemu_pids_mentioning(str(settings.run_dir)) == []
 
 
 async def test_second_create_restores_the_template(service: SandboxService) -> None:

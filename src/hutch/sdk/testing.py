@@ -238,9 +238,20 @@ class FakeHutch:
         self._failures.append((method, path_re, FakeError(status, code, message)))
 
     def add_sandbox(self, **spec: Any) -> FakeSandbox:
-        """A running sandbox with the create body ``spec`` (``auto_resume=True`` too)."""
+        """A running sandbox with the create body ``spec`` (``auto_resume=True`` too).
+
+        With ``snapshot=`` naming a snapshot of this fake, it starts from that snapshot:
+        its image, shape and files (an unknown id is just recorded)."""
         self._counter += 1
+        source = self.snapshots.get(spec.get("snapshot") or "")
+        if source is not None:
+            # The snapshot fixes the machine, as in the daemon: its image and shape win.
+            spec = {**spec, **source.spec}
         sandbox = FakeSandbox(id=f"sb-{self._counter:012x}", spec={"image": "base", **spec})
+        if source is not None:
+            sandbox.files, sandbox.modes = dict(source.files), dict(source.modes)
+            sandbox.dirs = set(source.dirs)
+            sandbox.bases = source.bases | {source.id}
         self.sandboxes[sandbox.id] = sandbox
         return sandbox
 
@@ -354,13 +365,8 @@ class FakeHutch:
                     400, "invalid_argument", f"{key}={value!r} is out of range; accepted: {lo}-{hi}"
                 )
         if body.get("snapshot") is not None:
-            source = self._snapshot(body["snapshot"])
-            # The snapshot fixes the machine, as in the daemon: its image and shape win.
-            sandbox = self.add_sandbox(**{**body, **source.spec})
-            sandbox.files, sandbox.modes = dict(source.files), dict(source.modes)
-            sandbox.dirs = set(source.dirs)
-            sandbox.bases = source.bases | {source.id}
-            return httpx.Response(201, json=sandbox.to_json())
+            self._snapshot(body["snapshot"])  # 404 for an unknown one
+            return httpx.Response(201, json=self.add_sandbox(**body).to_json())
         image = body.get("image", "base")
         if image not in {i["name"] for i in self.images}:
             raise FakeError(400, "unknown_image", f"image {image!r} is not in the catalog")

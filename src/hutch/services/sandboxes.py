@@ -352,18 +352,26 @@ class SandboxService:
         lo, hi = FORK_COUNT_RANGE
         if isinstance(count, bool) or not isinstance(count, int) or not lo <= count <= hi:
             raise InvalidArgument(f"count={count!r} is out of range; accepted: {lo}-{hi}")
-        rec = self.get(sandbox_id)
+        async with self._running_as_it_was(sandbox_id) as parent:
+            return await self._fork_locked(parent, count)
+
+    @contextlib.asynccontextmanager
+    async def _running_as_it_was(self, sandbox_id: str) -> AsyncIterator[SandboxRecord]:
+        """Hold the sandbox's lock with it running; a paused one is resumed for the block
+        and paused again after it, so the caller leaves it as it was."""
+        self.get(sandbox_id)
         async with self._lock(sandbox_id):
-            parent = self.get(rec.id)
-            was_paused = parent.state is SandboxState.PAUSED
+            rec = self.get(sandbox_id)
+            was_paused = rec.state is SandboxState.PAUSED
             if was_paused:
-                parent = await self._resume_locked(parent)
-            if parent.state is not SandboxState.RUNNING:
-                raise StateError(f"sandbox {rec.id}", str(parent.state), ["running", "paused"])
-            children = await self._fork_locked(parent, count)
-            if was_paused:
-                await self._pause_locked(self.get(parent.id), PauseMode.MEMORY)
-        return children
+                rec = await self._resume_locked(rec)
+            if rec.state is not SandboxState.RUNNING:
+                raise StateError(f"sandbox {rec.id}", str(rec.state), ["running", "paused"])
+            try:
+                yield rec
+            finally:
+                if was_paused and self.get(rec.id).state is SandboxState.RUNNING:
+                    await self._pause_locked(self.get(rec.id), PauseMode.MEMORY)
 
     async def _fork_locked(self, parent: SandboxRecord, count: int) -> list[SandboxRecord]:
         async with self._create_gate:
@@ -448,14 +456,7 @@ class SandboxService:
         """Save the sandbox's memory, devices and disk under ``name``. The sandbox is
         paused for the moment of the save and then runs on (or stays paused)."""
         validate_name(name)
-        rec = self.get(sandbox_id)
-        async with self._lock(sandbox_id):
-            parent = self.get(rec.id)
-            was_paused = parent.state is SandboxState.PAUSED
-            if was_paused:
-                parent = await self._resume_locked(parent)
-            if parent.state is not SandboxState.RUNNING:
-                raise StateError(f"sandbox {rec.id}", str(parent.state), ["running", "paused"])
+        async with self._running_as_it_was(sandbox_id) as parent:
             snap_id = new_snapshot_id()
             snapshot_dir = self.backend.fork_dir(snap_id)
             await self._freeze_parent(parent, snapshot_dir)
@@ -470,8 +471,6 @@ class SandboxService:
                 created_at=time.time(),
             )
             self.store.insert_snapshot(snap)
-            if was_paused:
-                await self._pause_locked(self.get(parent.id), PauseMode.MEMORY)
         return snap
 
     def get_snapshot(self, snapshot_id: str) -> SnapshotRecord:

@@ -1,0 +1,55 @@
+"""A real sandbox service (QEMU backend, SQLite store, built images) for VM-tier tests."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from hutch.config import Settings
+from hutch.services.images import LocalImages
+from hutch.services.qemu_backend import QemuBackend
+from hutch.services.sandboxes import SandboxService
+from hutch.store import Store
+from tests.conftest import ensure_image, test_images_dir
+
+
+def qemu_pids_mentioning(marker: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if "qemu-system" in cmdline and marker in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+@asynccontextmanager
+async def real_service(state: Path, **settings: Any) -> AsyncIterator[SandboxService]:
+    """Start a service on ``state``; on exit delete every sandbox and check that no QEMU
+    process of it is left."""
+    ensure_image("base")
+    config = Settings(
+        state_dir=state,
+        images_dir_override=test_images_dir(),
+        accel=os.environ.get("HUTCH_ACCEL", "auto"),
+        **settings,
+    )
+    svc = SandboxService(
+        config, Store(config.db_path), QemuBackend(config), LocalImages(config.images_dir)
+    )
+    await svc.start()
+    try:
+        yield svc
+    finally:
+        for rec in svc.list_sandboxes():
+            if rec.state.is_live:
+                await svc.delete(rec.id)
+        await svc.close()
+        assert qemu_pids_mentioning(str(config.run_dir)) == []
