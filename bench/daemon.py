@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -64,11 +65,20 @@ class PrivateDaemon:
     """One hutchd subprocess with its state in ``work_dir/state``.
 
     ``images_dir`` is shared (built images are read-only); ``accel`` None inherits
-    ``HUTCH_ACCEL`` from the environment (the daemon's default is ``auto``).
+    ``HUTCH_ACCEL`` from the environment (the daemon's default is ``auto``); ``env``
+    adds ``HUTCH_*`` settings of this daemon only (e.g. ``{"HUTCH_TEMPLATES": "0"}``).
     """
 
-    def __init__(self, repo: Path, work_dir: Path, images_dir: Path, accel: str | None) -> None:
+    def __init__(
+        self,
+        repo: Path,
+        work_dir: Path,
+        images_dir: Path,
+        accel: str | None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.repo = repo
+        self.env = dict(env or {})
         self.state_dir = (work_dir / "state").resolve()
         self.images_dir = images_dir.resolve()
         self.accel = accel
@@ -110,6 +120,7 @@ class PrivateDaemon:
         env["HUTCH_IMAGES_DIR"] = str(self.images_dir)
         if self.accel:
             env["HUTCH_ACCEL"] = self.accel
+        env.update(self.env)
         src = str(self.repo / "src")
         env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         with open(self._log, "wb") as log:
@@ -143,6 +154,11 @@ class PrivateDaemon:
                 f"{ready_timeout_s:.0f} s; its output:\n{self.log_tail()}"
             )
         self.api_key = (self.state_dir / "api-key").read_text().strip()
+
+    @property
+    def log_path(self) -> Path:
+        """The daemon's own log file (what it logs at INFO and above)."""
+        return Settings(state_dir=self.state_dir).logs_dir / "hutchd.log"
 
     def log_tail(self, lines: int = 30) -> str:
         try:

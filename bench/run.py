@@ -133,6 +133,8 @@ def _run_one(ctx: BenchContext, name: str, base_facts: dict[str, Any], marker: s
     if note:
         result.notes.append(note)
     leftovers = ctx.daemon.delete_all_sandboxes()
+    for side in ctx.side.values():
+        leftovers += side.daemon.delete_all_sandboxes()
     if leftovers:
         result.notes.append(f"harness deleted {len(leftovers)} sandboxes the benchmark left")
     return result
@@ -150,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     work_dir = Path(tempfile.mkdtemp(prefix="hutch-bench-"))
     daemon = PrivateDaemon(REPO, work_dir, images_dir, os.environ.get("HUTCH_ACCEL") or None)
     results: list[BenchResult] = []
+    ctx: BenchContext | None = None
     try:
         daemon.start()
         _log(f"hutchd at {daemon.base_url} (accel {daemon.accel_in_use}), state {daemon.state_dir}")
@@ -159,20 +162,30 @@ def main(argv: list[str] | None = None) -> int:
         with daemon.client() as client:
             ctx = BenchContext(daemon, client, args.image, args.quick, work_dir, _log)
             for name in names:
-                result = _run_one(ctx, name, facts, str(daemon.state_dir))
+                # The work dir holds the state of the main and every side daemon, so
+                # their QEMUs are never counted as other engineers' load.
+                result = _run_one(ctx, name, facts, str(work_dir))
                 results.append(result)
                 if not args.no_save:
                     write_results(args.results_dir, [result], stamp)
     finally:
+        side_daemons: list[PrivateDaemon] = []
+        if ctx is not None:
+            ctx.stop_side_daemons()
+            side_daemons = ctx.stopped
         daemon.stop()
         survivors = daemon.remaining_qemu()
+        leaked = list(daemon.leaked_qemu)
+        for side in side_daemons:
+            survivors += side.remaining_qemu()
+            leaked += side.leaked_qemu
         shutil.rmtree(work_dir, ignore_errors=True)
     print(render_table(results))
     if not args.no_save and results:
         _log(f"results: {args.results_dir}/<name>-{stamp}.json and latest.json")
-    if daemon.leaked_qemu or survivors:
+    if leaked or survivors:
         _log(
-            f"ERROR: QEMU processes outlived their sandboxes: killed {daemon.leaked_qemu}, "
+            f"ERROR: QEMU processes outlived their sandboxes: killed {leaked}, "
             f"still alive {survivors}"
         )
         return 1

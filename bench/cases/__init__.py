@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from bench.cases.boot import run_boot, run_create
 from bench.cases.common import BenchContext, Benchmark
+from bench.cases.create_paths import run_create_paths
 from bench.cases.exec_rps import run_exec_rps
 from bench.cases.exec_rt import run_exec
 from bench.cases.files import run_files
+from bench.cases.fork import run_fork
+from bench.cases.pause_resume import run_pause_resume
 
 __all__ = ["BENCHMARKS", "BenchContext", "Benchmark"]
 
@@ -18,5 +21,12 @@ BENCHMARKS: dict[str, Benchmark] = {
         Benchmark("files", "file throughput host<->guest", run_files),
         Benchmark("create", "create -> first command (p50/p95)", run_create),
         Benchmark("exec_rps", "sustained exec req/s across sandboxes", run_exec_rps),
+        # create_paths first of these three: it measures the cold boots that
+        # pause_resume and fork compare with (they measure their own when run alone).
+        Benchmark(
+            "create_paths", "create: cold boot vs template vs warm pool vs bwrap", run_create_paths
+        ),
+        Benchmark("pause_resume", "pause/resume 512 MiB (256 MiB dirty) vs cat", run_pause_resume),
+        Benchmark("fork", "fork of 10 vs cold boot", run_fork),
     )
 }

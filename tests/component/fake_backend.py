@@ -184,7 +184,9 @@ class FakeBackend:
     def collect_snapshots(self, live_ids: set[str], keep: set[str] | None = None) -> list[str]:
         return []
 
-    def snapshot_users(self, snapshot_dir: Path, live_ids: set[str]) -> list[str]:
+    def snapshot_users(
+        self, snapshot_dir: Path, live_ids: set[str], snapshots: dict[str, Path]
+    ) -> list[str]:
         return sorted(i for i in live_ids if self.clone_of.get(i) == snapshot_dir)
 
     def snapshot_size(self, snapshot_dir: Path) -> int:

@@ -140,6 +140,13 @@ async def test_named_snapshot_starts_new_sandboxes(
     assert await run(service, child.id, ["hostname"]) != await run(service, parent, ["hostname"])
     with pytest.raises(Conflict, match="still needed"):
         await service.delete_snapshot(snap.id)
+    # A snapshot of the child is built on this one too.
+    grandchild_snap = await service.snapshot(child.id, "of-the-child")
+    await service.delete(child.id)
+    with pytest.raises(Conflict, match=grandchild_snap.id):
+        await service.delete_snapshot(snap.id)
+    await service.delete_snapshot(grandchild_snap.id)
+    child = await service.create(SandboxSpec(image="base", snapshot_id=snap.id))
 
     # A snapshot whose bytes changed is refused, never restored.
     state_file = Path(snap.path) / "state.mig"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import os
 import subprocess
 import time
@@ -324,106 +323,6 @@ def _cat_s(src: Path, dst: Path) -> float:
     return took
 
 
-@pytest.mark.skipif(
-    not os.environ.get("HUTCH_SNAPSHOT_BENCH"),
-    reason="benchmark: set HUTCH_SNAPSHOT_BENCH=1 (results JSON: HUTCH_SNAPSHOT_BENCH_OUT)",
-)
-@pytest.mark.parametrize("memory_mib", [256, 512])
-async def test_bench_pause_resume_fork(
-    real_image: GuestFiles,
-    make_vm_config: Callable[..., VmConfig],
-    tmp_path: Path,
-    cleanup: list[QemuVm | AgentClient],
-    memory_mib: int,
-) -> None:
-    """Both paths for one RAM size, with the same-run baselines (cold boot, cat)."""
-    results: dict[str, object] = {"memory_mib": memory_mib}
-    for ram_in_file in (False, True):
-        key = "ram_in_file" if ram_in_file else "stream"
-        name = f"b{int(ram_in_file)}"
-        cfg = _config(
-            make_vm_config,
-            real_image,
-            tmp_path,
-            name,
-            memory_mib=memory_mib,
-            ram_in_file=ram_in_file,
-        )
-        booted = await _boot(cfg, cleanup)
-        # A used sandbox: a third of its RAM holds data (tmpfs), plus a running counter.
-        await _sh(
-            booted.agent, f"head -c {memory_mib // 3}M /dev/urandom > /tmp/blob", timeout_s=300
-        )
-        await _sh(booted.agent, COUNTER)
-        await booted.agent.close()
-        snap = tmp_path / f"{name}-snap"
-        t0 = time.perf_counter()
-        manifest = await save_snapshot(booted.vm, snap, ram_in_file=ram_in_file)
-        pause_s = time.perf_counter() - t0
-        written = snap / (MEMORY_FILE if ram_in_file else STATE_FILE)
-        written_st = written.stat()
-        cat_s = await asyncio.to_thread(_cat_s, written, tmp_path / "cat.out")
-        t0 = time.perf_counter()
-        vm = await restore(cfg, snap, clone=False)
-        cleanup.append(vm)
-        running_s = time.perf_counter() - t0
-        agent = await AgentClient.connect(cfg.agent_socket, timeout_s=60)
-        cleanup.append(agent)
-        answer_s = time.perf_counter() - t0
-        assert int(await _sh(agent, "cat /tmp/c")) > 0
-        results[key] = {
-            "cold_boot_to_agent_s": round(booted.boot_s, 3),
-            "pause_s": round(pause_s, 4),
-            "pause_phases_ms": manifest.timings_ms,
-            "state_bytes": manifest.state_size,
-            "memory_file_bytes": written_st.st_size if ram_in_file else None,
-            "memory_file_allocated_bytes": written_st.st_blocks * 512 if ram_in_file else None,
-            "cat_same_bytes_s": round(cat_s, 4),
-            "resume_qemu_running_s": round(running_s, 4),
-            "resume_to_agent_answer_s": round(answer_s, 4),
-        }
-        await agent.close()
-        await vm.kill()
-    # Fork: 4 clones from a frozen ram-in-file template, all answering.
-    cfg = _config(
-        make_vm_config, real_image, tmp_path, "ft", memory_mib=memory_mib, ram_in_file=True
-    )
-    booted = await _boot(cfg, cleanup)
-    await booted.agent.close()
-    snap = tmp_path / "ft-snap"
-    await save_snapshot(booted.vm, snap, ram_in_file=True)
-    t0 = time.perf_counter()
-
-    async def clone(i: int) -> None:
-        disk = tmp_path / f"f{i}.qcow2"
-        await asyncio.to_thread(create_clone_disk, snap, disk)
-        c = make_vm_config(real_image, disk, name=f"f{i}", memory_mib=memory_mib)
-        vm = await restore(c, snap, clone=True)
-        cleanup.append(vm)
-        agent = await AgentClient.connect(c.agent_socket, timeout_s=60)
-        cleanup.append(agent)
-        await agent.ping()
-
-    await asyncio.gather(*(clone(i) for i in range(4)))
-    results["fork4_all_answering_s"] = round(time.perf_counter() - t0, 3)
-    text = json.dumps(results, indent=2)
-    print("\n" + text)
-    out = os.environ.get("HUTCH_SNAPSHOT_BENCH_OUT")
-    if out:
-        await asyncio.to_thread(_append, Path(out), text + "\n")
-
-
-def _append(path: Path, text: str) -> None:
-    with path.open("a") as f:
-        f.write(text)
-
-
-@pytest.mark.xfail(
-    reason="agent: RNDADDENTROPY alone does not reseed the kernel CRNG (Linux >= 5.18 "
-    "reseeds at most every 60 s once uptime > 120 s); the hello must also issue "
-    "RNDRESEEDCRNG. Remove this mark when the agent does.",
-    strict=True,
-)
 async def test_clones_of_a_long_running_template_get_distinct_randomness(
     real_image: GuestFiles,
     make_vm_config: Callable[..., VmConfig],

@@ -85,14 +85,14 @@ def _refuse_shape_with_snapshot(ctx: click.Context) -> None:
     "auto_pause_s",
     type=click.IntRange(*AUTO_PAUSE_S_RANGE),
     metavar="S",
-    help=f"Pause it after S idle seconds ({AUTO_PAUSE_S_RANGE[0]}-{AUTO_PAUSE_S_RANGE[1]}).",
+    help="Pause it (memory mode) after S idle seconds.",
 )
 @click.option(
     "--auto-delete",
     "auto_delete_s",
     type=click.IntRange(*AUTO_DELETE_S_RANGE),
     metavar="S",
-    help=(f"Delete it after S seconds paused ({AUTO_DELETE_S_RANGE[0]}-{AUTO_DELETE_S_RANGE[1]})."),
+    help="Delete it after S seconds paused.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the sandbox as JSON.")
 @click.pass_context

@@ -97,8 +97,10 @@ def inspect_snapshot(snapshot_id: str, as_json: bool) -> None:
 @snapshot.command("rm")
 @click.argument("snapshot_ids", metavar="SNAP...", nargs=-1, required=True)
 def rm_snapshots(snapshot_ids: tuple[str, ...]) -> None:
-    """Delete snapshots. Prints each id removed; fails (exit 1) if any could not be
-    (a snapshot is kept while a sandbox started from it is alive)."""
+    """Delete snapshots. Prints each id removed; fails (exit 1) if any could not be.
+
+    A snapshot is kept while a live sandbox's disk is built on it: one started from it,
+    a fork of one, or the sandbox it was taken of. The error names them."""
     client = get_env().client()
     failed = 0
     for snapshot_id in snapshot_ids:

@@ -178,7 +178,7 @@ class AsyncClient:
         return await self.call(self.core.get_snapshot(snapshot_id))
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
-        """Raises ``Conflict`` while a sandbox started from it is alive."""
+        """Raises ``Conflict`` while a live sandbox's disk is built on it."""
         await self.call(self.core.delete_snapshot(snapshot_id))
 
     async def exec(

@@ -248,7 +248,7 @@ class AsyncSandbox:
         transport: httpx.AsyncBaseTransport | None = None,
         client: AsyncClient | None = None,
     ) -> None:
-        """See ``Sandbox.delete_snapshot``: ``Conflict`` while a sandbox uses it."""
+        """See ``Sandbox.delete_snapshot``: ``Conflict`` while a live sandbox uses it."""
         await cls._once(
             lambda http: http.delete_snapshot(snapshot_id),
             client,

@@ -171,7 +171,7 @@ class Client:
         return self.call(self.core.get_snapshot(snapshot_id))
 
     def delete_snapshot(self, snapshot_id: str) -> None:
-        """Raises ``Conflict`` while a sandbox started from it is alive."""
+        """Raises ``Conflict`` while a live sandbox's disk is built on it."""
         self.call(self.core.delete_snapshot(snapshot_id))
 
     def exec(

@@ -260,9 +260,10 @@ class Sandbox:
         transport: httpx.BaseTransport | None = None,
         client: Client | None = None,
     ) -> None:
-        """Delete a snapshot. Raises ``Conflict`` while a sandbox started from it is
-        alive (its disk is built on the snapshot: kill those first), ``NotFound`` if
-        there is no such snapshot."""
+        """Delete a snapshot. Raises ``Conflict`` while a live sandbox's disk is built on
+        it (kill those first; the message names them): one started from it, forks of
+        such a one, and the sandbox it was taken of, which runs on from the snapshot.
+        ``NotFound`` if there is no such snapshot."""
         cls._once(
             lambda http: http.delete_snapshot(snapshot_id),
             client,
@@ -363,7 +364,9 @@ class Sandbox:
         ``id`` is what :meth:`create` takes as ``snapshot=``).
 
         The sandbox is held still for the moment of the save and then carries on running,
-        or stays paused if it was. Raises ``StateError`` unless it is running or paused.
+        or stays paused if it was. From then on its disk is built on the snapshot, so
+        :meth:`delete_snapshot` refuses until this sandbox is gone too. Raises
+        ``StateError`` unless it is running or paused.
         """
         return self._client.create_snapshot(self.id, name)
 

@@ -22,29 +22,38 @@ Named snapshots: ``POST /v1/sandboxes/{id}/snapshots`` saves a running or paused
 files (its state is left alone); a create with ``snapshot`` starts from a copy of them,
 with the snapshot's image and shape; deleting a snapshot answers 409 ``conflict`` while a
 live sandbox's disk is built on it, as in the daemon: one started from it, a fork of
-such a one, and the sandbox it was taken of (which runs on from the snapshot). ``auto_pause_s`` and
-``auto_delete_s`` are range-checked and reported back, but no clock runs them.
+such a one, and the sandbox it was taken of (which runs on from the snapshot).
+``auto_pause_s`` and ``auto_delete_s`` are range-checked and reported back, but no clock
+runs them.
+
+The data types live in ``_fake_state`` and the in-memory filesystem in ``_fake_files``;
+this module is the router and the public face.
 """
 
 from __future__ import annotations
 
 import json
-import posixpath
 import re
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
 
 import httpx
 
 from hutch.models import AUTO_DELETE_S_RANGE, AUTO_PAUSE_S_RANGE, NAME_RE
+from hutch.sdk._fake_files import files_route
+from hutch.sdk._fake_state import (
+    Chunks,
+    FakeError,
+    FakeRun,
+    FakeSandbox,
+    FakeSnapshot,
+    json_body,
+    require,
+)
 
 __all__ = ["FakeError", "FakeHutch", "FakeRun", "FakeSandbox", "FakeSnapshot"]
 
-_TIME = "2026-11-30T03:00:00.123Z"
-_PAUSED_TIME = "2026-11-30T03:05:00.000Z"
-_SNAPSHOT_TIME = "2026-11-30T03:10:00.000Z"
 _PAUSE_MODES = ("memory", "disk")
 _ENDED = ("destroyed", "failed")
 _CREATE_FIELDS = frozenset(
@@ -63,126 +72,6 @@ _CREATE_FIELDS = frozenset(
         "auto_delete_s",
     }
 )
-
-
-@dataclass
-class FakeRun:
-    """What a faked command does: output chunks in order, then how it ends.
-
-    ``error`` ends the stream with an error line (e.g. ``("timeout", "...")``) and, for
-    a non-streamed exec, answers with that error instead.
-    """
-
-    output: Sequence[tuple[str, str]] = ()
-    exit_code: int | None = 0
-    signal: int | None = None
-    duration_ms: int = 7
-    error: tuple[str, str] | None = None
-
-
-@dataclass
-class FakeSandbox:
-    id: str
-    spec: dict[str, Any]
-    state: str = "running"
-    files: dict[str, bytes] = field(default_factory=dict)
-    modes: dict[str, int] = field(default_factory=dict)
-    dirs: set[str] = field(default_factory=lambda: {"/", "/root", "/tmp"})
-    pause_mode: str | None = None
-    parent_id: str | None = None
-    #: How many times it was resumed (explicitly or by ``auto_resume``).
-    resumes: int = 0
-    #: Named snapshots its disk is built on. As in the daemon, a snapshotted sandbox
-    #: runs on from the snapshot, so it is one of them too; forks inherit them.
-    bases: set[str] = field(default_factory=set)
-
-    def pause(self, mode: str) -> None:
-        self.state, self.pause_mode = "paused", mode
-
-    def resume(self) -> None:
-        self.state, self.pause_mode = "running", None
-        self.resumes += 1
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "name": self.spec.get("name"),
-            "image": self.spec.get("image", "base"),
-            "state": self.state,
-            "vcpus": self.spec.get("vcpus", 1),
-            "memory_mib": self.spec.get("memory_mib", 512),
-            "disk_gib": self.spec.get("disk_gib", 4),
-            "metadata": self.spec.get("metadata") or {},
-            "timeout_s": self.spec.get("timeout_s"),
-            "created_at": _TIME,
-            "started_at": _TIME,
-            "expires_at": None,
-            "ended_at": _TIME if self.state == "destroyed" else None,
-            "error": None,
-            "pause_mode": self.pause_mode,
-            "paused_at": _PAUSED_TIME if self.state == "paused" else None,
-            "parent_id": self.parent_id,
-            "auto_resume": bool(self.spec.get("auto_resume", False)),
-            "auto_pause_s": self.spec.get("auto_pause_s"),
-            "auto_delete_s": self.spec.get("auto_delete_s"),
-            "snapshot_id": self.spec.get("snapshot"),
-        }
-
-
-@dataclass
-class FakeSnapshot:
-    """A named snapshot: the spec (image and shape) and files of a sandbox at one moment."""
-
-    id: str
-    name: str
-    sandbox_id: str
-    spec: dict[str, Any]
-    files: dict[str, bytes]
-    modes: dict[str, int]
-    dirs: set[str]
-    #: The named snapshots the source's disk was already built on.
-    bases: set[str] = field(default_factory=set)
-
-    @property
-    def size_bytes(self) -> int:
-        # Memory image plus the files: deterministic, and grows with what was written.
-        memory = int(self.spec.get("memory_mib", 512)) << 20
-        return memory + sum(len(data) for data in self.files.values())
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "name": self.name,
-            "sandbox_id": self.sandbox_id,
-            "image": self.spec.get("image", "base"),
-            "vcpus": self.spec.get("vcpus", 1),
-            "memory_mib": self.spec.get("memory_mib", 512),
-            "disk_gib": self.spec.get("disk_gib", 4),
-            "size_bytes": self.size_bytes,
-            "created_at": _SNAPSHOT_TIME,
-        }
-
-
-class FakeError(Exception):
-    """Raised inside the fake to answer with an API error body."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
-
-
-class _Chunks(httpx.SyncByteStream, httpx.AsyncByteStream):
-    """A body that yields the given chunks one by one, to sync and async clients."""
-
-    def __init__(self, chunks: Sequence[bytes]) -> None:
-        self._chunks = list(chunks)
-
-    def __iter__(self) -> Iterator[bytes]:
-        yield from self._chunks
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        for chunk in self._chunks:
-            yield chunk
 
 
 def _default_exec(sandbox: FakeSandbox, body: dict[str, Any]) -> FakeRun:
@@ -307,7 +196,7 @@ class FakeHutch:
             return self._delete_snapshot(snapshot)
         if path == "/v1/sandboxes":
             if method == "POST":
-                return self._create(_body(request))
+                return self._create(json_body(request))
             if method == "GET":
                 return self._list(request)
         match = re.fullmatch(r"/v1/sandboxes/([^/]+)(/.*)?", path)
@@ -396,40 +285,40 @@ class FakeHutch:
         if method == "POST" and rest in ("/pause", "/resume", "/fork"):
             return self._lifecycle(sb, rest, request)
         if method == "POST" and rest == "/snapshots":
-            name = _body(request).get("name")
+            name = json_body(request).get("name")
             if not isinstance(name, str) or not NAME_RE.match(name):
                 raise FakeError(
                     400,
                     "invalid_argument",
                     f"name={name!r} is not valid; use 1-63 lowercase letters, digits and '-'",
                 )
-            _require(sb, "running", "paused")
+            require(sb, "running", "paused")
             return httpx.Response(201, json=self.add_snapshot(sb, name).to_json())
         if sb.state == "paused" and sb.spec.get("auto_resume"):
             sb.resume()
-        _require(sb, "running")
+        require(sb, "running")
         if rest == "/exec" and method == "POST":
-            return self._exec(sb, _body(request))
-        return self._files(sb, method, rest, request)
+            return self._exec(sb, json_body(request))
+        return files_route(sb, method, rest, request, self.download_chunk)
 
     def _lifecycle(self, sb: FakeSandbox, rest: str, request: httpx.Request) -> httpx.Response:
-        body = _body(request)
+        body = json_body(request)
         if rest == "/pause":
             mode = body.get("mode", "memory")
             if mode not in _PAUSE_MODES:
                 raise FakeError(400, "invalid_argument", f"mode {mode!r} is not memory or disk")
-            _require(sb, "running")
+            require(sb, "running")
             sb.pause(mode)
             return httpx.Response(200, json=sb.to_json())
         if rest == "/resume":
             if sb.state != "running":  # resuming a running sandbox is a no-op
-                _require(sb, "paused", "running")
+                require(sb, "paused", "running")
                 sb.resume()
             return httpx.Response(200, json=sb.to_json())
         count = body.get("count", 1)
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 100:
             raise FakeError(400, "invalid_argument", f"count={count!r} is out of range; 1-100")
-        _require(sb, "running", "paused")
+        require(sb, "running", "paused")
         children = []
         for _ in range(count):
             child = self.add_sandbox(**{k: v for k, v in sb.spec.items() if k != "name"})
@@ -477,118 +366,5 @@ class FakeHutch:
         # Split every line in two so clients must reassemble lines across chunks.
         chunks = [part for line in encoded for part in (line[:5], line[5:])]
         return httpx.Response(
-            200, headers={"content-type": "application/x-ndjson"}, stream=_Chunks(chunks)
+            200, headers={"content-type": "application/x-ndjson"}, stream=Chunks(chunks)
         )
-
-    def _files(
-        self, sb: FakeSandbox, method: str, rest: str, request: httpx.Request
-    ) -> httpx.Response:
-        params = request.url.params
-        if rest in ("/files/mkdir", "/files/rename") and method == "POST":
-            body = _body(request)
-            if rest == "/files/mkdir":
-                path = _abs(body["path"])
-                parts = path.strip("/").split("/")
-                for i in range(1, len(parts) + 1):
-                    sb.dirs.add("/" + "/".join(parts[:i]))
-                return httpx.Response(200, json=_entry(sb, path))
-            src, dst = _abs(body["source"]), _abs(body["destination"])
-            if src not in sb.files:
-                raise FakeError(404, "not_found", f"{src}: no such file")
-            sb.files[dst] = sb.files.pop(src)
-            sb.modes[dst] = sb.modes.pop(src, 0o644)
-            return httpx.Response(200, json=_entry(sb, dst))
-        path = _abs(params.get("path") or "")
-        if rest == "/files" and method == "PUT":
-            if posixpath.dirname(path) not in sb.dirs:
-                raise FakeError(404, "not_found", f"{posixpath.dirname(path)}: no such directory")
-            if path in sb.dirs:
-                raise FakeError(400, "invalid_argument", f"{path} is a directory")
-            sb.files[path] = request.content
-            sb.modes[path] = int(params.get("mode", "0644"), 8)
-            return httpx.Response(200, json={"path": path, "size": len(request.content)})
-        if rest == "/files" and method == "GET":
-            if path not in sb.files:
-                kind = "is a directory" if path in sb.dirs else "no such file"
-                raise FakeError(
-                    400 if path in sb.dirs else 404,
-                    "invalid_argument" if path in sb.dirs else "not_found",
-                    f"{path}: {kind}",
-                )
-            data, n = sb.files[path], self.download_chunk
-            chunks = [data[i : i + n] for i in range(0, len(data), n)]
-            return httpx.Response(
-                200, headers={"content-type": "application/octet-stream"}, stream=_Chunks(chunks)
-            )
-        if rest == "/files/list" and method == "GET":
-            if path not in sb.dirs:
-                raise FakeError(404, "not_found", f"{path}: no such directory")
-            children = sorted(
-                p
-                for p in (sb.files.keys() | sb.dirs)
-                if p != "/" and posixpath.dirname(p) == path and p != path
-            )
-            return httpx.Response(200, json={"entries": [_entry(sb, p) for p in children]})
-        if rest == "/files/stat" and method == "GET":
-            return httpx.Response(200, json=_entry(sb, path))
-        if rest == "/files" and method == "DELETE":
-            if path in sb.files:
-                del sb.files[path]
-            elif path in sb.dirs:
-                inside = [p for p in sb.files.keys() | sb.dirs if p.startswith(path + "/")]
-                if inside and params.get("recursive") != "true":
-                    raise FakeError(
-                        409,
-                        "conflict",
-                        f"directory {path!r} is not empty; pass recursive to remove it",
-                    )
-                for p in inside:
-                    sb.files.pop(p, None)
-                    sb.dirs.discard(p)
-                sb.dirs.discard(path)
-            else:
-                raise FakeError(404, "not_found", f"{path}: no such file or directory")
-            return httpx.Response(204)
-        raise FakeError(404, "not_found", f"no route {method} {rest}")
-
-
-def _require(sb: FakeSandbox, *states: str) -> None:
-    if sb.state not in states:
-        raise FakeError(
-            409,
-            "invalid_state",
-            f"sandbox {sb.id} is {sb.state}; this needs it to be {' or '.join(states)}",
-        )
-
-
-def _body(request: httpx.Request) -> dict[str, Any]:
-    try:
-        body = json.loads(request.content or b"{}")
-    except ValueError as exc:
-        raise FakeError(400, "invalid_argument", f"body is not JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise FakeError(400, "invalid_argument", "body must be a JSON object")
-    return body
-
-
-def _abs(path: str) -> str:
-    if not path:
-        raise FakeError(400, "invalid_argument", "path is required")
-    return posixpath.normpath(posixpath.join("/root", path))
-
-
-def _entry(sb: FakeSandbox, path: str) -> dict[str, Any]:
-    if path in sb.dirs:
-        kind, size, mode = "dir", 4096, 0o755
-    elif path in sb.files:
-        kind, size, mode = "file", len(sb.files[path]), sb.modes.get(path, 0o644)
-    else:
-        raise FakeError(404, "not_found", f"{path}: no such file or directory")
-    return {
-        "name": posixpath.basename(path) or "/",
-        "path": path,
-        "type": kind,
-        "size": size,
-        "mode": format(mode, "04o"),
-        "mtime": _TIME,
-    }

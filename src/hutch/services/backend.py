@@ -92,8 +92,10 @@ class VmBackend(Protocol):
     def collect_snapshots(self, live_ids: set[str], keep: set[str] | None = None) -> list[str]:
         """Remove snapshots no live sandbox depends on (except those in ``keep``)."""
 
-    def snapshot_users(self, snapshot_dir: Path, live_ids: set[str]) -> list[str]:
-        """Live sandboxes whose disks are built on this snapshot."""
+    def snapshot_users(
+        self, snapshot_dir: Path, live_ids: set[str], snapshots: dict[str, Path]
+    ) -> list[str]:
+        """Live sandboxes and other snapshots whose disks are built on this snapshot."""
 
     def snapshot_size(self, snapshot_dir: Path) -> int:
         """Bytes the snapshot holds on disk."""

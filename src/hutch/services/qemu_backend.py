@@ -347,10 +347,19 @@ class QemuBackend:
         d = Path(snapshot_dir)
         return (d / MANIFEST_FILE).is_file() and not (d / CONSUMED_MARKER).exists()
 
-    def snapshot_users(self, snapshot_dir: Path, live_ids: set[str]) -> list[str]:
-        """Live sandboxes whose disk chain includes the snapshot's disk."""
+    def snapshot_users(
+        self, snapshot_dir: Path, live_ids: set[str], snapshots: dict[str, Path]
+    ) -> list[str]:
+        """Live sandboxes and other snapshots whose disk chain includes this snapshot's."""
         disk = (snapshot_dir / "disk.qcow2").resolve()
-        return sorted(i for i in live_ids if disk in self._disks_used_by({i}))
+        users = [i for i in live_ids if disk in self._disks_used_by({i})]
+        users += [
+            snap_id
+            for snap_id, other in snapshots.items()
+            if other.resolve() != snapshot_dir.resolve()
+            and disk in self._chain(other / "disk.qcow2")
+        ]
+        return sorted(users)
 
     def snapshot_size(self, snapshot_dir: Path) -> int:
         """Bytes the snapshot holds on disk (allocated, not apparent: disks are sparse)."""

@@ -485,11 +485,12 @@ class SandboxService:
     async def delete_snapshot(self, snapshot_id: str) -> None:
         snap = self.get_snapshot(snapshot_id)
         live = {r.id for r in self.store.list_sandboxes(states=LIVE_STATES)}
-        users = self.backend.snapshot_users(Path(snap.path), live)
+        others = {s.id: Path(s.path) for s in self.store.list_snapshots()}
+        users = self.backend.snapshot_users(Path(snap.path), live, others)
         if users:
             raise Conflict(
-                f"snapshot {snapshot_id} is still needed by sandbox(es) {', '.join(users)}: "
-                "their disks are built on it; delete them first"
+                f"snapshot {snapshot_id} is still needed by {', '.join(users)}: their disks "
+                "are built on it; delete them first"
             )
         self.store.delete_snapshot(snapshot_id)
         await asyncio.to_thread(self.backend.remove_snapshot, Path(snap.path))
