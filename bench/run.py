@@ -84,6 +84,32 @@ def _ensure_image(name: str, images_dir: Path) -> None:
     build_image(name, images_dir)
 
 
+def _pin_image(name: str, images_dir: Path, work_dir: Path) -> tuple[Path, str]:
+    """A private images directory holding only the version of ``name`` that is current
+    now (files hard-linked, copied across file systems), and its digest.
+
+    Other engineers rebuild the shared images while a run goes on; a new ``current``
+    would make the daemons cold-boot the new version and build new templates in the
+    middle of a measurement, so every daemon of the run reads the pinned copy.
+    """
+    from hutch.images.build import find_image
+
+    arts = find_image(name, images_dir)
+    if arts is None:
+        raise SystemExit(f"image {name!r} vanished from {images_dir}; rerun to rebuild it")
+    source = arts.rootfs.parent
+    pinned = work_dir / "images"
+    dest = pinned / name / arts.digest
+    dest.mkdir(parents=True)
+    for item in source.iterdir():
+        try:
+            os.link(item, dest / item.name)
+        except OSError:
+            shutil.copy2(item, dest / item.name)
+    (pinned / name / "current").write_text(arts.digest + "\n")
+    return pinned, arts.digest
+
+
 def _check_tools() -> None:
     missing = [t for t in ("bwrap", "qemu-system-x86_64", "cat", "true") if not shutil.which(t)]
     if missing:
@@ -150,13 +176,15 @@ def main(argv: list[str] | None = None) -> int:
 
     stamp = utc_stamp()
     work_dir = Path(tempfile.mkdtemp(prefix="hutch-bench-"))
-    daemon = PrivateDaemon(REPO, work_dir, images_dir, os.environ.get("HUTCH_ACCEL") or None)
+    pinned_images, digest = _pin_image(args.image, images_dir, work_dir)
+    daemon = PrivateDaemon(REPO, work_dir, pinned_images, os.environ.get("HUTCH_ACCEL") or None)
     results: list[BenchResult] = []
     ctx: BenchContext | None = None
     try:
         daemon.start()
         _log(f"hutchd at {daemon.base_url} (accel {daemon.accel_in_use}), state {daemon.state_dir}")
         facts = host_facts(REPO, daemon.accel_in_use)
+        facts["image_digest"] = digest
         for key in ("loadavg_start", "foreign_qemu_at_start"):
             facts.pop(key, None)  # recorded per benchmark instead
         with daemon.client() as client:

@@ -26,10 +26,10 @@ import glob
 import json
 import logging
 import os
-import re
 import posixpath
 import pwd
 import queue
+import re
 import select
 import shutil
 import signal

@@ -32,7 +32,7 @@ from bench.cases.coldboot import (
 from bench.cases.common import BenchContext, SideDaemon
 from bench.model import BenchResult, Metric, SampleSet
 
-__all__ = ["DEFAULT_SHAPE_MIB", "run_create_paths"]
+__all__ = ["DEFAULT_SHAPE_MIB", "PoolGauge", "run_create_paths"]
 
 #: The warm pool's (and the SDK's default) shape: 1 vCPU, 512 MiB, 4 GiB disk.
 DEFAULT_SHAPE_MIB = 512
@@ -63,8 +63,8 @@ def wait_for_template(side: SideDaemon, timeout_s: float = TEMPLATE_WAIT_S) -> P
 class PoolGauge:
     """Counts VMs put into the pool (from the daemon's log) against creates served."""
 
-    def __init__(self, side: SideDaemon, image: str) -> None:
-        self.log_path = side.daemon.log_path
+    def __init__(self, log_path: Path, image: str) -> None:
+        self.log_path = log_path
         self.needle = f"warm pool for {image}: "
         self.taken = 0
 
@@ -122,7 +122,7 @@ def run_create_paths(ctx: BenchContext) -> BenchResult:
         time_create_echo(pool.client, ctx.image, mib)
         wait_for_template(template)
         wait_for_template(pool)
-        gauge = PoolGauge(pool, ctx.image)
+        gauge = PoolGauge(pool.daemon.log_path, ctx.image)
         gauge.wait_ready()
         # One untimed create per fast path: the first restore pays for reading the
         # template files into the page cache.

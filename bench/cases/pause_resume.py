@@ -18,6 +18,7 @@ After every resume the holder process must still be alive (the memory came back)
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import time
 from pathlib import Path
@@ -28,7 +29,7 @@ from bench.cases.common import SANDBOX_VCPUS, BenchContext, now
 from bench.model import BenchResult, Metric, SampleSet
 from hutch import Sandbox
 
-__all__ = ["run_pause_resume"]
+__all__ = ["HOLDER", "holder_command", "run_pause_resume"]
 
 MEMORY_MIB = 512
 DIRTY_MIB = 256
@@ -48,14 +49,15 @@ HOLDER = (
 DIRTY_WAIT_S = 600.0
 
 
-def _sh_quote(text: str) -> str:
-    return "'" + text.replace("'", "'\"'\"'") + "'"
+def holder_command() -> str:
+    """The shell command that starts the holder detached from the exec (``setsid -f``,
+    no inherited pipes, so the exec returns at once)."""
+    return f"setsid -f python3 -c {shlex.quote(HOLDER)} </dev/null >/dev/null 2>&1"
 
 
 def _dirty(sb: Sandbox) -> int:
     """Start the holder and wait until its memory is filled; returns its RSS in KiB."""
-    cmd = f"setsid -f python3 -c {_sh_quote(HOLDER)} </dev/null >/dev/null 2>&1"
-    started = sb.exec(cmd)
+    started = sb.exec(holder_command())
     if started.exit_code != 0:
         raise RuntimeError(f"could not start the memory holder: {started.stderr!r}")
     deadline = time.monotonic() + DIRTY_WAIT_S

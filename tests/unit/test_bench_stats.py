@@ -1,13 +1,23 @@
-"""The benchmark harness's pure helpers: percentiles, summaries, ratios, formatting."""
+"""The benchmark harness's pure helpers: percentiles, summaries, ratios, formatting, and
+the bookkeeping of the create_paths / pause_resume / fork cases (no daemon, no VM)."""
 
 from __future__ import annotations
 
 import math
+import shlex
+from pathlib import Path
 
 import pytest
+from bench.cases.coldboot import reference_or_measured
+from bench.cases.common import BenchContext
+from bench.cases.create_paths import PoolGauge
+from bench.cases.pause_resume import HOLDER, holder_command
+from bench.daemon import PrivateDaemon
 from bench.model import BenchResult, Metric, SampleSet
 from bench.report import reading, render_table
 from bench.stats import format_quantity, format_ratio, percentile, ratio, summarize
+
+from hutch.sdk import Client
 
 
 def test_percentile_interpolates_like_numpy_default() -> None:
@@ -100,3 +110,48 @@ def test_render_table_lists_every_metric() -> None:
     table = render_table([ok, bad])
     assert "exec_round_trip" in table and "100x" in table and "100 ms" in table
     assert "FAILED" in table and "boom" in table
+
+
+# -- helpers of create_paths / pause_resume / fork ------------------------------------
+
+
+def _ctx(tmp_path: Path) -> BenchContext:
+    daemon = PrivateDaemon(tmp_path, tmp_path / "work", tmp_path / "images", None)
+    client = Client(base_url="http://127.0.0.1:9", api_key="k")
+    return BenchContext(daemon, client, "base", True, tmp_path, lambda _: None)
+
+
+def test_pool_gauge_counts_fills_against_takes(tmp_path: Path) -> None:
+    log = tmp_path / "hutchd.log"
+    gauge = PoolGauge(log, "base")
+    assert gauge.filled() == 0  # no log yet
+    log.write_text(
+        "x INFO hutch.services.pool: warm pool for base: 1 ready\n"
+        "x INFO hutch.services.pool: warm pool for other: 1 ready\n"
+        "x WARNING hutch.services.pool: warm pool for base: boom\n"
+    )
+    assert gauge.filled() == 1
+    assert gauge.wait_ready(timeout_s=0.5) < 0.5
+    gauge.taken = 1
+    with pytest.raises(RuntimeError, match="did not refill"):
+        gauge.wait_ready(timeout_s=0.2)
+
+
+def test_cold_reference_is_measured_once_then_shared(tmp_path: Path) -> None:
+    ctx = _ctx(tmp_path)
+    try:
+        notes: list[str] = []
+        with pytest.raises(RuntimeError, match="no cold boots"):
+            reference_or_measured(ctx, 512, [], notes)
+        first = reference_or_measured(ctx, 512, [3.0, 5.0], notes)
+        assert first.summary.p50 == 4.0 and "measured in this benchmark" in notes[-1]
+        again = reference_or_measured(ctx, 512, [99.0], notes)
+        assert again is first and "earlier benchmark" in notes[-1]
+    finally:
+        ctx.client.close()
+
+
+def test_holder_script_compiles_and_survives_shell_quoting() -> None:
+    compile(HOLDER, "<holder>", "exec")
+    argv = shlex.split(holder_command())
+    assert argv[:3] == ["setsid", "-f", "python3"] and argv[4] == HOLDER

@@ -446,6 +446,7 @@ class QemuBackend:
         vm = await QemuVm.adopt(cfg)
         if vm is None:
             return None
+        await _undo_interrupted_pause(vm)
         try:
             agent = await AgentClient.connect(
                 p.agent_socket, timeout_s=10.0, identity=identity_of(rec.id, rec.name or rec.id)
@@ -478,6 +479,21 @@ class QemuBackend:
             if root.is_dir():
                 found.update(d.name for d in root.iterdir() if SANDBOX_ID_RE.match(d.name))
         return found
+
+
+async def _undo_interrupted_pause(vm: QemuVm) -> None:
+    """A daemon killed during a pause or fork leaves QEMU stopped (possibly migrating).
+    Nothing but hutch stops a guest, so an adopted VM that is not running is let run."""
+    try:
+        status = await vm.query_status()
+        if status == "running":
+            return
+        with contextlib.suppress(VmError):
+            await vm.qmp("migrate_cancel")
+        await vm.qmp("cont")
+        log.info("VM %s was %s after a daemon restart; resumed it", vm.cfg.name, status)
+    except HutchError as exc:
+        log.warning("could not resume adopted VM %s: %s", vm.cfg.name, exc)
 
 
 def _finish_template(snapshot_dir: Path, cfg: VmConfig) -> None:
