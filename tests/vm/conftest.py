@@ -1,6 +1,6 @@
 """Shared fixtures for tests that boot real QEMU guests (``@pytest.mark.vm``).
 
-- ``real_image``: the built ``base`` image (``hutch.images.build.find_image``) or skip.
+- ``real_image``: the current build of the ``base`` image (built when missing).
 - ``fixture_guest``: a tiny guest built here, for driver-level tests that must not wait
   for the real image: Debian's cloud kernel (``apt-get download``, vmlinux extracted from
   the bzImage's LZ4 payload) and a busybox initramfs whose /init prints
@@ -28,9 +28,9 @@ import pytest
 
 from hutch.vm.accel import detect_accel, host_tsc_khz
 from hutch.vm.argv import VmConfig
+from tests.conftest import ensure_image
 
 REPO = Path(__file__).resolve().parents[2]
-IMAGES_DIR = Path(os.environ.get("HUTCH_TEST_IMAGES_DIR", REPO / "var" / "images"))
 READY_MARKER = "HUTCH-FIXTURE-READY"
 AGENT_HELLO = b"HUTCH-FIXTURE-AGENT-HELLO\n"
 
@@ -170,13 +170,11 @@ def fixture_guest(tmp_path_factory: pytest.TempPathFactory) -> GuestFiles:
 
 @pytest.fixture(scope="session")
 def real_image() -> GuestFiles:
-    try:
-        from hutch.images.build import find_image
-    except ImportError:
-        pytest.skip("hutch.images.build is not available")
-    art = find_image("base", IMAGES_DIR)
-    if art is None:
-        pytest.skip(f"no built 'base' image under {IMAGES_DIR} (run: hutch image build base)")
+    """The current build of the ``base`` image (built if missing: never skipped)."""
+    from hutch.images.build import ImageArtifacts
+
+    art = ensure_image("base")
+    assert isinstance(art, ImageArtifacts)
     return GuestFiles(art.kernel, art.initrd, art.rootfs, art.cmdline)
 
 
