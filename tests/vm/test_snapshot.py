@@ -37,7 +37,7 @@ from hutch.vm.snapshot import (
 if TYPE_CHECKING:
     from conftest import GuestFiles
 
-pytestmark = [pytest.mark.vm, pytest.mark.slow]
+pytestmark = [pytest.mark.vm, pytest.mark.slow, pytest.mark.timeout(900)]
 
 BOOT_TIMEOUT_S = 120.0
 
