@@ -577,19 +577,19 @@ class Agent:
                 ).start()
             return
         with self.streams_lock:
-            st = self.streams.get(f.sid)
-            if f.type == CANCEL and st is not None:
+            cur = self.streams.get(f.sid)
+            if f.type == CANCEL and cur is not None:
                 del self.streams[f.sid]
-        if st is None:
+        if cur is None:
             return  # late frames of a finished stream
         if f.type in (DATA, EOF):
-            st.inbound.put(f)
+            cur.inbound.put(f)
         elif f.type == CREDIT:
             n = f.header.get("n")
             if isinstance(n, int) and 0 < n <= 1 << 20:
-                st.grant(n)
+                cur.grant(n)
         elif f.type == CANCEL:
-            st.cancel()
+            cur.cancel()
 
     def serve(
         self, st: Stream, op: Callable[[Stream, dict[str, Any]], Any], header: dict[str, Any]
@@ -918,8 +918,9 @@ def pump_output(st: Stream, proc: subprocess.Popen[bytes], deadline: float | Non
     poller = select.poll()
     for fd in channels:
         poller.register(fd, select.POLLIN)
+    pidfd: int | None
     try:
-        pidfd: int | None = os.pidfd_open(proc.pid)
+        pidfd = os.pidfd_open(proc.pid)
         poller.register(pidfd, select.POLLIN)
     except OSError:
         pidfd = None

@@ -5,7 +5,7 @@ guest kernel. Benchmarks of one run share its samples through ``ctx.cold_boots``
 
 from __future__ import annotations
 
-from bench.cases.common import SANDBOX_VCPUS, BenchContext, now
+from bench.cases.common import SANDBOX_VCPUS, BenchContext, SideDaemon, now
 from bench.model import SampleSet
 from hutch import Sandbox
 from hutch.sdk import Client
@@ -18,6 +18,7 @@ __all__ = [
     "cold_sample",
     "reference_or_measured",
     "time_create_echo",
+    "warm_cold",
 ]
 
 COLD_DAEMON = "cold"
@@ -50,15 +51,20 @@ def cold_label(memory_mib: int) -> str:
     )
 
 
-def cold_sample(ctx: BenchContext, memory_mib: int) -> float:
-    """One cold boot at ``memory_mib`` on the cold side daemon (started on first use;
-    the first boot per shape is an untimed warm-up that reads the image into the page
-    cache)."""
+def warm_cold(ctx: BenchContext, memory_mib: int) -> SideDaemon:
+    """The cold side daemon (started on first use), after one untimed boot at
+    ``memory_mib`` (the first boot reads the image into the page cache)."""
     side = ctx.side_daemon(COLD_DAEMON, COLD_ENV)
     warm = f"warm-{memory_mib}"
     if warm not in side.done:
         time_create_echo(side.client, ctx.image, memory_mib)
         side.done.add(warm)
+    return side
+
+
+def cold_sample(ctx: BenchContext, memory_mib: int) -> float:
+    """One timed cold boot at ``memory_mib`` on the (warmed) cold side daemon."""
+    side = warm_cold(ctx, memory_mib)
     return time_create_echo(side.client, ctx.image, memory_mib)
 
 

@@ -28,6 +28,7 @@ from bench.cases.coldboot import (
     cold_label,
     cold_sample,
     time_create_echo,
+    warm_cold,
 )
 from bench.cases.common import BenchContext, SideDaemon
 from bench.model import BenchResult, Metric, SampleSet
@@ -117,7 +118,7 @@ def run_create_paths(ctx: BenchContext) -> BenchResult:
         # builds the template in the background; the pool fills once it exists.
         ctx.log("  set-up: first creates, template builds, pool fill")
         time_spawn(bwrap_argv, "hi\n")
-        cold_sample(ctx, mib)  # warms the cold daemon (its first boot is untimed)
+        warm_cold(ctx, mib)
         time_create_echo(template.client, ctx.image, mib)
         time_create_echo(pool.client, ctx.image, mib)
         wait_for_template(template)

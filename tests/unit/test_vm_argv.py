@@ -35,7 +35,7 @@ def test_machine_accel_shape() -> None:
     assert argv[0] == "qemu-system-x86_64"
     assert _opt(argv, "-M") == ["microvm,x-option-roms=off,isa-serial=on,rtc=off"]
     assert _opt(argv, "-accel") == ["tcg,thread=multi"]
-    assert _opt(argv, "-cpu") == ["max"]
+    assert _opt(argv, "-cpu") == ["max,-erms,-fsrm"]
     assert _opt(argv, "-smp") == ["2"]
     assert _opt(argv, "-m") == ["512M"]
     for flag in ("-nodefaults", "-no-user-config", "-nographic", "-no-reboot"):

@@ -109,7 +109,7 @@ async def test_files_in_the_guest(service: SandboxService, sandbox: str) -> None
     entry = await service.write_file(sandbox, "/home/user/x/y.txt", b"data", mode=0o600)
     assert entry.size == 4
     assert (await run(service, sandbox, ["cat", "/home/user/x/y.txt"])) == "data"
-    chunks = [c async for c in service.read_file(sandbox, "/etc/os-release")]
+    chunks = [c async for c in await service.read_file(sandbox, "/etc/os-release")]
     assert b"bookworm" in b"".join(chunks)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hutch.errors import SnapshotError
-from hutch.vm.argv import MACHINE, VmConfig, guest_cmdline
+from hutch.vm.argv import MACHINE, TCG_CPU, VmConfig, guest_cmdline
 
 __all__ = [
     "MANIFEST_FORMAT",
@@ -171,7 +171,7 @@ def compat_fields(cfg: VmConfig) -> CompatFields:
     """The fields of ``cfg`` a snapshot is tied to (see :class:`CompatFields`)."""
     return CompatFields(
         machine=MACHINE,
-        cpu="host" if cfg.accel == "kvm" else "max",
+        cpu="host" if cfg.accel == "kvm" else TCG_CPU,
         accel=cfg.accel,
         memory_mib=cfg.memory_mib,
         vcpus=cfg.vcpus,
