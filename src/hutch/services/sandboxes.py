@@ -228,7 +228,9 @@ class SandboxService:
                 )
                 if pooled is not None:
                     runtime = pooled[1]
-                    await self.backend.retake_identity(runtime, rec)
+                    if rec.name is not None:
+                        # The pooled guest took its id as hostname; a name replaces it.
+                        await self.backend.retake_identity(runtime, rec)
                 elif source is not None:
                     runtime = await self.backend.start_clone(rec, Path(source.path))
                 elif template is not None:
