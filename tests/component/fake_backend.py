@@ -95,6 +95,10 @@ class FakeBackend:
             "--bind",
             str(run),
             str(run),
+            # The checkout may itself live under /tmp, which the tmpfs above hides.
+            "--ro-bind",
+            str(AGENT.parent),
+            str(AGENT.parent),
             AGENT_PYTHON,
             "-I",
             str(AGENT),
