@@ -87,7 +87,7 @@ lint: venv
 
 typecheck: venv
 	$(BIN)/mypy
-	$(BIN)/mypy --strict guest_agent/hutch_agent.py
+	MYPYPATH=guest_agent $(BIN)/mypy --strict -p hutch_agent
 
 check: deps lint typecheck
 	$(BIN)/pytest tests/unit tests/component $(PYTEST_ARGS)

@@ -7,6 +7,7 @@ Precedence: environment > config file > defaults.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import os
 import tomllib
 from dataclasses import dataclass, field, fields, replace
@@ -51,6 +52,13 @@ class Settings:
     templates: bool = True
     # Sandboxes per image kept restored ahead of time (default shape only); 0 = no pool.
     pool_size: int = 0
+    # Sandbox addresses: each sandbox takes a /30 of this IPv4 pool (gateway .1, guest .2).
+    net_pool: ipaddress.IPv4Network = ipaddress.IPv4Network("10.213.0.0/16")
+    # Where hutch's resolver forwards names a sandbox may resolve; None: the host's
+    # resolvers from /etc/resolv.conf.
+    dns_upstream: tuple[str, int] | None = None
+    # Host address that exposed sandbox ports listen on.
+    ports_bind: str = "127.0.0.1"
 
     @property
     def db_path(self) -> Path:
@@ -83,6 +91,11 @@ class Settings:
         return Path("/run/hutch") / digest
 
     @property
+    def daemon_tag(self) -> str:
+        """4 hex digits naming this daemon's host network objects (taps, nft table)."""
+        return hashlib.sha256(str(self.state_dir.resolve()).encode()).hexdigest()[:4]
+
+    @property
     def listen(self) -> str:
         return f"{self.listen_host}:{self.listen_port}"
 
@@ -93,6 +106,46 @@ def parse_listen(value: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise InvalidArgument(f"HUTCH_LISTEN={value!r} is not host:port (example: 127.0.0.1:7070)")
     return host.strip("[]"), int(port)
+
+
+def parse_dns_upstream(value: str) -> tuple[str, int]:
+    """Parse ``ip[:port]`` (``[v6]:port`` for IPv6 with a port); the port defaults to 53."""
+    text = value.strip()
+    host, port = text, 53
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        if rest:
+            if not rest.startswith(":") or not rest[1:].isdigit():
+                raise InvalidArgument(f"HUTCH_DNS_UPSTREAM={value!r} is not [ipv6]:port")
+            port = int(rest[1:])
+    elif text.count(":") == 1:
+        host, _, port_text = text.partition(":")
+        if not port_text.isdigit():
+            raise InvalidArgument(f"HUTCH_DNS_UPSTREAM={value!r}: port is not a number")
+        port = int(port_text)
+    try:
+        ipaddress.ip_address(host)
+    except ValueError as exc:
+        raise InvalidArgument(
+            f"HUTCH_DNS_UPSTREAM={value!r}: {host!r} is not an IP address; "
+            "accepted: ip[:port], e.g. 192.0.2.53 or 192.0.2.53:5353"
+        ) from exc
+    if not 0 < port < 65536:
+        raise InvalidArgument(f"HUTCH_DNS_UPSTREAM={value!r}: port {port} is out of 1-65535")
+    return host, port
+
+
+def parse_net_pool(value: str) -> ipaddress.IPv4Network:
+    """Parse the sandbox address pool: an IPv4 CIDR of /8 to /28."""
+    try:
+        pool = ipaddress.IPv4Network(value.strip(), strict=True)
+    except ValueError as exc:
+        raise InvalidArgument(
+            f"HUTCH_NET_POOL={value!r} is not an IPv4 network (example: 10.213.0.0/16): {exc}"
+        ) from exc
+    if not 8 <= pool.prefixlen <= 28:
+        raise InvalidArgument(f"HUTCH_NET_POOL={value!r}: prefix length must be 8-28")
+    return pool
 
 
 def _from_mapping(base: Settings, values: dict[str, Any], source: str) -> Settings:
@@ -125,6 +178,17 @@ def _from_mapping(base: Settings, values: dict[str, Any], source: str) -> Settin
             s = replace(s, pool_size=int(values["pool_size"]))
             if not 0 <= s.pool_size <= 32:
                 raise InvalidArgument(f"{source}: pool_size={s.pool_size}; accepted: 0-32")
+        if "net_pool" in values:
+            s = replace(s, net_pool=parse_net_pool(str(values["net_pool"])))
+        if "dns_upstream" in values:
+            s = replace(s, dns_upstream=parse_dns_upstream(str(values["dns_upstream"])))
+        if "ports_bind" in values:
+            bind = str(values["ports_bind"])
+            try:
+                ipaddress.ip_address(bind)
+            except ValueError as exc:
+                raise InvalidArgument(f"{source}: ports_bind={bind!r} is not an IP address") from exc
+            s = replace(s, ports_bind=bind)
         if "boot_timeout_s" in values:
             s = replace(s, boot_timeout_s=float(values["boot_timeout_s"]))
         limits = s.limits
@@ -151,6 +215,9 @@ _ENV = {
     "HUTCH_POOL_SIZE": "pool_size",
     "HUTCH_MAX_SANDBOXES": "max_sandboxes",
     "HUTCH_MAX_MEMORY_MIB": "max_memory_mib",
+    "HUTCH_NET_POOL": "net_pool",
+    "HUTCH_DNS_UPSTREAM": "dns_upstream",
+    "HUTCH_PORTS_BIND": "ports_bind",
 }
 
 

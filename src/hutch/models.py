@@ -22,6 +22,14 @@ def new_sandbox_id() -> str:
     return "sb-" + secrets.token_hex(6)
 
 
+class NetworkMode(enum.StrEnum):
+    """``default``: a tap, an address and NAT, filtered by egress rules.
+    ``none``: a NIC that leads nowhere."""
+
+    DEFAULT = "default"
+    NONE = "none"
+
+
 class SandboxState(enum.StrEnum):
     CREATING = "creating"
     RUNNING = "running"
@@ -124,6 +132,11 @@ class SandboxSpec:
     auto_pause_s: int | None = None
     auto_delete_s: int | None = None
     snapshot_id: str | None = None
+    network: NetworkMode = NetworkMode.DEFAULT
+    #: Egress rules (``hutch.net.rules``); None or [] = open egress.
+    egress: list[str] | None = None
+    #: Private networks (ids or names) to join at create.
+    networks: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.auto_pause_s is not None:
@@ -170,6 +183,7 @@ class SandboxRecord:
     auto_delete_s: int | None = None
     #: The named snapshot this sandbox was created from.
     snapshot_id: str | None = None
+    network: NetworkMode = NetworkMode.DEFAULT
 
 
 @dataclass(frozen=True)

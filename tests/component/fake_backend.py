@@ -20,7 +20,7 @@ from hutch.guest.client import AgentClient
 from hutch.images.build import ImageArtifacts
 from hutch.models import SANDBOX_ID_RE, PauseMode, SandboxRecord
 
-AGENT = Path(__file__).resolve().parents[2] / "guest_agent" / "hutch_agent.py"
+AGENT = Path(__file__).resolve().parents[2] / "guest_agent" / "agent.py"
 # The agent is stdlib-only; the system Python is used because a virtualenv's interpreter
 # may live under /root, which the sandbox hides.
 AGENT_PYTHON = "/usr/bin/python3"

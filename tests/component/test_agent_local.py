@@ -38,7 +38,7 @@ from hutch.errors import (
 from hutch.guest import AgentClient
 from hutch.guest.protocol import MAGIC, Decoder, Frame, FrameType, encode_frame
 
-AGENT = Path(__file__).resolve().parents[2] / "guest_agent" / "hutch_agent.py"
+AGENT = Path(__file__).resolve().parents[2] / "guest_agent" / "agent.py"
 
 
 @dataclass

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
 import random
 import struct
+import sys
 import zlib
 from pathlib import Path
 from types import ModuleType
@@ -32,16 +32,22 @@ from hutch.guest.protocol import (
 )
 from hutch.guest.results import error_from_wire
 
-AGENT_PATH = Path(__file__).resolve().parents[2] / "guest_agent" / "hutch_agent.py"
+AGENT_DIR = Path(__file__).resolve().parents[2] / "guest_agent"
 
 
 @pytest.fixture(scope="module")
 def agent_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("hutch_agent_under_test", AGENT_PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The agent's modules under one namespace, imported as the guest imports them."""
+    sys.path.insert(0, str(AGENT_DIR))
+    try:
+        import hutch_agent
+        from hutch_agent import errors, framing, paths
+    finally:
+        sys.path.remove(str(AGENT_DIR))
+    merged = ModuleType("hutch_agent_under_test")
+    for module in (hutch_agent, framing, errors, paths):
+        merged.__dict__.update({k: v for k, v in vars(module).items() if not k.startswith("__")})
+    return merged
 
 
 SAMPLE = [

@@ -1,6 +1,6 @@
 """Host side of the guest agent protocol: sans-IO framing and the asyncio client.
 
-The agent itself is ``guest_agent/hutch_agent.py`` (runs inside each VM).
+The agent itself is ``guest_agent/hutch_agent/`` (runs inside each VM).
 """
 
 from hutch.guest.client import AgentClient, ExecStream

@@ -1,6 +1,6 @@
 """Guest agent protocol v1: framing and flow control, sans-IO.
 
-The host daemon and the guest agent (``guest_agent/hutch_agent.py``, which mirrors this
+The host daemon and the guest agent (``guest_agent/hutch_agent/``, which mirrors this
 module because it cannot import hutch) talk over one byte channel: a virtio-serial port
 in the guest, a unix socket on the host (QEMU is the socket server). Everything below is
 independent of how bytes move; :mod:`hutch.guest.client` does the I/O.

@@ -16,6 +16,7 @@ all images, on ``<images_dir>/kernel.lock``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -50,8 +51,26 @@ __all__ = [
 _FORMAT = "image-v1"
 ROOTFS_LABEL = "hutch-root"
 
-#: Where the guest agent's source lives in a checkout (src/hutch/images/ -> repo root).
-DEFAULT_AGENT_PATH = Path(__file__).resolve().parents[3] / "guest_agent" / "hutch_agent.py"
+#: Where the guest agent's source lives in a checkout (src/hutch/images/ -> repo root):
+#: a launcher ``agent.py`` and the ``hutch_agent`` package beside it.
+DEFAULT_AGENT_PATH = Path(__file__).resolve().parents[3] / "guest_agent"
+AGENT_LAUNCHER = "agent.py"
+AGENT_PACKAGE = "hutch_agent"
+
+
+def agent_files(agent_dir: Path) -> list[Path]:
+    """The files of the guest agent, relative to ``agent_dir``, in a stable order."""
+    files = [Path(AGENT_LAUNCHER)]
+    files += sorted(p.relative_to(agent_dir) for p in (agent_dir / AGENT_PACKAGE).glob("*.py"))
+    return files
+
+
+def agent_sha256(agent_dir: Path) -> str:
+    """One digest over the agent's file names and contents."""
+    h = hashlib.sha256()
+    for rel in agent_files(agent_dir):
+        h.update(f"{rel}\0{file_sha256(agent_dir / rel)}\0".encode())
+    return h.hexdigest()
 
 #: Kernel command line the image's init needs; the VM layer appends hutch.hostname=<name>,
 #: optionally hutch.dns=<ip>[,<ip>...] (written to /etc/resolv.conf), and under TCG its
@@ -198,10 +217,12 @@ def _assemble(
         staging = work / "root"
         _proc.run(["cp", "-al", tree.root, staging], what="linking the package tree")
         (staging / "opt/hutch").mkdir(parents=True, exist_ok=True)
-        agent_dst = staging / "opt/hutch/agent.py"
-        agent_dst.unlink(missing_ok=True)
-        shutil.copyfile(agent, agent_dst)
-        agent_dst.chmod(0o644)
+        for rel in agent_files(agent):
+            agent_dst = staging / "opt/hutch" / rel
+            agent_dst.parent.mkdir(parents=True, exist_ok=True)
+            agent_dst.unlink(missing_ok=True)
+            shutil.copyfile(agent / rel, agent_dst)
+            agent_dst.chmod(0o644)
         # mmdebstrap leaves the build host's resolv.conf; it means nothing in a guest.
         # hutch-init writes it from hutch.dns= on the kernel command line.
         resolv = staging / "etc/resolv.conf"
@@ -233,7 +254,7 @@ def _assemble(
             "size_bytes": size,
             "tree_key": tree.key,
             "tree_digest": tree.digest,
-            "agent_sha256": file_sha256(agent),
+            "agent_sha256": agent_sha256(agent),
             "built_at": time.time(),
         }
         # Last: a directory with a manifest is complete.
@@ -272,7 +293,7 @@ def build_image(
     recipe = get_recipe(name)
     report = progress or _noop
     tools = _proc.require_tools()
-    if not agent_path.is_file():
+    if not (agent_path / AGENT_LAUNCHER).is_file() or not (agent_path / AGENT_PACKAGE).is_dir():
         raise ImageBuildError(
             f"guest agent source {agent_path} does not exist; pass agent_path= or restore it"
         )
@@ -295,7 +316,7 @@ def build_image(
             digest = image_digest(
                 name,
                 tree.digest,
-                file_sha256(agent_path),
+                agent_sha256(agent_path),
                 file_sha256(_init_path()),
                 file_sha256(initrd),
                 kernel.key,

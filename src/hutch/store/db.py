@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from hutch.errors import Conflict, StoreError
-from hutch.models import PauseMode, SandboxRecord, SandboxState, Shape, SnapshotRecord
+from hutch.models import NetworkMode, PauseMode, SandboxRecord, SandboxState, Shape, SnapshotRecord
 from hutch.store.migrations import MIGRATIONS
 
 _COLUMNS = (
     "id", "name", "image", "image_digest", "state", "vcpus", "memory_mib", "disk_gib",
     "env_json", "metadata_json", "timeout_s", "created_at", "started_at", "expires_at",
     "ended_at", "error", "pause_mode", "paused_at", "resume_from", "resume_clone",
-    "parent_id", "auto_resume", "auto_pause_s", "auto_delete_s", "snapshot_id",
+    "parent_id", "auto_resume", "auto_pause_s", "auto_delete_s", "snapshot_id", "network",
 )  # fmt: skip
 _UPDATABLE = {
     "state", "image_digest", "started_at", "expires_at", "ended_at", "error", "name",
@@ -247,6 +247,7 @@ def _to_row(rec: SandboxRecord) -> tuple[Any, ...]:
         rec.auto_pause_s,
         rec.auto_delete_s,
         rec.snapshot_id,
+        str(rec.network),
     )
 
 
@@ -276,4 +277,5 @@ def _from_row(row: tuple[Any, ...]) -> SandboxRecord:
         auto_pause_s=values["auto_pause_s"],
         auto_delete_s=values["auto_delete_s"],
         snapshot_id=values["snapshot_id"],
+        network=NetworkMode(values["network"]),
     )

@@ -58,4 +58,34 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE sandboxes ADD COLUMN auto_delete_s INTEGER;
     ALTER TABLE sandboxes ADD COLUMN snapshot_id TEXT;
     """,
+    # 4: networking
+    """
+    ALTER TABLE sandboxes ADD COLUMN network TEXT NOT NULL DEFAULT 'default';
+    CREATE TABLE net_leases (
+        sandbox_id  TEXT PRIMARY KEY,
+        block       INTEGER NOT NULL UNIQUE,
+        tap         TEXT NOT NULL UNIQUE
+    );
+    CREATE TABLE egress_rules (
+        sandbox_id  TEXT PRIMARY KEY,
+        rules_json  TEXT NOT NULL,
+        updated_at  REAL NOT NULL
+    );
+    CREATE TABLE networks (
+        id          TEXT PRIMARY KEY,
+        name        TEXT NOT NULL UNIQUE,
+        created_at  REAL NOT NULL
+    );
+    CREATE TABLE network_members (
+        network_id  TEXT NOT NULL REFERENCES networks(id),
+        sandbox_id  TEXT NOT NULL,
+        PRIMARY KEY (network_id, sandbox_id)
+    );
+    CREATE TABLE exposed_ports (
+        sandbox_id  TEXT NOT NULL,
+        guest_port  INTEGER NOT NULL,
+        host_port   INTEGER NOT NULL,
+        PRIMARY KEY (sandbox_id, guest_port)
+    );
+    """,
 )

@@ -1,0 +1,75 @@
+"""The guest's network settings, as the host hands them over in ``hello``.
+
+Every new session can carry them, because a clone or fork wakes up with the address of
+the VM it was copied from; the host side enforces the real address anyway (anti-spoof).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import subprocess
+from typing import Any
+
+log = logging.getLogger("hutch-agent")
+
+RESOLV_CONF = "/etc/resolv.conf"
+
+
+def find_nic() -> str | None:
+    """The first network interface that is not loopback (the guest has one NIC)."""
+    try:
+        names = sorted(os.listdir("/sys/class/net"))
+    except OSError:
+        return None
+    for name in names:
+        if name != "lo":
+            return name
+    return None
+
+
+def apply_network(net: Any) -> None:
+    """``net``: {"address": "a.b.c.d/len", "gateway": ip, "dns": ip} to configure the NIC,
+    or None to take it down (network mode "none"). Errors are logged, never raised: the
+    host checks connectivity where it matters, and the agent must keep serving."""
+    nic = find_nic()
+    if nic is None:
+        if net is not None:
+            log.warning("no network interface to configure")
+        return
+    commands = [f"addr flush dev {nic}", f"route flush dev {nic}"]
+    if net is None:
+        commands.append(f"link set {nic} down")
+        dns = None
+    else:
+        try:
+            address = ipaddress.IPv4Interface(str(net["address"]))
+            gateway = ipaddress.IPv4Address(str(net["gateway"]))
+            dns = ipaddress.IPv4Address(str(net.get("dns") or gateway))
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("ignoring bad network settings %r: %s", net, exc)
+            return
+        commands += [
+            f"link set {nic} up",
+            f"addr add {address} dev {nic}",
+            f"route replace default via {gateway} dev {nic}",
+        ]
+    try:
+        subprocess.run(
+            ["ip", "-batch", "-"],
+            input="\n".join(commands) + "\n",
+            text=True,
+            check=True,
+            capture_output=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        stderr = getattr(exc, "stderr", "") or ""
+        log.warning("configuring %s failed: %s %s", nic, exc, stderr.strip())
+        return
+    try:
+        with open(RESOLV_CONF, "w") as f:
+            f.write(f"nameserver {dns}\n" if dns else "# no network\n")
+    except OSError as exc:
+        log.warning("could not write %s: %s", RESOLV_CONF, exc)

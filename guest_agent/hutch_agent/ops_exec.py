@@ -1,0 +1,234 @@
+"""exec and signal: run commands with streamed output, stdin, timeouts and signals."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import select
+import signal
+import subprocess
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from hutch_agent import HOME
+from hutch_agent.errors import AgentError
+from hutch_agent.framing import (
+    CHUNK,
+    DATA,
+    REPLY,
+    STDERR,
+    STDOUT,
+)
+from hutch_agent.ops import Op
+from hutch_agent.streams import Cancelled, Stream
+
+if TYPE_CHECKING:
+    from hutch_agent.core import Agent
+
+
+# -- exec -------------------------------------------------------------------------
+def op_exec(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any] | None:
+    argv = h.get("argv")
+    if h.get("shell") is not None:
+        if not isinstance(h["shell"], str):
+            raise AgentError("invalid_argument", "shell must be a string")
+        argv = ["/bin/sh", "-c", h["shell"]]
+    if (
+        not isinstance(argv, list)
+        or not argv
+        or not all(isinstance(a, str) and "\0" not in a for a in argv)
+    ):
+        raise AgentError("invalid_argument", "argv must be a non-empty list of strings")
+    user = resolve_user(h.get("user"))
+    env = {
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME": user.pw_dir,
+        "USER": user.pw_name,
+        "LOGNAME": user.pw_name,
+        "LANG": "C.UTF-8",
+        "TERM": "xterm-256color",
+    }
+    extra = h.get("env") or {}
+    if not isinstance(extra, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and "\0" not in k + v and "=" not in k
+        for k, v in extra.items()
+    ):
+        raise AgentError("invalid_argument", "env must map names to strings")
+    env.update(extra)
+    cwd = h.get("cwd") or (HOME if user.pw_uid == 0 else user.pw_dir)
+    if not isinstance(cwd, str) or not os.path.isdir(cwd):
+        raise AgentError("not_found", f"working directory {cwd!r} does not exist in the sandbox")
+    timeout = h.get("timeout_s")
+    if timeout is not None and (not isinstance(timeout, int | float) or timeout <= 0):
+        raise AgentError("invalid_argument", "timeout_s must be a positive number")
+    ids: dict[str, Any] = {}
+    if user.pw_uid != os.geteuid():
+        if os.geteuid() != 0:
+            raise AgentError("permission_denied", "the agent cannot switch users")
+        ids = {
+            "user": user.pw_uid,
+            "group": user.pw_gid,
+            "extra_groups": os.getgrouplist(user.pw_name, user.pw_gid),
+        }
+    started = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE if h.get("stdin") else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+            **ids,
+        )
+    except FileNotFoundError as exc:
+        raise AgentError(
+            "command_not_found", f"command not found in the sandbox: {argv[0]!r}"
+        ) from exc
+    except PermissionError as exc:
+        raise AgentError(
+            "permission_denied", f"permission denied running {argv[0]!r}: {exc.strerror}"
+        ) from exc
+    st.proc = proc
+    st.send(REPLY, {"event": "started", "pid": proc.pid})
+    if proc.stdin is not None:
+        threading.Thread(target=pump_stdin, args=(st, proc.stdin), daemon=True).start()
+    deadline = None if timeout is None else started + float(timeout)
+    timed_out = pump_output(st, proc, deadline)
+    rc = proc.returncode
+    return {
+        "exit_code": rc if rc >= 0 else None,
+        "signal": -rc if rc < 0 else None,
+        "timed_out": timed_out,
+        "duration_ms": int((time.monotonic() - started) * 1000),
+    }
+
+
+def op_signal(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any]:
+    signum, target = h.get("signal"), h.get("target")
+    if not isinstance(signum, int) or not 0 < signum < signal.NSIG:
+        raise AgentError("invalid_argument", f"signal {signum!r} is not a signal number")
+    with agent.streams_lock:
+        other = agent.streams.get(target) if isinstance(target, int) else None
+    if other is None or other.proc is None:
+        raise AgentError("not_found", f"no running command on stream {target!r}")
+    with other.cond:  # reaped is set under this lock, so the pgid is still ours
+        if other.reaped:
+            raise AgentError("not_found", "the command has already exited")
+        try:
+            os.killpg(other.proc.pid, signum)
+        except ProcessLookupError as exc:
+            raise AgentError("not_found", "the command has already exited") from exc
+    return {}
+
+
+def resolve_user(user: Any) -> pwd.struct_passwd:
+    try:
+        if user is None:
+            return pwd.getpwuid(0)
+        if isinstance(user, int) or (isinstance(user, str) and user.isdigit()):
+            return pwd.getpwuid(int(user))
+        if isinstance(user, str):
+            return pwd.getpwnam(user)
+    except (KeyError, ValueError, OverflowError):  # unknown, NUL byte, uid too big
+        pass
+    raise AgentError("invalid_argument", f"user {user!r} does not exist in the sandbox")
+
+
+def pump_stdin(st: Stream, pipe: Any) -> None:
+    broken = False
+    try:
+        for chunk in st.inbound_frames():
+            if broken:
+                continue  # keep granting credit so the host can finish
+            try:
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(pipe.fileno(), view) :]
+            except OSError:
+                broken = True  # the command closed its stdin or exited
+    except Cancelled:
+        pass
+    finally:
+        with contextlib.suppress(OSError):
+            pipe.close()
+
+
+def pump_output(st: Stream, proc: subprocess.Popen[bytes], deadline: float | None) -> bool:
+    """Stream stdout/stderr as produced until the command exits; return timed_out.
+
+    Output left in the pipes by background children after the command exits is sent if
+    it is already there; the stream then ends without waiting for them.
+    """
+    assert proc.stdout is not None and proc.stderr is not None
+    channels = {proc.stdout.fileno(): STDOUT, proc.stderr.fileno(): STDERR}
+    poller = select.poll()
+    for fd in channels:
+        poller.register(fd, select.POLLIN)
+    pidfd: int | None
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+        poller.register(pidfd, select.POLLIN)
+    except OSError:
+        pidfd = None
+    exited = timed_out = False
+
+    def kill() -> None:
+        nonlocal timed_out
+        timed_out = True
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    try:
+        while channels or not exited:
+            if exited:
+                wait_ms: float | None = 0
+            elif deadline is not None and not timed_out:
+                wait_ms = max(0.0, deadline - time.monotonic()) * 1000
+            else:
+                wait_ms = None
+            if pidfd is None and not exited:
+                wait_ms = 50 if wait_ms is None else min(wait_ms, 50)
+            events = poller.poll(wait_ms)
+            if pidfd is None and not exited and proc.poll() is not None:
+                exited = True
+            if not events:
+                if exited:
+                    break
+                if deadline is not None and not timed_out and time.monotonic() >= deadline:
+                    kill()
+                continue
+            for fd, _ev in events:
+                if fd == pidfd:
+                    exited = True
+                    poller.unregister(fd)
+                    continue
+                if fd not in channels:
+                    continue
+                while not st.cancelled and not st.take_credit(None if timed_out else deadline):
+                    if not st.cancelled:
+                        kill()  # the host stopped reading and the deadline passed
+                data = os.read(fd, CHUNK)
+                if not data:
+                    poller.unregister(fd)
+                    del channels[fd]
+                    continue
+                st.send(DATA, None, data, channels[fd])
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+        if not exited and proc.poll() is None:
+            kill()  # only after an unexpected error: leave no command behind
+        with st.cond:
+            proc.wait()
+            st.reaped = True
+        for pipe in (proc.stdout, proc.stderr):
+            pipe.close()
+    return timed_out
+
+
+OPS: dict[str, Op] = {"exec": op_exec, "signal": op_signal}
