@@ -12,7 +12,17 @@ import time
 import traceback
 from typing import Any
 
-from hutch_agent import AGENT_VERSION, PROTOCOL_VERSION, ops_exec, ops_files
+from hutch_agent import (
+    AGENT_VERSION,
+    PROTOCOL_VERSION,
+    ops_archive,
+    ops_contexts,
+    ops_exec,
+    ops_files,
+    ops_process,
+    ops_pty,
+    ops_watch,
+)
 from hutch_agent.errors import AgentError, os_error
 from hutch_agent.framing import (
     BULK_MIN,
@@ -45,7 +55,15 @@ class Agent:
         self.streams: dict[int, Stream] = {}
         self.streams_lock = threading.Lock()
         self.session_nonce: Any = None
-        self.ops: dict[str, Op] = {**ops_exec.OPS, **ops_files.OPS}
+        self.ops: dict[str, Op] = {
+            **ops_exec.OPS,
+            **ops_files.OPS,
+            **ops_process.OPS,
+            **ops_pty.OPS,
+            **ops_watch.OPS,
+            **ops_archive.OPS,
+            **ops_contexts.OPS,
+        }
 
     def send(self, data: bytes, stream: Stream | None = None) -> None:
         with self.transport.lock:
