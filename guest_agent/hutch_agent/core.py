@@ -55,6 +55,7 @@ class Agent:
         self.streams: dict[int, Stream] = {}
         self.streams_lock = threading.Lock()
         self.session_nonce: Any = None
+        self.applied_net: Any = False  # never equal to a real setting (None included)
         self.ops: dict[str, Op] = {
             **ops_exec.OPS,
             **ops_files.OPS,
@@ -235,8 +236,11 @@ class Agent:
                     f.write(machine_id + "\n")
             except OSError as exc:
                 log.warning("could not write /etc/machine-id: %s", exc)
-        if "net" in h:
+        # Skipped when unchanged (a daemon restart or a memory resume): re-adding the
+        # address would disturb the guest's open connections for nothing.
+        if "net" in h and h["net"] != self.applied_net:
             apply_network(h["net"])
+            self.applied_net = h["net"]
         name = h.get("hostname")
         if isinstance(name, str) and name:
             try:

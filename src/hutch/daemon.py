@@ -13,6 +13,7 @@ import uvicorn
 from hutch.api import create_app
 from hutch.api.auth import load_or_create_key
 from hutch.config import Settings
+from hutch.net.manager import NetworkManager
 from hutch.services.images import LocalImages
 from hutch.services.qemu_backend import QemuBackend
 from hutch.services.sandboxes import SandboxService
@@ -41,9 +42,15 @@ def build(settings: Settings) -> tuple[SandboxService, str]:
     os.chmod(settings.state_dir, 0o700)
     key = load_or_create_key(settings.api_key_path)
     store = Store(settings.db_path)
-    backend = QemuBackend(settings)
+
+    def name_of(sandbox_id: str) -> str | None:
+        rec = store.get_sandbox(sandbox_id)
+        return rec.name if rec else None
+
+    net = NetworkManager(settings, store, names=name_of)
+    backend = QemuBackend(settings, guest_network=net.guest_settings)
     images = LocalImages(settings.images_dir)
-    return SandboxService(settings, store, backend, images), key
+    return SandboxService(settings, store, backend, images, net=net), key
 
 
 async def serve(settings: Settings) -> None:

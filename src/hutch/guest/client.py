@@ -58,6 +58,8 @@ class GuestIdentity:
 
     hostname: str
     machine_id: str  # 32 lowercase hex digits, as in /etc/machine-id
+    #: {"address": "a.b.c.d/30", "gateway": ip, "dns": ip}, or None: no network.
+    net: dict[str, str] | None = None
 
 
 class _HandshakeLost(Exception):
@@ -249,6 +251,7 @@ class AgentClient:
             if identity is not None:
                 header["hostname"] = identity.hostname
                 header["machine_id"] = identity.machine_id
+                header["net"] = identity.net
             return encode_frame(Frame(FrameType.REQUEST, 0, header))
 
         while True:
@@ -385,6 +388,14 @@ class AgentClient:
             return await state.expect_end()
         finally:
             self._forget(state)
+
+    # -- hooks for operation families kept in their own modules (guest/processes.py,
+    # guest/pty.py): open a stream, and forget it (CANCEL if the agent still runs it).
+    async def open_stream(self, header: dict[str, Any]) -> StreamState:
+        return await self._start(header)
+
+    def close_stream(self, state: StreamState) -> None:
+        self._forget(state)
 
     # -- operations ---------------------------------------------------------------------
     async def ping(self) -> float:

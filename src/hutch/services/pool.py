@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 from hutch.images.build import ImageArtifacts
 from hutch.models import SandboxRecord, SandboxState, Shape, new_sandbox_id
@@ -26,9 +27,19 @@ class WarmPool:
     #: Only creates at this shape are served from the pool.
     SHAPE = Shape()
 
-    def __init__(self, backend: VmBackend, size: int) -> None:
+    def __init__(
+        self,
+        backend: VmBackend,
+        size: int,
+        prepare: Callable[[SandboxRecord], Awaitable[None]] | None = None,
+        release: Callable[[str], Awaitable[None]] | None = None,
+    ) -> None:
+        """``prepare`` runs before a pooled VM starts (its network), ``release`` after
+        one is discarded."""
         self.backend = backend
         self.size = size
+        self._prepare = prepare
+        self._release = release
         self._ready: dict[PoolKey, list[tuple[str, Runtime]]] = {}
         self._refills: dict[PoolKey, asyncio.Task[None]] = {}
 
@@ -65,10 +76,12 @@ class WarmPool:
                 shape=self.SHAPE, created_at=time.time(), image_digest=image.digest,
             )  # fmt: skip
             try:
+                if self._prepare is not None:
+                    await self._prepare(stub)
                 runtime = await self.backend.start_clone(stub, template)
             except Exception as exc:
                 log.warning("warm pool for %s: %s", image.name, exc)
-                await self.backend.cleanup(stub.id)
+                await self._discard(stub.id)
                 return
             ready.append((stub.id, runtime))
             log.info("warm pool for %s: %d ready", image.name, len(ready))
@@ -82,5 +95,10 @@ class WarmPool:
             for sandbox_id, runtime in ready:
                 with contextlib.suppress(Exception):
                     await runtime.destroy()
-                await self.backend.cleanup(sandbox_id)
+                await self._discard(sandbox_id)
         self._ready.clear()
+
+    async def _discard(self, sandbox_id: str) -> None:
+        await self.backend.cleanup(sandbox_id)
+        if self._release is not None:
+            await self._release(sandbox_id)

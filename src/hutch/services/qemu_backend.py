@@ -18,6 +18,7 @@ import os
 import secrets
 import shutil
 import signal
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,8 @@ from hutch.config import Settings
 from hutch.errors import GuestError, HutchError, Timeout, VmError
 from hutch.guest.client import AgentClient, GuestIdentity
 from hutch.images.build import ImageArtifacts
-from hutch.models import SANDBOX_ID_RE, PauseMode, SandboxRecord, Shape
+from hutch.models import SANDBOX_ID_RE, NetworkMode, PauseMode, SandboxRecord, Shape
+from hutch.net.addressing import tap_name
 from hutch.storage.overlay import create_overlay
 from hutch.vm.accel import detect_accel, host_tsc_khz
 from hutch.vm.argv import VmConfig
@@ -123,10 +125,22 @@ class QemuRuntime:
             await self.vm.qmp("cont")
 
 
+#: What a guest is told about its network in ``hello`` (see ``GuestIdentity.net``).
+GuestNetwork = Callable[[str], "dict[str, str] | None"]
+
+
 class QemuBackend:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, guest_network: GuestNetwork | None = None) -> None:
         self.settings = settings
         self.accel = detect_accel(settings.accel)
+        # The network layer owns addresses; the backend only passes them on to the guest.
+        self.guest_network: GuestNetwork = guest_network or (lambda _sandbox_id: None)
+
+    def tap_of(self, rec: SandboxRecord) -> str | None:
+        """The host tap of ``rec``'s NIC (created by the network layer), None with no network."""
+        if rec.network is NetworkMode.NONE:
+            return None
+        return tap_name(self.settings.daemon_tag, rec.id)
 
     def paths(self, sandbox_id: str) -> SandboxPaths:
         return SandboxPaths(
@@ -135,11 +149,13 @@ class QemuBackend:
         )
 
     def vm_config(self, rec: SandboxRecord, image: ImageArtifacts) -> VmConfig:
-        return self._vm_config(self.paths(rec.id), rec.id, rec.shape, image, rec.name or rec.id)
+        cfg = self._vm_config(self.paths(rec.id), rec.id, rec.shape, image, rec.name or rec.id)
+        return dataclasses.replace(cfg, tap=self.tap_of(rec))
 
     def _vm_config(
         self, p: SandboxPaths, name: str, shape: Shape, image: ImageArtifacts, hostname: str
     ) -> VmConfig:
+        """Templates get a NIC on a hub port: their clones plug it into their own taps."""
         return VmConfig(
             name=name,
             vcpus=shape.vcpus,
@@ -157,6 +173,7 @@ class QemuBackend:
             # Under TCG the guest's TSC is the host's; telling the kernel its rate avoids
             # a calibration that hangs boot at random (ARCHITECTURE.md, vm/).
             tsc_khz=host_tsc_khz() if self.accel == "tcg" else None,
+            nic=True,
         )
 
     async def start(self, rec: SandboxRecord, image: ImageArtifacts) -> QemuRuntime:
@@ -271,6 +288,8 @@ class QemuBackend:
             console_log=p.console_log,
             pidfile=p.pidfile,
             qemu_log=p.qemu_log,
+            # A snapshot from before NICs existed restores without one: no network.
+            tap=self.tap_of(rec) if template_cfg.nic else None,
         )
         _write_config(p.vm_json, cfg)
         vm = await restore(cfg, snapshot_dir, clone=True)
@@ -288,7 +307,8 @@ class QemuBackend:
     # -- templates: create = restore a snapshot taken once per (image, shape) --------------
 
     def template_dir(self, image: ImageArtifacts, shape: Shape) -> Path:
-        key = f"{image.name}-{image.digest}-{shape.vcpus}c-{shape.memory_mib}m-{shape.disk_gib}g"
+        # "-n1": templates with a NIC (older ones cannot give their clones a network).
+        key = f"{image.name}-{image.digest}-{shape.vcpus}c-{shape.memory_mib}m-{shape.disk_gib}g-n1"
         return self.settings.state_dir / "templates" / key
 
     def find_template(self, image: ImageArtifacts, shape: Shape) -> Path | None:
@@ -420,7 +440,9 @@ class QemuBackend:
             AgentClient.connect(
                 p.agent_socket,
                 timeout_s=self.settings.boot_timeout_s,
-                identity=identity_of(vm.cfg.name, hostname or vm.cfg.name),
+                identity=identity_of(
+                    vm.cfg.name, hostname or vm.cfg.name, self.guest_network(vm.cfg.name)
+                ),
             )
         )
         died = asyncio.ensure_future(vm.wait_exited())
@@ -449,7 +471,9 @@ class QemuBackend:
         await _undo_interrupted_pause(vm)
         try:
             agent = await AgentClient.connect(
-                p.agent_socket, timeout_s=10.0, identity=identity_of(rec.id, rec.name or rec.id)
+                p.agent_socket,
+                timeout_s=10.0,
+                identity=identity_of(rec.id, rec.name or rec.id, self.guest_network(rec.id)),
             )
         except (GuestError, Timeout) as exc:
             log.warning("sandbox %s: VM alive but its agent does not answer: %s", rec.id, exc)
@@ -522,10 +546,10 @@ def _discard_template_build(state: Path) -> None:
     shutil.rmtree(state, ignore_errors=True)
 
 
-def identity_of(sandbox_id: str, hostname: str) -> GuestIdentity:
+def identity_of(sandbox_id: str, hostname: str, net: dict[str, str] | None = None) -> GuestIdentity:
     """A sandbox's guest identity: stable for its lifetime, distinct from every other."""
     machine_id = hashlib.sha256(f"hutch-machine-id:{sandbox_id}".encode()).hexdigest()[:32]
-    return GuestIdentity(hostname=hostname, machine_id=machine_id)
+    return GuestIdentity(hostname=hostname, machine_id=machine_id, net=net)
 
 
 def _write_config(path: Path, cfg: VmConfig) -> None:

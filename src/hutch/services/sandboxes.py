@@ -26,6 +26,7 @@ import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hutch.config import Settings
 from hutch.errors import Capacity, Conflict, HutchError, InvalidArgument, NotFound, StateError
@@ -36,6 +37,7 @@ from hutch.models import (
     FORK_COUNT_RANGE,
     SANDBOX_ID_RE,
     SNAPSHOT_ID_RE,
+    NetworkMode,
     PauseMode,
     SandboxRecord,
     SandboxSpec,
@@ -47,11 +49,16 @@ from hutch.models import (
     validate_env,
     validate_name,
 )
+from hutch.net.rules import parse_policy
 from hutch.services.backend import Runtime, VmBackend
 from hutch.services.images import ImageSource, ImageView, resolve
+from hutch.services.networking import NetPlan, NetworkingMixin
 from hutch.services.pool import WarmPool
 from hutch.store import Store
 from hutch.store.db import LIVE_STATES
+
+if TYPE_CHECKING:
+    from hutch.net.manager import NetworkManager
 
 __all__ = ["ExecStream", "FileEntry", "SandboxService"]
 
@@ -62,11 +69,18 @@ REAPER_INTERVAL_S = 1.0
 FORK_PARALLELISM = 4
 
 
-class SandboxService:
+class SandboxService(NetworkingMixin):
     def __init__(
-        self, settings: Settings, store: Store, backend: VmBackend, images: ImageSource
+        self,
+        settings: Settings,
+        store: Store,
+        backend: VmBackend,
+        images: ImageSource,
+        net: NetworkManager | None = None,
     ) -> None:
+        """``net`` None (tests without root): every sandbox gets network "none"."""
         self.settings = settings
+        self.net = net
         self.store = store
         self.backend = backend
         self.image_source = images
@@ -77,7 +91,12 @@ class SandboxService:
         # One template build at a time: each boots a VM, and boots compete for CPU.
         self._template_gate = asyncio.Lock()
         self._template_tasks: dict[tuple[str, str, Shape], asyncio.Task[None]] = {}
-        self.pool = WarmPool(backend, settings.pool_size if settings.templates else 0)
+        self.pool = WarmPool(
+            backend,
+            settings.pool_size if settings.templates else 0,
+            prepare=self._prepare_pooled,
+            release=self._release_network,
+        )
         self._reaper: asyncio.Task[None] | None = None
         # Idle tracking for auto_pause_s: in memory, since after a restart every sandbox
         # counts as freshly active (never paused early).
@@ -88,6 +107,9 @@ class SandboxService:
     # -- daemon lifecycle --------------------------------------------------------------
 
     async def start(self) -> None:
+        if self.net is not None:
+            # Before adoption: adopted guests are told their network again.
+            await self.net.start({r.id for r in self.store.list_sandboxes(states=LIVE_STATES)})
         await self.reconcile()
         default = self.image_source.find(self.settings.default_image)
         if default is not None:
@@ -111,6 +133,8 @@ class SandboxService:
                 await runtime.agent.close()
         self._runtimes.clear()
         self._monitors.clear()
+        if self.net is not None:
+            await self.net.close()
 
     async def reconcile(self) -> None:
         """Make the database and the host agree after a start or crash.
@@ -152,6 +176,7 @@ class SandboxService:
                 self.store.update_sandbox(rec.id, state=SandboxState.PAUSED)
                 continue
             await self.backend.cleanup(rec.id)
+            await self._release_network(rec.id)
             if rec.state is SandboxState.STOPPING:
                 self._finish(rec.id, SandboxState.DESTROYED)
             else:
@@ -192,7 +217,12 @@ class SandboxService:
             # A snapshot fixes the machine: its image and shape come with it.
             spec = replace(spec, image=source.image, shape=source.shape)
         image = resolve(self.image_source, spec.image)
-        pooled = self.pool.take(image, spec.shape) if source is None else None
+        plan = self.plan_network(spec)
+        if self.net is None:
+            plan.mode = NetworkMode.NONE
+        # Pooled VMs have a network; a "none" sandbox is restored without one.
+        use_pool = source is None and plan.mode is NetworkMode.DEFAULT
+        pooled = self.pool.take(image, spec.shape) if use_pool else None
         async with self._create_gate:
             # Capacity is checked and the row inserted under one lock so that concurrent
             # creates cannot overshoot the limits together.
@@ -217,6 +247,7 @@ class SandboxService:
                 auto_pause_s=spec.auto_pause_s,
                 auto_delete_s=spec.auto_delete_s,
                 snapshot_id=spec.snapshot_id,
+                network=plan.mode,
             )
             self.store.insert_sandbox(rec)
         async with self._lock(rec.id):
@@ -226,6 +257,7 @@ class SandboxService:
                     if self.settings.templates
                     else None
                 )
+                await self._network_for(rec, plan, pooled=pooled is not None)
                 if pooled is not None:
                     runtime = pooled[1]
                     if rec.name is not None:
@@ -242,6 +274,7 @@ class SandboxService:
                 self.pool.refill(image)
             except BaseException as exc:
                 await self.backend.cleanup(rec.id)
+                await self._release_network(rec.id)
                 reason = str(exc) if isinstance(exc, HutchError) else repr(exc)
                 self._finish(rec.id, SandboxState.FAILED, reason)
                 raise
@@ -250,6 +283,7 @@ class SandboxService:
                 # Deleted while booting.
                 await runtime.destroy()
                 await self.backend.cleanup(rec.id)
+                await self._release_network(rec.id)
                 raise Conflict(f"sandbox {rec.id} was deleted while it was being created")
             self._attach(rec.id, runtime)
             return self._mark_running(rec)
@@ -273,6 +307,33 @@ class SandboxService:
         if runtime is not None:
             await runtime.destroy()
         await self.backend.cleanup(sandbox_id)
+        await self._release_network(sandbox_id)
+
+    # -- network plumbing of the lifecycle ----------------------------------------------
+
+    async def _network_for(self, rec: SandboxRecord, plan: NetPlan, *, pooled: bool) -> None:
+        """Attach ``rec`` as ``plan`` says (a pooled VM is attached already: its policy
+        and networks are set instead)."""
+        if self.net is None or plan.mode is NetworkMode.NONE:
+            return
+        if pooled:
+            await self.net.set_policy(rec.id, plan.policy)
+            for nid in plan.network_ids:
+                await self.net.join(rec.id, nid)
+        else:
+            await self.net.attach(rec.id, plan.policy, plan.network_ids)
+
+    async def _prepare_pooled(self, stub: SandboxRecord) -> None:
+        """A pooled VM gets its tap and address now, and no egress until handed out."""
+        if self.net is not None:
+            await self.net.attach(stub.id, parse_policy(["deny-all"]), [])
+
+    async def _release_network(self, sandbox_id: str) -> None:
+        if self.net is not None:
+            try:
+                await self.net.detach(sandbox_id)
+            except HutchError as exc:
+                log.warning("could not release the network of %s: %s", sandbox_id, exc)
 
     # -- pause / resume / fork ---------------------------------------------------------
 
@@ -410,9 +471,17 @@ class SandboxService:
         async def start(child: SandboxRecord) -> SandboxRecord | BaseException:
             async with gate, self._lock(child.id):
                 try:
+                    if self.net is not None and child.network is NetworkMode.DEFAULT:
+                        # Same rules and networks as the parent; its own address and name.
+                        await self.net.attach(
+                            child.id,
+                            self.net.policy_of(parent.id),
+                            self.net.networks_of(parent.id),
+                        )
                     runtime = await self.backend.start_clone(child, snapshot_dir)
                 except BaseException as exc:
                     await self.backend.cleanup(child.id)
+                    await self._release_network(child.id)
                     self._finish(child.id, SandboxState.FAILED, str(exc))
                     return exc
                 self._attach(child.id, runtime)

@@ -12,7 +12,7 @@ import json
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,10 @@ class Store:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+    def transaction(self) -> AbstractContextManager[sqlite3.Connection]:
+        """One write transaction (for the other tables' modules in this package)."""
+        return self._tx()
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:

@@ -38,6 +38,7 @@ MEMORY_BACKEND_ID = "mem"
 SANDBOX = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_TAP_RE = re.compile(r"^[a-z0-9]{1,15}$")
 # sun_path is 108 bytes including the NUL.
 _MAX_SOCKET_PATH = 107
 # khz range of any x86 TSC we would believe (100 MHz - 10 GHz).
@@ -81,6 +82,13 @@ class VmConfig:
     memory_file: Path | None = None
     memory_shared: bool = True
     incoming: bool = False
+    # A virtio-net NIC. False only in configurations saved before NICs existed: a
+    # snapshot restores only into the same set of devices.
+    nic: bool = False
+    #: The host tap the NIC is plugged into; None: a hub port that leads nowhere
+    #: (network "none", templates). Backends are not part of the migrated state, so a
+    #: clone of a template can be given its own tap.
+    tap: str | None = None
 
 
 def _opt(path: Path) -> str:
@@ -112,6 +120,8 @@ def _validate(cfg: VmConfig) -> None:
         raise InvalidArgument("kernel cmdline contains a NUL or newline")
     if cfg.tsc_khz is not None and not _TSC_KHZ_RANGE[0] <= cfg.tsc_khz <= _TSC_KHZ_RANGE[1]:
         raise InvalidArgument(f"tsc_khz={cfg.tsc_khz} is not a plausible TSC rate")
+    if cfg.tap is not None and not _TAP_RE.match(cfg.tap):
+        raise InvalidArgument(f"tap {cfg.tap!r} is not a valid interface name (1-15 [a-z0-9])")
     if cfg.memory_file is not None and not cfg.memory_file.is_absolute():
         raise InvalidArgument(f"memory_file {str(cfg.memory_file)!r} must be an absolute path")
 
@@ -145,6 +155,14 @@ def build_argv(cfg: VmConfig, qemu_binary: str = "qemu-system-x86_64") -> list[s
             f"memory-backend-file,id={MEMORY_BACKEND_ID},size={cfg.memory_mib}M,"
             f"mem-path={_opt(cfg.memory_file)},share={share}",
         ]
+    nic: list[str] = []
+    if cfg.nic:
+        netdev = (
+            f"tap,id=net0,ifname={cfg.tap},script=no,downscript=no"
+            if cfg.tap
+            else "hubport,id=net0,hubid=0"
+        )
+        nic = ["-netdev", netdev, "-device", "virtio-net-device,netdev=net0"]
     return [
         qemu_binary,
         "-name",
@@ -191,6 +209,7 @@ def build_argv(cfg: VmConfig, qemu_binary: str = "qemu-system-x86_64") -> list[s
         "rng-random,id=rng0,filename=/dev/urandom",
         "-device",
         "virtio-rng-device,rng=rng0",
+        *nic,
         "-chardev",
         f"file,id=console,path={_opt(cfg.console_log)}",
         "-serial",

@@ -1,0 +1,512 @@
+"""Sandbox networking as one unit: address leases, egress policies, private networks and
+exposed ports, kept in the store and pushed to the dataplane (taps + nftables); the
+resolver, the SNI/Host proxy, the port forwarder and the NFLOG reader run in the daemon's
+event loop.
+
+Everything is enforced on the host. While the daemon is down its nft table stays in
+place and its resolver and proxy ports are closed: sandboxes fail closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import secrets
+import time
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from ipaddress import IPv4Address, IPv4Interface
+from pathlib import Path
+
+from hutch.config import Settings
+from hutch.errors import Conflict, HutchError, InvalidArgument, NetworkError, NotFound
+from hutch.models import NAME_RE
+from hutch.net import links
+from hutch.net.addressing import (
+    AddressPool,
+    Block,
+    host_addresses,
+    is_forbidden_destination,
+    tap_name,
+    tap_prefix,
+)
+from hutch.net.dataplane import Dataplane, NftDataplane
+from hutch.net.dns import INTERNAL_SUFFIX, Learned, Resolver, SandboxNetInfo
+from hutch.net.egress_log import EgressLog
+from hutch.net.inbound import PortForwarder
+from hutch.net.nflog import LoggedPacket, NflogReader, split_prefix
+from hutch.net.nft import LearnedAddress, SandboxNet, TableConfig
+from hutch.net.nft_apply import SandboxCounters
+from hutch.net.proxy import EgressProxy
+from hutch.net.rules import EgressPolicy, parse_policy
+from hutch.net.views import EgressEvent, EgressView, NetworkView, PortView
+from hutch.store.db import Store
+from hutch.store.net import NetStore, NetworkRow
+
+__all__ = ["NetworkManager", "default_upstream"]
+
+log = logging.getLogger(__name__)
+
+_NETWORK_ID_RE = re.compile(r"^net-[0-9a-f]{12}$")
+#: Most private networks one sandbox may be on.
+MAX_NETWORKS_PER_SANDBOX = 16
+_COUNTERS_EVERY_S = 2.0
+
+
+def default_upstream(resolv_conf: Path = Path("/etc/resolv.conf")) -> tuple[str, int]:
+    """The host's first IPv4 nameserver (the daemon asks it from the host's side)."""
+    try:
+        for line in resolv_conf.read_text().splitlines():
+            parts = line.split()
+            if len(parts) >= 2 and parts[0] == "nameserver" and ":" not in parts[1]:
+                return parts[1], 53
+    except OSError:
+        pass
+    # Every forwarded name then fails (SERVFAIL) rather than the daemon not starting.
+    log.warning(
+        "no IPv4 nameserver in %s: sandboxes cannot resolve names; set "
+        "HUTCH_DNS_UPSTREAM=ip[:port]",
+        resolv_conf,
+    )
+    return "127.0.0.1", 53
+
+
+@dataclass
+class _Attached:
+    """A sandbox with network ``default``."""
+
+    sandbox_id: str
+    block: Block
+    tap: str
+    policy: EgressPolicy
+
+    def dataplane_view(self) -> SandboxNet:
+        return SandboxNet(self.sandbox_id, self.tap, self.block.guest, self.policy)
+
+
+class NetworkManager:
+    """See the module docstring. ``names(sandbox_id)`` gives a sandbox's name (private
+    DNS answers it); ``dataplane`` defaults to the real taps + nftables."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        names: Callable[[str], str | None],
+        dataplane: Dataplane | None = None,
+    ) -> None:
+        self.settings = settings
+        self.db = NetStore(store)
+        self.pool = AddressPool(settings.net_pool)
+        self.dataplane: Dataplane = dataplane or NftDataplane()
+        self.real = dataplane is None
+        self.log = EgressLog()
+        self._names = names
+        self._attached: dict[str, _Attached] = {}
+        self._by_address: dict[IPv4Address, str] = {}
+        self._by_tap: dict[str, str] = {}
+        self._host_addrs: frozenset[IPv4Address] = frozenset()
+        self._counters: dict[str, SandboxCounters] = {}
+        self._nflog_counted: dict[str, int] = {}
+        self._lock = asyncio.Lock()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._nflog: NflogReader | None = None
+        self.resolver = Resolver(
+            self, settings.dns_upstream or default_upstream(), self.log, self._learned
+        )
+        self.proxy = EgressProxy(self, self.resolver, self.log, self._forbidden)
+        self.forwarder = PortForwarder(settings.ports_bind)
+        self.cfg: TableConfig | None = None
+
+    # -- daemon lifecycle ----------------------------------------------------------------
+
+    async def start(self, live_ids: Collection[str]) -> None:
+        """Bring the host in line with the store: leases of sandboxes not in ``live_ids``
+        are dropped, taps and the table rebuilt, exposed ports listened on again."""
+        dns_port = await self.resolver.start()
+        proxy_port = await self.proxy.start()
+        group = 1000 + int(self.settings.daemon_tag, 16) % 30000
+        self.cfg = TableConfig(
+            tag=self.settings.daemon_tag,
+            pool=self.settings.net_pool,
+            dns_port=dns_port,
+            proxy_port=proxy_port,
+            nflog_group=group,
+        )
+        if self.real:
+            self._host_addrs = await host_addresses()
+            await self._check_pool_is_ours()
+        live = set(live_ids)
+        for sid in set(self.db.leases()) - live:
+            self.db.forget_sandbox(sid)
+        for sid, lease in self.db.leases().items():
+            self._remember(
+                _Attached(
+                    sid, self.pool.block(lease.block), lease.tap, parse_policy(self.db.rules(sid))
+                )
+            )
+        await self.dataplane.install(
+            self.cfg,
+            [a.dataplane_view() for a in self._attached.values()],
+            {sid: a.block for sid, a in self._attached.items()},
+            self._network_addresses(),
+        )
+        for sid, guest_port, _old in self.db.ports():
+            if sid in self._attached:
+                try:
+                    await self._expose(sid, guest_port, _old)
+                except (HutchError, OSError):
+                    # The old host port is taken now: a new one (the store learns it).
+                    with contextlib.suppress(HutchError, OSError):
+                        await self._expose(sid, guest_port)
+        if self.real:
+            self._nflog = NflogReader(group)
+            self._tasks.append(asyncio.create_task(self._read_nflog(), name="hutch-nflog"))
+        self._tasks.append(asyncio.create_task(self._poll_counters(), name="hutch-counters"))
+
+    async def close(self) -> None:
+        """Stop the servers and readers. The nft table and taps stay (fail closed)."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        if self._nflog is not None:
+            self._nflog.close()
+        await self.proxy.close()
+        await self.resolver.close()
+        await self.forwarder.shutdown()
+
+    # -- what the resolver, the proxy and the guest ask ----------------------------------
+
+    def lookup(self, addr: IPv4Address) -> SandboxNetInfo | None:
+        sid = self._by_address.get(addr)
+        if sid is None:
+            return None
+        return SandboxNetInfo(sid, self._attached[sid].policy, self._peers(sid))
+
+    def guest_settings(self, sandbox_id: str) -> dict[str, str] | None:
+        att = self._attached.get(sandbox_id)
+        if att is None:
+            return None
+        gw = str(att.block.gateway)
+        return {"address": att.block.guest_cidr, "gateway": gw, "dns": gw}
+
+    def address_of(self, sandbox_id: str) -> IPv4Address | None:
+        att = self._attached.get(sandbox_id)
+        return att.block.guest if att else None
+
+    # -- sandboxes -----------------------------------------------------------------------
+
+    def check_networks(self, ids_or_names: list[str]) -> list[str]:
+        """The network ids for ``ids_or_names`` (NotFound names the unknown one)."""
+        if len(ids_or_names) > MAX_NETWORKS_PER_SANDBOX:
+            raise InvalidArgument(
+                f"{len(ids_or_names)} networks given; a sandbox joins at most "
+                f"{MAX_NETWORKS_PER_SANDBOX}"
+            )
+        return list(dict.fromkeys(self._network(n).id for n in ids_or_names))
+
+    async def attach(
+        self,
+        sandbox_id: str,
+        policy: EgressPolicy,
+        network_ids: Sequence[str] = (),
+    ) -> None:
+        """Give ``sandbox_id`` an address, a tap and its policy; join ``network_ids``."""
+        cfg = self._config()
+        async with self._lock:
+            used = {lease.block for lease in self.db.leases().values()}
+            block = self.pool.block(self.pool.first_free(used))
+            tap = tap_name(self.settings.daemon_tag, sandbox_id)
+            self.db.add_lease(sandbox_id, block.index, tap)
+            self.db.set_rules(sandbox_id, policy.texts())
+            att = _Attached(sandbox_id, block, tap, policy)
+            try:
+                await self.dataplane.add(cfg, att.dataplane_view(), block)
+            except BaseException:
+                self.db.forget_sandbox(sandbox_id)
+                with contextlib.suppress(Exception):
+                    await self.dataplane.remove(cfg, att.dataplane_view())
+                raise
+            self._remember(att)
+            for nid in network_ids:
+                self.db.add_member(nid, sandbox_id)
+            if network_ids:
+                await self.dataplane.set_networks(cfg, self._network_addresses())
+
+    async def detach(self, sandbox_id: str) -> None:
+        """Take everything back. Safe to call twice and for sandboxes never attached."""
+        cfg = self._config()
+        await self.forwarder.close_all(sandbox_id)
+        async with self._lock:
+            att = self._attached.pop(sandbox_id, None)
+            had_networks = bool(self.db.networks_of(sandbox_id))
+            lease = self.db.leases().get(sandbox_id)
+            self.db.forget_sandbox(sandbox_id)
+            if att is None and lease is not None:
+                att = _Attached(
+                    sandbox_id, self.pool.block(lease.block), lease.tap, EgressPolicy.open()
+                )
+            if att is not None:
+                self._by_address.pop(att.block.guest, None)
+                self._by_tap.pop(att.tap, None)
+                await self.dataplane.remove(cfg, att.dataplane_view())
+            if had_networks:
+                await self.dataplane.set_networks(cfg, self._network_addresses())
+        self.log.forget(sandbox_id)
+        self._nflog_counted.pop(sandbox_id, None)
+
+    def is_attached(self, sandbox_id: str) -> bool:
+        return sandbox_id in self._attached
+
+    # -- egress --------------------------------------------------------------------------
+
+    def policy_of(self, sandbox_id: str) -> EgressPolicy:
+        att = self._attached.get(sandbox_id)
+        return att.policy if att else parse_policy(self.db.rules(sandbox_id))
+
+    async def set_policy(self, sandbox_id: str, policy: EgressPolicy) -> EgressView:
+        att = self._require(sandbox_id)
+        async with self._lock:
+            new = _Attached(att.sandbox_id, att.block, att.tap, policy)
+            await self.dataplane.replace_policy(self._config(), new.dataplane_view())
+            # Stored only once the host enforces it: a failure keeps the old rules.
+            self.db.set_rules(sandbox_id, policy.texts())
+            self._attached[sandbox_id] = new
+        return self.egress_view(sandbox_id)
+
+    def egress_view(self, sandbox_id: str) -> EgressView:
+        policy = self.policy_of(sandbox_id)
+        allowed, denied = self.log.counters(sandbox_id)
+        nft = self._counters.get(sandbox_id)
+        # NFLOG denials are in the log too; the nft counter counts every one of them.
+        denied -= self._nflog_counted.get(sandbox_id, 0)
+        if nft is not None:
+            allowed += nft.allowed
+            denied += nft.denied
+        return EgressView(policy.texts(), policy.mode, allowed, max(0, denied))
+
+    def events(self, sandbox_id: str, limit: int) -> list[EgressEvent]:
+        return self.log.events(sandbox_id, limit)
+
+    # -- private networks ----------------------------------------------------------------
+
+    def create_network(self, name: str) -> NetworkView:
+        if not isinstance(name, str) or not NAME_RE.match(name):
+            raise InvalidArgument(
+                f"network name {name!r} is not valid; use 1-63 lower-case letters, digits "
+                "and '-', starting and ending with a letter or digit"
+            )
+        if _NETWORK_ID_RE.match(name):
+            raise InvalidArgument(f"network name {name!r} looks like a network id; pick another")
+        row = NetworkRow("net-" + secrets.token_hex(6), name, time.time())
+        self.db.insert_network(row)
+        return self.network_view(row.id)
+
+    def list_networks(self) -> list[NetworkView]:
+        return [self._view(row) for row in self.db.networks()]
+
+    def network_view(self, id_or_name: str) -> NetworkView:
+        return self._view(self._network(id_or_name))
+
+    async def delete_network(self, id_or_name: str) -> None:
+        row = self._network(id_or_name)
+        self.db.delete_network(row.id)
+        async with self._lock:
+            await self.dataplane.set_networks(
+                self._config(), self._network_addresses(), removed=[row.id]
+            )
+
+    async def join(self, sandbox_id: str, id_or_name: str) -> NetworkView:
+        self._require(sandbox_id)
+        row = self._network(id_or_name)
+        current = self.db.networks_of(sandbox_id)
+        if row.id not in current and len(current) >= MAX_NETWORKS_PER_SANDBOX:
+            raise Conflict(f"sandbox {sandbox_id} is already on {len(current)} networks (the most)")
+        async with self._lock:
+            self.db.add_member(row.id, sandbox_id)
+            await self.dataplane.set_networks(self._config(), self._network_addresses())
+        return self._view(row)
+
+    async def leave(self, sandbox_id: str, id_or_name: str) -> None:
+        row = self._network(id_or_name)
+        if row.id not in self.db.networks_of(sandbox_id):
+            raise NotFound(f"sandbox {sandbox_id} is not on network {row.id} ({row.name})")
+        async with self._lock:
+            self.db.remove_member(row.id, sandbox_id)
+            await self.dataplane.set_networks(self._config(), self._network_addresses())
+
+    def networks_of(self, sandbox_id: str) -> list[str]:
+        return self.db.networks_of(sandbox_id)
+
+    # -- inbound ports -------------------------------------------------------------------
+
+    async def expose(self, sandbox_id: str, port: int) -> PortView:
+        self._require(sandbox_id)
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise InvalidArgument(f"port {port!r} is not a TCP port; accepted: 1-65535")
+        return await self._expose(sandbox_id, port)
+
+    async def _expose(self, sandbox_id: str, port: int, host_port: int = 0) -> PortView:
+        existing = self.forwarder.exposed(sandbox_id).get(port)
+        if existing is None:
+            existing = await self.forwarder.expose(
+                sandbox_id, self._attached[sandbox_id].block.guest, port, host_port
+            )
+            self.db.add_port(sandbox_id, port, existing)
+        return self._port_view(port, existing)
+
+    def ports(self, sandbox_id: str) -> list[PortView]:
+        return [
+            self._port_view(guest, host)
+            for guest, host in sorted(self.forwarder.exposed(sandbox_id).items())
+        ]
+
+    async def unexpose(self, sandbox_id: str, port: int) -> None:
+        if port not in self.forwarder.exposed(sandbox_id):
+            raise NotFound(
+                f"port {port} of sandbox {sandbox_id} is not exposed; "
+                f"GET /v1/sandboxes/{sandbox_id}/ports lists those that are"
+            )
+        await self.forwarder.close(sandbox_id, port)
+        self.db.remove_port(sandbox_id, port)
+
+    # -- internals -----------------------------------------------------------------------
+
+    async def _check_pool_is_ours(self) -> None:
+        """Refuse a pool that addresses on other interfaces already use (another daemon
+        with the same HUTCH_NET_POOL, a VPN, ...): routes to sandboxes would be ambiguous."""
+        out = await links.run_ip(["-j", "addr", "show"])
+        prefix = tap_prefix(self.settings.daemon_tag)
+        for link in json.loads(out or "[]"):
+            name = str(link.get("ifname", ""))
+            if name.startswith(prefix):
+                continue
+            for info in link.get("addr_info", []):
+                if info.get("family") != "inet":
+                    continue
+                iface = IPv4Interface(f"{info.get('local')}/{info.get('prefixlen')}")
+                if iface.network.overlaps(self.settings.net_pool):
+                    raise NetworkError(
+                        f"the sandbox address pool {self.settings.net_pool} overlaps "
+                        f"{iface} on interface {name}; set HUTCH_NET_POOL to a free range"
+                    )
+
+    def _config(self) -> TableConfig:
+        if self.cfg is None:
+            raise NetworkError("networking has not started")
+        return self.cfg
+
+    def _require(self, sandbox_id: str) -> _Attached:
+        att = self._attached.get(sandbox_id)
+        if att is None:
+            raise Conflict(
+                f'sandbox {sandbox_id} has no network (created with network "none"); '
+                'create it with network "default" to use egress rules, ports or networks'
+            )
+        return att
+
+    def _remember(self, att: _Attached) -> None:
+        self._attached[att.sandbox_id] = att
+        self._by_address[att.block.guest] = att.sandbox_id
+        self._by_tap[att.tap] = att.sandbox_id
+
+    def _network(self, id_or_name: str) -> NetworkRow:
+        row = self.db.network(id_or_name) if isinstance(id_or_name, str) else None
+        if row is None:
+            raise NotFound(f"no network {id_or_name!r}; GET /v1/networks lists them")
+        return row
+
+    def _view(self, row: NetworkRow) -> NetworkView:
+        return NetworkView(row.id, row.name, row.created_at, self.db.members(row.id))
+
+    def _network_addresses(self) -> dict[str, list[IPv4Address]]:
+        out: dict[str, list[IPv4Address]] = {}
+        for nid, members in self.db.memberships().items():
+            out[nid] = [self._attached[m].block.guest for m in members if m in self._attached]
+        return out
+
+    def _peers(self, sandbox_id: str) -> dict[str, IPv4Address]:
+        peers: dict[str, IPv4Address] = {}
+        memberships = self.db.memberships()
+        for nid in self.db.networks_of(sandbox_id):
+            for member in memberships.get(nid, []):
+                att = self._attached.get(member)
+                if member == sandbox_id or att is None:
+                    continue
+                for label in (member, self._names(member)):
+                    if label:
+                        peers[label.lower()] = att.block.guest
+                        peers[f"{label.lower()}.{INTERNAL_SUFFIX}"] = att.block.guest
+        return peers
+
+    def _port_view(self, guest: int, host_port: int) -> PortView:
+        host = self.settings.ports_bind
+        shown = f"[{host}]" if ":" in host else host
+        return PortView(guest, host, host_port, f"http://{shown}:{host_port}")
+
+    def _forbidden(self, addr: IPv4Address) -> bool:
+        return is_forbidden_destination(addr, self.pool, self._host_addrs)
+
+    async def _learned(self, sandbox_id: str, learned: Learned, ttl: int) -> None:
+        if sandbox_id not in self._attached:
+            return
+        items = [LearnedAddress(addr, port, ttl) for addr, port in learned]
+        try:
+            await self.dataplane.learned(self._config(), sandbox_id, items)
+        except HutchError as exc:
+            # The guest's connection will be refused: fail closed, but say why.
+            log.warning("could not allow learned addresses for %s: %s", sandbox_id, exc)
+
+    async def _poll_counters(self) -> None:
+        while True:
+            with contextlib.suppress(HutchError):
+                self._counters = await self.dataplane.counters(self._config())
+            await asyncio.sleep(_COUNTERS_EVERY_S)
+
+    async def _read_nflog(self) -> None:
+        assert self._nflog is not None
+        try:
+            async for packet in self._nflog:
+                self._record_packet(packet)
+        except HutchError as exc:
+            log.warning("NFLOG reader stopped: %s", exc)
+
+    def _record_packet(self, packet: LoggedPacket) -> None:
+        tag, sid, reason = split_prefix(packet.prefix)
+        if tag != f"h{self.settings.daemon_tag}":
+            return
+        if sid is None and packet.indev:
+            sid = self._by_tap.get(packet.indev)
+        if sid is None:
+            return
+        self.log.record(
+            EgressEvent(
+                time=packet.time,
+                sandbox_id=sid,
+                destination=str(packet.dst) if packet.dst else "?",
+                port=packet.dport,
+                protocol=packet.protocol,
+                name=None,
+                verdict="deny",
+                rule=None,
+                reason=_REASONS.get(reason, reason),
+            )
+        )
+        self._nflog_counted[sid] = self._nflog_counted.get(sid, 0) + 1
+
+
+_REASONS = {
+    "unregistered": "always denied: an interface hutch does not know",
+    "ipv6": "always denied: IPv6 (sandboxes are IPv4 only)",
+    "spoof": "always denied: source address is not the sandbox's own",
+    "host": "always denied: the host itself (daemon API included)",
+    "link-local": "always denied: link-local / cloud metadata",
+    "sandbox": "always denied: another sandbox not on a shared private network",
+    "multicast": "always denied: multicast or broadcast",
+    "smtp": "always denied: SMTP (tcp port 25)",
+    "policy": "no egress rule allows this destination",
+}

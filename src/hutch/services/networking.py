@@ -1,0 +1,125 @@
+"""The networking use cases of a sandbox (egress rules, ports, private networks), mixed
+into :class:`hutch.services.sandboxes.SandboxService`; the work is done by
+:class:`hutch.net.manager.NetworkManager`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hutch.errors import NetworkError
+from hutch.models import NetworkMode, SandboxRecord, SandboxSpec
+from hutch.net.rules import EgressPolicy, parse_policy
+from hutch.net.views import (
+    EgressEvent,
+    EgressView,
+    NetworkView,
+    PortView,
+    SandboxNetView,
+)
+
+if TYPE_CHECKING:
+    from hutch.net.manager import NetworkManager
+
+__all__ = ["NetPlan", "NetworkingMixin"]
+
+#: Most egress log events one request returns.
+MAX_LOG_LIMIT = 1000
+
+
+class NetPlan:
+    """What a create asked of the network, validated before anything is created."""
+
+    def __init__(self, mode: NetworkMode, policy: EgressPolicy, network_ids: list[str]) -> None:
+        self.mode = mode
+        self.policy = policy
+        self.network_ids = network_ids
+
+
+class NetworkingMixin:
+    net: NetworkManager | None
+
+    # Provided by SandboxService.
+    def get(self, sandbox_id: str) -> SandboxRecord:
+        raise NotImplementedError
+
+    def _netman(self) -> NetworkManager:
+        if self.net is None:
+            raise NetworkError("networking is off in this daemon (it runs without root?)")
+        return self.net
+
+    def plan_network(self, spec: SandboxSpec) -> NetPlan:
+        """Validate the network part of ``spec`` (bad rules, unknown networks) up front."""
+        policy = parse_policy(spec.egress or [])
+        mode = NetworkMode(spec.network)
+        ids: list[str] = []
+        if mode is NetworkMode.NONE:
+            if spec.egress or spec.networks:
+                from hutch.errors import InvalidArgument
+
+                raise InvalidArgument(
+                    'network "none" has no egress rules or private networks; drop '
+                    '"egress"/"networks" or use network "default"'
+                )
+        elif spec.networks:
+            ids = self._netman().check_networks(list(spec.networks))
+        return NetPlan(mode, policy, ids)
+
+    # -- egress --------------------------------------------------------------------------
+
+    def egress_get(self, sandbox_id: str) -> EgressView:
+        self.get(sandbox_id)
+        return self._netman().egress_view(sandbox_id)
+
+    async def egress_set(self, sandbox_id: str, rules: list[str]) -> EgressView:
+        self.get(sandbox_id)
+        policy = parse_policy(rules)  # InvalidArgument names the bad rule; nothing changes
+        return await self._netman().set_policy(sandbox_id, policy)
+
+    def egress_log(self, sandbox_id: str, limit: int) -> list[EgressEvent]:
+        self.get(sandbox_id)
+        return self._netman().events(sandbox_id, max(0, min(limit, MAX_LOG_LIMIT)))
+
+    # -- ports ---------------------------------------------------------------------------
+
+    async def expose_port(self, sandbox_id: str, port: int) -> PortView:
+        self.get(sandbox_id)
+        return await self._netman().expose(sandbox_id, port)
+
+    def list_ports(self, sandbox_id: str) -> list[PortView]:
+        self.get(sandbox_id)
+        return self._netman().ports(sandbox_id)
+
+    async def close_port(self, sandbox_id: str, port: int) -> None:
+        self.get(sandbox_id)
+        await self._netman().unexpose(sandbox_id, port)
+
+    # -- private networks ----------------------------------------------------------------
+
+    async def create_network(self, name: str) -> NetworkView:
+        return self._netman().create_network(name)
+
+    def list_networks(self) -> list[NetworkView]:
+        return self._netman().list_networks()
+
+    def get_network(self, id_or_name: str) -> NetworkView:
+        return self._netman().network_view(id_or_name)
+
+    async def delete_network(self, id_or_name: str) -> None:
+        await self._netman().delete_network(id_or_name)
+
+    async def join_network(self, sandbox_id: str, id_or_name: str) -> NetworkView:
+        self.get(sandbox_id)
+        return await self._netman().join(sandbox_id, id_or_name)
+
+    async def leave_network(self, sandbox_id: str, id_or_name: str) -> None:
+        self.get(sandbox_id)
+        await self._netman().leave(sandbox_id, id_or_name)
+
+    def sandbox_net(self, sandbox_id: str) -> SandboxNetView:
+        rec = self.get(sandbox_id)
+        if self.net is None or rec.network is NetworkMode.NONE:
+            return SandboxNetView(rec.network, None, [])
+        address = self.net.address_of(sandbox_id)
+        return SandboxNetView(
+            rec.network, str(address) if address else None, self.net.networks_of(sandbox_id)
+        )

@@ -1,0 +1,186 @@
+"""The networking tables: address leases, egress rules, private networks and their
+members, exposed ports. Same database and transactions as ``hutch.store.db``."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass
+
+from hutch.errors import Conflict
+from hutch.store.db import Store
+
+__all__ = ["Lease", "NetStore", "NetworkRow"]
+
+
+@dataclass(frozen=True)
+class Lease:
+    sandbox_id: str
+    block: int
+    tap: str
+
+
+@dataclass(frozen=True)
+class NetworkRow:
+    id: str
+    name: str
+    created_at: float
+
+
+class NetStore:
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def _rows(self, sql: str, *params: object) -> list[tuple[object, ...]]:
+        with self._store.transaction() as db:
+            return list(db.execute(sql, params).fetchall())
+
+    # -- leases --------------------------------------------------------------------------
+
+    def add_lease(self, sandbox_id: str, block: int, tap: str) -> None:
+        with self._store.transaction() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO net_leases (sandbox_id, block, tap) VALUES (?, ?, ?)",
+                (sandbox_id, block, tap),
+            )
+
+    def remove_lease(self, sandbox_id: str) -> None:
+        self._rows("DELETE FROM net_leases WHERE sandbox_id = ?", sandbox_id)
+
+    def leases(self) -> dict[str, Lease]:
+        rows = self._rows("SELECT sandbox_id, block, tap FROM net_leases")
+        return {str(r[0]): Lease(str(r[0]), int(str(r[1])), str(r[2])) for r in rows}
+
+    # -- egress rules --------------------------------------------------------------------
+
+    def set_rules(self, sandbox_id: str, rules: list[str]) -> None:
+        with self._store.transaction() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO egress_rules (sandbox_id, rules_json, updated_at) "
+                "VALUES (?, ?, ?)",
+                (sandbox_id, json.dumps(rules), time.time()),
+            )
+
+    def rules(self, sandbox_id: str) -> list[str]:
+        rows = self._rows("SELECT rules_json FROM egress_rules WHERE sandbox_id = ?", sandbox_id)
+        return list(json.loads(str(rows[0][0]))) if rows else []
+
+    def remove_rules(self, sandbox_id: str) -> None:
+        self._rows("DELETE FROM egress_rules WHERE sandbox_id = ?", sandbox_id)
+
+    # -- private networks ----------------------------------------------------------------
+
+    def insert_network(self, row: NetworkRow) -> None:
+        try:
+            self._rows(
+                "INSERT INTO networks (id, name, created_at) VALUES (?, ?, ?)",
+                row.id,
+                row.name,
+                row.created_at,
+            )
+        except Conflict as exc:
+            raise Conflict(
+                f"a network named {row.name!r} already exists; choose another name"
+            ) from exc
+
+    def network(self, id_or_name: str) -> NetworkRow | None:
+        rows = self._rows(
+            "SELECT id, name, created_at FROM networks WHERE id = ? OR name = ?",
+            id_or_name,
+            id_or_name,
+        )
+        return _network(rows[0]) if rows else None
+
+    def networks(self) -> list[NetworkRow]:
+        rows = self._rows("SELECT id, name, created_at FROM networks ORDER BY created_at")
+        return [_network(r) for r in rows]
+
+    def delete_network(self, network_id: str) -> None:
+        with self._store.transaction() as db:
+            members = db.execute(
+                "SELECT count(*) FROM network_members WHERE network_id = ?", (network_id,)
+            ).fetchone()[0]
+            if members:
+                raise Conflict(
+                    f"network {network_id} still has {members} member(s); remove them "
+                    "from it (or delete them) first"
+                )
+            db.execute("DELETE FROM networks WHERE id = ?", (network_id,))
+
+    def add_member(self, network_id: str, sandbox_id: str) -> None:
+        self._rows(
+            "INSERT OR IGNORE INTO network_members (network_id, sandbox_id) VALUES (?, ?)",
+            network_id,
+            sandbox_id,
+        )
+
+    def remove_member(self, network_id: str, sandbox_id: str) -> None:
+        self._rows(
+            "DELETE FROM network_members WHERE network_id = ? AND sandbox_id = ?",
+            network_id,
+            sandbox_id,
+        )
+
+    def members(self, network_id: str) -> list[str]:
+        rows = self._rows(
+            "SELECT sandbox_id FROM network_members WHERE network_id = ? ORDER BY sandbox_id",
+            network_id,
+        )
+        return [str(r[0]) for r in rows]
+
+    def memberships(self) -> dict[str, list[str]]:
+        """Every network id with its member sandbox ids (networks without members too)."""
+        out: dict[str, list[str]] = {n.id: [] for n in self.networks()}
+        for nid, sid in self._rows("SELECT network_id, sandbox_id FROM network_members"):
+            out.setdefault(str(nid), []).append(str(sid))
+        return out
+
+    def networks_of(self, sandbox_id: str) -> list[str]:
+        rows = self._rows(
+            "SELECT network_id FROM network_members WHERE sandbox_id = ? ORDER BY network_id",
+            sandbox_id,
+        )
+        return [str(r[0]) for r in rows]
+
+    # -- exposed ports -------------------------------------------------------------------
+
+    def add_port(self, sandbox_id: str, guest_port: int, host_port: int) -> None:
+        self._rows(
+            "INSERT OR REPLACE INTO exposed_ports (sandbox_id, guest_port, host_port) "
+            "VALUES (?, ?, ?)",
+            sandbox_id,
+            guest_port,
+            host_port,
+        )
+
+    def remove_port(self, sandbox_id: str, guest_port: int) -> None:
+        self._rows(
+            "DELETE FROM exposed_ports WHERE sandbox_id = ? AND guest_port = ?",
+            sandbox_id,
+            guest_port,
+        )
+
+    def ports(self, sandbox_id: str | None = None) -> list[tuple[str, int, int]]:
+        """(sandbox id, guest port, host port) of one sandbox, or of all."""
+        if sandbox_id is None:
+            rows = self._rows("SELECT sandbox_id, guest_port, host_port FROM exposed_ports")
+        else:
+            rows = self._rows(
+                "SELECT sandbox_id, guest_port, host_port FROM exposed_ports "
+                "WHERE sandbox_id = ? ORDER BY guest_port",
+                sandbox_id,
+            )
+        return [(str(r[0]), int(str(r[1])), int(str(r[2]))) for r in rows]
+
+    # -- a sandbox leaves ----------------------------------------------------------------
+
+    def forget_sandbox(self, sandbox_id: str) -> None:
+        """Everything networking keeps for ``sandbox_id``, in one transaction."""
+        with self._store.transaction() as db:
+            for table in ("net_leases", "egress_rules", "network_members", "exposed_ports"):
+                db.execute(f"DELETE FROM {table} WHERE sandbox_id = ?", (sandbox_id,))
+
+
+def _network(row: tuple[object, ...] | sqlite3.Row) -> NetworkRow:
+    return NetworkRow(str(row[0]), str(row[1]), float(str(row[2])))
