@@ -18,6 +18,7 @@ through the CLI (subprocess) and the SDK.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import shutil
@@ -104,6 +105,12 @@ def tail(path: Path, max_bytes: int = 4000) -> str:
         return f"<{exc}>"
 
 
+def daemon_net_pool(state_dir: Path) -> str:
+    """A /24 for one test daemon's sandboxes, picked from 10.200.0.0/13 by its state dir."""
+    digest = hashlib.sha256(str(state_dir).encode()).digest()
+    return f"10.{200 + digest[0] % 8}.{digest[1]}.0/24"
+
+
 class Daemon:
     """A real hutchd subprocess on its own state dir and loopback port."""
 
@@ -122,6 +129,10 @@ class Daemon:
             "HUTCH_STATE_DIR": str(self.state_dir),
             "HUTCH_LISTEN": f"127.0.0.1:{self.port}",
             "HUTCH_IMAGES_DIR": str(self.images_dir),
+            # Its own sandbox addresses (daemons side by side must not share a pool), and
+            # no DNS upstream beyond this machine unless a test points it at a fake one.
+            "HUTCH_NET_POOL": daemon_net_pool(self.state_dir),
+            "HUTCH_DNS_UPSTREAM": os.environ.get("HUTCH_TEST_DNS_UPSTREAM", "127.0.0.1:1"),
         }
         for leaked in ("HUTCH_URL", "HUTCH_API_KEY", "HUTCH_CONFIG"):
             self.daemon_env.pop(leaked, None)

@@ -10,7 +10,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[2] / "src" / "hutch"
 
 CORE = {"errors", "config", "models", "version", "__init__"}
-DRIVERS = {"vm", "guest", "storage", "store", "images", "teardown"}
+DRIVERS = {"vm", "guest", "storage", "store", "images", "teardown", "net"}
 ALLOWED: dict[str, set[str]] = {
     # layer: what it may import (besides itself)
     "core": {"errors", "config", "models", "version"},
@@ -20,9 +20,12 @@ ALLOWED: dict[str, set[str]] = {
     "sdk": {"errors", "models", "version", "__init__", "sdk"},
     # The CLI is a client (SDK) except for `hutch daemon` and `hutch image build`, which
     # run host-side code by design.
-    "cli": CORE | {"sdk", "cli", "daemon", "images"},
+    "cli": CORE | {"sdk", "cli", "daemon", "images", "mcp"},
+    # MCP server and framework tools: clients of the SDK, sharing one tool catalogue.
+    "mcp": {"errors", "models", "version", "__init__", "sdk", "mcp", "integrations"},
+    "integrations": {"errors", "models", "version", "__init__", "sdk", "mcp", "integrations"},
     "__main__": {"cli"},
-    "daemon": CORE | {"api", "services", "store", "daemon"},
+    "daemon": CORE | {"api", "services", "store", "daemon", "net"},
 }
 
 
