@@ -9,6 +9,7 @@ from bench.cases.exec_rps import run_exec_rps
 from bench.cases.exec_rt import run_exec
 from bench.cases.files import run_files
 from bench.cases.fork import run_fork
+from bench.cases.net import run_net
 from bench.cases.pause_resume import run_pause_resume
 
 __all__ = ["BENCHMARKS", "BenchContext", "Benchmark"]
@@ -28,5 +29,6 @@ BENCHMARKS: dict[str, Benchmark] = {
         ),
         Benchmark("pause_resume", "pause/resume 512 MiB (256 MiB dirty) vs cat", run_pause_resume),
         Benchmark("fork", "fork of 10 vs cold boot", run_fork),
+        Benchmark("net", "egress: enforcement path vs open NAT vs host", run_net),
     )
 }

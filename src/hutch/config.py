@@ -17,6 +17,7 @@ from typing import Any
 from hutch.errors import InvalidArgument
 
 ACCEL_CHOICES = ("auto", "kvm", "tcg")
+DEFAULT_NET_POOL = ipaddress.IPv4Network("10.213.0.0/16")
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class Settings:
     # Sandboxes per image kept restored ahead of time (default shape only); 0 = no pool.
     pool_size: int = 0
     # Sandbox addresses: each sandbox takes a /30 of this IPv4 pool (gateway .1, guest .2).
-    net_pool: ipaddress.IPv4Network = ipaddress.IPv4Network("10.213.0.0/16")
+    net_pool: ipaddress.IPv4Network = DEFAULT_NET_POOL
     # Where hutch's resolver forwards names a sandbox may resolve; None: the host's
     # resolvers from /etc/resolv.conf.
     dns_upstream: tuple[str, int] | None = None
@@ -187,7 +188,9 @@ def _from_mapping(base: Settings, values: dict[str, Any], source: str) -> Settin
             try:
                 ipaddress.ip_address(bind)
             except ValueError as exc:
-                raise InvalidArgument(f"{source}: ports_bind={bind!r} is not an IP address") from exc
+                raise InvalidArgument(
+                    f"{source}: ports_bind={bind!r} is not an IP address"
+                ) from exc
             s = replace(s, ports_bind=bind)
         if "boot_timeout_s" in values:
             s = replace(s, boot_timeout_s=float(values["boot_timeout_s"]))

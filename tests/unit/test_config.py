@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from hutch.config import load_settings, parse_listen
+from hutch.config import load_settings, parse_dns_upstream, parse_listen
 from hutch.errors import InvalidArgument
 
 
@@ -44,3 +44,37 @@ def test_bad_accel_and_unknown_keys(tmp_path: Path) -> None:
     (tmp_path / "config.toml").write_text("= broken")
     with pytest.raises(InvalidArgument, match="not valid TOML"):
         load_settings({"HUTCH_STATE_DIR": str(tmp_path)})
+
+
+def test_network_settings(tmp_path: Path) -> None:
+    s = load_settings(
+        {
+            "HUTCH_STATE_DIR": str(tmp_path),
+            "HUTCH_NET_POOL": "10.9.0.0/20",
+            "HUTCH_DNS_UPSTREAM": "198.18.0.53",
+            "HUTCH_PORTS_BIND": "127.0.0.2",
+        }
+    )
+    assert str(s.net_pool) == "10.9.0.0/20"
+    assert s.dns_upstream == ("198.18.0.53", 53)
+    assert s.ports_bind == "127.0.0.2"
+    assert len(s.daemon_tag) == 4
+    assert parse_dns_upstream("[2001:db8::53]:5353") == ("2001:db8::53", 5353)
+    assert parse_dns_upstream("192.0.2.1:5353") == ("192.0.2.1", 5353)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("HUTCH_NET_POOL", "10.9.0.1/16", "not an IPv4 network"),
+        ("HUTCH_NET_POOL", "10.0.0.0/30", "prefix length must be 8-28"),
+        ("HUTCH_DNS_UPSTREAM", "dns.example", "not an IP address"),
+        ("HUTCH_DNS_UPSTREAM", "192.0.2.1:99999", "out of 1-65535"),
+        ("HUTCH_PORTS_BIND", "localhost", "not an IP address"),
+    ],
+)
+def test_bad_network_settings_are_explained(
+    tmp_path: Path, name: str, value: str, message: str
+) -> None:
+    with pytest.raises(InvalidArgument, match=message):
+        load_settings({"HUTCH_STATE_DIR": str(tmp_path), name: value})

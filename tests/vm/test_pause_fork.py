@@ -23,7 +23,11 @@ from tests.vm.test_sandbox_vm import run, service  # noqa: F401
 
 pytestmark = [pytest.mark.vm, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(600)]
 
-COUNTER = "setsid -f sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/c.new; mv /tmp/c.new /tmp/c; sleep 0.2; done'"
+# Written to a new file and renamed: a reader never sees the file truncated and empty.
+COUNTER = (
+    "setsid -f sh -c 'i=0; while :; do i=$((i+1)); "
+    "echo $i > /tmp/c.new; mv /tmp/c.new /tmp/c; sleep 0.2; done'"
+)
 # A Python process holding a value in memory only; it answers on a FIFO.
 HOLDER = (
     'mkfifo /tmp/q /tmp/a && setsid -f python3 -c "'

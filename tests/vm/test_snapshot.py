@@ -45,7 +45,8 @@ BOOT_TIMEOUT_S = 120.0
 # session, so the agent's per-command process-group kill (timeout, session reset)
 # cannot reach it.
 COUNTER = (
-    "setsid -f sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/c.new; mv /tmp/c.new /tmp/c; sleep 0.2; done' "
+    "setsid -f sh -c 'i=0; while :; do i=$((i+1)); "
+    "echo $i > /tmp/c.new; mv /tmp/c.new /tmp/c; sleep 0.2; done' "
     ">/dev/null 2>&1 </dev/null"
 )
 # RNDRESEEDCRNG (_IO('R', 0x07)): make the kernel CRNG take in the pool now.

@@ -12,9 +12,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from hutch.api import errors, spec
 from hutch.api.auth import BearerAuth
 from hutch.api.limits import BodyLimit
+from hutch.api.routes import archive as archive_routes
+from hutch.api.routes import contexts as context_routes
+from hutch.api.routes import egress, files, meta, networks, ports, sandboxes
 from hutch.api.routes import exec as exec_routes
-from hutch.api.routes import files, meta, sandboxes
+from hutch.api.routes import processes as process_routes
+from hutch.api.routes import pty as pty_routes
+from hutch.api.routes import watch as watch_routes
 from hutch.errors import HutchError
+from hutch.services.processes import ProcessService
 from hutch.services.sandboxes import SandboxService
 from hutch.version import __version__
 
@@ -39,13 +45,25 @@ def create_app(svc: SandboxService, api_key: str, *, manage_service: bool = True
         lifespan=lifespan,
     )
     app.state.service = svc
+    app.state.processes = ProcessService(svc)
     auth = [Depends(BearerAuth(api_key))]
     app.include_router(meta.health_router)
     app.include_router(meta.router, dependencies=auth)
     app.include_router(sandboxes.router, dependencies=auth)
     app.include_router(sandboxes.snapshots_router, dependencies=auth)
     app.include_router(exec_routes.router, dependencies=auth)
+    # Before files.router: /files/watch and /files/archive are more specific paths.
+    app.include_router(watch_routes.router, dependencies=auth)
+    app.include_router(archive_routes.router, dependencies=auth)
     app.include_router(files.router, dependencies=auth)
+    app.include_router(context_routes.router, dependencies=auth)
+    app.include_router(process_routes.router, dependencies=auth)
+    app.include_router(pty_routes.router, dependencies=auth)
+    app.include_router(pty_routes.ws_router(api_key))  # checks the key itself
+    app.include_router(egress.router, dependencies=auth)
+    app.include_router(ports.router, dependencies=auth)
+    app.include_router(networks.router, dependencies=auth)
+    app.include_router(networks.membership_router, dependencies=auth)
     app.add_exception_handler(HutchError, errors.handle_hutch_error)
     app.add_exception_handler(RequestValidationError, errors.handle_validation_error)
     app.add_exception_handler(StarletteHTTPException, errors.handle_http_error)

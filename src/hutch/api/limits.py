@@ -54,7 +54,9 @@ class BodyLimit:
 
 
 def _is_upload(scope: Scope) -> bool:
-    return bool(scope.get("method") == "PUT" and str(scope.get("path", "")).endswith("/files"))
+    path = str(scope.get("path", ""))
+    # File and archive uploads stream to the guest; the archive route bounds its own size.
+    return bool(scope.get("method") == "PUT" and path.endswith(("/files", "/files/archive")))
 
 
 async def _reject(send: Send, limit: int) -> None:

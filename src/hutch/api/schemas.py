@@ -7,6 +7,13 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hutch.api.net_schemas import (
+    MAX_EGRESS_RULES,
+    MAX_NETWORKS_PER_SANDBOX,
+    EgressRuleText,
+    NetworkRef,
+    SandboxNet,
+)
 from hutch.models import (
     AUTO_DELETE_S_RANGE,
     AUTO_PAUSE_S_RANGE,
@@ -15,6 +22,7 @@ from hutch.models import (
     MEMORY_MIB_RANGE,
     TIMEOUT_S_RANGE,
     VCPUS_RANGE,
+    NetworkMode,
     PauseMode,
     SandboxRecord,
     SandboxState,
@@ -54,6 +62,21 @@ class CreateSandbox(Strict):
         default=None,
         description="Start from this snapshot (its image and shape are used).",
     )
+    # -- networking (issue 5; bodies in api/net_schemas.py) --
+    network: NetworkMode = Field(
+        default=NetworkMode.DEFAULT,
+        description="`default`: an address and NAT, filtered by `egress`; `none`: no network.",
+    )
+    egress: list[EgressRuleText] | None = Field(
+        default=None,
+        max_length=MAX_EGRESS_RULES,
+        description="Egress rules (see PUT /v1/sandboxes/{id}/egress); null or []: open.",
+    )
+    networks: list[NetworkRef] = Field(
+        default_factory=list,
+        max_length=MAX_NETWORKS_PER_SANDBOX,
+        description="Private networks (ids or names) to join.",
+    )
 
 
 def _iso(ts: float | None) -> dt.datetime | None:
@@ -82,9 +105,14 @@ class Sandbox(BaseModel):
     auto_pause_s: int | None
     auto_delete_s: int | None
     snapshot_id: str | None
+    network: SandboxNet
 
     @classmethod
-    def of(cls, rec: SandboxRecord) -> Sandbox:
+    def of(cls, rec: SandboxRecord, net: SandboxNet | None = None) -> Sandbox:
+        """``net``: the sandbox's network block (``service.sandbox_net``); without it,
+        only the mode the record holds."""
+        if net is None:
+            net = SandboxNet(mode=rec.network, address=None, networks=[])
         created = _iso(rec.created_at)
         assert created is not None
         return cls(
@@ -109,6 +137,7 @@ class Sandbox(BaseModel):
             auto_pause_s=rec.auto_pause_s,
             auto_delete_s=rec.auto_delete_s,
             snapshot_id=rec.snapshot_id,
+            network=net,
         )
 
 

@@ -1,4 +1,5 @@
-"""``hutch cp``: copy one file between this host and a sandbox, streamed both ways."""
+"""``hutch cp``: copy a file (or with ``-r`` a directory) between this host and a
+sandbox, streamed both ways."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from rich.progress import (
 )
 
 from hutch.cli._env import get_env, stderr_console
+from hutch.cli.cp_dir import download_dir, upload_dir
 from hutch.errors import InvalidArgument, NotFound
 from hutch.sdk import Client
 
@@ -87,10 +89,7 @@ def _upload(client: Client, src: str, dst: RemotePath) -> None:
         return
     local = Path(src)
     if local.is_dir():
-        raise InvalidArgument(
-            f"{src} is a directory; hutch cp copies single files for now "
-            "(archive it with tar and copy the archive)"
-        )
+        raise InvalidArgument(f"{src} is a directory; pass -r to copy a directory")
     if not local.exists():
         raise NotFound(f"{src}: no such file on this host")
     if target.endswith("/"):
@@ -114,8 +113,7 @@ def _download(client: Client, src: RemotePath, dst: str) -> None:
     entry = client.stat_file(src.sandbox_id, src.path)
     if entry.is_dir:
         raise InvalidArgument(
-            f"{src.sandbox_id}:{src.path} is a directory; hutch cp copies single files for "
-            "now (archive it with tar in the sandbox and copy the archive)"
+            f"{src.sandbox_id}:{src.path} is a directory; pass -r to copy a directory"
         )
     chunks = client.read_file_stream(src.sandbox_id, src.path)
     if dst == "-":
@@ -148,20 +146,28 @@ def _download(client: Client, src: RemotePath, dst: str) -> None:
 
 
 @click.command()
+@click.option("-r", "--recursive", is_flag=True, help="Copy a whole directory (as tar).")
 @click.argument("src")
 @click.argument("dst")
-def cp(src: str, dst: str) -> None:
+def cp(src: str, dst: str, recursive: bool) -> None:
     """Copy a file: hutch cp LOCAL ID:/path, or hutch cp ID:/path LOCAL.
 
     `-` as LOCAL means stdin/stdout. Copying onto a directory keeps the file's name.
+    With -r, copy a directory tree (into DST/NAME when DST is an existing directory).
     """
     source, dest = parse_location(src), parse_location(dst)
     client = get_env().client()
     if isinstance(source, str) and isinstance(dest, RemotePath):
+        if recursive:
+            upload_dir(client, source, dest.sandbox_id, dest.path)
+            return
         _upload(client, source, dest)
     elif isinstance(source, RemotePath) and isinstance(dest, str):
         if not Path(dest).parent.exists() and dest != "-":
             raise NotFound(f"{Path(dest).parent}: no such directory on this host")
+        if recursive:
+            download_dir(client, source.sandbox_id, source.path, dest)
+            return
         _download(client, source, dest)
     else:
         raise click.UsageError(

@@ -75,6 +75,12 @@ class _ExecCommand(click.Command):
     is_flag=True,
     help="Send this terminal's stdin to the command (read to the end first).",
 )
+@click.option(
+    "--background",
+    "-d",
+    is_flag=True,
+    help="Start CMD detached and print its pid (see hutch ps / logs / kill).",
+)
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def exec_(
     sandbox_id: str,
@@ -83,6 +89,7 @@ def exec_(
     user: str | None,
     timeout_s: float | None,
     interactive: bool,
+    background: bool,
     cmd: tuple[str, ...],
 ) -> None:
     """Run CMD in sandbox ID: hutch exec ID [OPTIONS] -- CMD [ARGS]...
@@ -96,6 +103,20 @@ def exec_(
         # The API takes stdin as one string; undecodable bytes become U+FFFD.
         stdin = sys.stdin.buffer.read().decode("utf-8", "replace")
     client = get_env().client()
+    if background:
+        # Imported here: only this path needs the processes API.
+        from hutch.sdk import Processes
+
+        proc = Processes(client, sandbox_id).start(
+            list(cmd),
+            env=parse_pairs(env, "--env"),
+            cwd=cwd,
+            user=user,
+            stdin=stdin,
+            timeout_s=timeout_s,
+        )
+        click.echo(proc.pid)
+        return
     status = 1
     with client.exec_stream(
         sandbox_id,

@@ -16,12 +16,18 @@ import click
 
 from hutch.cli._env import CliEnv, get_env
 from hutch.cli._output import print_json
+from hutch.cli.code import run_code
 from hutch.cli.cp import cp
 from hutch.cli.exec_cmd import exec_
 from hutch.cli.images import image, images
 from hutch.cli.lifecycle import fork, pause, resume
+from hutch.cli.mcp_cmd import mcp
+from hutch.cli.net import egress, network, port
+from hutch.cli.processes import kill, logs, ps
 from hutch.cli.sandboxes import create, inspect, ls, rm
+from hutch.cli.shell import shell
 from hutch.cli.snapshots import snapshot
+from hutch.cli.watch import watch
 from hutch.errors import HutchError
 from hutch.sdk import DaemonUnreachable
 from hutch.version import __version__
@@ -105,8 +111,18 @@ for _command in (
     snapshot,
     exec_,
     cp,
+    watch,
+    run_code,
     images,
     image,
+    mcp,
+    egress,
+    port,
+    network,
+    shell,
+    ps,
+    logs,
+    kill,
 ):
     cli.add_command(_command)
 

@@ -7,6 +7,7 @@ from rich.table import Table
 
 from hutch.cli._env import get_env, print_table, spinner
 from hutch.cli._output import parse_pairs, print_json, when
+from hutch.cli.net import network_create_kwargs, network_create_options, network_rows
 from hutch.errors import HutchError
 from hutch.models import AUTO_DELETE_S_RANGE, AUTO_PAUSE_S_RANGE
 from hutch.sdk import SandboxInfo
@@ -94,6 +95,7 @@ def _refuse_shape_with_snapshot(ctx: click.Context) -> None:
     metavar="S",
     help="Delete it after S seconds paused.",
 )
+@network_create_options
 @click.option("--json", "as_json", is_flag=True, help="Print the sandbox as JSON.")
 @click.pass_context
 def create(
@@ -110,6 +112,9 @@ def create(
     snapshot: str | None,
     auto_pause_s: int | None,
     auto_delete_s: int | None,
+    network: str,
+    egress: tuple[str, ...],
+    join: tuple[str, ...],
     as_json: bool,
 ) -> None:
     """Boot a sandbox and print its id."""
@@ -133,6 +138,7 @@ def create(
             snapshot=snapshot,
             auto_pause_s=auto_pause_s,
             auto_delete_s=auto_delete_s,
+            **network_create_kwargs(network, egress, join),
         )
     if as_json:
         print_json(info.to_dict())
@@ -193,6 +199,7 @@ def _describe(info: SandboxInfo) -> list[tuple[str, str]]:
         rows.append(("auto_delete", f"{info.auto_delete_s} s paused"))
     if info.snapshot_id is not None:
         rows.append(("snapshot", info.snapshot_id))
+    rows += network_rows(info)
     rows += [(f"metadata.{k}", v) for k, v in sorted(info.metadata.items())]
     if info.error:
         rows.append(("error", info.error))

@@ -72,6 +72,7 @@ def agent_sha256(agent_dir: Path) -> str:
         h.update(f"{rel}\0{file_sha256(agent_dir / rel)}\0".encode())
     return h.hexdigest()
 
+
 #: Kernel command line the image's init needs; the VM layer appends hutch.hostname=<name>,
 #: optionally hutch.dns=<ip>[,<ip>...] (written to /etc/resolv.conf), and under TCG its
 #: TSC settings. reboot=t + panic=-1: a panic resets at once, which

@@ -28,6 +28,8 @@ from hutch.sdk._bodies import (
 from hutch.sdk._config import Timeouts, resolve_config
 from hutch.sdk._core import Call, ClientCore
 from hutch.sdk._errors import ClientClosed
+from hutch.sdk._net import AsyncNetworks
+from hutch.sdk._net_args import NetworkModeArg
 from hutch.sdk._types import (
     ExecEvent,
     ExecOutput,
@@ -64,6 +66,8 @@ class AsyncClient:
     ) -> None:
         self.core = ClientCore(resolve_config(base_url=base_url, api_key=api_key, timeouts=timeout))
         self._http = httpx.AsyncClient(transport=transport, trust_env=self.core.trust_env)
+        #: Private networks: ``await client.networks.create(name)``, ...
+        self.networks = AsyncNetworks(self)
 
     @property
     def base_url(self) -> str:
@@ -129,6 +133,9 @@ class AsyncClient:
         snapshot: str | None = None,
         auto_pause_s: int | None = None,
         auto_delete_s: int | None = None,
+        network: NetworkModeArg = "default",
+        egress: Sequence[str] | None = None,
+        networks: Sequence[str] | None = None,
     ) -> SandboxInfo:
         return await self.call(
             self.core.create_sandbox(
@@ -144,6 +151,9 @@ class AsyncClient:
                 snapshot=snapshot,
                 auto_pause_s=auto_pause_s,
                 auto_delete_s=auto_delete_s,
+                network=network,
+                egress=egress,
+                networks=networks,
             )
         )
 

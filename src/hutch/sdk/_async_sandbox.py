@@ -18,6 +18,12 @@ from hutch.sdk._async_client import (
     OutputCallback,
 )
 from hutch.sdk._config import Timeouts
+from hutch.sdk._files_extra import AsyncFilesExtra
+from hutch.sdk._interpreter import AsyncCodeRunner, AsyncContexts
+from hutch.sdk._net import AsyncEgress, AsyncPorts, AsyncSandboxNetworks
+from hutch.sdk._net_args import NetworkModeArg
+from hutch.sdk._processes import AsyncProcesses
+from hutch.sdk._pty import AsyncPty
 from hutch.sdk._types import (
     ExecEvent,
     ExecResult,
@@ -33,7 +39,7 @@ __all__ = ["AsyncFiles", "AsyncSandbox"]
 T = TypeVar("T")
 
 
-class AsyncFiles:
+class AsyncFiles(AsyncFilesExtra):
     """``sb.files`` of an :class:`AsyncSandbox`; see :class:`hutch.sdk.Files`."""
 
     def __init__(self, client: AsyncClient, sandbox_id: str) -> None:
@@ -67,7 +73,7 @@ class AsyncFiles:
         await self._client.remove_file(self._id, path, recursive)
 
 
-class AsyncSandbox:
+class AsyncSandbox(AsyncCodeRunner):
     """One sandbox, asyncio flavour: ``sb = await AsyncSandbox.create()``,
     ``async with sb: ...`` kills it at the end. See :class:`hutch.Sandbox`."""
 
@@ -79,6 +85,15 @@ class AsyncSandbox:
         self._owns_client = owns_client
         self._killed = False
         self.files = AsyncFiles(client, info.id)
+        self.egress = AsyncEgress(client, info.id)
+        self.ports = AsyncPorts(client, info.id)
+        self.networks = AsyncSandboxNetworks(client, info.id)
+        #: Background processes: ``sb.processes.start("python3 server.py")``.
+        self.processes = AsyncProcesses(client, info.id)
+        #: Interactive terminals: ``sb.pty.open(rows, cols)``, ``sb.pty.attach(pty_id)``.
+        self.pty = AsyncPty(client, info.id)
+        #: Code interpreter: ``await (await sb.contexts.create()).run("x = 1")``.
+        self.contexts = AsyncContexts(client, info.id)
 
     @staticmethod
     def _client_for(
@@ -131,13 +146,17 @@ class AsyncSandbox:
         snapshot: str | None = None,
         auto_pause_s: int | None = None,
         auto_delete_s: int | None = None,
+        network: NetworkModeArg = "default",
+        egress: Sequence[str] | None = None,
+        networks: Sequence[str] | None = None,
         api_key: str | None = None,
         base_url: str | None = None,
         http_timeout: float | Timeouts | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         client: AsyncClient | None = None,
     ) -> AsyncSandbox:
-        """See ``Sandbox.create`` (``snapshot``, ``auto_pause_s``, ``auto_delete_s`` too)."""
+        """See ``Sandbox.create`` (``snapshot``, ``auto_pause_s``, ``auto_delete_s``,
+        ``network``, ``egress``, ``networks`` too)."""
         http, owned = cls._client_for(client, api_key, base_url, http_timeout, transport)
         try:
             info = await http.create_sandbox(
@@ -153,6 +172,9 @@ class AsyncSandbox:
                 snapshot=snapshot,
                 auto_pause_s=auto_pause_s,
                 auto_delete_s=auto_delete_s,
+                network=network,
+                egress=egress,
+                networks=networks,
             )
         except BaseException:
             if owned:

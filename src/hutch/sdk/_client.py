@@ -21,6 +21,8 @@ from hutch.sdk._bodies import (
 from hutch.sdk._config import Timeouts, resolve_config
 from hutch.sdk._core import Call, ClientCore
 from hutch.sdk._errors import ClientClosed
+from hutch.sdk._net import Networks
+from hutch.sdk._net_args import NetworkModeArg
 from hutch.sdk._types import (
     ExecEvent,
     ExecOutput,
@@ -57,6 +59,8 @@ class Client:
     ) -> None:
         self.core = ClientCore(resolve_config(base_url=base_url, api_key=api_key, timeouts=timeout))
         self._http = httpx.Client(transport=transport, trust_env=self.core.trust_env)
+        #: Private networks: ``client.networks.create(name)``, ``.list()``, ...
+        self.networks = Networks(self)
 
     @property
     def base_url(self) -> str:
@@ -122,6 +126,9 @@ class Client:
         snapshot: str | None = None,
         auto_pause_s: int | None = None,
         auto_delete_s: int | None = None,
+        network: NetworkModeArg = "default",
+        egress: Sequence[str] | None = None,
+        networks: Sequence[str] | None = None,
     ) -> SandboxInfo:
         return self.call(
             self.core.create_sandbox(
@@ -137,6 +144,9 @@ class Client:
                 snapshot=snapshot,
                 auto_pause_s=auto_pause_s,
                 auto_delete_s=auto_delete_s,
+                network=network,
+                egress=egress,
+                networks=networks,
             )
         )
 

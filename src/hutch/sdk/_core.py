@@ -27,6 +27,7 @@ from hutch.models import (
 )
 from hutch.sdk._config import ClientConfig
 from hutch.sdk._errors import DaemonUnreachable, ProtocolError, error_from_body
+from hutch.sdk._net_args import create_fields
 from hutch.sdk._types import (
     ExecResult,
     FileEntry,
@@ -249,10 +250,14 @@ class ClientCore:
         snapshot: str | None = None,
         auto_pause_s: int | None = None,
         auto_delete_s: int | None = None,
+        network: str | None = None,
+        egress: Sequence[str] | None = None,
+        networks: Sequence[str] | None = None,
     ) -> Call[SandboxInfo]:
         """``snapshot``: start from that snapshot id (its image and shape are used, so
         ``image`` and the shape must be left at their defaults). ``auto_pause_s``/
-        ``auto_delete_s`` are checked against the daemon's ranges before sending."""
+        ``auto_delete_s`` are checked against the daemon's ranges before sending.
+        ``network``/``egress``/``networks``: see ``hutch.sdk._net.create_fields``."""
         body: dict[str, Any] = {}
         if snapshot is not None:
             _from_snapshot_only(image, vcpus, memory_mib, disk_gib)
@@ -276,6 +281,7 @@ class ClientCore:
             body["auto_pause_s"] = auto_pause_s
         if _seconds("auto_delete_s", auto_delete_s, AUTO_DELETE_S_RANGE) is not None:
             body["auto_delete_s"] = auto_delete_s
+        body.update(create_fields(network, egress, networks))
         req = self.request(
             "POST", "/v1/sandboxes", json_body=body, read_timeout=self.config.timeouts.create
         )

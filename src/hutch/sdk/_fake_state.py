@@ -56,6 +56,20 @@ class FakeSandbox:
     #: Named snapshots its disk is built on. As in the daemon, a snapshotted sandbox
     #: runs on from the snapshot, so it is one of them too; forks inherit them.
     bases: set[str] = field(default_factory=set)
+    # -- networking (see _fake_net) --
+    #: Canonical egress rules in force ([]: open).
+    egress: list[str] = field(default_factory=list)
+    #: What GET .../egress reports; tests set them.
+    allowed: int = 0
+    denied: int = 0
+    #: GET .../egress/log answers these (API form, oldest first); tests append them.
+    egress_events: list[dict[str, Any]] = field(default_factory=list)
+    #: Exposed guest ports -> their API form.
+    ports: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: Private network ids it is on.
+    networks: list[str] = field(default_factory=list)
+    #: The guest address; None with network "none".
+    address: str | None = None
 
     def pause(self, mode: str) -> None:
         self.state, self.pause_mode = "paused", mode
@@ -87,6 +101,11 @@ class FakeSandbox:
             "auto_pause_s": self.spec.get("auto_pause_s"),
             "auto_delete_s": self.spec.get("auto_delete_s"),
             "snapshot_id": self.spec.get("snapshot"),
+            "network": {
+                "mode": self.spec.get("network", "default"),
+                "address": None if self.state in ("destroyed", "failed") else self.address,
+                "networks": list(self.networks),
+            },
         }
 
 

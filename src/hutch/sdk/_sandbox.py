@@ -14,6 +14,12 @@ from hutch.errors import NotFound
 from hutch.sdk._bodies import UploadData
 from hutch.sdk._client import Client, ResponseStream
 from hutch.sdk._config import Timeouts
+from hutch.sdk._files_extra import FilesExtra
+from hutch.sdk._interpreter import CodeRunner, Contexts
+from hutch.sdk._net import Egress, Ports, SandboxNetworks
+from hutch.sdk._net_args import NetworkModeArg
+from hutch.sdk._processes import Processes
+from hutch.sdk._pty import Pty
 from hutch.sdk._types import (
     ExecEvent,
     ExecResult,
@@ -29,7 +35,7 @@ __all__ = ["Files", "Sandbox"]
 T = TypeVar("T")
 
 
-class Files:
+class Files(FilesExtra):
     """The filesystem of one sandbox (``sb.files``). Relative paths are resolved by the
     guest agent (from the sandbox user's home directory)."""
 
@@ -66,7 +72,7 @@ class Files:
         self._client.remove_file(self._id, path, recursive)
 
 
-class Sandbox:
+class Sandbox(CodeRunner):
     """One micro-VM sandbox. Create with :meth:`create`, attach with :meth:`connect`.
 
     ``with Sandbox.create() as sb:`` kills the sandbox when the block ends. A sandbox
@@ -80,6 +86,18 @@ class Sandbox:
         self._owns_client = owns_client
         self._killed = False
         self.files = Files(client, info.id)
+        #: Outbound rules, counters and log: ``sb.egress.set(["pypi.org"])``.
+        self.egress = Egress(client, info.id)
+        #: Inbound: ``sb.ports.expose(8000).url``.
+        self.ports = Ports(client, info.id)
+        #: Private networks: ``sb.networks.join("net-...")``.
+        self.networks = SandboxNetworks(client, info.id)
+        #: Background processes: ``sb.processes.start("python3 server.py")``.
+        self.processes = Processes(client, info.id)
+        #: Interactive terminals: ``sb.pty.open(rows, cols)``, ``sb.pty.attach(pty_id)``.
+        self.pty = Pty(client, info.id)
+        #: Code interpreter: ``sb.contexts.create().run("x = 1")``; or ``sb.run_code``.
+        self.contexts = Contexts(client, info.id)
 
     @staticmethod
     def _client_for(
@@ -130,6 +148,9 @@ class Sandbox:
         snapshot: str | None = None,
         auto_pause_s: int | None = None,
         auto_delete_s: int | None = None,
+        network: NetworkModeArg = "default",
+        egress: Sequence[str] | None = None,
+        networks: Sequence[str] | None = None,
         api_key: str | None = None,
         base_url: str | None = None,
         http_timeout: float | Timeouts | None = None,
@@ -146,7 +167,13 @@ class Sandbox:
         snapshot's image and shape (so leave ``image`` and the shape at their defaults,
         else ``InvalidArgument``). ``auto_pause_s`` (60-86400): the daemon pauses it after
         that many idle seconds; ``auto_delete_s`` (60-2592000): it deletes it after that
-        many seconds paused. Out-of-range values raise ``InvalidArgument`` unsent."""
+        many seconds paused. Out-of-range values raise ``InvalidArgument`` unsent.
+
+        ``network``: ``"default"`` (an address and NAT, filtered by ``egress``) or
+        ``"none"`` (no network at all). ``egress``: rules such as ``["pypi.org",
+        "*.github.com:443", "10.0.0.0/8"]`` (None or []: open; ``["deny-all"]``: nothing
+        leaves); change them later with ``sb.egress.set``. ``networks``: private
+        networks (ids or names) to join; members reach each other by sandbox name."""
         http, owned = cls._client_for(client, api_key, base_url, http_timeout, transport)
         try:
             info = http.create_sandbox(
@@ -162,6 +189,9 @@ class Sandbox:
                 snapshot=snapshot,
                 auto_pause_s=auto_pause_s,
                 auto_delete_s=auto_delete_s,
+                network=network,
+                egress=egress,
+                networks=networks,
             )
         except BaseException:
             if owned:

@@ -23,6 +23,7 @@ __all__ = [
     "ImageInfo",
     "PauseModeArg",
     "SandboxInfo",
+    "SandboxNetInfo",
     "SnapshotInfo",
     "WrittenFile",
 ]
@@ -70,6 +71,30 @@ def _iso(value: datetime | None) -> str | None:
 
 
 @dataclass(frozen=True)
+class SandboxNetInfo:
+    """The network of a sandbox: ``mode`` ``"default"`` (an address, NAT, egress rules)
+    or ``"none"``; the guest's IPv4 ``address`` (None with mode none or once it ended);
+    ``networks``: ids of the private networks it is on."""
+
+    mode: str
+    address: str | None
+    networks: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> SandboxNetInfo:
+        w = "sandbox network"
+        ids = _get(obj, "networks", list, w)
+        if not all(isinstance(i, str) for i in ids):
+            raise ProtocolError(f"{w}: networks must be a list of strings, got {ids!r}")
+        return cls(
+            mode=_get(obj, "mode", str, w), address=_opt(obj, "address", str, w), networks=ids
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mode": self.mode, "address": self.address, "networks": list(self.networks)}
+
+
+@dataclass(frozen=True)
 class SandboxInfo:
     """A sandbox as the daemon last reported it. Times are timezone-aware UTC.
 
@@ -78,8 +103,9 @@ class SandboxInfo:
     it is paused; ``parent_id`` names the sandbox it was forked from; ``auto_resume``:
     exec and file calls resume it when paused. ``auto_pause_s``: it pauses after that many
     idle seconds; ``auto_delete_s``: it is deleted after that many seconds paused;
-    ``snapshot_id``: the named snapshot it was started from. A daemon older than these
-    features does not send them: they read as None (``auto_resume`` as False).
+    ``snapshot_id``: the named snapshot it was started from; ``network``: its network
+    (mode, address, private networks). A daemon older than these features does not send
+    them: they read as None (``auto_resume`` as False).
     """
 
     id: str
@@ -103,6 +129,7 @@ class SandboxInfo:
     auto_pause_s: int | None = None
     auto_delete_s: int | None = None
     snapshot_id: str | None = None
+    network: SandboxNetInfo | None = None
 
     @property
     def is_paused(self) -> bool:
@@ -134,6 +161,11 @@ class SandboxInfo:
             auto_pause_s=_opt(obj, "auto_pause_s", int, w),
             auto_delete_s=_opt(obj, "auto_delete_s", int, w),
             snapshot_id=_opt(obj, "snapshot_id", str, w),
+            network=(
+                None
+                if _opt(obj, "network", dict, w) is None
+                else SandboxNetInfo.from_dict(obj["network"])
+            ),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -159,6 +191,7 @@ class SandboxInfo:
             "auto_pause_s": self.auto_pause_s,
             "auto_delete_s": self.auto_delete_s,
             "snapshot_id": self.snapshot_id,
+            "network": None if self.network is None else self.network.to_dict(),
         }
 
 

@@ -26,6 +26,13 @@ such a one, and the sandbox it was taken of (which runs on from the snapshot).
 ``auto_pause_s`` and ``auto_delete_s`` are range-checked and reported back, but no clock
 runs them.
 
+Networking (``_fake_net``): egress rules are checked for their form and stored
+canonically, with the mode they make; the counters and the log are whatever a test puts
+on the ``FakeSandbox`` (``allowed``, ``denied``, ``egress_events``). Ports get host ports
+from 40000 on 127.0.0.1 (409 with network ``none``); networks are created, joined, left
+and deleted (409 while a live sandbox is on one). Forks keep the parent's rules and
+networks and get their own address; a deleted sandbox leaves its networks and ports.
+
 The data types live in ``_fake_state`` and the in-memory filesystem in ``_fake_files``;
 this module is the router and the public face.
 """
@@ -42,6 +49,7 @@ import httpx
 
 from hutch.models import AUTO_DELETE_S_RANGE, AUTO_PAUSE_S_RANGE, NAME_RE
 from hutch.sdk._fake_files import files_route
+from hutch.sdk._fake_net import FakeNet, FakeNetwork
 from hutch.sdk._fake_state import (
     Chunks,
     FakeError,
@@ -52,7 +60,7 @@ from hutch.sdk._fake_state import (
     require,
 )
 
-__all__ = ["FakeError", "FakeHutch", "FakeRun", "FakeSandbox", "FakeSnapshot"]
+__all__ = ["FakeError", "FakeHutch", "FakeNetwork", "FakeRun", "FakeSandbox", "FakeSnapshot"]
 
 _PAUSE_MODES = ("memory", "disk")
 _ENDED = ("destroyed", "failed")
@@ -70,6 +78,9 @@ _CREATE_FIELDS = frozenset(
         "snapshot",
         "auto_pause_s",
         "auto_delete_s",
+        "network",
+        "egress",
+        "networks",
     }
 )
 
@@ -94,6 +105,8 @@ class FakeHutch:
         self.api_key = api_key
         self.sandboxes: dict[str, FakeSandbox] = {}
         self.snapshots: dict[str, FakeSnapshot] = {}
+        #: Private networks (``net.networks``) and the networking routes.
+        self.net = FakeNet(self.sandboxes)
         self.requests: list[httpx.Request] = []
         self.exec_handler: Callable[[FakeSandbox, dict[str, Any]], FakeRun] = _default_exec
         self.images: list[dict[str, Any]] = [
@@ -137,12 +150,17 @@ class FakeHutch:
             # The snapshot fixes the machine, as in the daemon: its image and shape win.
             spec = {**spec, **source.spec}
         sandbox = FakeSandbox(id=f"sb-{self._counter:012x}", spec={"image": "base", **spec})
+        self.net.setup(sandbox, sandbox.spec)
         if source is not None:
             sandbox.files, sandbox.modes = dict(source.files), dict(source.modes)
             sandbox.dirs = set(source.dirs)
             sandbox.bases = source.bases | {source.id}
         self.sandboxes[sandbox.id] = sandbox
         return sandbox
+
+    def add_network(self, name: str) -> FakeNetwork:
+        """A private network named ``name`` (ids count up: ``net-000000000001``...)."""
+        return self.net.add_network(name)
 
     def add_snapshot(self, sandbox: FakeSandbox, name: str) -> FakeSnapshot:
         """A snapshot of ``sandbox`` as it is now (a copy of its files), whatever its state."""
@@ -185,6 +203,8 @@ class FakeHutch:
             raise FakeError(401, "unauthorized", "missing or wrong API key")
         if path == "/v1/images" and method == "GET":
             return httpx.Response(200, json={"images": self.images})
+        if path == "/v1/networks" or path.startswith("/v1/networks/"):
+            return self.net.networks_route(method, path, request)
         if path == "/v1/snapshots" and method == "GET":
             found = [snap.to_json() for snap in self.snapshots.values()]
             return httpx.Response(200, json={"snapshots": found})
@@ -281,7 +301,10 @@ class FakeHutch:
             return httpx.Response(200, json=sb.to_json())
         if rest == "" and method == "DELETE":
             sb.state, sb.pause_mode = "destroyed", None
+            sb.ports.clear()
             return httpx.Response(204)
+        if rest.split("/")[1:2] in (["egress"], ["ports"], ["networks"]):
+            return self.net.sandbox_route(sb, method, rest, request)
         if method == "POST" and rest in ("/pause", "/resume", "/fork"):
             return self._lifecycle(sb, rest, request)
         if method == "POST" and rest == "/snapshots":
@@ -326,6 +349,8 @@ class FakeHutch:
             child.files, child.modes = dict(sb.files), dict(sb.modes)
             child.dirs = set(sb.dirs)
             child.bases = set(sb.bases)
+            # Rules and networks survive a fork; the address is the child's own.
+            child.egress, child.networks = list(sb.egress), list(sb.networks)
             children.append(child.to_json())
         return httpx.Response(201, json={"sandboxes": children})
 

@@ -5,6 +5,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Response
 
 from hutch.api.deps import service
+from hutch.api.net_schemas import SandboxNet
 from hutch.api.schemas import (
     CreateSandbox,
     ForkRequest,
@@ -16,11 +17,16 @@ from hutch.api.schemas import (
     SnapshotRequest,
 )
 from hutch.errors import InvalidArgument
-from hutch.models import PauseMode, SandboxSpec, SandboxState, Shape
+from hutch.models import PauseMode, SandboxRecord, SandboxSpec, SandboxState, Shape
 from hutch.services.sandboxes import SandboxService
 
 router = APIRouter(prefix="/v1/sandboxes", tags=["sandboxes"])
 Service = Annotated[SandboxService, Depends(service)]
+
+
+def _view(svc: SandboxService, rec: SandboxRecord) -> Sandbox:
+    """The sandbox as the API shows it, with its network block."""
+    return Sandbox.of(rec, SandboxNet.of(svc.sandbox_net(rec.id)))
 
 
 @router.post("", status_code=201, response_model=Sandbox)
@@ -36,8 +42,11 @@ async def create_sandbox(body: CreateSandbox, svc: Service) -> Sandbox:
         auto_pause_s=body.auto_pause_s,
         auto_delete_s=body.auto_delete_s,
         snapshot_id=body.snapshot,
+        network=body.network,
+        egress=None if body.egress is None else list(body.egress),
+        networks=list(body.networks),
     )
-    return Sandbox.of(await svc.create(spec))
+    return _view(svc, await svc.create(spec))
 
 
 @router.get("", response_model=SandboxList)
@@ -55,12 +64,12 @@ async def list_sandboxes(
         if not sep or not key:
             raise InvalidArgument(f"metadata filter {item!r} is not key=value")
         wanted[key] = value
-    return SandboxList(sandboxes=[Sandbox.of(r) for r in svc.list_sandboxes(state, wanted)])
+    return SandboxList(sandboxes=[_view(svc, r) for r in svc.list_sandboxes(state, wanted)])
 
 
 @router.get("/{sandbox_id}", response_model=Sandbox)
 async def get_sandbox(sandbox_id: str, svc: Service) -> Sandbox:
-    return Sandbox.of(svc.get(sandbox_id))
+    return _view(svc, svc.get(sandbox_id))
 
 
 @router.delete("/{sandbox_id}", status_code=204, response_class=Response)
@@ -73,12 +82,12 @@ async def delete_sandbox(sandbox_id: str, svc: Service) -> Response:
 async def pause_sandbox(sandbox_id: str, svc: Service, body: PauseRequest | None = None) -> Sandbox:
     """Pause: `memory` keeps processes where they are; `disk` keeps only the disk."""
     mode = body.mode if body else PauseMode.MEMORY
-    return Sandbox.of(await svc.pause(sandbox_id, mode))
+    return _view(svc, await svc.pause(sandbox_id, mode))
 
 
 @router.post("/{sandbox_id}/resume", response_model=Sandbox)
 async def resume_sandbox(sandbox_id: str, svc: Service) -> Sandbox:
-    return Sandbox.of(await svc.resume(sandbox_id))
+    return _view(svc, await svc.resume(sandbox_id))
 
 
 @router.post("/{sandbox_id}/fork", status_code=201, response_model=SandboxList)
@@ -87,7 +96,7 @@ async def fork_sandbox(
 ) -> SandboxList:
     """New sandboxes, each a copy-on-write clone of this one (memory, processes, disk)."""
     count = body.count if body else 1
-    return SandboxList(sandboxes=[Sandbox.of(r) for r in await svc.fork(sandbox_id, count)])
+    return SandboxList(sandboxes=[_view(svc, r) for r in await svc.fork(sandbox_id, count)])
 
 
 @router.post("/{sandbox_id}/snapshots", status_code=201, response_model=Snapshot)

@@ -1,0 +1,194 @@
+"""Request and response bodies of the networking part of the REST API (issue 5).
+
+Responses are built from the service's views (``hutch.net.views``) by attribute: the
+API layer talks to services only, so it reads the views' fields without importing the
+network driver package (``tests/unit/test_layers.py``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from hutch.models import NetworkMode
+
+__all__ = [
+    "MAX_EGRESS_RULES",
+    "MAX_NETWORKS_PER_SANDBOX",
+    "Egress",
+    "EgressEvent",
+    "EgressLog",
+    "EgressRuleText",
+    "EgressRules",
+    "JoinNetwork",
+    "Network",
+    "NetworkList",
+    "NetworkRef",
+    "NetworkRequest",
+    "Port",
+    "PortList",
+    "PortRequest",
+    "SandboxNet",
+]
+
+#: The rule parser (``hutch.net.rules``) refuses more; bounding the body here keeps a
+#: huge list from reaching it.
+MAX_EGRESS_RULES = 256
+MAX_NETWORKS_PER_SANDBOX = 16
+#: Longest rule text: a 253-character name plus ``:65535``, or a bracketed IPv6 CIDR.
+_MAX_RULE_CHARS = 300
+
+EgressRuleText = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=_MAX_RULE_CHARS,
+        description="`host`, `host:port`, `*.host`, `ip`, `ip:port`, `cidr`, `cidr:port` "
+        "(IPv6 as `[2001:db8::1]:443`), or `deny-all` alone.",
+    ),
+]
+#: A private network's id (``net-<12 hex>``) or its name.
+NetworkRef = Annotated[str, Field(min_length=1, max_length=64)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _FromView(BaseModel):
+    # Built from the service's frozen dataclasses by attribute.
+    model_config = ConfigDict(from_attributes=True)
+
+
+def _iso(ts: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(ts, dt.UTC)
+
+
+# -- egress ---------------------------------------------------------------------------
+
+
+class EgressRules(_Strict):
+    rules: list[EgressRuleText] = Field(
+        max_length=MAX_EGRESS_RULES,
+        description='Replaces every rule at once. `[]`: open egress; `["deny-all"]`: '
+        "nothing leaves. An invalid rule rejects the whole list and the old rules stay.",
+    )
+
+
+class Egress(_FromView):
+    rules: list[str]
+    mode: Literal["open", "rules", "deny-all"]
+    allowed: int = Field(description="Connections and DNS answers let through.")
+    denied: int = Field(description="Connections and DNS queries refused.")
+
+    @classmethod
+    def of(cls, view: object) -> Egress:
+        return cls.model_validate(view)
+
+
+class EgressEvent(BaseModel):
+    time: dt.datetime
+    sandbox_id: str
+    destination: str = Field(description="An IP address, or the name asked for (DNS).")
+    port: int | None
+    protocol: str
+    name: str | None
+    verdict: Literal["allow", "deny"]
+    rule: str | None = Field(description="The rule that matched; null: none did.")
+    reason: str
+
+    @classmethod
+    def of(cls, event: object) -> EgressEvent:
+        data = EgressEventView.model_validate(event)
+        return cls(**{**data.model_dump(), "time": _iso(data.time)})
+
+
+class EgressEventView(_FromView):
+    """The view's fields as they are (``time`` in epoch seconds)."""
+
+    time: float
+    sandbox_id: str
+    destination: str
+    port: int | None
+    protocol: str
+    name: str | None
+    verdict: Literal["allow", "deny"]
+    rule: str | None
+    reason: str
+
+
+class EgressLog(BaseModel):
+    events: list[EgressEvent] = Field(description="Oldest first.")
+
+
+# -- inbound ports --------------------------------------------------------------------
+
+
+class PortRequest(_Strict):
+    port: Annotated[int, Field(ge=1, le=65535, strict=True)]
+
+
+class Port(_FromView):
+    port: int = Field(description="The guest port.")
+    host: str = Field(description="The host address it is reachable on.")
+    host_port: int
+    url: str
+
+    @classmethod
+    def of(cls, view: object) -> Port:
+        return cls.model_validate(view)
+
+
+class PortList(BaseModel):
+    ports: list[Port]
+
+
+# -- private networks -----------------------------------------------------------------
+
+
+class NetworkRequest(_Strict):
+    # The service checks the name's characters and says which are accepted.
+    name: Annotated[str, Field(min_length=1, max_length=63)]
+
+
+class JoinNetwork(_Strict):
+    network: NetworkRef
+
+
+class _NetworkView(_FromView):
+    id: str
+    name: str
+    created_at: float
+    members: list[str]
+
+
+class Network(BaseModel):
+    id: str
+    name: str
+    created_at: dt.datetime
+    members: list[str] = Field(description="Ids of the sandboxes on it.")
+
+    @classmethod
+    def of(cls, view: object) -> Network:
+        data = _NetworkView.model_validate(view)
+        return cls(
+            id=data.id, name=data.name, created_at=_iso(data.created_at), members=data.members
+        )
+
+
+class NetworkList(BaseModel):
+    networks: list[Network]
+
+
+class SandboxNet(_FromView):
+    """The ``network`` block of a sandbox."""
+
+    mode: NetworkMode
+    address: str | None = Field(description="The guest's IPv4 address; null with mode none.")
+    networks: list[str] = Field(description="Ids of the private networks it is on.")
+
+    @classmethod
+    def of(cls, view: object) -> SandboxNet:
+        return cls.model_validate(view)

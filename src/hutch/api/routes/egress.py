@@ -1,0 +1,45 @@
+"""``/v1/sandboxes/{id}/egress``: a sandbox's outbound rules, counters and decision log."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query
+
+from hutch.api.deps import service
+from hutch.api.net_schemas import Egress, EgressEvent, EgressLog, EgressRules
+from hutch.services.sandboxes import SandboxService
+
+__all__ = ["EGRESS_LOG_MAX", "router"]
+
+router = APIRouter(prefix="/v1/sandboxes/{sandbox_id}/egress", tags=["network"])
+Service = Annotated[SandboxService, Depends(service)]
+
+#: The service keeps the last 1000 decisions per sandbox.
+EGRESS_LOG_MAX = 1000
+
+
+@router.get("", response_model=Egress)
+async def get_egress(sandbox_id: str, svc: Service) -> Egress:
+    """The rules in force, the mode they make (`open` with no rules, `rules`, or
+    `deny-all`) and the allowed/denied counters."""
+    return Egress.of(svc.egress_get(sandbox_id))
+
+
+@router.put("", response_model=Egress)
+async def set_egress(sandbox_id: str, body: EgressRules, svc: Service) -> Egress:
+    """Replace the rules; new connections follow them at once (no restart). An invalid
+    rule rejects the whole list (400 naming the rule) and the previous rules stay."""
+    return Egress.of(await svc.egress_set(sandbox_id, list(body.rules)))
+
+
+@router.get("/log", response_model=EgressLog)
+async def egress_log(
+    sandbox_id: str,
+    svc: Service,
+    limit: Annotated[
+        int, Query(ge=1, le=EGRESS_LOG_MAX, description="At most this many, the newest.")
+    ] = 100,
+) -> EgressLog:
+    """Recent egress decisions (DNS answers, proxied connections, packet denials)."""
+    return EgressLog(events=[EgressEvent.of(e) for e in svc.egress_log(sandbox_id, limit)])

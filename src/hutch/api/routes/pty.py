@@ -1,0 +1,225 @@
+"""Interactive terminals over a WebSocket: ``/v1/sandboxes/{id}/pty``.
+
+Query: ``rows``, ``cols``, ``term``, ``cmd`` (a shell command; default a login shell), or
+``pty_id`` to reattach to a terminal whose connection dropped (its scrollback is replayed
+first). Auth: the API key as ``Authorization: Bearer <key>``, or ``?token=<key>`` for
+clients that cannot set headers (browsers).
+
+Frames: binary = terminal bytes, both ways. Text = JSON control. From the client:
+``{"type": "resize", "rows", "cols"}``, ``{"type": "signal", "signal": 2}`` (to the
+foreground job), ``{"type": "close"}`` (hang up the terminal for good). From the server:
+``{"type": "ready", "pty_id", "pid"}`` first, ``{"type": "exit", "exit_code", "signal"}``
+when the program ends, ``{"type": "detached"}`` when another client attached to the same
+terminal, ``{"type": "error", "code", "message"}``. The server closes with 1000 after exit
+or detach; with 4000 + the HTTP status (4401, 4404, 4409, ...) after an error that ends the
+session. Closing the socket without ``close`` leaves the terminal running.
+
+Also plain REST: ``GET .../ptys`` lists terminals, ``DELETE .../ptys/{pty_id}`` closes one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import hmac
+import json
+import logging
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Query, WebSocket
+from pydantic import BaseModel
+from starlette.websockets import WebSocketDisconnect, WebSocketState
+
+from hutch.api.deps import processes
+from hutch.api.errors import status_for
+from hutch.api.routes.processes import parse_signal
+from hutch.errors import HutchError, InvalidArgument, Unauthorized
+from hutch.services.processes import ProcessService, PtyInfo, PtySession
+
+__all__ = ["router", "ws_router"]
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(prefix="/v1/sandboxes", tags=["pty"])
+Procs = Annotated[ProcessService, Depends(processes)]
+
+
+class PtyModel(BaseModel):
+    pty_id: str
+    pid: int
+    argv: list[str]
+    state: Literal["running", "exited"]
+    exit_code: int | None
+    signal: int | None
+    rows: int
+    cols: int
+    attached: bool
+    started_at: dt.datetime
+    ended_at: dt.datetime | None
+
+
+class PtyList(BaseModel):
+    ptys: list[PtyModel]
+
+
+def pty_model(t: PtyInfo) -> PtyModel:
+    return PtyModel(
+        pty_id=t.pty_id,
+        pid=t.pid,
+        argv=list(t.argv),
+        state=t.state,
+        exit_code=t.exit_code,
+        signal=t.signal,
+        rows=t.rows,
+        cols=t.cols,
+        attached=t.attached,
+        started_at=dt.datetime.fromtimestamp(t.started_at, dt.UTC),
+        ended_at=None if t.ended_at is None else dt.datetime.fromtimestamp(t.ended_at, dt.UTC),
+    )
+
+
+@router.get("/{sandbox_id}/ptys", response_model=PtyList)
+async def list_ptys(sandbox_id: str, procs: Procs) -> PtyList:
+    return PtyList(ptys=[pty_model(t) for t in await procs.list_ptys(sandbox_id)])
+
+
+@router.delete("/{sandbox_id}/ptys/{pty_id}", response_model=PtyModel)
+async def close_pty(sandbox_id: str, pty_id: str, procs: Procs) -> PtyModel:
+    """Hang up the terminal (SIGHUP, then SIGKILL) and forget it."""
+    return pty_model(await procs.close_pty(sandbox_id, pty_id))
+
+
+def ws_router(api_key: str) -> APIRouter:
+    """The WebSocket route; it checks the API key itself (header or ``?token=``)."""
+    key = api_key.encode()
+    ws = APIRouter(prefix="/v1/sandboxes", tags=["pty"])
+
+    @ws.websocket("/{sandbox_id}/pty")
+    async def pty_socket(
+        websocket: WebSocket,
+        sandbox_id: str,
+        procs: Procs,
+        rows: Annotated[int, Query()] = 24,
+        cols: Annotated[int, Query()] = 80,
+        term: Annotated[str, Query(max_length=64)] = "xterm-256color",
+        cmd: Annotated[str | None, Query(max_length=65536)] = None,
+        pty_id: Annotated[str | None, Query(max_length=64)] = None,
+        token: Annotated[str | None, Query()] = None,
+    ) -> None:
+        await websocket.accept()
+        try:
+            _check_key(websocket, token, key)
+            if pty_id is not None:
+                session = await procs.attach_pty(sandbox_id, pty_id)
+            else:
+                session = await procs.open_pty(sandbox_id, cmd=cmd, rows=rows, cols=cols, term=term)
+        except HutchError as exc:
+            await _fail(websocket, exc)
+            return
+        with procs.attached(sandbox_id):
+            await _serve(websocket, procs, sandbox_id, session)
+
+    return ws
+
+
+def _check_key(websocket: WebSocket, token: str | None, key: bytes) -> None:
+    scheme, _, value = websocket.headers.get("authorization", "").partition(" ")
+    given = value.strip() if scheme.lower() == "bearer" and value else (token or "")
+    if not given:
+        raise Unauthorized(
+            "missing API key: send 'Authorization: Bearer <key>' or ?token=<key> (the key "
+            "is in <state_dir>/api-key)"
+        )
+    if not hmac.compare_digest(given.encode(), key):
+        raise Unauthorized("wrong API key")
+
+
+async def _send_json(websocket: WebSocket, obj: dict[str, Any]) -> None:
+    await websocket.send_text(json.dumps(obj))
+
+
+async def _fail(websocket: WebSocket, exc: HutchError) -> None:
+    with contextlib.suppress(Exception):  # the client may be gone already
+        await _send_json(websocket, {"type": "error", "code": exc.code, "message": exc.message})
+        await websocket.close(code=4000 + status_for(exc), reason=exc.code)
+
+
+async def _serve(
+    websocket: WebSocket, procs: ProcessService, sandbox_id: str, session: PtySession
+) -> None:
+    await _send_json(websocket, {"type": "ready", "pty_id": session.pty_id, "pid": session.pid})
+
+    async def output() -> None:
+        async for data in session.output():
+            await websocket.send_bytes(data)
+        end = session.end
+        if end is not None and end.detached:
+            await _send_json(websocket, {"type": "detached"})
+        elif end is not None:
+            await _send_json(
+                websocket, {"type": "exit", "exit_code": end.exit_code, "signal": end.signal}
+            )
+        await websocket.close(code=1000)
+
+    async def control(message: str) -> bool:
+        """Handle one text frame; False when the session should end."""
+        try:
+            msg = json.loads(message)
+            if not isinstance(msg, dict):
+                raise InvalidArgument("control frames are JSON objects with a 'type'")
+            kind = msg.get("type")
+            if kind == "resize":
+                rows, cols = msg.get("rows"), msg.get("cols")
+                if not isinstance(rows, int) or not isinstance(cols, int):
+                    raise InvalidArgument("resize needs integer rows and cols")
+                await procs.resize_pty(sandbox_id, session.pty_id, rows, cols)
+            elif kind == "signal":
+                signum = msg.get("signal")
+                if not isinstance(signum, int | str):
+                    raise InvalidArgument(f"signal {signum!r} is not a signal name or number")
+                await procs.signal_pty(sandbox_id, session.pty_id, parse_signal(signum))
+            elif kind == "close":
+                await procs.close_pty(sandbox_id, session.pty_id)
+                return True  # the exit arrives through the output
+            else:
+                raise InvalidArgument(
+                    f"unknown control frame type {kind!r}; use resize, signal or close"
+                )
+        except ValueError as exc:
+            await _send_json(
+                websocket,
+                {"type": "error", "code": "invalid_argument", "message": f"bad JSON: {exc}"},
+            )
+        except HutchError as exc:
+            await _send_json(websocket, {"type": "error", "code": exc.code, "message": exc.message})
+        return True
+
+    async def inbound() -> None:
+        while True:
+            message = await websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            if message.get("bytes") is not None:
+                session.send(message["bytes"])
+            elif message.get("text") is not None and not await control(message["text"]):
+                return
+
+    tasks = [asyncio.create_task(output()), asyncio.create_task(inbound())]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            exc = task.exception()
+            if isinstance(exc, HutchError):
+                await _fail(websocket, exc)
+            elif exc is not None and not isinstance(exc, WebSocketDisconnect | RuntimeError):
+                log.error("pty session %s failed: %r", session.pty_id, exc)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        # The terminal keeps running in the guest; only this attachment ends.
+        await session.detach()
+        if websocket.client_state is WebSocketState.CONNECTED:
+            with contextlib.suppress(Exception):
+                await websocket.close(code=1000)

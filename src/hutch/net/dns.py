@@ -1,0 +1,497 @@
+"""hutch's DNS resolver for sandboxes (UDP and TCP on one port, in the daemon's loop).
+
+nft redirects every packet a sandbox sends to port 53 here, so this is the only DNS a
+guest can reach. Per query, by the sandbox the source address belongs to:
+
+- unknown source: REFUSED (the port is bound on 0.0.0.0; nft keeps others out too);
+- private-network peers (``web``, ``sb-…``, ``web.hutch.internal``): answered here, TTL 5;
+  other ``*.hutch.internal`` names: NXDOMAIN, never forwarded;
+- open egress: the query is forwarded upstream as is;
+- deny-all: NXDOMAIN;
+- rules: only names a host/wildcard rule allows go upstream, and only as A (or CNAME)
+  queries rebuilt by us, so nothing but an allowed name leaves the host. AAAA gets an
+  empty NOERROR (guests are IPv4 only); every other type (TXT, ...) and every other
+  name gets NXDOMAIN without going upstream. The A addresses answered are handed to
+  ``on_learned`` (awaited *before* the guest sees the answer, so the nft allow set is
+  filled before the guest can connect) with their TTL clamped to 30 s - 1 h; answer TTLs
+  are capped to that so the guest does not cache past the nft element.
+
+Upstream failure or timeout gives SERVFAIL: the guest fails closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import struct
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from ipaddress import IPv4Address, ip_address
+from typing import Protocol
+
+import dns.exception
+import dns.flags
+import dns.message
+import dns.name
+import dns.opcode
+import dns.rcode
+import dns.rdataclass
+import dns.rdatatype
+import dns.rrset
+
+from hutch.errors import NetworkError
+from hutch.net.egress_log import EgressLog
+from hutch.net.rules import EgressPolicy, normalize_name
+from hutch.net.views import EgressEvent, Verdict
+
+__all__ = [
+    "INTERNAL_SUFFIX",
+    "PEER_TTL_S",
+    "TTL_CAP_S",
+    "TTL_FLOOR_S",
+    "Learned",
+    "OnLearned",
+    "Resolver",
+    "SandboxDirectory",
+    "SandboxNet",
+    "SandboxNetInfo",
+]
+
+log = logging.getLogger(__name__)
+
+TTL_FLOOR_S = 30
+TTL_CAP_S = 3600
+PEER_TTL_S = 5
+INTERNAL_SUFFIX = "hutch.internal"
+_MAX_INFLIGHT = 512  # concurrent queries; beyond that UDP queries are dropped (flood guard)
+
+Learned = list[tuple[IPv4Address, int | None]]
+OnLearned = Callable[[str, Learned, int], Awaitable[None]]
+
+
+class SandboxNet(Protocol):
+    """What the resolver and proxy need to know about the sandbox behind an address."""
+
+    @property
+    def sandbox_id(self) -> str: ...
+    @property
+    def policy(self) -> EgressPolicy: ...
+    @property
+    def peers(self) -> Mapping[str, IPv4Address]:
+        """Private-network names (lower case; names, ids, and both with
+        ``.hutch.internal``) -> the peer's address."""
+        ...
+
+
+class SandboxDirectory(Protocol):
+    def lookup(self, addr: IPv4Address) -> SandboxNet | None:
+        """The sandbox using guest address ``addr``, or None."""
+        ...
+
+
+@dataclass(frozen=True)
+class SandboxNetInfo:
+    """A plain SandboxNet (the lead may use it or its own type)."""
+
+    sandbox_id: str
+    policy: EgressPolicy
+    peers: Mapping[str, IPv4Address] = field(default_factory=dict)
+
+
+def clamp_ttl(ttl: int) -> int:
+    return max(TTL_FLOOR_S, min(TTL_CAP_S, ttl))
+
+
+class Resolver:
+    """See the module docstring. ``upstream`` is (ip, port); ``timeout_s`` is per upstream
+    attempt, ``attempts`` UDP tries before SERVFAIL."""
+
+    def __init__(
+        self,
+        directory: SandboxDirectory,
+        upstream: tuple[str, int],
+        log: EgressLog,
+        on_learned: OnLearned,
+        *,
+        timeout_s: float = 2.0,
+        attempts: int = 2,
+    ) -> None:
+        self._directory = directory
+        self._upstream = upstream
+        self._log = log
+        self._on_learned = on_learned
+        self._timeout_s = timeout_s
+        self._attempts = max(1, attempts)
+        self._udp: asyncio.DatagramTransport | None = None
+        self._tcp: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._cache: dict[str, tuple[float, list[tuple[IPv4Address, int]]]] = {}
+        self.port = 0
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    async def start(self, host: str = "0.0.0.0", port: int = 0) -> int:
+        """Listen on UDP and TCP ``host:port`` (same port number; 0 picks one). Returns it."""
+        last: OSError | None = None
+        for _ in range(20 if port == 0 else 1):
+            udp = await start_udp_dns(host, port, self._on_datagram)
+            chosen = int(udp.get_extra_info("sockname")[1])
+            try:
+                self._tcp = await asyncio.start_server(self._on_tcp, host, chosen)
+            except OSError as exc:  # TCP port taken by someone else: try another number
+                udp.close()
+                last = exc
+                continue
+            self._udp, self.port = udp, chosen
+            return chosen
+        raise NetworkError(f"DNS resolver cannot listen on {host}:{port} (TCP): {last}")
+
+    async def close(self) -> None:
+        """Stop listening and cancel queries in flight. Safe to call twice."""
+        if self._udp is not None:
+            self._udp.close()
+            self._udp = None
+        if self._tcp is not None:
+            self._tcp.close()
+            self._tcp = None
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ---- transports ------------------------------------------------------------------
+
+    def _on_datagram(self, data: bytes, addr: tuple[str, int]) -> None:
+        if len(self._tasks) >= _MAX_INFLIGHT:
+            return
+        task = asyncio.get_running_loop().create_task(self._answer_datagram(data, addr))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _answer_datagram(self, data: bytes, addr: tuple[str, int]) -> None:
+        try:
+            reply = await self.handle(data, addr[0], tcp=False)
+        except Exception:  # a bug must not kill the server; the guest sees a timeout
+            log.exception("DNS query from %s failed", addr[0])
+            return
+        if reply is not None and self._udp is not None:
+            self._udp.sendto(reply, addr)
+
+    async def _on_tcp(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)  # so close() cancels open TCP connections too
+        peer = writer.get_extra_info("peername")
+        try:
+            await serve_tcp_dns(
+                reader, writer, lambda q: self.handle(q, peer[0], tcp=True), self._timeout_s * 5
+            )
+        finally:
+            if task is not None:
+                self._tasks.discard(task)
+
+    # ---- the decision ----------------------------------------------------------------
+
+    async def handle(self, wire: bytes, source: str, *, tcp: bool) -> bytes | None:
+        """The reply to one query from ``source`` (None: drop it)."""
+        try:
+            src = ip_address(source)
+        except ValueError:
+            src = None
+        sandbox = self._directory.lookup(src) if isinstance(src, IPv4Address) else None
+        try:
+            query = dns.message.from_wire(wire)
+        except Exception:  # untrusted bytes: any parser failure is the sender's fault
+            return _formerr(wire) if sandbox is not None else None
+        if sandbox is None:
+            return _reply(query, dns.rcode.REFUSED, tcp)
+        if query.opcode() != dns.opcode.QUERY:
+            return _reply(query, dns.rcode.NOTIMP, tcp)
+        if len(query.question) != 1:
+            return _reply(query, dns.rcode.FORMERR, tcp)
+        q = query.question[0]
+        raw_name = q.name.to_text(omit_final_dot=True)
+        name = normalize_name(raw_name)
+        local = self._answer_local(query, name, q, sandbox, tcp)
+        if local is not None:
+            return local
+        policy = sandbox.policy
+        sid = sandbox.sandbox_id
+        if policy.mode == "open":
+            return await self._forward_raw(query, wire, tcp)
+        if policy.mode == "deny-all":
+            self._event(sid, raw_name, "deny", None, "egress is deny-all")
+            return _reply(query, dns.rcode.NXDOMAIN, tcp)
+        rule = policy.name_allowed_any_port(name) if name is not None else None
+        if name is None or rule is None:
+            self._event(sid, raw_name, "deny", None, "no rule allows this name")
+            return _reply(query, dns.rcode.NXDOMAIN, tcp)
+        if q.rdclass != dns.rdataclass.IN:
+            self._event(sid, name, "deny", rule.canonical, "only class IN is answered")
+            return _reply(query, dns.rcode.NXDOMAIN, tcp)
+        if q.rdtype == dns.rdatatype.AAAA:
+            return _reply(query, dns.rcode.NOERROR, tcp)  # IPv4-only guests: no AAAA
+        if q.rdtype not in (dns.rdatatype.A, dns.rdatatype.CNAME):
+            kind = dns.rdatatype.to_text(q.rdtype)
+            self._event(
+                sid, name, "deny", rule.canonical, f"{kind} queries are not answered under rules"
+            )
+            return _reply(query, dns.rcode.NXDOMAIN, tcp)
+        return await self._forward_allowed(query, name, q.rdtype, sandbox, rule.canonical, tcp)
+
+    def _answer_local(
+        self,
+        query: dns.message.Message,
+        name: str | None,
+        q: dns.rrset.RRset,
+        sandbox: SandboxNet,
+        tcp: bool,
+    ) -> bytes | None:
+        if name is None:
+            return None
+        peer = sandbox.peers.get(name)
+        if peer is None:
+            if name == INTERNAL_SUFFIX or name.endswith("." + INTERNAL_SUFFIX):
+                return _reply(query, dns.rcode.NXDOMAIN, tcp)
+            return None
+        response = dns.message.make_response(query, recursion_available=True)
+        response.flags |= dns.flags.AA
+        if q.rdtype == dns.rdatatype.A and q.rdclass == dns.rdataclass.IN:
+            response.answer.append(dns.rrset.from_text(q.name, PEER_TTL_S, "IN", "A", str(peer)))
+        return _to_wire(response, query, tcp)
+
+    async def _forward_raw(self, query: dns.message.Message, wire: bytes, tcp: bool) -> bytes:
+        """Open egress: the guest's own bytes, over the transport it used."""
+        try:
+            answer = await self._exchange(wire, tcp)
+            reply = dns.message.from_wire(answer)
+            if not query.is_response(reply):
+                raise NetworkError("upstream answer does not match the query")
+        except (NetworkError, dns.exception.DNSException) as exc:
+            log.warning("DNS forward failed: %s", exc)
+            return _reply(query, dns.rcode.SERVFAIL, tcp)
+        return answer
+
+    async def _forward_allowed(
+        self,
+        query: dns.message.Message,
+        name: str,
+        rdtype: dns.rdatatype.RdataType,
+        sandbox: SandboxNet,
+        rule: str,
+        tcp: bool,
+    ) -> bytes:
+        sid = sandbox.sandbox_id
+        try:
+            upstream = await self._ask_upstream(name, rdtype)
+        except NetworkError as exc:
+            self._event(sid, name, "deny", rule, f"upstream DNS failed: {exc}")
+            return _reply(query, dns.rcode.SERVFAIL, tcp)
+        response = dns.message.make_response(query, recursion_available=True)
+        response.set_rcode(upstream.rcode())
+        addrs = _a_records(upstream)
+        ttl = clamp_ttl(min((t for _, t in addrs), default=TTL_FLOOR_S))
+        for rrset in upstream.answer:
+            if rrset.rdtype in (dns.rdatatype.A, dns.rdatatype.CNAME):
+                copy = dns.rrset.from_rdata_list(rrset.name, min(rrset.ttl, ttl), list(rrset))
+                response.answer.append(copy)
+        if addrs:
+            ports = sandbox.policy.name_ports(name)
+            learned: Learned = [(a, p) for a, _ in addrs for p in ports]
+            try:
+                await self._on_learned(sid, learned, ttl)
+            except Exception as exc:  # the allow set is not filled: do not let it resolve
+                log.error("learning %s for %s failed: %s", name, sid, exc)
+                self._event(sid, name, "deny", rule, f"cannot add its addresses: {exc}")
+                return _reply(query, dns.rcode.SERVFAIL, tcp)
+        got = ", ".join(str(a) for a, _ in addrs) or dns.rcode.to_text(upstream.rcode())
+        self._event(sid, name, "allow", rule, f"resolved to {got} (allowed for {ttl}s)")
+        return _to_wire(response, query, tcp)
+
+    # ---- upstream --------------------------------------------------------------------
+
+    async def _exchange(self, wire: bytes, tcp: bool) -> bytes:
+        """One upstream round trip: UDP with retries (TCP if truncated), or TCP."""
+        if tcp:
+            return await query_tcp(self._upstream, wire, self._timeout_s)
+        for attempt in range(self._attempts):
+            try:
+                answer = await query_udp(self._upstream, wire, self._timeout_s)
+            except NetworkError:
+                if attempt + 1 == self._attempts:
+                    raise
+                continue
+            if len(answer) >= 3 and answer[2] & 0x02:  # TC bit: ask again over TCP
+                return await query_tcp(self._upstream, wire, self._timeout_s)
+            return answer
+        raise NetworkError("unreachable")  # pragma: no cover
+
+    async def _ask_upstream(
+        self, name: str, rdtype: dns.rdatatype.RdataType
+    ) -> dns.message.Message:
+        """A query we build (nothing of the guest's packet goes out but the name)."""
+        query = dns.message.make_query(name + ".", rdtype, use_edns=0, payload=1232)
+        try:
+            reply = dns.message.from_wire(await self._exchange(query.to_wire(), False))
+        except dns.exception.DNSException as exc:
+            raise NetworkError(f"bad answer from upstream DNS: {exc}") from exc
+        if not query.is_response(reply):
+            raise NetworkError("upstream answer does not match the query")
+        if reply.rcode() not in (dns.rcode.NOERROR, dns.rcode.NXDOMAIN):
+            raise NetworkError(f"upstream DNS answered {dns.rcode.to_text(reply.rcode())}")
+        return reply
+
+    async def resolve_a(self, name: str) -> list[tuple[IPv4Address, int]]:
+        """The A records of ``name`` as (address, ttl seconds), resolved by the host for
+        the proxy (cached for their TTL). [] when the name does not exist. Raises
+        NetworkError when the upstream fails or times out."""
+        norm = normalize_name(name)
+        if norm is None:
+            return []
+        now = time.monotonic()
+        hit = self._cache.get(norm)
+        if hit is not None and hit[0] > now:
+            return list(hit[1])
+        reply = await self._ask_upstream(norm, dns.rdatatype.A)
+        addrs = _a_records(reply)
+        if len(self._cache) > 4096:
+            self._cache.clear()
+        ttl = min((t for _, t in addrs), default=0)
+        self._cache[norm] = (now + min(ttl, TTL_CAP_S), addrs)
+        return addrs
+
+    def _event(self, sid: str, name: str, verdict: Verdict, rule: str | None, why: str) -> None:
+        self._log.record(EgressEvent(time.time(), sid, name, None, "dns", name, verdict, rule, why))
+
+
+def _a_records(message: dns.message.Message) -> list[tuple[IPv4Address, int]]:
+    out: list[tuple[IPv4Address, int]] = []
+    for rrset in message.answer:
+        if rrset.rdtype == dns.rdatatype.A and rrset.rdclass == dns.rdataclass.IN:
+            out.extend((IPv4Address(rd.address), rrset.ttl) for rd in rrset)
+    return out
+
+
+def _reply(query: dns.message.Message, rcode: dns.rcode.Rcode, tcp: bool) -> bytes:
+    response = dns.message.make_response(query, recursion_available=True)
+    response.set_rcode(rcode)
+    return _to_wire(response, query, tcp)
+
+
+def _to_wire(response: dns.message.Message, query: dns.message.Message, tcp: bool) -> bytes:
+    # UDP answers must fit what the guest can take; dnspython truncates and sets TC.
+    limit = 65535 if tcp else max(512, query.payload if query.edns >= 0 else 512)
+    return response.to_wire(max_size=limit, prefer_truncation=True)
+
+
+def _formerr(wire: bytes) -> bytes | None:
+    """FORMERR for a packet with a readable header, None (drop) otherwise."""
+    if len(wire) < 12:
+        return None
+    qid = struct.unpack("!H", wire[:2])[0]
+    flags = 0x8000 | (wire[2] & 0x78) << 8 | dns.rcode.FORMERR  # QR, same opcode
+    return struct.pack("!HHHHHH", qid, flags, 0, 0, 0, 0)
+
+
+# ---- socket I/O (asyncio; dnspython only parses and builds) ------------------------------
+
+
+class _UdpServer(asyncio.DatagramProtocol):
+    def __init__(self, on_datagram: Callable[[bytes, tuple[str, int]], None]) -> None:
+        self._on_datagram = on_datagram
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        self._on_datagram(data, addr)
+
+
+async def start_udp_dns(
+    host: str, port: int, on_datagram: Callable[[bytes, tuple[str, int]], None]
+) -> asyncio.DatagramTransport:
+    loop = asyncio.get_running_loop()
+    try:
+        transport, _ = await loop.create_datagram_endpoint(
+            lambda: _UdpServer(on_datagram), local_addr=(host, port)
+        )
+    except OSError as exc:
+        raise NetworkError(f"DNS resolver cannot listen on {host}:{port} (UDP): {exc}") from exc
+    return transport
+
+
+class _UdpClient(asyncio.DatagramProtocol):
+    def __init__(self, qid: bytes) -> None:
+        self._qid = qid
+        self.answer: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        if data[:2] == self._qid and not self.answer.done():  # stray packets are ignored
+            self.answer.set_result(data)
+
+    def error_received(self, exc: Exception) -> None:
+        if not self.answer.done():
+            self.answer.set_exception(exc)
+
+
+async def query_udp(server: tuple[str, int], wire: bytes, timeout_s: float) -> bytes:
+    """One UDP query from a fresh socket (a fresh random source port per query)."""
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(timeout_s):
+            transport, proto = await loop.create_datagram_endpoint(
+                lambda: _UdpClient(wire[:2]), remote_addr=server
+            )
+            try:
+                transport.sendto(wire)
+                return await proto.answer
+            finally:
+                transport.close()
+    except TimeoutError as exc:
+        raise NetworkError(f"upstream DNS {server[0]}:{server[1]} timed out") from exc
+    except OSError as exc:
+        raise NetworkError(f"upstream DNS {server[0]}:{server[1]}: {exc}") from exc
+
+
+async def query_tcp(server: tuple[str, int], wire: bytes, timeout_s: float) -> bytes:
+    """One length-prefixed query over a fresh TCP connection."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            reader, writer = await asyncio.open_connection(server[0], server[1])
+            try:
+                writer.write(struct.pack("!H", len(wire)) + wire)
+                await writer.drain()
+                (size,) = struct.unpack("!H", await reader.readexactly(2))
+                return await reader.readexactly(size)
+            finally:
+                writer.close()
+                with contextlib.suppress(OSError):
+                    await writer.wait_closed()
+    except TimeoutError as exc:
+        raise NetworkError(f"upstream DNS {server[0]}:{server[1]} (TCP) timed out") from exc
+    except (OSError, asyncio.IncompleteReadError) as exc:
+        raise NetworkError(f"upstream DNS {server[0]}:{server[1]} (TCP): {exc}") from exc
+
+
+async def serve_tcp_dns(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    handler: Callable[[bytes], Awaitable[bytes | None]],
+    idle_s: float,
+) -> None:
+    """Answer length-prefixed queries on one connection until EOF or ``idle_s`` of quiet."""
+    try:
+        while True:
+            async with asyncio.timeout(idle_s):
+                (size,) = struct.unpack("!H", await reader.readexactly(2))
+                query = await reader.readexactly(size)
+            reply = await handler(query)
+            if reply is None:
+                break
+            writer.write(struct.pack("!H", len(reply)) + reply)
+            await writer.drain()
+    except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+        pass
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()

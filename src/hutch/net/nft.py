@@ -1,0 +1,536 @@
+"""Pure renderer of hutch's nftables scripts (no I/O; :mod:`hutch.net.nft_apply` runs them).
+
+One table per daemon, ``inet hutch_<tag>``; every change is one script = one atomic
+``nft -f -`` transaction (the old rules stay in force when it fails). Layout::
+
+  prerouting (nat, dstnat)   from taps: udp/tcp 53 -> resolver port; then, unless the
+                             destination is a sandbox (peers!), the host or always denied
+                             (the filter chains decide those): iifname vmap @px_vmap
+    px_<key>                 rules mode: tcp 80/443 -> proxy port unless an ip/cidr rule
+  input (filter)             iifname "h<tag>*" -> from_tap: unregistered, IPv6, spoofed
+                             dropped; established ok; redirected DNS/proxy ok; rest dropped
+  forward (filter)           iifname "h<tag>*" -> egress; oifname "h<tag>*" -> ingress
+    egress                   unregistered / IPv6 / spoofed (iifname . ip saddr) dropped,
+                             established ok, jump peers, then host / link-local / sandbox
+                             pool / multicast / tcp 25 dropped; iifname vmap @sb_vmap
+    sb_<key>                 the policy only: open accept | deny-all drop | rules: the
+                             a_<key>_* sets accept, else drop (small: a swap is cheap)
+    peers                    ip saddr @net_<nid> ip daddr @net_<nid> accept (per network)
+    ingress                  to a tap: established ok, rest dropped (inbound is closed)
+  postrouting (nat, srcnat)  ip saddr @pool oifname != @taps masquerade
+
+``<key>`` is the sandbox id's 12 hex digits, ``<nid>`` the network id's. Every denial is
+logged to NFLOG group ``nflog_group`` (rate-limited per rule) with prefix
+``h<tag> <who> <reason>`` (reasons: :data:`DENY_REASONS`). ``<who>`` is the sandbox id in
+its own chain (reason ``policy``) and ``-`` in the shared chains, where the packet's indev
+(the tap) names the sandbox. Named counters ``c_<key>_allow`` (new connections its policy
+accepted; peer, DNS and proxy traffic not included) and ``c_<key>_deny`` (packets dropped
+for any reason, shared rules included via the ``deny_ctr`` map) are read back by
+:func:`hutch.net.nft_apply.read_counters`.
+
+Ordering matters: the source check comes before any conntrack accept, so a guest cannot
+inject packets into another sandbox's flows by spoofing its peer's address.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from ipaddress import IPv4Address, IPv4Network
+from typing import Literal, Protocol
+
+from hutch.errors import InvalidArgument
+from hutch.net.addressing import sandbox_key, tap_prefix
+
+__all__ = [
+    "DENY_REASONS",
+    "LearnedAddress",
+    "PolicyLike",
+    "RulesetState",
+    "SandboxNet",
+    "TableConfig",
+    "network_key",
+    "render_add_sandbox",
+    "render_host_addrs",
+    "render_learned",
+    "render_networks",
+    "render_remove_sandbox",
+    "render_replace_policy",
+    "render_table",
+    "table_name",
+]
+
+# The reason word at the end of each NFLOG prefix (hutch.net.nflog hands it back).
+DENY_REASONS = (
+    "unregistered",  # a h<tag>* interface hutch does not know
+    "ipv6",  # the data path is IPv4 only
+    "spoof",  # source address is not the sandbox's own
+    "host",  # the host's own addresses (daemon API included)
+    "link-local",  # 169.254.0.0/16: cloud metadata
+    "sandbox",  # another sandbox, not a peer on a shared network
+    "multicast",  # multicast, broadcast, 0.0.0.0/8
+    "smtp",  # tcp port 25
+    "policy",  # the sandbox's egress policy does not allow it
+)
+
+# Denials are logged at most this often per rule (the counters still count every one).
+LOG_RATE = "limit rate 20/second burst 40 packets"
+
+_NID_RE = re.compile(r"^net-([0-9a-f]{12})$")
+_LINK_LOCAL = (IPv4Network("169.254.0.0/16"),)
+_MULTICAST = (
+    IPv4Network("0.0.0.0/8"),
+    IPv4Network("224.0.0.0/4"),
+    IPv4Network("255.255.255.255/32"),
+)
+_LOOPBACK = IPv4Network("127.0.0.0/8")
+
+
+class PolicyLike(Protocol):
+    """What the renderer needs of ``hutch.net.rules.EgressPolicy``."""
+
+    @property
+    def mode(self) -> Literal["open", "rules", "deny-all"]: ...
+
+    def ip_networks(self) -> list[IPv4Network]: ...
+
+    def ip_port_networks(self) -> list[tuple[IPv4Network, int]]: ...
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    """What stays fixed for the life of one daemon's table."""
+
+    tag: str  # 4 hex digits (Settings.daemon_tag)
+    pool: IPv4Network  # Settings.net_pool
+    dns_port: int  # hutch's resolver, UDP and TCP, bound on 0.0.0.0
+    proxy_port: int  # hutch's SNI/Host proxy, TCP
+    nflog_group: int  # NFLOG group the denials go to (0..65535)
+
+    def __post_init__(self) -> None:
+        tap_prefix(self.tag)  # validates the tag
+        for what, port in (("dns_port", self.dns_port), ("proxy_port", self.proxy_port)):
+            if not 0 < port < 65536:
+                raise InvalidArgument(f"{what} {port} is not a TCP/UDP port (1..65535)")
+        if not 0 <= self.nflog_group < 65536:
+            raise InvalidArgument(f"nflog_group {self.nflog_group} is not in 0..65535")
+
+    @property
+    def table(self) -> str:
+        return table_name(self.tag)
+
+
+@dataclass(frozen=True)
+class SandboxNet:
+    """One sandbox with network ``default``, as the dataplane sees it."""
+
+    sandbox_id: str  # sb-<12 hex>
+    tap: str  # its tap (tap_name(tag, sandbox_id))
+    guest: IPv4Address  # the guest's address (anti-spoof)
+    policy: PolicyLike
+
+    @property
+    def key(self) -> str:
+        return sandbox_key(self.sandbox_id)
+
+
+@dataclass(frozen=True)
+class LearnedAddress:
+    """An address hutch's resolver answered for an allowed name, for ``ttl`` seconds.
+    ``port`` None: the name's rule allows any port; else only that port (tcp and udp)."""
+
+    address: IPv4Address
+    port: int | None
+    ttl: int
+
+
+@dataclass(frozen=True)
+class RulesetState:
+    """Everything the full table holds."""
+
+    config: TableConfig
+    host_addrs: frozenset[IPv4Address] = frozenset()
+    sandboxes: tuple[SandboxNet, ...] = ()
+    # network id (net-<12 hex>) -> member guest addresses
+    networks: Mapping[str, Sequence[IPv4Address]] = field(default_factory=dict)
+
+
+def table_name(tag: str) -> str:
+    tap_prefix(tag)  # validates
+    return f"hutch_{tag}"
+
+
+def network_key(network_id: str) -> str:
+    """``net-<12 hex>`` -> ``net_<12 hex>``, the name of its member set."""
+    match = _NID_RE.match(network_id)
+    if match is None:
+        raise InvalidArgument(f"network id {network_id!r} is not net-<12 hex digits>")
+    return f"net_{match.group(1)}"
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _q(text: str) -> str:
+    """A double-quoted nft string. Our strings are generated (hex, ids), never user text,
+    but refuse quotes anyway so a bug cannot become an injection."""
+    if '"' in text or "\n" in text or "\\" in text:
+        raise InvalidArgument(f"{text!r} cannot be used in an nft script")
+    return f'"{text}"'
+
+
+def _elements(items: Iterable[str]) -> str:
+    return ", ".join(items)
+
+
+def _nets(networks: Iterable[IPv4Network]) -> list[str]:
+    """Interval-set elements without overlaps (nft refuses overlapping intervals)."""
+    collapsed = ipaddress.collapse_addresses(sorted(set(networks)))
+    return [str(n.network_address) if n.prefixlen == 32 else str(n) for n in collapsed]
+
+
+def _net_ports(pairs: Iterable[tuple[IPv4Network, int]]) -> list[str]:
+    by_port: dict[int, list[IPv4Network]] = {}
+    for net, port in pairs:
+        by_port.setdefault(port, []).append(net)
+    return [f"{n} . {port}" for port in sorted(by_port) for n in _nets(by_port[port])]
+
+
+def _deny(cfg: TableConfig, match: str, who: str, reason: str, counter: str) -> list[str]:
+    """Two rules: count and log (rate-limited, so it cannot flood), then drop. The drop
+    stands alone so that nothing the first rule does (a counter-map miss) can skip it."""
+    prefix = _q(f"h{cfg.tag} {who} {reason}")
+    return [
+        f"{match} {counter} {LOG_RATE} log group {cfg.nflog_group} prefix {prefix}".strip(),
+        f"{match} drop".strip(),
+    ]
+
+
+# The per-sandbox deny counter, found by the input interface (shared rules).
+_TAP_DENY = "counter name iifname map @deny_ctr"
+
+
+def _add_element(cfg: TableConfig, obj: str, items: Sequence[str]) -> str:
+    return f"add element inet {cfg.table} {obj} {{ {_elements(items)} }}"
+
+
+# ---------------------------------------------------------------------------- pieces
+
+
+def _sb_names(key: str) -> dict[str, str]:
+    return {
+        "chain": f"sb_{key}",
+        "px": f"px_{key}",
+        "ip": f"a_{key}_ip",
+        "ipport": f"a_{key}_ipport",
+        "dns": f"a_{key}_dns",
+        "dnsport": f"a_{key}_dnsport",
+        "allow": f"c_{key}_allow",
+        "deny": f"c_{key}_deny",
+    }
+
+
+def _sb_set_decls(cfg: TableConfig, key: str) -> list[str]:
+    n, t = _sb_names(key), cfg.table
+    return [
+        f"add set inet {t} {n['ip']} {{ type ipv4_addr; flags interval; }}",
+        f"add set inet {t} {n['ipport']} {{ type ipv4_addr . inet_service; flags interval; }}",
+        f"add set inet {t} {n['dns']} {{ type ipv4_addr; flags timeout; }}",
+        f"add set inet {t} {n['dnsport']} {{ type ipv4_addr . inet_service; flags timeout; }}",
+        f"add counter inet {t} {n['allow']}",
+        f"add counter inet {t} {n['deny']}",
+        f"add chain inet {t} {n['chain']}",
+        f"add chain inet {t} {n['px']}",
+    ]
+
+
+def _sb_fill(cfg: TableConfig, sb: SandboxNet) -> list[str]:
+    """Elements of the policy sets and the rules of sb_<key> and px_<key> (chains empty)."""
+    key, t = sb.key, cfg.table
+    n = _sb_names(key)
+    policy = sb.policy
+    lines: list[str] = []
+    ips = _nets(policy.ip_networks()) if policy.mode == "rules" else []
+    ipports = _net_ports(policy.ip_port_networks()) if policy.mode == "rules" else []
+    if ips:
+        lines.append(_add_element(cfg, n["ip"], ips))
+    if ipports:
+        lines.append(_add_element(cfg, n["ipport"], ipports))
+
+    # The checks every sandbox shares (spoofing, always-denied destinations) ran in the
+    # egress chain already; this chain holds only the policy, so a policy swap is small.
+    sid, deny = sb.sandbox_id, f"counter name {_q(n['deny'])}"
+    allow = f"counter name {_q(n['allow'])} accept"
+    rules: list[str] = []
+    if policy.mode == "open":
+        rules.append(allow)
+    elif policy.mode == "rules":
+        # th dport reads bytes 2-3 of any transport header (an ICMP checksum!), so the
+        # port sets only apply to TCP and UDP.
+        rules.append(f"ip daddr @{n['ip']} {allow}")
+        rules.append(f"meta l4proto @tcp_udp ip daddr . th dport @{n['ipport']} {allow}")
+        rules.append(f"ip daddr @{n['dns']} {allow}")
+        rules.append(f"meta l4proto @tcp_udp ip daddr . th dport @{n['dnsport']} {allow}")
+    rules += _deny(cfg, "", sid, "policy", deny)
+    lines += [f"add rule inet {t} {n['chain']} {r}" for r in rules]
+
+    if policy.mode == "rules":
+        # Web traffic goes through the proxy, which checks SNI/Host against the rules and
+        # connects to what the host resolved; an explicit ip/cidr rule skips it.
+        lines += [
+            f"add rule inet {t} {n['px']} ip daddr @{n['ip']} return",
+            f"add rule inet {t} {n['px']} ip daddr . tcp dport @{n['ipport']} return",
+            f"add rule inet {t} {n['px']} tcp dport @web_ports redirect to :{cfg.proxy_port}",
+        ]
+    return lines
+
+
+def _sb_elements(sb: SandboxNet) -> list[tuple[str, str]]:
+    """(object, element) pairs that register a sandbox's tap in the shared sets/maps."""
+    n, tap = _sb_names(sb.key), _q(sb.tap)
+    return [
+        ("taps", tap),
+        ("tap_src", f"{tap} . {sb.guest}"),
+        ("sb_vmap", f"{tap} : jump {n['chain']}"),
+        ("px_vmap", f"{tap} : jump {n['px']}"),
+        ("deny_ctr", f"{tap} : {_q(n['deny'])}"),
+    ]
+
+
+def _sb_register(cfg: TableConfig, sandboxes: Iterable[SandboxNet]) -> list[str]:
+    """One ``add element`` per shared object (batched: far fewer commands for nft)."""
+    by_obj: dict[str, list[str]] = {}
+    for sb in sandboxes:
+        for obj, elem in _sb_elements(sb):
+            by_obj.setdefault(obj, []).append(elem)
+    return [_add_element(cfg, obj, elems) for obj, elems in by_obj.items()]
+
+
+def _skeleton(cfg: TableConfig, host_addrs: Iterable[IPv4Address]) -> str:
+    wildcard = _q(tap_prefix(cfg.tag) + "*")
+    hosts = _host_elements(host_addrs)
+    # Shared checks first, in this order: the tap must be registered (else no counter
+    # exists for it), IPv4 only, source must be the sandbox's own address (before any
+    # conntrack accept, so a guest cannot inject into another sandbox's flows).
+    guard = [
+        *_deny(cfg, "iifname != @taps", "-", "unregistered", "counter"),
+        *_deny(cfg, "meta nfproto ipv6", "-", "ipv6", _TAP_DENY),
+        *_deny(cfg, "iifname . ip saddr != @tap_src", "-", "spoof", _TAP_DENY),
+        "ct state established,related accept",
+    ]
+    from_tap = [
+        *guard,
+        # Only connections nft redirected reach the resolver and proxy: a guest cannot
+        # address them (or anything else on the host) directly.
+        f"ct status dnat udp dport {cfg.dns_port} accept",
+        f"ct status dnat tcp dport {{ {cfg.dns_port}, {cfg.proxy_port} }} accept",
+        *_deny(cfg, "", "-", "host", _TAP_DENY),
+    ]
+    egress = [
+        *guard,
+        # Members of a shared private network reach each other whatever their policies.
+        "jump peers",
+        *_deny(cfg, "ip daddr @host_addrs", "-", "host", _TAP_DENY),
+        *_deny(cfg, "ip daddr @link_local", "-", "link-local", _TAP_DENY),
+        *_deny(cfg, "ip daddr @pool", "-", "sandbox", _TAP_DENY),
+        *_deny(cfg, "ip daddr @multicast", "-", "multicast", _TAP_DENY),
+        *_deny(cfg, "tcp dport 25", "-", "smtp", _TAP_DENY),
+        "iifname vmap @sb_vmap",
+        # Unreachable while sb_vmap and taps agree (they change in one transaction).
+        *_deny(cfg, "", "-", "unregistered", "counter"),
+    ]
+
+    link_local = _elements(_nets(_LINK_LOCAL))
+    multicast = _elements(_nets(_MULTICAST))
+
+    def body(rules: list[str]) -> str:
+        return "\n".join(f"    {r}" for r in rules)
+
+    return f"""table inet {cfg.table} {{
+  set taps {{ type ifname; }}
+  set tap_src {{ type ifname . ipv4_addr; }}
+  set host_addrs {{ type ipv4_addr; flags interval; elements = {{ {_elements(hosts)} }} }}
+  set link_local {{ type ipv4_addr; flags interval; elements = {{ {link_local} }} }}
+  set multicast {{ type ipv4_addr; flags interval; elements = {{ {multicast} }} }}
+  set pool {{ type ipv4_addr; flags interval; elements = {{ {cfg.pool} }} }}
+  set tcp_udp {{ type inet_proto; elements = {{ tcp, udp }} }}
+  set web_ports {{ type inet_service; elements = {{ 80, 443 }} }}
+  map sb_vmap {{ type ifname : verdict; }}
+  map px_vmap {{ type ifname : verdict; }}
+  map deny_ctr {{ type ifname : counter; }}
+  chain peers {{
+  }}
+  chain from_tap {{
+{body(from_tap)}
+  }}
+  chain egress {{
+{body(egress)}
+  }}
+  chain ingress {{
+    meta nfproto ipv6 drop
+    ct state established,related accept
+    counter drop
+  }}
+  chain prerouting {{
+    type nat hook prerouting priority dstnat; policy accept;
+    iifname @taps meta nfproto ipv4 udp dport 53 redirect to :{cfg.dns_port}
+    iifname @taps meta nfproto ipv4 tcp dport 53 redirect to :{cfg.dns_port}
+    iifname != @taps accept
+    ip daddr @pool accept
+    ip daddr @host_addrs accept
+    ip daddr @link_local accept
+    ip daddr @multicast accept
+    iifname vmap @px_vmap
+  }}
+  chain input {{
+    type filter hook input priority filter; policy accept;
+    iifname {wildcard} jump from_tap
+  }}
+  chain forward {{
+    type filter hook forward priority filter; policy accept;
+    iifname {wildcard} jump egress
+    oifname {wildcard} jump ingress
+  }}
+  chain postrouting {{
+    type nat hook postrouting priority srcnat; policy accept;
+    ip saddr @pool oifname != @taps masquerade
+  }}
+}}
+"""
+
+
+def _host_elements(host_addrs: Iterable[IPv4Address]) -> list[str]:
+    # Loopback is always the host's, whatever `ip addr` says.
+    return _nets([_LOOPBACK, *(IPv4Network(a) for a in host_addrs)])
+
+
+# ---------------------------------------------------------------------------- public
+
+
+def render_table(state: RulesetState) -> str:
+    """The whole table: delete it if it exists and create it anew, in one transaction."""
+    cfg = state.config
+    lines = [
+        f"add table inet {cfg.table}",
+        f"delete table inet {cfg.table}",
+        _skeleton(cfg, state.host_addrs),
+    ]
+    for sb in state.sandboxes:
+        lines += _sb_set_decls(cfg, sb.key)
+        lines += _sb_fill(cfg, sb)
+    lines += _sb_register(cfg, state.sandboxes)
+    lines.append(render_networks(cfg, state.networks))
+    return "\n".join(lines) + "\n"
+
+
+def render_add_sandbox(cfg: TableConfig, sb: SandboxNet) -> str:
+    """Register one sandbox (sets, counters, chains, tap). Re-running it is harmless:
+    its chains are flushed and refilled, its policy sets refilled."""
+    n = _sb_names(sb.key)
+    lines = _sb_set_decls(cfg, sb.key)
+    lines += [
+        f"flush chain inet {cfg.table} {n['chain']}",
+        f"flush chain inet {cfg.table} {n['px']}",
+        f"flush set inet {cfg.table} {n['ip']}",
+        f"flush set inet {cfg.table} {n['ipport']}",
+    ]
+    lines += _sb_fill(cfg, sb)
+    lines += _sb_register(cfg, [sb])
+    return "\n".join(lines) + "\n"
+
+
+def render_remove_sandbox(cfg: TableConfig, sb: SandboxNet) -> str:
+    """Unregister one sandbox and delete its objects. Idempotent: every object is first
+    added (a no-op when present) so that deleting it cannot fail on a missing one."""
+    t = cfg.table
+    n = _sb_names(sb.key)
+    lines = _sb_set_decls(cfg, sb.key) + _sb_register(cfg, [sb])
+    tap = _q(sb.tap)
+    lines += [
+        f"delete element inet {t} deny_ctr {{ {tap} }}",
+        f"delete element inet {t} px_vmap {{ {tap} }}",
+        f"delete element inet {t} sb_vmap {{ {tap} }}",
+        f"delete element inet {t} tap_src {{ {tap} . {sb.guest} }}",
+        f"delete element inet {t} taps {{ {tap} }}",
+        f"flush chain inet {t} {n['chain']}",
+        f"flush chain inet {t} {n['px']}",
+        f"delete chain inet {t} {n['chain']}",
+        f"delete chain inet {t} {n['px']}",
+    ]
+    lines += [f"delete set inet {t} {n[k]}" for k in ("ip", "ipport", "dns", "dnsport")]
+    lines += [f"delete counter inet {t} {n[k]}" for k in ("allow", "deny")]
+    return "\n".join(lines) + "\n"
+
+
+def render_replace_policy(
+    cfg: TableConfig, sb: SandboxNet, learned: Iterable[LearnedAddress] = ()
+) -> str:
+    """Swap one sandbox's policy: flush and refill its sets and chains in one transaction.
+
+    DNS-learned addresses are flushed too (the old policy's names may no longer be
+    allowed); pass those still allowed in ``learned`` to keep them.
+    """
+    t, n = cfg.table, _sb_names(sb.key)
+    lines = [f"flush set inet {t} {n[k]}" for k in ("ip", "ipport", "dns", "dnsport")]
+    lines += [f"flush chain inet {t} {n['chain']}", f"flush chain inet {t} {n['px']}"]
+    lines += _sb_fill(cfg, sb)
+    return "\n".join(lines) + "\n" + render_learned(cfg, sb.sandbox_id, learned)
+
+
+def render_learned(cfg: TableConfig, sandbox_id: str, learned: Iterable[LearnedAddress]) -> str:
+    """Add DNS-learned addresses with their timeout. An address already present gets its
+    timeout refreshed (add, delete, add: the first add makes the delete safe)."""
+    n = _sb_names(sandbox_key(sandbox_id))
+    lines: list[str] = []
+    for item in learned:
+        if item.port is None:
+            obj, elem = n["dns"], str(item.address)
+        else:
+            obj, elem = n["dnsport"], f"{item.address} . {item.port}"
+        ttl = max(1, int(item.ttl))
+        base = f"inet {cfg.table} {obj} {{ {elem}"
+        lines += [
+            f"add element {base} timeout {ttl}s }}",
+            f"delete element {base} }}",
+            f"add element {base} timeout {ttl}s }}",
+        ]
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def render_networks(
+    cfg: TableConfig,
+    networks: Mapping[str, Sequence[IPv4Address]],
+    removed: Iterable[str] = (),
+) -> str:
+    """Make the private networks exactly ``networks`` (id -> member addresses): their
+    member sets and the peers chain. ``removed``: ids whose sets are deleted."""
+    t = cfg.table
+    lines = [f"flush chain inet {t} peers"]
+    for nid in sorted(networks):
+        key = network_key(nid)
+        lines += [
+            f"add set inet {t} {key} {{ type ipv4_addr; }}",
+            f"flush set inet {t} {key}",
+        ]
+        members = sorted(set(networks[nid]))
+        if members:
+            lines.append(_add_element(cfg, key, [str(a) for a in members]))
+        if len(members) >= 2:
+            lines.append(f"add rule inet {t} peers ip saddr @{key} ip daddr @{key} accept")
+    for nid in removed:
+        if nid in networks:
+            continue
+        key = network_key(nid)
+        lines += [f"add set inet {t} {key} {{ type ipv4_addr; }}", f"delete set inet {t} {key}"]
+    return "\n".join(lines) + "\n"
+
+
+def render_host_addrs(cfg: TableConfig, host_addrs: Iterable[IPv4Address]) -> str:
+    """Replace the host's own addresses (call again when the host's addresses change)."""
+    elems = _elements(_host_elements(host_addrs))
+    return (
+        f"flush set inet {cfg.table} host_addrs\n"
+        f"add element inet {cfg.table} host_addrs {{ {elems} }}\n"
+    )

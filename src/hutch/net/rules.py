@@ -1,0 +1,336 @@
+"""Egress rules: parsing, normalization and matching (pure, no I/O).
+
+A sandbox's egress policy is a list of rule strings. ``[]`` means open egress,
+``["deny-all"]`` blocks everything, anything else means *rules* mode: only what a rule
+matches is allowed. Rule forms::
+
+    host            good.test               any port
+    host:port       good.test:443
+    *.host          *.good.test             subdomains only, never good.test itself
+    *.host:port     *.good.test:443
+    ip              198.18.0.7   2001:db8::1
+    ip:port         198.18.0.7:443   [2001:db8::1]:443
+    cidr            198.18.0.0/24   2001:db8::/32
+    cidr:port       198.18.0.0/24:443   [2001:db8::/32]:443
+
+Hostnames are compared in one normal form: lower case, no trailing dot, non-ASCII labels
+turned into their IDNA A-label (``xn--...``), so ``Bücher.Example.`` and
+``xn--bcher-kva.example`` are the same rule. A list with one bad rule is rejected as a
+whole (the caller keeps the previous policy in force).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
+from typing import Literal
+
+import idna
+
+from hutch.errors import InvalidArgument
+
+__all__ = [
+    "MAX_RULES",
+    "EgressMode",
+    "EgressPolicy",
+    "EgressRule",
+    "RuleKind",
+    "normalize_name",
+    "parse_policy",
+    "parse_rule",
+]
+
+MAX_RULES = 256
+RuleKind = Literal["host", "wildcard", "ip", "cidr"]
+EgressMode = Literal["open", "rules", "deny-all"]
+DENY_ALL = "deny-all"
+
+ACCEPTED_FORMS = (
+    "accepted forms: host, host:port, *.host, *.host:port, ip, ip:port, cidr, cidr:port "
+    "(IPv6 with a port in brackets: [2001:db8::1]:443, [2001:db8::/32]:443), "
+    'or "deny-all" alone'
+)
+
+_LDH_LABEL = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
+IpNetwork = IPv4Network | IPv6Network
+IpAddress = IPv4Address | IPv6Address
+
+
+@dataclass(frozen=True)
+class EgressRule:
+    """One parsed rule. ``text`` is what the user wrote (for errors); ``canonical`` is the
+    normal form stored and shown by GET."""
+
+    text: str
+    kind: RuleKind
+    host: str | None  # host/wildcard: normalized name (for wildcard: without "*.")
+    network: IpNetwork | None  # ip -> /32 or /128
+    port: int | None  # None = any port
+
+    @property
+    def canonical(self) -> str:
+        if self.kind == "host":
+            base = str(self.host)
+        elif self.kind == "wildcard":
+            base = f"*.{self.host}"
+        else:
+            assert self.network is not None
+            single = self.network.prefixlen == self.network.max_prefixlen
+            base = str(self.network.network_address) if single else str(self.network)
+            if self.port is not None and self.network.version == 6:
+                return f"[{base}]:{self.port}"
+        return base if self.port is None else f"{base}:{self.port}"
+
+    def matches_name(self, name: str, port: int | None) -> bool:
+        """``name`` must already be normalized. ``port=None`` matches any rule port."""
+        if port is not None and self.port is not None and port != self.port:
+            return False
+        if self.kind == "host":
+            return name == self.host
+        if self.kind == "wildcard":
+            return name.endswith("." + str(self.host))  # never the apex itself
+        return False
+
+    def matches_ip(self, addr: IpAddress, port: int | None) -> bool:
+        if self.network is None or addr.version != self.network.version:
+            return False
+        if port is not None and self.port is not None and port != self.port:
+            return False
+        return addr in self.network
+
+
+@dataclass(frozen=True)
+class EgressPolicy:
+    mode: EgressMode
+    rules: tuple[EgressRule, ...] = ()
+
+    @classmethod
+    def open(cls) -> EgressPolicy:
+        return cls("open", ())
+
+    def texts(self) -> list[str]:
+        """Canonical strings for GET and storage; ``parse_policy(p.texts())`` gives ``p``."""
+        if self.mode == "deny-all":
+            return [DENY_ALL]
+        return [r.canonical for r in self.rules]
+
+    def match_name(self, name: str, port: int | None) -> EgressRule | None:
+        """The first host/wildcard rule allowing ``name`` on ``port`` (``None``: any rule
+        for the name, whatever its port). Only rules are consulted: the caller handles
+        open and deny-all modes. A name that is not a valid hostname matches nothing."""
+        norm = normalize_name(name)
+        if norm is None:
+            return None
+        for rule in self.rules:
+            if rule.matches_name(norm, port):
+                return rule
+        return None
+
+    def name_allowed_any_port(self, name: str) -> EgressRule | None:
+        """For DNS: a name is answered when some rule names it, on any port."""
+        return self.match_name(name, None)
+
+    def name_ports(self, name: str) -> tuple[int | None, ...]:
+        """Ports the rules open for ``name``: ``(None,)`` when a rule allows any port,
+        else the distinct ports of the matching ``host:port`` rules, ``()`` if none.
+        Used by DNS learning to fill the address or the address.port set."""
+        norm = normalize_name(name)
+        if norm is None:
+            return ()
+        ports: list[int] = []
+        for rule in self.rules:
+            if rule.matches_name(norm, None):
+                if rule.port is None:
+                    return (None,)
+                if rule.port not in ports:
+                    ports.append(rule.port)
+        return tuple(sorted(ports))
+
+    def match_ip(self, addr: IpAddress, port: int | None) -> EgressRule | None:
+        for rule in self.rules:
+            if rule.matches_ip(addr, port):
+                return rule
+        return None
+
+    def ip_networks(self) -> list[IPv4Network]:
+        """IPv4 ip/cidr rules without a port (the data path is IPv4 only)."""
+        return [
+            r.network for r in self.rules if isinstance(r.network, IPv4Network) and r.port is None
+        ]
+
+    def ip_port_networks(self) -> list[tuple[IPv4Network, int]]:
+        """IPv4 ip:port and cidr:port rules."""
+        return [
+            (r.network, r.port)
+            for r in self.rules
+            if isinstance(r.network, IPv4Network) and r.port is not None
+        ]
+
+    def names(self) -> list[tuple[str, int | None]]:
+        """Host and wildcard rules as (canonical name pattern, port)."""
+        return [
+            (f"*.{r.host}" if r.kind == "wildcard" else str(r.host), r.port)
+            for r in self.rules
+            if r.kind in ("host", "wildcard")
+        ]
+
+
+def normalize_name(name: str) -> str | None:
+    """The normal form of a hostname (lower case, no trailing dot, A-labels), or None when
+    it is not a valid hostname (bad characters, empty or over-long labels, > 253 chars)."""
+    name = name.strip()
+    if name.endswith("."):
+        name = name[:-1]
+    if not name or len(name) > 253 * 2:  # cheap guard before IDNA work
+        return None
+    labels: list[str] = []
+    for label in name.split("."):
+        if label.isascii():
+            label = label.lower()
+        else:
+            try:
+                label = idna.encode(label, uts46=True).decode("ascii")
+            except idna.IDNAError:
+                return None
+        if not _LDH_LABEL.match(label):
+            return None
+        labels.append(label)
+    out = ".".join(labels)
+    return out if len(out) <= 253 else None
+
+
+class _RuleError(ValueError):
+    pass
+
+
+def _parse_port(text: str) -> int:
+    if not text.isdigit():
+        raise _RuleError(f"port {text!r} is not a number")
+    port = int(text)
+    if not 1 <= port <= 65535:
+        raise _RuleError(f"port {port} is out of 1-65535")
+    return port
+
+
+def _parse_network(text: str) -> IpNetwork:
+    """An address (-> /32 or /128) or a CIDR with no host bits set."""
+    if "/" not in text:
+        addr = ipaddress.ip_address(text)
+        return ipaddress.ip_network(addr)
+    try:
+        return ipaddress.ip_network(text, strict=True)
+    except ValueError as exc:
+        if "host bits set" in str(exc):
+            loose = ipaddress.ip_network(text, strict=False)
+            raise _RuleError(f"{text} has host bits set (did you mean {loose}?)") from exc
+        raise
+
+
+def _ip_rule(text: str, body: str, port: int | None) -> EgressRule:
+    net = _parse_network(body)
+    single = net.prefixlen == net.max_prefixlen
+    return EgressRule(text, "ip" if single else "cidr", None, net, port)
+
+
+def _looks_numeric(body: str) -> bool:
+    return all(c.isdigit() or c in "./" for c in body)
+
+
+def _parse_one(text: str) -> EgressRule:
+    if not text:
+        raise _RuleError("it is empty")
+    if any(c.isspace() for c in text):
+        raise _RuleError("it contains white space")
+    if "://" in text:
+        raise _RuleError("write the host name only, without a scheme or a path")
+    if text.startswith("["):  # [v6] or [v6]:port or [v6/len]:port
+        close = text.find("]")
+        if close < 0:
+            raise _RuleError("'[' without a closing ']'")
+        rest = text[close + 1 :]
+        if rest and not rest.startswith(":"):
+            raise _RuleError("expected ':port' after ']'")
+        inner = text[1:close]
+        try:
+            net = _parse_network(inner)
+        except _RuleError:
+            raise
+        except ValueError as exc:
+            raise _RuleError(f"{inner!r} is not an IPv6 address or network") from exc
+        if net.version != 6:
+            raise _RuleError("brackets are for IPv6 only; write IPv4 as 1.2.3.4:443")
+        return _ip_rule(text, inner, _parse_port(rest[1:]) if rest else None)
+    # Bare address or CIDR, IPv4 or IPv6 (IPv6 without brackets cannot carry a port).
+    try:
+        return _ip_rule(text, text, None)
+    except _RuleError:
+        raise
+    except ValueError:
+        pass
+    body, port = text, None
+    if ":" in text:
+        body, _, port_text = text.rpartition(":")
+        if ":" in body:
+            raise _RuleError("an IPv6 address with a port must be in brackets: [2001:db8::1]:443")
+        port = _parse_port(port_text)
+    if _looks_numeric(body):
+        try:
+            return _ip_rule(text, body, port)
+        except ValueError as exc:
+            raise _RuleError(f"{body!r} is not a valid IPv4 address or network") from exc
+    wildcard = body.startswith("*.")
+    name = body[2:] if wildcard else body
+    if "*" in name:
+        raise _RuleError("'*' is only allowed as the whole first label: *.example.com")
+    norm = normalize_name(name)
+    if norm is None:
+        raise _RuleError(
+            f"{name!r} is not a valid hostname (labels of 1-63 letters, digits and "
+            "hyphens, at most 253 characters)"
+        )
+    if norm.rsplit(".", 1)[-1].isdigit():
+        raise _RuleError(f"{name!r} is neither an IP address nor a hostname")
+    return EgressRule(text, "wildcard" if wildcard else "host", norm, None, port)
+
+
+def parse_rule(text: str) -> EgressRule:
+    """Parse one rule; raises InvalidArgument naming it and listing the accepted forms."""
+    try:
+        return _parse_one(text.strip())
+    except _RuleError as exc:
+        raise InvalidArgument(f"egress rule {text!r} is invalid: {exc}; {ACCEPTED_FORMS}") from exc
+
+
+def parse_policy(texts: Iterable[str]) -> EgressPolicy:
+    """Parse a whole rule list. ``[]`` -> open; ``["deny-all"]`` -> deny-all (it must be
+    alone); anything else -> rules. Duplicates (same canonical form) are kept once.
+    Raises InvalidArgument naming the first bad rule; nothing is partially applied."""
+    items = list(texts)
+    if len(items) > MAX_RULES:
+        raise InvalidArgument(
+            f"{len(items)} egress rules given; at most {MAX_RULES} are allowed "
+            "(use a wildcard or a CIDR rule to cover many destinations)"
+        )
+    for i, item in enumerate(items):
+        if not isinstance(item, str):
+            raise InvalidArgument(f"egress rule #{i + 1} ({item!r}) is not a string")
+    if any(item.strip().lower() == DENY_ALL for item in items):
+        if len(items) != 1:
+            raise InvalidArgument(
+                '"deny-all" must be the only egress rule (it blocks everything; '
+                "to allow some destinations list only them)"
+            )
+        return EgressPolicy("deny-all", ())
+    if not items:
+        return EgressPolicy.open()
+    rules: list[EgressRule] = []
+    seen: set[str] = set()
+    for item in items:
+        rule = parse_rule(item)
+        if rule.canonical not in seen:
+            seen.add(rule.canonical)
+            rules.append(rule)
+    return EgressPolicy("rules", tuple(rules))

@@ -1,0 +1,112 @@
+"""Code interpreter: stateful Python contexts in a sandbox (the guest side is
+``hutch_agent.kernel``; the wire side is :mod:`hutch.guest.contexts`).
+
+Every call resumes a paused sandbox first when it has ``auto_resume``; a run counts as
+activity (no auto-pause while code runs).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from hutch.errors import InvalidArgument, NotFound
+from hutch.guest.contexts import (
+    ContextInfo,
+    ContextRun,
+    RunEnd,
+    create_context,
+    delete_context,
+    interrupt_context,
+    list_contexts,
+    restart_context,
+    start_run,
+)
+from hutch.models import validate_env
+from hutch.services.sandboxes import SandboxService
+
+__all__ = ["ContextInfo", "ContextRun", "InterpreterService", "RunEnd"]
+
+CONTEXT_ID_RE = re.compile(r"^ctx-[0-9a-f]{12}$")
+
+
+class InterpreterService:
+    def __init__(self, sandboxes: SandboxService) -> None:
+        self.sandboxes = sandboxes
+
+    def _check_id(self, sandbox_id: str, context_id: str) -> None:
+        if not CONTEXT_ID_RE.match(context_id):
+            raise NotFound(self._unknown(sandbox_id, context_id))
+
+    @staticmethod
+    def _unknown(sandbox_id: str, context_id: str) -> str:
+        return (
+            f"no context {context_id!r} in sandbox {sandbox_id} (context ids look like "
+            f"ctx-0123456789ab); list them with GET /v1/sandboxes/{sandbox_id}/contexts "
+            "or create one with POST to the same path"
+        )
+
+    async def _agent_call(self, sandbox_id: str, context_id: str | None, call: Any) -> Any:
+        try:
+            return await call
+        except NotFound as exc:
+            if context_id is not None and "context" in exc.message:
+                raise NotFound(self._unknown(sandbox_id, context_id)) from exc
+            raise
+
+    async def create(
+        self,
+        sandbox_id: str,
+        *,
+        language: str = "python",
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> ContextInfo:
+        rec = self.sandboxes.get(sandbox_id)
+        runtime = await self.sandboxes.ready(sandbox_id)
+        merged = {**rec.env, **validate_env(env or {})}
+        return await create_context(runtime.agent, language=language, cwd=cwd, env=merged)
+
+    async def list(self, sandbox_id: str) -> list[ContextInfo]:
+        runtime = await self.sandboxes.ready(sandbox_id)
+        return await list_contexts(runtime.agent)
+
+    async def get(self, sandbox_id: str, context_id: str) -> ContextInfo:
+        self._check_id(sandbox_id, context_id)
+        for ctx in await self.list(sandbox_id):
+            if ctx.id == context_id:
+                return ctx
+        raise NotFound(self._unknown(sandbox_id, context_id))
+
+    async def delete(self, sandbox_id: str, context_id: str) -> None:
+        self._check_id(sandbox_id, context_id)
+        runtime = await self.sandboxes.ready(sandbox_id)
+        await self._agent_call(sandbox_id, context_id, delete_context(runtime.agent, context_id))
+
+    async def interrupt(self, sandbox_id: str, context_id: str) -> ContextInfo:
+        self._check_id(sandbox_id, context_id)
+        runtime = await self.sandboxes.ready(sandbox_id)
+        await self._agent_call(sandbox_id, context_id, interrupt_context(runtime.agent, context_id))
+        return await self.get(sandbox_id, context_id)
+
+    async def restart(self, sandbox_id: str, context_id: str) -> ContextInfo:
+        self._check_id(sandbox_id, context_id)
+        runtime = await self.sandboxes.ready(sandbox_id)
+        info: ContextInfo = await self._agent_call(
+            sandbox_id, context_id, restart_context(runtime.agent, context_id)
+        )
+        return info
+
+    async def run(
+        self, sandbox_id: str, context_id: str, code: str, *, timeout_s: float | None = None
+    ) -> ContextRun:
+        """Start running ``code``; iterate the run's outputs. The caller brackets the
+        whole run with ``sandboxes.activity(sandbox_id)``."""
+        self._check_id(sandbox_id, context_id)
+        if not isinstance(code, str):
+            raise InvalidArgument("code must be a string of Python source")
+        runtime = await self.sandboxes.ready(sandbox_id)
+        run: ContextRun = await self._agent_call(
+            sandbox_id, context_id, start_run(runtime.agent, context_id, code, timeout_s=timeout_s)
+        )
+        return run

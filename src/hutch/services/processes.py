@@ -1,0 +1,159 @@
+"""Background processes and interactive terminals of running sandboxes.
+
+A thin use-case layer over :class:`SandboxService`: it finds the sandbox's agent
+(resuming a paused ``auto_resume`` sandbox first, as exec does), merges the sandbox's
+environment, and marks the sandbox busy while a caller is attached (a followed output
+stream, an open terminal) so ``auto_pause_s`` does not pause it under the user. A
+process or terminal running with nobody attached does not keep the sandbox awake: it
+survives a memory pause anyway.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+from collections.abc import AsyncIterator
+
+from hutch.errors import Conflict, InvalidArgument
+from hutch.guest.processes import GuestProcesses, OutputStream, ProcessInfo
+from hutch.guest.pty import GuestPtys, PtyInfo, PtySession
+from hutch.models import validate_env
+from hutch.services.sandboxes import SandboxService
+
+__all__ = ["OutputStream", "ProcessInfo", "ProcessService", "PtyInfo", "PtySession"]
+
+
+class ProcessService:
+    def __init__(self, sandboxes: SandboxService) -> None:
+        self.sandboxes = sandboxes
+
+    async def _procs(self, sandbox_id: str) -> GuestProcesses:
+        return GuestProcesses((await self.sandboxes.ready(sandbox_id)).agent)
+
+    async def _ptys(self, sandbox_id: str) -> GuestPtys:
+        return GuestPtys((await self.sandboxes.ready(sandbox_id)).agent)
+
+    def _env(self, sandbox_id: str, env: dict[str, str] | None) -> dict[str, str]:
+        return {**self.sandboxes.get(sandbox_id).env, **validate_env(env or {})}
+
+    # -- background processes ----------------------------------------------------------
+
+    async def start(
+        self,
+        sandbox_id: str,
+        cmd: list[str] | str,
+        *,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+        stdin: bytes | None = None,
+        keep_stdin: bool = False,
+        timeout_s: float | None = None,
+    ) -> ProcessInfo:
+        """Start ``cmd`` detached. ``stdin`` is written first; ``keep_stdin`` leaves the
+        pipe open for :meth:`write_stdin` (else it is closed after ``stdin``, or the
+        process reads /dev/null)."""
+        merged = self._env(sandbox_id, env)
+        with self.sandboxes.activity(sandbox_id):
+            procs = await self._procs(sandbox_id)
+            pipe = keep_stdin or stdin is not None
+            if isinstance(cmd, str):
+                info = await procs.start(
+                    shell=cmd, env=merged, cwd=cwd, user=user, stdin=pipe, timeout_s=timeout_s
+                )
+            else:
+                info = await procs.start(
+                    cmd, env=merged, cwd=cwd, user=user, stdin=pipe, timeout_s=timeout_s
+                )
+            if stdin is not None:
+                try:
+                    info = await procs.write_stdin(info.pid, stdin, eof=not keep_stdin)
+                except Conflict:
+                    # It exited (or shut its stdin) before reading: it still started.
+                    info = await procs.get(info.pid)
+            return info
+
+    async def list(self, sandbox_id: str) -> builtins.list[ProcessInfo]:
+        return await (await self._procs(sandbox_id)).list()
+
+    async def get(self, sandbox_id: str, pid: int) -> ProcessInfo:
+        return await (await self._procs(sandbox_id)).get(pid)
+
+    @contextlib.asynccontextmanager
+    async def output(
+        self, sandbox_id: str, pid: int, offset: int = 0, *, follow: bool = False
+    ) -> AsyncIterator[OutputStream]:
+        """The process's output from ``offset``; the sandbox counts as busy meanwhile."""
+        with self.sandboxes.activity(sandbox_id):
+            stream = await (await self._procs(sandbox_id)).output(pid, offset, follow=follow)
+            try:
+                yield stream
+            finally:
+                await stream.aclose()
+
+    async def write_stdin(
+        self, sandbox_id: str, pid: int, data: bytes, *, eof: bool = False
+    ) -> ProcessInfo:
+        with self.sandboxes.activity(sandbox_id):
+            return await (await self._procs(sandbox_id)).write_stdin(pid, data, eof=eof)
+
+    async def signal(self, sandbox_id: str, pid: int, signum: int) -> ProcessInfo:
+        procs = await self._procs(sandbox_id)
+        await procs.signal(pid, _signal_number(signum))
+        return await procs.get(pid)
+
+    async def kill(self, sandbox_id: str, pid: int) -> ProcessInfo:
+        return await (await self._procs(sandbox_id)).kill(pid)
+
+    async def wait(self, sandbox_id: str, pid: int, timeout_s: float | None = None) -> ProcessInfo:
+        with self.sandboxes.activity(sandbox_id):
+            return await (await self._procs(sandbox_id)).wait(pid, timeout_s)
+
+    # -- terminals ---------------------------------------------------------------------
+
+    async def open_pty(
+        self,
+        sandbox_id: str,
+        *,
+        cmd: builtins.list[str] | str | None = None,
+        rows: int = 24,
+        cols: int = 80,
+        term: str = "xterm-256color",
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+    ) -> PtySession:
+        """A new terminal running ``cmd`` (default: a login shell), attached. The caller
+        marks the sandbox busy for as long as it stays attached (see :meth:`attached`)."""
+        merged = self._env(sandbox_id, env)
+        ptys = await self._ptys(sandbox_id)
+        argv = cmd if isinstance(cmd, builtins.list) else None
+        shell = cmd if isinstance(cmd, str) else None
+        return await ptys.open(
+            argv, shell=shell, rows=rows, cols=cols, term=term, env=merged, cwd=cwd, user=user
+        )
+
+    async def attach_pty(self, sandbox_id: str, pty_id: str) -> PtySession:
+        return await (await self._ptys(sandbox_id)).attach(pty_id)
+
+    def attached(self, sandbox_id: str) -> contextlib.AbstractContextManager[None]:
+        """Marks the sandbox busy (not idle for auto_pause_s) while a client is attached."""
+        return self.sandboxes.activity(sandbox_id)
+
+    async def resize_pty(self, sandbox_id: str, pty_id: str, rows: int, cols: int) -> None:
+        await (await self._ptys(sandbox_id)).resize(pty_id, rows, cols)
+
+    async def signal_pty(self, sandbox_id: str, pty_id: str, signum: int) -> None:
+        await (await self._ptys(sandbox_id)).signal(pty_id, _signal_number(signum))
+
+    async def close_pty(self, sandbox_id: str, pty_id: str) -> PtyInfo:
+        return await (await self._ptys(sandbox_id)).close(pty_id)
+
+    async def list_ptys(self, sandbox_id: str) -> builtins.list[PtyInfo]:
+        return await (await self._ptys(sandbox_id)).list()
+
+
+def _signal_number(signum: int) -> int:
+    if isinstance(signum, bool) or not isinstance(signum, int) or not 1 <= signum <= 64:
+        raise InvalidArgument(f"signal={signum!r}; give a signal number 1-64 (e.g. 15, 9, 2)")
+    return signum

@@ -1,0 +1,355 @@
+"""The networking REST API (egress, ports, private networks, the create fields and the
+sandbox's `network` block) against the real service and NetworkManager.
+
+The manager runs with its in-memory dataplane (no taps, no nftables: those need root and
+are proven in tests/privileged and tests/vm); its resolver and proxy listen on loopback
+ports but nothing here sends them traffic. Exposed ports really listen on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from hutch.config import Settings
+from hutch.net.dataplane import MemoryDataplane
+from hutch.net.manager import NetworkManager
+from hutch.net.views import EgressEvent
+from hutch.services.sandboxes import SandboxService
+from hutch.store import Store
+from tests.component.conftest import FakeImages
+from tests.component.fake_backend import FakeBackend
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+async def service(settings: Settings, tmp_path: Path) -> AsyncIterator[SandboxService]:
+    """The conftest's service, plus a NetworkManager on the in-memory dataplane."""
+    # The resolver forwards nowhere in these tests; name a loopback upstream so the
+    # host's resolv.conf is not consulted.
+    settings = replace(settings, dns_upstream=("127.0.0.1", 9))
+    store = Store(settings.db_path)
+
+    def name_of(sandbox_id: str) -> str | None:
+        rec = store.get_sandbox(sandbox_id)
+        return rec.name if rec else None
+
+    net = NetworkManager(settings, store, names=name_of, dataplane=MemoryDataplane())
+    backend = FakeBackend(tmp_path / "run")
+    svc = SandboxService(settings, store, backend, FakeImages(tmp_path), net=net)
+    await svc.start()
+    try:
+        yield svc
+    finally:
+        for rec in svc.list_sandboxes():
+            if rec.state.is_live:
+                await svc.delete(rec.id)
+        await svc.close()
+        assert backend.leftover_ids() == set(), "a test leaked sandbox resources"
+
+
+async def create(api: httpx.AsyncClient, **body: object) -> dict[str, Any]:
+    r = await api.post("/v1/sandboxes", json=body)
+    assert r.status_code == 201, r.text
+    data: dict[str, Any] = r.json()
+    return data
+
+
+def can_bind(port: int) -> bool:
+    """Whether nothing listens on 127.0.0.1:``port`` (no packet is sent)."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def error(r: httpx.Response, status: int, code: str) -> str:
+    assert r.status_code == status, r.text
+    body = r.json()["error"]
+    assert body["code"] == code, body
+    message: str = body["message"]
+    return message
+
+
+# -- create and the sandbox's network block -------------------------------------------
+
+
+async def test_default_network_block(api: httpx.AsyncClient, settings: Settings) -> None:
+    sb = await create(api)
+    net = sb["network"]
+    assert (net["mode"], net["networks"]) == ("default", [])
+    assert ipaddress.IPv4Address(net["address"]) in settings.net_pool
+    r = await api.get(f"/v1/sandboxes/{sb['id']}")
+    assert r.json()["network"] == net
+    listed = (await api.get("/v1/sandboxes")).json()["sandboxes"]
+    assert [s["network"] for s in listed] == [net]
+    other = await create(api)
+    assert other["network"]["address"] != net["address"]
+
+
+async def test_network_none(api: httpx.AsyncClient) -> None:
+    sb = await create(api, network="none")
+    assert sb["network"] == {"mode": "none", "address": None, "networks": []}
+    r = await api.get(f"/v1/sandboxes/{sb['id']}/egress")
+    assert r.status_code == 200 and r.json()["mode"] == "open"
+    for r in (
+        await api.put(f"/v1/sandboxes/{sb['id']}/egress", json={"rules": ["deny-all"]}),
+        await api.post(f"/v1/sandboxes/{sb['id']}/ports", json={"port": 80}),
+    ):
+        assert "network" in error(r, 409, "conflict")
+    r = await api.post("/v1/sandboxes", json={"network": "none", "egress": ["good.test"]})
+    assert "drop" in error(r, 400, "invalid_argument")
+    r = await api.post("/v1/sandboxes", json={"network": "bridge"})
+    assert "network" in error(r, 400, "invalid_argument")
+
+
+async def test_create_with_egress_rules(api: httpx.AsyncClient) -> None:
+    sb = await create(api, egress=["Good.Test.", "*.cdn.test:443", "198.18.0.0/15"])
+    r = await api.get(f"/v1/sandboxes/{sb['id']}/egress")
+    assert r.status_code == 200, r.text
+    assert r.json() == {
+        "rules": ["good.test", "*.cdn.test:443", "198.18.0.0/15"],
+        "mode": "rules",
+        "allowed": 0,
+        "denied": 0,
+    }
+
+
+async def test_create_with_a_bad_rule_creates_nothing(
+    api: httpx.AsyncClient, service: SandboxService
+) -> None:
+    r = await api.post("/v1/sandboxes", json={"egress": ["good.test", "bad host"]})
+    assert "bad host" in error(r, 400, "invalid_argument")
+    r = await api.post("/v1/sandboxes", json={"egress": ["x"] * 257})
+    assert "egress" in error(r, 400, "invalid_argument")
+    r = await api.post("/v1/sandboxes", json={"egress": "good.test"})
+    error(r, 400, "invalid_argument")
+    assert service.list_sandboxes() == []
+
+
+# -- egress ---------------------------------------------------------------------------
+
+
+async def test_egress_put_get_and_bad_rules_keep_the_old(api: httpx.AsyncClient) -> None:
+    sb = await create(api)
+    url = f"/v1/sandboxes/{sb['id']}/egress"
+    assert (await api.get(url)).json() == {"rules": [], "mode": "open", "allowed": 0, "denied": 0}
+    r = await api.put(url, json={"rules": ["good.test", "[2001:db8::1]:443"]})
+    assert r.status_code == 200, r.text
+    assert (r.json()["mode"], len(r.json()["rules"])) == ("rules", 2)
+    r = await api.put(url, json={"rules": ["other.test", "good.test:99999"]})
+    assert "good.test:99999" in error(r, 400, "invalid_argument")
+    r = await api.put(url, json={"rules": ["deny-all", "good.test"]})
+    assert "deny-all" in error(r, 400, "invalid_argument")
+    assert (await api.get(url)).json()["rules"][0] == "good.test"
+    r = await api.put(url, json={"rules": ["deny-all"]})
+    assert r.json()["mode"] == "deny-all"
+    r = await api.put(url, json={"rules": []})
+    assert r.json()["mode"] == "open"
+    r = await api.put(url, json={"rules": ["a.test"], "extra": 1})
+    error(r, 400, "invalid_argument")
+
+
+async def test_egress_log_shape_and_limit(api: httpx.AsyncClient) -> None:
+    sb = await create(api)
+    url = f"/v1/sandboxes/{sb['id']}/egress/log"
+    r = await api.get(url)
+    assert r.status_code == 200 and r.json() == {"events": []}
+    for bad in ("0", "1001", "x"):
+        error(await api.get(url, params={"limit": bad}), 400, "invalid_argument")
+
+
+async def test_egress_log_and_counters_show_recorded_decisions(
+    api: httpx.AsyncClient, service: SandboxService
+) -> None:
+    sb = await create(api, egress=["good.test"])
+    assert service.net is not None
+    # What the resolver and the proxy record (they are exercised in test_net_*.py).
+    service.net.log.record(
+        EgressEvent(
+            1_800_000_000.25,
+            sb["id"],
+            "good.test",
+            None,
+            "dns",
+            "good.test",
+            "allow",
+            "good.test",
+            "a rule allows this name",
+        )
+    )
+    service.net.log.record(
+        EgressEvent(
+            1_800_000_001.5,
+            sb["id"],
+            "198.18.0.7",
+            443,
+            "tls",
+            "bad.test",
+            "deny",
+            None,
+            "no rule allows this name",
+        )
+    )
+    url = f"/v1/sandboxes/{sb['id']}/egress"
+    r = await api.get(f"{url}/log")
+    assert r.status_code == 200, r.text
+    assert r.json()["events"] == [
+        {
+            "time": "2027-01-15T08:00:00.250000Z",
+            "sandbox_id": sb["id"],
+            "destination": "good.test",
+            "port": None,
+            "protocol": "dns",
+            "name": "good.test",
+            "verdict": "allow",
+            "rule": "good.test",
+            "reason": "a rule allows this name",
+        },
+        {
+            "time": "2027-01-15T08:00:01.500000Z",
+            "sandbox_id": sb["id"],
+            "destination": "198.18.0.7",
+            "port": 443,
+            "protocol": "tls",
+            "name": "bad.test",
+            "verdict": "deny",
+            "rule": None,
+            "reason": "no rule allows this name",
+        },
+    ]
+    newest = (await api.get(f"{url}/log", params={"limit": 1})).json()["events"]
+    assert [e["verdict"] for e in newest] == ["deny"]
+    counters = (await api.get(url)).json()
+    assert (counters["allowed"], counters["denied"]) == (1, 1)
+
+
+async def test_egress_of_a_missing_sandbox_is_404(api: httpx.AsyncClient) -> None:
+    for r in (
+        await api.get("/v1/sandboxes/sb-000000000999/egress"),
+        await api.put("/v1/sandboxes/sb-000000000999/egress", json={"rules": []}),
+        await api.get("/v1/sandboxes/sb-000000000999/egress/log"),
+        await api.get("/v1/sandboxes/sb-000000000999/ports"),
+    ):
+        error(r, 404, "not_found")
+
+
+# -- ports ----------------------------------------------------------------------------
+
+
+async def test_ports_expose_list_close(api: httpx.AsyncClient) -> None:
+    sb = await create(api)
+    url = f"/v1/sandboxes/{sb['id']}/ports"
+    assert (await api.get(url)).json() == {"ports": []}
+    r = await api.post(url, json={"port": 8000})
+    assert r.status_code == 201, r.text
+    port = r.json()
+    assert (port["port"], port["host"]) == (8000, "127.0.0.1")
+    assert port["url"] == f"http://127.0.0.1:{port['host_port']}"
+    # The host side really listens. Checked by binding, not connecting: a connection
+    # would be forwarded to the guest address, which leads nowhere in this tier.
+    assert not can_bind(port["host_port"])
+    again = await api.post(url, json={"port": 8000})
+    assert again.json() == port  # exposing twice gives the same port
+    assert (await api.get(url)).json() == {"ports": [port]}
+    assert (await api.delete(f"{url}/8000")).status_code == 204
+    assert (await api.get(url)).json() == {"ports": []}
+    assert "not exposed" in error(await api.delete(f"{url}/8000"), 404, "not_found")
+    for bad in (0, 65536, "80", True):
+        error(await api.post(url, json={"port": bad}), 400, "invalid_argument")
+    error(await api.delete(f"{url}/0"), 400, "invalid_argument")
+
+
+async def test_deleting_a_sandbox_closes_its_ports(api: httpx.AsyncClient) -> None:
+    sb = await create(api)
+    port = (await api.post(f"/v1/sandboxes/{sb['id']}/ports", json={"port": 22})).json()
+    assert not can_bind(port["host_port"])
+    assert (await api.delete(f"/v1/sandboxes/{sb['id']}")).status_code == 204
+    assert can_bind(port["host_port"])
+
+
+# -- private networks -----------------------------------------------------------------
+
+
+async def test_networks_crud(api: httpx.AsyncClient) -> None:
+    r = await api.post("/v1/networks", json={"name": "team-a"})
+    assert r.status_code == 201, r.text
+    net = r.json()
+    assert net["id"].startswith("net-") and len(net["id"]) == len("net-") + 12
+    assert (net["name"], net["members"]) == ("team-a", [])
+    assert net["created_at"].endswith("Z") or "+00:00" in net["created_at"]
+    assert (await api.get(f"/v1/networks/{net['id']}")).json() == net
+    assert (await api.get("/v1/networks/team-a")).json() == net
+    assert (await api.get("/v1/networks")).json() == {"networks": [net]}
+    error(await api.post("/v1/networks", json={"name": "team-a"}), 409, "conflict")
+    for bad in ("Team_A", "", "-x"):
+        error(await api.post("/v1/networks", json={"name": bad}), 400, "invalid_argument")
+    assert (await api.delete("/v1/networks/team-a")).status_code == 204
+    error(await api.get(f"/v1/networks/{net['id']}"), 404, "not_found")
+    error(await api.delete(f"/v1/networks/{net['id']}"), 404, "not_found")
+
+
+async def test_join_leave_and_delete_while_in_use(api: httpx.AsyncClient) -> None:
+    net = (await api.post("/v1/networks", json={"name": "team"})).json()
+    a = await create(api, networks=["team"])
+    assert a["network"]["networks"] == [net["id"]]
+    b = await create(api, name="web")
+    r = await api.post(f"/v1/sandboxes/{b['id']}/networks", json={"network": net["id"]})
+    assert r.status_code == 200, r.text
+    assert sorted(r.json()["members"]) == sorted([a["id"], b["id"]])
+    shown = (await api.get(f"/v1/sandboxes/{b['id']}")).json()["network"]
+    assert shown["networks"] == [net["id"]]
+    message = error(await api.delete(f"/v1/networks/{net['id']}"), 409, "conflict")
+    assert net["id"] in message
+    r = await api.delete(f"/v1/sandboxes/{b['id']}/networks/team")
+    assert r.status_code == 204
+    r = await api.delete(f"/v1/sandboxes/{b['id']}/networks/team")
+    error(r, 404, "not_found")
+    assert (await api.get(f"/v1/networks/{net['id']}")).json()["members"] == [a["id"]]
+    # A deleted sandbox leaves its networks, and the network can go.
+    assert (await api.delete(f"/v1/sandboxes/{a['id']}")).status_code == 204
+    assert (await api.get(f"/v1/networks/{net['id']}")).json()["members"] == []
+    assert (await api.delete(f"/v1/networks/{net['id']}")).status_code == 204
+
+
+async def test_join_errors(api: httpx.AsyncClient) -> None:
+    r = await api.post("/v1/sandboxes", json={"networks": ["nope"]})
+    assert "nope" in error(r, 404, "not_found")
+    sb = await create(api)
+    r = await api.post(f"/v1/sandboxes/{sb['id']}/networks", json={"network": "nope"})
+    error(r, 404, "not_found")
+    r = await api.post(f"/v1/sandboxes/{sb['id']}/networks", json={})
+    error(r, 400, "invalid_argument")
+    none = await create(api, network="none")
+    await api.post("/v1/networks", json={"name": "team"})
+    r = await api.post(f"/v1/sandboxes/{none['id']}/networks", json={"network": "team"})
+    error(r, 409, "conflict")
+
+
+# -- the SDK end to end over HTTP --------------------------------------------------------
+
+
+async def test_sdk_against_the_real_api(api: httpx.AsyncClient) -> None:
+    from hutch.sdk import AsyncSandbox
+
+    sb = await AsyncSandbox.create(
+        egress=["good.test"], base_url=str(api.base_url), api_key=api.headers["Authorization"][7:]
+    )
+    async with sb:
+        assert sb.info.network is not None and sb.info.network.mode == "default"
+        assert (await sb.egress.get()).rules == ["good.test"]
+        assert (await sb.egress.set(["*.good.test:443"])).mode == "rules"
+        port = await sb.ports.expose(8080)
+        assert [p.port for p in await sb.ports.list()] == [8080]
+        await sb.ports.close(port.port)
+        assert await sb.egress.log() == []

@@ -1,0 +1,384 @@
+"""The SNI/Host egress proxy over real loopback sockets.
+
+The fake internet: an HTTPS server (one certificate for good.test, other.test and
+*.wild.test: several names on one address) and an HTTP server, both on 127.0.0.20.
+Sandboxes connect from their own 127.0.0.x source. There is no nft here, so the port the
+guest "dialled" comes from the injectable ``original_port`` hook.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import random
+import ssl
+import subprocess
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from ipaddress import IPv4Address, IPv4Network
+from pathlib import Path
+
+import pytest
+
+from hutch.errors import NetworkError
+from hutch.net.dns import SandboxNetInfo
+from hutch.net.egress_log import EgressLog
+from hutch.net.proxy import EgressProxy, sniff
+from hutch.net.rules import normalize_name, parse_policy
+
+SERVER = "127.0.0.20"
+RULES_SRC, OPEN_SRC, DENY_SRC, UNKNOWN_SRC = "127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.9"
+BIG = random.Random(5).randbytes(16 * 1024 * 1024)
+
+RESOLVE = {
+    "good.test": [SERVER],
+    "other.test": [SERVER],
+    "api.test": [SERVER],
+    "a.wild.test": [SERVER],
+    "wild.test": [SERVER],
+    "xn--bcher-kva.test": [SERVER],
+    "rebind.test": ["127.0.0.1", "10.1.2.3"],
+    "mixed.test": ["10.1.2.3", SERVER],
+}
+
+
+def forbidden(addr: IPv4Address) -> bool:
+    # Loopback is normally forbidden as a whole; here 127.0.0.20 plays the internet.
+    return addr == IPv4Address("127.0.0.1") or addr in IPv4Network("10.0.0.0/8")
+
+
+@dataclass
+class FakeResolver:
+    asked: list[str] = field(default_factory=list)
+
+    async def resolve_a(self, name: str) -> list[tuple[IPv4Address, int]]:
+        norm = normalize_name(name) or ""
+        self.asked.append(norm)
+        if norm == "down.test":
+            raise NetworkError("upstream DNS timed out")
+        return [(IPv4Address(a), 60) for a in RESOLVE.get(norm, [])]
+
+
+@pytest.fixture(scope="module")
+def cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    d = tmp_path_factory.mktemp("cert")
+    key, crt = d / "key.pem", d / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-keyout", str(key), "-out", str(crt), "-days", "2", "-subj", "/CN=good.test",
+         "-addext", "subjectAltName=DNS:good.test,DNS:other.test,DNS:api.test,DNS:*.wild.test"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return crt, key
+
+
+async def http_server(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """GET /big -> BIG; POST /upload -> sha256 of the body; else echo Host and Connection."""
+    with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+        head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+        lines = head.split("\r\n")
+        headers = {
+            k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:])
+        }
+        path = lines[0].split(" ")[1]
+        if path == "/big":
+            body = BIG
+        elif path == "/upload":
+            data = await reader.readexactly(int(headers["content-length"]))
+            body = hashlib.sha256(data).hexdigest().encode()
+        else:
+            body = f"host={headers.get('host')} connection={headers.get('connection')}".encode()
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        await writer.drain()
+    writer.close()
+
+
+@dataclass
+class Env:
+    proxy: EgressProxy
+    port: int
+    http_port: int
+    https_port: int
+    log: EgressLog
+    resolver: FakeResolver
+    ca: ssl.SSLContext
+    sni_seen: list[str | None]
+    dialled: int = 0
+
+    async def http(self, request: bytes, src: str = RULES_SRC) -> bytes:
+        self.dialled = self.http_port
+        reader, writer = await asyncio.open_connection("127.0.0.1", self.port, local_addr=(src, 0))
+        try:
+            writer.write(request)
+            await writer.drain()
+            return await asyncio.wait_for(reader.read(), 10)
+        except ConnectionResetError:  # closed with our bytes unread: the kernel sends RST
+            return b""
+        finally:
+            writer.close()
+
+    async def get(self, host: str, path: str = "/", src: str = RULES_SRC) -> bytes:
+        return await self.http(f"GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode(), src)
+
+    async def tls(self, name: str | None, src: str = RULES_SRC) -> bytes:
+        """Handshake with SNI ``name`` through the proxy; returns the server's greeting."""
+        self.dialled = self.https_port
+        ctx = self.ca
+        if name is None:
+            ctx = ssl.create_default_context()
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", self.port, ssl=ctx, server_hostname=name or "",
+            local_addr=(src, 0),
+        )  # fmt: skip
+        try:
+            return await asyncio.wait_for(reader.readline(), 10)
+        finally:
+            writer.close()
+
+
+@dataclass
+class Directory:
+    entries: dict[IPv4Address, SandboxNetInfo]
+
+    def lookup(self, addr: IPv4Address) -> SandboxNetInfo | None:
+        return self.entries.get(addr)
+
+
+def sandboxes(https_port: int) -> dict[IPv4Address, SandboxNetInfo]:
+    rules = parse_policy(["good.test", f"api.test:{https_port}", "*.wild.test", "rebind.test",
+                          "mixed.test", "Bücher.test", "down.test"])  # fmt: skip
+    return {
+        IPv4Address(RULES_SRC): SandboxNetInfo("sb-rules", rules),
+        IPv4Address(OPEN_SRC): SandboxNetInfo("sb-open", parse_policy([])),
+        IPv4Address(DENY_SRC): SandboxNetInfo("sb-deny", parse_policy(["deny-all"])),
+    }
+
+
+@pytest.fixture
+async def env(cert: tuple[Path, Path]) -> AsyncIterator[Env]:
+    crt, key = cert
+    sni_seen: list[str | None] = []
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(crt, key)
+    server_ctx.sni_callback = lambda _obj, name, _ctx: sni_seen.append(name)
+
+    async def tls_server(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, ssl.SSLError):
+            writer.write(f"hello {sni_seen[-1]}\n".encode())
+            while data := await reader.read(65536):  # then echo
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    http = await asyncio.start_server(http_server, SERVER, 0)
+    https = await asyncio.start_server(tls_server, SERVER, 0, ssl=server_ctx)
+    http_port = http.sockets[0].getsockname()[1]
+    https_port = https.sockets[0].getsockname()[1]
+    directory = sandboxes(https_port)
+    log, resolver = EgressLog(), FakeResolver()
+    holder: list[Env] = []
+    proxy = EgressProxy(
+        Directory(directory), resolver, log, forbidden,
+        connect_timeout_s=2, peek_timeout_s=0.5, original_port=lambda _sock: holder[0].dialled,
+    )  # fmt: skip
+    port = await proxy.start("127.0.0.1", 0)
+    ca = ssl.create_default_context(cafile=str(crt))
+    env = Env(proxy, port, http_port, https_port, log, resolver, ca, sni_seen)
+    holder.append(env)
+    yield env
+    await proxy.close()
+    for server in (http, https):
+        server.close()
+        await server.wait_closed()
+
+
+async def test_allowed_sni_is_proxied_to_the_address_the_host_resolved(env: Env) -> None:
+    assert await env.tls("good.test") == b"hello good.test\n"
+    assert env.sni_seen == ["good.test"]
+    assert env.resolver.asked == ["good.test"]
+    event = env.log.events("sb-rules")[-1]
+    assert (event.verdict, event.name, event.rule, event.protocol) == (
+        "allow", "good.test", "good.test", "tls",
+    )  # fmt: skip
+    assert event.destination == SERVER and event.port == env.https_port
+
+
+async def test_sni_of_another_name_on_the_same_address_is_refused(env: Env) -> None:
+    with pytest.raises((ConnectionError, ssl.SSLError, asyncio.IncompleteReadError)):
+        await env.tls("other.test")
+    assert env.sni_seen == []  # the server never saw the handshake
+    event = env.log.events("sb-rules")[-1]
+    assert (event.verdict, event.name, event.rule) == ("deny", "other.test", None)
+    assert "no rule allows other.test" in event.reason
+
+
+async def test_no_sni_is_refused(env: Env) -> None:
+    with pytest.raises((ConnectionError, ssl.SSLError, asyncio.IncompleteReadError)):
+        await env.tls(None)
+    assert env.sni_seen == []
+    assert "no server name" in env.log.events("sb-rules")[-1].reason
+
+
+async def test_host_port_rule_holds_only_on_its_port(env: Env) -> None:
+    assert await env.tls("api.test") == b"hello api.test\n"
+    reply = await env.get("api.test")  # the HTTP port is not api.test's port
+    assert reply.startswith(b"HTTP/1.1 403")
+
+
+async def test_allowed_host_header_passes_and_gets_connection_close(env: Env) -> None:
+    reply = await env.get("good.test:80")
+    assert reply.startswith(b"HTTP/1.1 200")
+    assert reply.endswith(b"host=good.test:80 connection=close")
+
+
+async def test_host_mismatch_gets_a_403_that_says_why(env: Env) -> None:
+    reply = await env.get("other.test")
+    assert reply.startswith(b"HTTP/1.1 403 Forbidden")
+    assert b"hutch egress denied other.test" in reply and b"no rule allows" in reply
+    assert env.resolver.asked == []  # denied before any lookup
+    assert env.log.counters("sb-rules") == (0, 1)
+
+
+async def test_absolute_url_for_another_host_is_refused(env: Env) -> None:
+    reply = await env.http(b"GET http://other.test/ HTTP/1.1\r\nHost: good.test\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.1 403")
+    assert b"different hosts" in reply
+    connect = await env.http(b"CONNECT other.test:443 HTTP/1.1\r\nHost: good.test\r\n\r\n")
+    assert b"different hosts" in connect
+    # A URL in the query string of an origin-form target is not an absolute-form target.
+    assert (await env.get("good.test", "/r?next=http://other.test/")).startswith(b"HTTP/1.1 200")
+
+
+async def test_missing_or_repeated_host_is_refused(env: Env) -> None:
+    assert (await env.http(b"GET / HTTP/1.0\r\n\r\n")).startswith(b"HTTP/1.1 403")
+    double = b"GET / HTTP/1.1\r\nHost: good.test\r\nHost: other.test\r\n\r\n"
+    assert b"more than one Host" in await env.http(double)
+
+
+async def test_wildcard_case_trailing_dot_and_punycode(env: Env) -> None:
+    assert (await env.get("a.wild.test")).startswith(b"HTTP/1.1 200")
+    assert (await env.get("wild.test")).startswith(b"HTTP/1.1 403")  # apex not covered
+    assert (await env.get("GOOD.Test.")).startswith(b"HTTP/1.1 200")
+    assert (await env.get("xn--bcher-kva.test")).startswith(b"HTTP/1.1 200")
+    assert (await env.get("b\u00fccher.test")).startswith(b"HTTP/1.1 403")  # raw UTF-8 in Host
+    assert await env.tls("A.Wild.Test") == b"hello A.Wild.Test\n"  # sent as written
+    assert env.log.events("sb-rules")[-1].rule == "*.wild.test"
+
+
+async def test_dns_rebinding_to_forbidden_addresses_is_refused(env: Env) -> None:
+    reply = await env.get("rebind.test")
+    assert reply.startswith(b"HTTP/1.1 403")
+    assert b"forbidden addresses (127.0.0.1, 10.1.2.3)" in reply
+    event = env.log.events("sb-rules")[-1]
+    assert (event.verdict, event.rule) == ("deny", "rebind.test")
+    # A name with one good and one forbidden address uses the good one only.
+    assert (await env.get("mixed.test")).startswith(b"HTTP/1.1 200")
+
+
+async def test_resolution_failure_is_a_denial(env: Env) -> None:
+    reply = await env.get("down.test")
+    assert reply.startswith(b"HTTP/1.1 403") and b"cannot resolve down.test" in reply
+
+
+async def test_big_transfers_are_intact_both_ways(env: Env) -> None:
+    reply = await env.get("good.test", "/big")
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    assert hashlib.sha256(body).hexdigest() == hashlib.sha256(BIG).hexdigest()
+    upload = b"POST /upload HTTP/1.1\r\nHost: good.test\r\nContent-Length: %d\r\n\r\n" % len(BIG)
+    reply = await env.http(upload + BIG)
+    assert reply.endswith(hashlib.sha256(BIG).hexdigest().encode())
+
+
+async def test_tls_echo_of_megabytes(env: Env) -> None:
+    env.dialled = env.https_port
+    reader, writer = await asyncio.open_connection(
+        "127.0.0.1", env.port, ssl=env.ca, server_hostname="good.test", local_addr=(RULES_SRC, 0)
+    )
+    await reader.readline()
+    payload = BIG[: 4 * 1024 * 1024]
+
+    async def send() -> None:
+        writer.write(payload)
+        await writer.drain()
+
+    sender = asyncio.create_task(send())
+    got = await asyncio.wait_for(reader.readexactly(len(payload)), 30)
+    await sender
+    writer.close()
+    assert hashlib.sha256(got).digest() == hashlib.sha256(payload).digest()
+
+
+async def test_unknown_source_is_closed_without_a_word(env: Env) -> None:
+    assert await env.get("good.test", src=UNKNOWN_SRC) == b""
+    assert env.resolver.asked == []
+
+
+async def test_open_and_deny_all_modes(env: Env) -> None:
+    assert (await env.get("other.test", src=OPEN_SRC)).startswith(b"HTTP/1.1 200")
+    assert (await env.get("rebind.test", src=OPEN_SRC)).startswith(b"HTTP/1.1 403")
+    reply = await env.get("good.test", src=DENY_SRC)
+    assert reply.startswith(b"HTTP/1.1 403") and b"deny-all" in reply
+
+
+async def test_silent_or_garbage_clients_are_cut(env: Env) -> None:
+    env.dialled = env.http_port
+    reader, writer = await asyncio.open_connection("127.0.0.1", env.port, local_addr=(RULES_SRC, 0))
+    assert await asyncio.wait_for(reader.read(), 5) == b""  # peek timeout 0.5 s
+    writer.close()
+    assert "within" in env.log.events("sb-rules")[-1].reason
+    assert await env.http(b"\x00\x01SSH-2.0-x\r\n") == b""
+    assert "neither" in env.log.events("sb-rules")[-1].reason
+
+
+def client_hello(name: str | None) -> bytes:
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    obj = ctx.wrap_bio(incoming, outgoing, server_hostname=name)
+    with contextlib.suppress(ssl.SSLWantReadError):
+        obj.do_handshake()
+    return outgoing.read()
+
+
+def refragment(hello: bytes, size: int) -> bytes:
+    """The same handshake split into TLS records of ``size`` bytes each."""
+    body = hello[5:]
+    return b"".join(
+        hello[:3] + len(chunk).to_bytes(2, "big") + chunk
+        for chunk in (body[i : i + size] for i in range(0, len(body), size))
+    )
+
+
+def test_sniff_waits_for_the_whole_client_hello_across_reads_and_records() -> None:
+    for hello in (client_hello("good.test"), refragment(client_hello("good.test"), 50)):
+        for cut in range(len(hello)):
+            assert sniff(hello[:cut]) is None, cut
+        seen = sniff(hello)
+        assert seen is not None and (seen.protocol, seen.name) == ("tls", "good.test")
+    no_sni = sniff(client_hello(None))
+    assert no_sni is not None and no_sni.name is None and "no server name" in str(no_sni.error)
+    for junk in (
+        b"\x16\x03\x01\x00\x05\x01\x00\x00\x01\x00",
+        b"\x16\x03\x01\x00\x04\x02\x00\x00\x00",
+    ):
+        bad = sniff(junk)
+        assert bad is not None and bad.name is None
+
+
+async def test_client_hello_dribbled_byte_by_byte_still_works(env: Env) -> None:
+    env.dialled = env.https_port
+    hello = refragment(client_hello("good.test"), 100)
+    reader, writer = await asyncio.open_connection("127.0.0.1", env.port, local_addr=(RULES_SRC, 0))
+    for i in range(0, len(hello), 7):
+        writer.write(hello[i : i + 7])
+        await writer.drain()
+        await asyncio.sleep(0.001)
+    first = await asyncio.wait_for(reader.read(5), 5)
+    writer.close()
+    assert first[:1] == b"\x16"  # the real server's ServerHello came back
+    assert env.sni_seen == ["good.test"]

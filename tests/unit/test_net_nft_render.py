@@ -1,0 +1,225 @@
+"""The nft script renderer (hutch.net.nft): pure, so checked as text here; the
+privileged tests apply the same scripts and send packets through them."""
+
+from __future__ import annotations
+
+import re
+from ipaddress import IPv4Address, IPv4Network
+
+import pytest
+
+from hutch.errors import InvalidArgument
+from hutch.net.nft import (
+    LearnedAddress,
+    RulesetState,
+    SandboxNet,
+    TableConfig,
+    network_key,
+    render_add_sandbox,
+    render_host_addrs,
+    render_learned,
+    render_networks,
+    render_remove_sandbox,
+    render_replace_policy,
+    render_table,
+    table_name,
+)
+from hutch.net.rules import parse_policy
+
+CFG = TableConfig(
+    "ab12", IPv4Network("10.213.0.0/16"), dns_port=5353, proxy_port=8443, nflog_group=7
+)
+SID = "sb-0123456789ab"
+KEY = "0123456789ab"
+
+
+def sb(rules: list[str], sid: str = SID, guest: str = "10.213.0.6") -> SandboxNet:
+    return SandboxNet(sid, "hab12" + sid[3:13], IPv4Address(guest), parse_policy(rules))
+
+
+def chain_rules(script: str, chain: str) -> list[str]:
+    prefix = f"add rule inet hutch_ab12 {chain} "
+    return [line[len(prefix) :] for line in script.splitlines() if line.startswith(prefix)]
+
+
+def test_config_is_validated() -> None:
+    with pytest.raises(InvalidArgument):
+        TableConfig("xyz!", IPv4Network("10.0.0.0/16"), 53, 80, 1)
+    with pytest.raises(InvalidArgument):
+        TableConfig("ab12", IPv4Network("10.0.0.0/16"), 0, 80, 1)
+    with pytest.raises(InvalidArgument):
+        TableConfig("ab12", IPv4Network("10.0.0.0/16"), 53, 80, 70000)
+    assert table_name("ab12") == "hutch_ab12" == CFG.table
+
+
+def test_full_table_replaces_itself_in_one_script() -> None:
+    state = RulesetState(CFG, frozenset({IPv4Address("192.0.2.1")}), (sb([]),))
+    script = render_table(state)
+    lines = script.splitlines()
+    # delete-if-exists: `add` makes the `delete` safe on a host without the table.
+    assert lines[:2] == ["add table inet hutch_ab12", "delete table inet hutch_ab12"]
+    assert "table inet hutch_ab12 {" in lines
+    for hook in ("prerouting", "input", "forward", "postrouting"):
+        assert f"chain {hook} {{" in script
+    assert "udp dport 53 redirect to :5353" in script
+    assert "tcp dport 53 redirect to :5353" in script
+    assert 'iifname "hab12*" jump egress' in script
+    assert "ip saddr @pool oifname != @taps masquerade" in script
+    assert "elements = { 10.213.0.0/16 }" in script
+    assert "elements = { 127.0.0.0/8, 192.0.2.1 }" in script  # loopback always included
+    assert 'add element inet hutch_ab12 taps { "hab120123456789" }' in script
+    assert f'"hab120123456789" : jump sb_{KEY}' in script
+    assert f'"hab120123456789" : "c_{KEY}_deny"' in script
+    assert '"hab120123456789" . 10.213.0.6' in script
+    # Never touches anything but its own table.
+    assert not re.search(r"\b(flush|delete) ruleset\b", script)
+    assert set(re.findall(r"inet (\w+)", script)) == {"hutch_ab12"}
+
+
+def test_object_names_are_nft_safe() -> None:
+    state = RulesetState(
+        CFG,
+        frozenset(),
+        (sb(["198.18.1.1", "x.test:443"]), sb([], "sb-ba9876543210", "10.213.0.10")),
+        {"net-0123456789ab": [IPv4Address("10.213.0.6"), IPv4Address("10.213.0.10")]},
+    )
+    script = render_table(state)
+    names = re.findall(r"^\s*(?:set|map|chain) (\S+) \{", script, re.MULTILINE)
+    names += re.findall(r"add (?:set|chain|counter) inet hutch_ab12 (\S+)", script)
+    assert len(names) > 20
+    for name in names:
+        assert re.fullmatch(r"[a-z_][a-z0-9_]{0,63}", name), name
+
+
+def test_open_policy_accepts_with_counter_and_no_proxy() -> None:
+    script = render_add_sandbox(CFG, sb([]))
+    assert chain_rules(script, f"sb_{KEY}") == [
+        f'counter name "c_{KEY}_allow" accept',
+        f'counter name "c_{KEY}_deny" limit rate 20/second burst 40 packets log group 7 '
+        f'prefix "hab12 {SID} policy"',
+        "drop",
+    ]
+    assert chain_rules(script, f"px_{KEY}") == []
+
+
+def test_deny_all_policy_only_drops() -> None:
+    rules = chain_rules(render_add_sandbox(CFG, sb(["deny-all"])), f"sb_{KEY}")
+    assert rules[-1] == "drop"
+    assert not any("accept" in r for r in rules)
+
+
+def test_rules_policy_sets_and_proxy() -> None:
+    policy = [
+        "10.0.0.0/8",
+        "10.1.0.0/16",
+        "198.18.1.1",
+        "198.18.2.0/24:8080",
+        "198.18.2.0/25:8080",
+        "198.18.3.1:53",
+        "good.test",
+        "2001:db8::/32",
+    ]
+    script = render_add_sandbox(CFG, sb(policy))
+    # Overlapping intervals are collapsed (nft refuses overlaps); IPv6 rules match nothing
+    # on the IPv4 path.
+    assert f"add element inet hutch_ab12 a_{KEY}_ip {{ 10.0.0.0/8, 198.18.1.1 }}" in script
+    assert (
+        f"add element inet hutch_ab12 a_{KEY}_ipport {{ 198.18.3.1 . 53, 198.18.2.0/24 . 8080 }}"
+        in script
+    )
+    assert "2001:db8" not in script
+    rules = chain_rules(script, f"sb_{KEY}")
+    assert rules[0] == f'ip daddr @a_{KEY}_ip counter name "c_{KEY}_allow" accept'
+    assert f"meta l4proto @tcp_udp ip daddr . th dport @a_{KEY}_dnsport" in rules[3]
+    assert rules[-1] == "drop"
+    assert chain_rules(script, f"px_{KEY}") == [
+        f"ip daddr @a_{KEY}_ip return",
+        f"ip daddr . tcp dport @a_{KEY}_ipport return",
+        "tcp dport @web_ports redirect to :8443",
+    ]
+
+
+def test_replace_policy_is_one_flush_and_refill() -> None:
+    script = render_replace_policy(
+        CFG, sb(["198.18.1.1"]), [LearnedAddress(IPv4Address("198.18.3.3"), None, 30)]
+    )
+    lines = script.splitlines()
+    assert lines[:6] == [
+        f"flush set inet hutch_ab12 a_{KEY}_ip",
+        f"flush set inet hutch_ab12 a_{KEY}_ipport",
+        f"flush set inet hutch_ab12 a_{KEY}_dns",
+        f"flush set inet hutch_ab12 a_{KEY}_dnsport",
+        f"flush chain inet hutch_ab12 sb_{KEY}",
+        f"flush chain inet hutch_ab12 px_{KEY}",
+    ]
+    assert f"add element inet hutch_ab12 a_{KEY}_dns {{ 198.18.3.3 timeout 30s }}" in lines
+    # Nothing of any other sandbox or the shared objects is touched.
+    assert all(KEY in line for line in lines), script
+
+
+def test_learned_refreshes_timeouts() -> None:
+    script = render_learned(
+        CFG,
+        SID,
+        [
+            LearnedAddress(IPv4Address("1.2.3.4"), None, 60),
+            LearnedAddress(IPv4Address("1.2.3.5"), 443, 0),
+        ],
+    )
+    assert script.splitlines() == [
+        f"add element inet hutch_ab12 a_{KEY}_dns {{ 1.2.3.4 timeout 60s }}",
+        f"delete element inet hutch_ab12 a_{KEY}_dns {{ 1.2.3.4 }}",
+        f"add element inet hutch_ab12 a_{KEY}_dns {{ 1.2.3.4 timeout 60s }}",
+        f"add element inet hutch_ab12 a_{KEY}_dnsport {{ 1.2.3.5 . 443 timeout 1s }}",
+        f"delete element inet hutch_ab12 a_{KEY}_dnsport {{ 1.2.3.5 . 443 }}",
+        f"add element inet hutch_ab12 a_{KEY}_dnsport {{ 1.2.3.5 . 443 timeout 1s }}",
+    ]
+    assert render_learned(CFG, SID, []) == ""
+
+
+def test_remove_sandbox_is_idempotent_by_construction() -> None:
+    script = render_remove_sandbox(CFG, sb([]))
+    lines = script.splitlines()
+    # Every deleted object or element was `add`ed earlier in the same script.
+    assert lines.index(f"add chain inet hutch_ab12 sb_{KEY}") < lines.index(
+        f"delete chain inet hutch_ab12 sb_{KEY}"
+    )
+    assert lines.index('add element inet hutch_ab12 taps { "hab120123456789" }') < lines.index(
+        'delete element inet hutch_ab12 taps { "hab120123456789" }'
+    )
+    # Map elements go before the chains they jump to.
+    assert lines.index('delete element inet hutch_ab12 sb_vmap { "hab120123456789" }') < (
+        lines.index(f"delete chain inet hutch_ab12 sb_{KEY}")
+    )
+
+
+def test_networks() -> None:
+    a, b, c = (IPv4Address(f"10.213.0.{n}") for n in (6, 10, 14))
+    script = render_networks(
+        CFG, {"net-0123456789ab": [a, b, a], "net-000000000001": [c]}, removed=["net-ffffffffffff"]
+    )
+    lines = script.splitlines()
+    assert lines[0] == "flush chain inet hutch_ab12 peers"
+    assert "add element inet hutch_ab12 net_0123456789ab { 10.213.0.6, 10.213.0.10 }" in lines
+    rules = chain_rules(script, "peers")
+    assert rules == ["ip saddr @net_0123456789ab ip daddr @net_0123456789ab accept"]
+    assert "delete set inet hutch_ab12 net_ffffffffffff" in lines
+    assert network_key("net-0123456789ab") == "net_0123456789ab"
+    with pytest.raises(InvalidArgument):
+        network_key("net-; flush ruleset")
+
+
+def test_host_addrs_are_collapsed() -> None:
+    script = render_host_addrs(CFG, [IPv4Address("127.0.0.1"), IPv4Address("192.0.2.1")])
+    assert script.splitlines() == [
+        "flush set inet hutch_ab12 host_addrs",
+        "add element inet hutch_ab12 host_addrs { 127.0.0.0/8, 192.0.2.1 }",
+    ]
+
+
+def test_strings_cannot_break_out_of_quotes() -> None:
+    bad = SandboxNet(SID, 'hab12"; flush', IPv4Address("10.213.0.6"), parse_policy([]))
+    with pytest.raises(InvalidArgument):
+        render_add_sandbox(CFG, bad)
+    with pytest.raises(InvalidArgument):
+        render_add_sandbox(CFG, sb([], sid="sb-not-hex"))

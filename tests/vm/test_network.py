@@ -1,0 +1,585 @@
+"""Networking with real VMs against a fake internet (issue 5, "Must show").
+
+One daemon per module (its own state dir, address pool and ``HUTCH_DNS_UPSTREAM`` pointing
+at the module's ``FakeInternet``) and one long-lived sandbox whose rules change live
+between checks: the guest runs ``tests/netfake/probe.py`` with a batch of checks at once,
+and each check says whether that connection or lookup should work. What reached the fake
+internet is read from its server logs, so a bypass that "failed" inside the guest but
+leaked a query or request outside still fails the test.
+
+Nothing but the fake internet's addresses (198.18.x.0/24, 2001:2:0:x::/64) is contacted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import os
+import re
+import secrets
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hutch.config import load_settings
+from hutch.errors import HutchError
+from hutch.sdk import Client, EgressEvent, Sandbox
+from tests.e2e.conftest import _LIVE, Daemon, finalize_daemon
+from tests.netfake import FakeInternet
+
+pytestmark = [
+    pytest.mark.vm,
+    pytest.mark.privileged,
+    pytest.mark.slow,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (netns, taps, nftables)"),
+]
+
+PROBE = Path(__file__).resolve().parents[1] / "netfake" / "probe.py"
+# Seconds a denied connection may hang before the probe calls it failed; allowed ones
+# answer in well under a second even under TCG.
+CHECK_TIMEOUT_S = 5.0
+
+
+# -- fixtures ------------------------------------------------------------------------------
+
+
+def _free_pool() -> str:
+    """A /24 of 10.213.0.0/16 that no interface or route on this host uses yet."""
+    used = set(
+        re.findall(
+            r"\b10\.213\.(\d+)\.",
+            subprocess.run(["ip", "-4", "addr"], capture_output=True, text=True).stdout
+            + subprocess.run(["ip", "-4", "route"], capture_output=True, text=True).stdout,
+        )
+    )
+    free = [n for n in range(100, 250) if str(n) not in used]
+    return f"10.213.{free[secrets.randbelow(len(free))]}.0/24"
+
+
+@pytest.fixture(scope="module")
+def fakenet() -> Iterator[FakeInternet]:
+    with FakeInternet() as net:
+        yield net
+
+
+@pytest.fixture(scope="module")
+def netd(
+    fakenet: FakeInternet, base_image: object, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Daemon]:
+    d = Daemon(tmp_path_factory.mktemp("hutchd-net") / "state")
+    d.daemon_env.update({"HUTCH_NET_POOL": _free_pool(), **fakenet.env()})
+    d.settings = load_settings(d.daemon_env)
+    _LIVE.append(d)
+    d.start()
+    yield d
+    problems = finalize_daemon(d)
+    problems += reclaim_host_network(d.settings.daemon_tag)
+    assert not problems, "\n".join(problems)
+
+
+def reclaim_host_network(tag: str) -> list[str]:
+    """After its daemon stopped with no sandboxes: remove the daemon's nft table (a
+    stopping daemon keeps it for sandboxes that outlive it; none do here, and a table
+    left behind by every test run would pile up) and report any tap still there."""
+    problems = []
+    links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True).stdout
+    for line in links.splitlines():
+        name = line.split()[0].split("@")[0] if line.split() else ""
+        if name.startswith(f"h{tag}"):
+            problems.append(f"tap {name} left after every sandbox was deleted")
+            subprocess.run(["ip", "link", "del", name], capture_output=True)
+    subprocess.run(["nft", "delete", "table", "inet", f"hutch_{tag}"], capture_output=True)
+    return problems
+
+
+@pytest.fixture(scope="module")
+def base_image() -> object:
+    from tests.conftest import ensure_image
+
+    return ensure_image("base")
+
+
+@pytest.fixture(scope="module")
+def client(netd: Daemon) -> Iterator[Client]:
+    with netd.client(timeout=300.0) as c:
+        yield c
+
+
+@pytest.fixture(autouse=True)
+def _diagnostics_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
+    failed_before = request.session.testsfailed
+    yield
+    if request.session.testsfailed > failed_before:
+        for d in _LIVE:
+            print(d.diagnostics(), file=sys.stderr)
+
+
+@dataclass
+class Guest:
+    """A sandbox with the probe and the fake internet's CA uploaded."""
+
+    sb: Sandbox
+
+    def probe(self, checks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        batch = [{"timeout": CHECK_TIMEOUT_S, **c} for c in checks]
+        answer = self.sb.exec(["python3", "/root/probe.py", json.dumps(batch)], timeout_s=120)
+        assert answer.exit_code == 0, f"probe crashed in {self.sb.id}: {answer.stderr}"
+        results: list[dict[str, Any]] = json.loads(answer.stdout)
+        return results
+
+    def expect(self, cases: dict[str, tuple[dict[str, Any], bool]]) -> dict[str, dict[str, Any]]:
+        """Run every check of ``cases`` (label -> (check, should it work)) in one batch
+        and fail naming every check whose outcome differs. Returns label -> result."""
+        labels = list(cases)
+        results = self.probe([cases[label][0] for label in labels])
+        bugs = [(label, r) for label, r in zip(labels, results, strict=True) if r.get("probe_bug")]
+        assert not bugs, f"the probe itself failed (not the network): {bugs}"
+        if os.environ.get("HUTCH_NET_TEST_VERBOSE"):
+            for label, r in zip(labels, results, strict=True):
+                print(f"{label}: {r}", file=sys.stderr)
+        wrong = [
+            f"  {label}: expected {'success' if cases[label][1] else 'failure'}, got {result}"
+            for label, result in zip(labels, results, strict=True)
+            if bool(result["ok"]) != cases[label][1]
+        ]
+        assert not wrong, f"sandbox {self.sb.id}:\n" + "\n".join(wrong)
+        return dict(zip(labels, results, strict=True))
+
+    def set_rules(self, rules: list[str]) -> None:
+        info = self.sb.egress.set(rules)
+        assert info.rules == rules or sorted(info.rules) == sorted(rules), info
+
+
+def make_guest(client: Client, fakenet: FakeInternet, name: str, **create: Any) -> Guest:
+    sb = Sandbox.create("base", memory_mib=256, name=name, client=client, **create)
+    sb.files.write("/root/probe.py", PROBE.read_bytes())
+    sb.files.write("/root/fakenet-ca.pem", fakenet.ca_cert.read_bytes())
+    return Guest(sb)
+
+
+@pytest.fixture(scope="module")
+def lab_net(client: Client) -> str:
+    return client.networks.create("lab").id
+
+
+@pytest.fixture(scope="module")
+def alpha(client: Client, fakenet: FakeInternet, lab_net: str) -> Iterator[Guest]:
+    """The module's main sandbox: open egress at create, on private network ``lab``."""
+    guest = make_guest(client, fakenet, "alpha", networks=[lab_net])
+    yield guest
+    with contextlib.suppress(HutchError):
+        guest.sb.kill()
+
+
+# -- check builders -------------------------------------------------------------------------
+
+
+def https(sni: str, **kw: Any) -> dict[str, Any]:
+    return {"op": "https", "sni": sni, **kw}
+
+
+def http(host: str, **kw: Any) -> dict[str, Any]:
+    return {"op": "http", "host": host, **kw}
+
+
+def resolve(name: str) -> dict[str, Any]:
+    return {"op": "resolve", "name": name}
+
+
+def tcp(addr: str, port: int) -> dict[str, Any]:
+    return {"op": "tcp", "addr": addr, "port": port}
+
+
+def udp(addr: str) -> dict[str, Any]:
+    return {"op": "udp", "addr": addr}
+
+
+def icmp(addr: str) -> dict[str, Any]:
+    return {"op": "icmp", "addr": addr}
+
+
+def dns(server: str, name: str, qtype: str = "A", **kw: Any) -> dict[str, Any]:
+    return {"op": "dns", "server": server, "name": name, "qtype": qtype, **kw}
+
+
+def gateway_of(sb: Sandbox) -> str:
+    """The host side of the sandbox's /30 (its gateway and DNS server)."""
+    return str(ipaddress.IPv4Address(address_of(sb)) - 1)
+
+
+def address_of(sb: Sandbox) -> str:
+    info = sb.refresh()
+    assert info.network and info.network.address, info
+    return info.network.address.split("/")[0]
+
+
+# -- open egress ----------------------------------------------------------------------------
+
+
+def test_open_egress_without_rules(alpha: Guest, fakenet: FakeInternet) -> None:
+    egress = alpha.sb.egress.get()
+    assert (egress.mode, egress.rules) == ("open", [])
+    since = time.time()
+    seen = alpha.expect(
+        {
+            "https by name": (https("good.test"), True),
+            "http other name": (http("other.test"), True),
+            "http raw IP": (http("cdn2.test", addr=fakenet.cdn), True),
+            "tcp 2222": (tcp(fakenet.web, 2222), True),
+            "udp echo": (udp(fakenet.cdn), True),
+            "icmp": (icmp(fakenet.cdn), True),
+            "resolve": (resolve("www.good.test"), True),
+        }
+    )
+    assert seen["https by name"]["seen"]["sni"] == "good.test"
+    assert seen["resolve"]["addrs"] == [fakenet.web]
+    # The fake internet saw them come through the host's NAT.
+    assert {e.get("peer") for e in fakenet.events("https", since)} == {fakenet.gateway}
+
+
+def test_always_denied_even_when_open(alpha: Guest, fakenet: FakeInternet, netd: Daemon) -> None:
+    alpha.set_rules([])
+    since = time.time()
+    host_hits: list[str] = []
+    # A listener on every host address: the guest must reach none of them.
+    with socket.socket() as listener:
+        listener.bind(("0.0.0.0", 0))
+        listener.listen()
+        listener.settimeout(0.5)
+        port = listener.getsockname()[1]
+        stop = threading.Event()
+
+        def accept() -> None:
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    conn, peer = listener.accept()
+                    host_hits.append(str(peer))
+                    conn.close()
+
+        thread = threading.Thread(target=accept, daemon=True)
+        thread.start()
+        gw = gateway_of(alpha.sb)
+        try:
+            alpha.expect(
+                {
+                    "smtp 25": (tcp(fakenet.web, 25), False),
+                    "metadata": (http("metadata", addr="169.254.169.254"), False),
+                    "host via tap gateway": (tcp(gw, port), False),
+                    "host via its uplink address": (tcp(fakenet.gateway, port), False),
+                    "daemon API via gateway": (http("api", addr=gw, port=netd.port), False),
+                    "still open otherwise": (tcp(fakenet.web, 2222), True),
+                }
+            )
+        finally:
+            stop.set()
+            thread.join()
+    assert host_hits == []
+    assert [e for e in fakenet.events("tcp", since) if e.get("port") == 25] == []
+
+
+# -- hostname rules --------------------------------------------------------------------------
+
+
+def test_only_the_listed_name_works(alpha: Guest, fakenet: FakeInternet) -> None:
+    alpha.set_rules(["good.test"])
+    egress = alpha.sb.egress.get()
+    assert (egress.mode, egress.rules) == ("rules", ["good.test"])
+    seen = alpha.expect(
+        {
+            "https good.test": (https("good.test"), True),
+            "http good.test": (http("good.test"), True),
+            "GOOD.TEST. (case, dot)": (resolve("GOOD.TEST."), True),
+            "other.test": (resolve("other.test"), False),
+            "www.good.test": (resolve("www.good.test"), False),
+            "cdn2.test": (resolve("cdn2.test"), False),
+        }
+    )
+    assert seen["https good.test"]["seen"]["sni"] == "good.test"
+    assert seen["http good.test"]["seen"]["host"] == "good.test"
+
+
+def test_host_resolves_the_name_itself(alpha: Guest, fakenet: FakeInternet) -> None:
+    """The guest dials cdn2's address with an allowed name: the proxy connects to what
+    *it* resolved for good.test, not to the address the guest chose."""
+    alpha.set_rules(["good.test"])
+    seen = alpha.expect(
+        {
+            "https via wrong address": (https("good.test", addr=fakenet.cdn), True),
+            "http via wrong address": (http("good.test", addr=fakenet.cdn), True),
+        }
+    )
+    assert seen["https via wrong address"]["seen"]["local"] == fakenet.web
+    assert seen["http via wrong address"]["seen"]["local"] == fakenet.web
+
+
+def test_bypass_attempts_fail_and_are_logged(alpha: Guest, fakenet: FakeInternet) -> None:
+    alpha.set_rules(["good.test"])
+    before = alpha.sb.egress.get()
+    since = time.time()
+    secret = secrets.token_hex(20)
+    long_label = (secret + "x" * 63)[:63]
+    gw = gateway_of(alpha.sb)
+    alpha.expect(
+        {
+            "SNI mismatch on shared address": (https("other.test", addr=fakenet.web), False),
+            "Host mismatch on shared address": (http("other.test", addr=fakenet.web), False),
+            "raw IP http": (http("cdn2.test", addr=fakenet.cdn), False),
+            "raw IP https": (https("cdn2.test", addr=fakenet.cdn), False),
+            "raw IP tcp": (tcp(fakenet.cdn, 2222), False),
+            "rogue resolver udp": (dns(fakenet.rogue, "anything.evil.test"), False),
+            "rogue resolver tcp": (dns(fakenet.rogue, "tcp.evil.test", tcp=True), False),
+            "upstream directly": (dns(fakenet.dns, "other.test"), False),
+            "TXT exfiltration": (dns(gw, f"{secret}.exfil.test", "TXT"), False),
+            "long-label exfiltration": (dns(gw, f"{long_label}.{long_label}.test", "TXT"), False),
+            "DoH by name": ({"op": "doh", "qname": "other.test"}, False),
+            "DoH by address": ({"op": "doh", "qname": "other.test", "addr": fakenet.web}, False),
+            "udp unlisted": (udp(fakenet.cdn), False),
+            "icmp unlisted": (icmp(fakenet.cdn), False),
+            "ipv6 tcp": ({"op": "tcp6", "addr": fakenet.web6, "port": 80}, False),
+            "AAAA is empty": (dns(gw, "good.test", "AAAA"), False),
+        }
+    )
+    assert alpha.probe([{"op": "ipv6"}])[0]["global"] == []
+    # Nothing of it reached the fake internet.
+    leaked = [q for q in fakenet.dns_queries(since) if q != "good.test"]
+    assert leaked == [], "names reached the upstream DNS server"
+    assert fakenet.rogue_queries(since) == []
+    assert fakenet.events("doh", since) == []
+    hits = fakenet.events("http", since) + fakenet.events("https", since)
+    assert [
+        e.fields for e in hits if e.get("host") != "good.test" or e.get("local") != fakenet.web
+    ] == []
+    assert [e.fields for e in fakenet.events("tcp", since)] == []
+    assert [e.fields for e in fakenet.events("udp", since)] == []
+    # Each denial is in the egress log and counted.
+    events = alpha.sb.egress.log(limit=1000)
+    denied = [
+        e for e in events if e.verdict == "deny" and e.time and e.time.timestamp() >= since - 1
+    ]
+    expected: dict[str, Callable[[EgressEvent], bool]] = {
+        "name lookup (dns)": lambda e: e.protocol == "dns" and e.name == "other.test",
+        "SNI mismatch (tls)": lambda e: e.protocol == "tls" and e.name == "other.test",
+        "Host mismatch (http)": lambda e: e.protocol == "http" and e.name == "other.test",
+        "raw IP over the proxy": lambda e: e.name == "cdn2.test" and e.port in (80, 443),
+        "raw IP tcp": lambda e: (e.protocol, e.destination, e.port) == ("tcp", fakenet.cdn, 2222),
+        "udp": lambda e: (e.protocol, e.destination) == ("udp", fakenet.cdn),
+        "icmp": lambda e: (e.protocol, e.destination) == ("icmp", fakenet.cdn),
+        "rogue resolver": lambda e: e.protocol == "dns" and "evil.test" in str(e.name),
+        "exfiltration": lambda e: e.protocol == "dns" and secret in str(e.name),
+        "DoH": lambda e: e.name == "doh.test",
+    }
+    missing = [what for what, match in expected.items() if not any(match(e) for e in denied)]
+    assert not missing, f"no egress-log denial for {missing}; denials: {denied}"
+    after = alpha.sb.egress.get()
+    assert after.denied >= before.denied + 8, (before, after)
+
+
+def test_wildcard_matches_subdomains_not_the_apex(alpha: Guest) -> None:
+    alpha.set_rules(["*.good.test"])
+    web = alpha.probe([resolve("www.good.test")])[0]["addrs"][0]
+    alpha.expect(
+        {
+            "www.good.test": (https("www.good.test"), True),
+            "apex by name": (resolve("good.test"), False),
+            "apex SNI via shared address": (https("good.test", addr=web), False),
+        }
+    )
+    alpha.set_rules(["*.good.test", "good.test"])
+    alpha.expect(
+        {
+            "www.good.test": (https("www.good.test"), True),
+            "apex listed": (https("good.test"), True),
+        }
+    )
+
+
+def test_host_port_allows_that_port_only(alpha: Guest, fakenet: FakeInternet) -> None:
+    alpha.set_rules(["good.test:443"])
+    alpha.expect(
+        {
+            "https 443": (https("good.test"), True),
+            "http 80": (http("good.test", addr=fakenet.web), False),
+            "tcp 2222": (tcp(fakenet.web, 2222), False),
+        }
+    )
+
+
+def test_cidr_and_ip_port_rules(alpha: Guest, fakenet: FakeInternet) -> None:
+    cdn_net = ipaddress.IPv4Network(f"{fakenet.cdn}/28", strict=False)
+    assert ipaddress.IPv4Address(fakenet.web) not in cdn_net
+    alpha.set_rules([str(cdn_net)])
+    alpha.expect(
+        {
+            "http in cidr": (http("cdn2.test", addr=fakenet.cdn), True),
+            "tcp in cidr": (tcp(fakenet.cdn, 2222), True),
+            "udp in cidr": (udp(fakenet.cdn), True),
+            "icmp in cidr": (icmp(fakenet.cdn), True),
+            "outside cidr": (http("good.test", addr=fakenet.web), False),
+            "names are not rules": (resolve("good.test"), False),
+        }
+    )
+    alpha.set_rules([f"{fakenet.cdn}:2222"])
+    alpha.expect(
+        {
+            "ip:port": (tcp(fakenet.cdn, 2222), True),
+            "other port": (http("cdn2.test", addr=fakenet.cdn), False),
+            "udp": (udp(fakenet.cdn), False),
+        }
+    )
+
+
+def test_dns_rebinding_is_refused(alpha: Guest, fakenet: FakeInternet) -> None:
+    """Allowed names that resolve into loopback, private or metadata ranges: the proxy
+    resolves them itself and refuses (the guest dials a public address)."""
+    alpha.set_rules(["rebind.test", "private.test", "meta.test"])
+    alpha.expect(
+        {
+            "loopback": (http("rebind.test", addr=fakenet.web), False),
+            "rfc1918": (https("private.test", addr=fakenet.web), False),
+            "metadata": (http("meta.test", addr=fakenet.web), False),
+        }
+    )
+
+
+def test_live_change_without_restart(alpha: Guest, fakenet: FakeInternet, netd: Daemon) -> None:
+    pid = netd.qemu_pid_of(alpha.sb.id)
+    boot_id = alpha.sb.exec(["cat", "/proc/sys/kernel/random/boot_id"]).stdout
+    alpha.set_rules(["good.test"])
+    alpha.expect({"good": (https("good.test"), True), "other": (resolve("other.test"), False)})
+    alpha.set_rules(["other.test"])
+    alpha.expect(
+        {
+            "other now": (https("other.test"), True),
+            "good no more (name)": (resolve("good.test"), False),
+            "good no more (SNI)": (https("good.test", addr=fakenet.web), False),
+        }
+    )
+    alpha.set_rules(["deny-all"])
+    assert alpha.sb.egress.get().mode == "deny-all"
+    alpha.expect(
+        {
+            "deny-all name": (resolve("other.test"), False),
+            "deny-all https": (https("other.test", addr=fakenet.web), False),
+            "deny-all ip": (tcp(fakenet.cdn, 2222), False),
+        }
+    )
+    # A bad rule set is refused as a whole, naming the rule; the old rules stay.
+    alpha.set_rules(["good.test"])
+    with pytest.raises(HutchError, match=r"bad\.\.name"):
+        alpha.sb.egress.set(["other.test", "bad..name"])
+    assert alpha.sb.egress.get().rules == ["good.test"]
+    alpha.expect({"good": (https("good.test"), True), "other": (resolve("other.test"), False)})
+    assert netd.qemu_pid_of(alpha.sb.id) == pid
+    assert alpha.sb.exec(["cat", "/proc/sys/kernel/random/boot_id"]).stdout == boot_id
+
+
+# -- private networks ------------------------------------------------------------------------
+
+
+def test_private_network_by_name_and_not_across(
+    alpha: Guest, client: Client, fakenet: FakeInternet, lab_net: str
+) -> None:
+    alpha.set_rules(["good.test"])  # peers are reachable whatever the egress rules
+    other_net = client.networks.create("other-lab").id
+    beta = make_guest(client, fakenet, "beta", networks=[lab_net])
+    gamma = make_guest(client, fakenet, "gamma", networks=[other_net])
+    try:
+        beta.sb.exec("setsid -f python3 -m http.server 8000 --directory /tmp >/dev/null 2>&1")
+        deadline = time.monotonic() + 30
+        while not beta.probe([http("self", addr="127.0.0.1", port=8000)])[0]["ok"]:
+            assert time.monotonic() < deadline, "http.server in beta did not start"
+        beta_addr = address_of(beta.sb)
+        seen = alpha.expect(
+            {
+                "peer by name": (resolve("beta"), True),
+                "peer by fqdn": (resolve("beta.hutch.internal"), True),
+                "peer by id": (resolve(beta.sb.id), True),
+                "peer http by name": (http("beta", port=8000), True),
+            }
+        )
+        assert seen["peer by name"]["addrs"] == [beta_addr]
+        assert seen["peer by id"]["addrs"] == [beta_addr]
+        gamma.expect(
+            {
+                "across networks by address": (http("beta", addr=beta_addr, port=8000), False),
+                "across networks by name": (resolve("beta"), False),
+                "to alpha": (icmp(address_of(alpha.sb)), False),
+            }
+        )
+        assert client.networks.get(lab_net).members == sorted([alpha.sb.id, beta.sb.id]) or set(
+            client.networks.get(lab_net).members
+        ) == {alpha.sb.id, beta.sb.id}
+        with pytest.raises(HutchError):
+            client.networks.delete(other_net)  # in use by gamma
+    finally:
+        for g in (beta, gamma):
+            with contextlib.suppress(HutchError):
+                g.sb.kill()
+    client.networks.delete(other_net)
+
+
+# -- lifecycle -------------------------------------------------------------------------------
+
+
+def test_rules_survive_pause_and_resume(alpha: Guest, fakenet: FakeInternet) -> None:
+    alpha.set_rules(["good.test"])
+    alpha.sb.pause()
+    alpha.sb.resume()
+    assert alpha.sb.egress.get().rules == ["good.test"]
+    alpha.expect(
+        {
+            "good": (https("good.test"), True),
+            "other": (resolve("other.test"), False),
+            "raw ip": (tcp(fakenet.cdn, 2222), False),
+        }
+    )
+
+
+def test_fork_keeps_rules_and_network(alpha: Guest, fakenet: FakeInternet, lab_net: str) -> None:
+    alpha.set_rules(["good.test"])
+    [child_sb] = alpha.sb.fork(1)
+    child = Guest(child_sb)
+    try:
+        assert child.sb.egress.get().rules == ["good.test"]
+        assert address_of(child.sb) != address_of(alpha.sb)
+        assert child.sb.info.network is not None and lab_net in child.sb.info.network.networks
+        child.expect(
+            {
+                "good": (https("good.test"), True),
+                "other": (resolve("other.test"), False),
+                "raw ip": (tcp(fakenet.cdn, 2222), False),
+                "sni mismatch": (https("other.test", addr=fakenet.web), False),
+            }
+        )
+    finally:
+        with contextlib.suppress(HutchError):
+            child.sb.kill()
+
+
+def test_network_none_has_no_network(client: Client, fakenet: FakeInternet) -> None:
+    guest = make_guest(client, fakenet, "isolated", network="none")
+    try:
+        info = guest.sb.refresh()
+        assert info.network is not None
+        assert (info.network.mode, info.network.address) == ("none", None)
+        addrs = guest.sb.exec(["ip", "-4", "-o", "addr", "show", "scope", "global"]).stdout
+        assert addrs.strip() == ""
+        guest.expect(
+            {
+                "name": (resolve("good.test"), False),
+                "raw ip": (http("good.test", addr=fakenet.web), False),
+                "icmp": (icmp(fakenet.web), False),
+            }
+        )
+    finally:
+        with contextlib.suppress(HutchError):
+            guest.sb.kill()
