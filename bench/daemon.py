@@ -9,6 +9,7 @@ that did). ``stop()`` is safe to call twice.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import signal
@@ -118,6 +119,11 @@ class PrivateDaemon:
         env["HUTCH_STATE_DIR"] = str(self.state_dir)
         env["HUTCH_LISTEN"] = f"127.0.0.1:{self.port}"
         env["HUTCH_IMAGES_DIR"] = str(self.images_dir)
+        # Side-by-side daemons need their own sandbox address pools, and no benchmark
+        # sends DNS beyond this machine (the net case points its daemon at a fake one).
+        digest = hashlib.sha256(str(self.state_dir.resolve()).encode()).digest()
+        env["HUTCH_NET_POOL"] = f"10.{208 + digest[0] % 8}.{digest[1]}.0/24"
+        env["HUTCH_DNS_UPSTREAM"] = "127.0.0.1:1"
         if self.accel:
             env["HUTCH_ACCEL"] = self.accel
         env.update(self.env)

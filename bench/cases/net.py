@@ -19,13 +19,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import secrets
 import subprocess
 from pathlib import Path
 from typing import Any
 
-from tests.netfake import FakeInternet
+from tests.netfake import FakeInternet, free_net_pool
 from tests.netfake.probe import run_checks
 
 from bench.cases.common import SANDBOX_MEMORY_MIB, SANDBOX_VCPUS, BenchContext
@@ -37,16 +35,6 @@ __all__ = ["run_net"]
 
 PROBE = Path(__file__).resolve().parents[2] / "tests" / "netfake" / "probe.py"
 MB = 1e6
-
-
-def _free_pool() -> str:
-    text = (
-        subprocess.run(["ip", "-4", "addr"], capture_output=True, text=True).stdout
-        + subprocess.run(["ip", "-4", "route"], capture_output=True, text=True).stdout
-    )
-    used = set(re.findall(r"\b10\.213\.(\d+)\.", text))
-    free = [n for n in range(100, 250) if str(n) not in used]
-    return f"10.213.{free[secrets.randbelow(len(free))]}.0/24"
 
 
 def _guest(sb: Sandbox, checks: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -86,7 +74,7 @@ def run_net(ctx: BenchContext) -> BenchResult:
     lat: dict[str, list[float]] = {"rules": [], "open": [], "host": []}
     rate: dict[str, list[float]] = {"rules": [], "open": [], "host": []}
     with FakeInternet() as net:
-        side = ctx.side_daemon("net", {"HUTCH_NET_POOL": _free_pool(), **net.env()})
+        side = ctx.side_daemon("net", {"HUTCH_NET_POOL": free_net_pool(), **net.env()})
         try:
             sb = Sandbox.create(
                 ctx.image, vcpus=SANDBOX_VCPUS, memory_mib=SANDBOX_MEMORY_MIB, client=side.client

@@ -39,6 +39,8 @@ from schemathesis.checks import (
 from hutch.api import create_app
 from hutch.config import Limits, Settings
 from hutch.models import SandboxSpec
+from hutch.net.dataplane import MemoryDataplane
+from hutch.net.manager import NetworkManager
 from hutch.services.sandboxes import SandboxService
 from hutch.store import Store
 from tests.component.conftest import API_KEY, FakeImages
@@ -52,7 +54,14 @@ MAX_EXAMPLES = int(os.environ.get("HUTCH_FUZZ_EXAMPLES", "10"))
 # sandbox runs whatever string it is given under /bin/sh).
 REQUEST_TIMEOUT_S = 30.0
 
-schema = schemathesis.openapi.from_path(SPEC_PATH)
+# Streams that end only when the client leaves (watch, a process's output or its wait),
+# or tar streams (an archive of "/" would tar the whole guest; schemathesis cannot
+# generate tar bodies): their own tests cover them, malformed archives included.
+schema = (
+    schemathesis.openapi.from_path(SPEC_PATH)
+    .exclude(path_regex=r"/files/(watch|archive)$")
+    .exclude(path_regex=r"/processes/\{pid\}/(output|wait)$")
+)
 
 
 @dataclass(frozen=True)
@@ -87,10 +96,13 @@ class _AppThread:
             # Generated creates pile up; past this they get 429, which is also an answer
             # the fuzzer must see handled.
             limits=Limits(max_sandboxes=12, max_memory_mib=64 * 1024),
+            dns_upstream=("127.0.0.1", 1),
         )
-        self.svc = SandboxService(
-            settings, Store(settings.db_path), self.backend, FakeImages(self.root)
-        )
+        store = Store(settings.db_path)
+        # The real NetworkManager on an in-memory dataplane: the networking routes are
+        # fuzzed too, without taps or nft on the host.
+        net = NetworkManager(settings, store, names=lambda _sid: None, dataplane=MemoryDataplane())
+        self.svc = SandboxService(settings, store, self.backend, FakeImages(self.root), net=net)
         await self.svc.start()
         rec = await self.svc.create(SandboxSpec(image="base"))
         app = create_app(self.svc, API_KEY, manage_service=False)

@@ -73,6 +73,19 @@ async def test_background_process_lifecycle(api: httpx.AsyncClient, sid: str) ->
     r = await api.post(f"{base}/{pid}/signal", json={"signal": "NOPE"})
     assert r.status_code == 400 and "NOPE" in r.json()["error"]["message"]
 
+    # exec with background=true: the same, through the exec endpoint.
+    r = await api.post(
+        f"/v1/sandboxes/{sid}/exec", json={"cmd": "cat", "background": True, "stdin": "in"}
+    )
+    assert r.status_code == 201, r.text
+    bg = r.json()["pid"]
+    assert (await _wait_exited(api, sid, bg))["exit_code"] == 0
+    assert (await api.get(f"{base}/{bg}/output")).json()["stdout"] == "in"
+    r = await api.post(
+        f"/v1/sandboxes/{sid}/exec", json={"cmd": "true", "background": True, "stream": True}
+    )
+    assert r.status_code == 400
+
 
 async def test_follow_streams_live_until_exit(api: httpx.AsyncClient, sid: str) -> None:
     base = f"/v1/sandboxes/{sid}/processes"
@@ -329,3 +342,50 @@ async def test_sdk_processes_and_terminal(api: httpx.AsyncClient, sid: str) -> N
         assert [t.pty_id for t in await sb.pty.list()] == []
     finally:
         await sb.close()
+
+
+async def test_cli_shell_on_a_local_terminal(api: httpx.AsyncClient, sid: str) -> None:
+    """``hutch shell`` on a real local pty: raw keys, exit status, terminal restored."""
+    import os
+    import subprocess
+    import sys
+    import termios
+
+    from tests.e2e.test_pty import _read_pty
+
+    env = {
+        **os.environ,
+        "HUTCH_URL": str(api.base_url),
+        "HUTCH_API_KEY": API_KEY,
+        "PYTHONPATH": os.pathsep.join(sys.path),
+    }
+
+    def drive() -> tuple[int, bool]:
+        master, slave = os.openpty()
+        saved = termios.tcgetattr(slave)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hutch", "shell", sid],
+            env=env,
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            start_new_session=True,
+        )
+        try:
+            _read_pty(master, b"#", 30)
+            os.write(master, b"sleep 100\r")
+            time.sleep(0.5)
+            os.write(master, b"\x03")  # Ctrl-C goes to the sandbox as a byte
+            _read_pty(master, b"^C", 30)
+            os.write(master, b"echo rc=$?; exit 5\r")
+            _read_pty(master, b"rc=130", 30)
+            return proc.wait(30), termios.tcgetattr(slave) == saved
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            os.close(slave)
+            os.close(master)
+
+    # In a thread: this event loop also serves the daemon the CLI talks to.
+    assert await asyncio.to_thread(drive) == (5, True)

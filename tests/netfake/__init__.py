@@ -6,6 +6,6 @@ resolver, DoH, UDP echo, SMTP-ish and SSH-ish listeners. Nothing real is ever co
 ``FakeInternet`` (``tests.netfake.internet``) is the entry point; it needs root.
 """
 
-from tests.netfake.internet import FakeEvent, FakeInternet, FakeInternetError
+from tests.netfake.internet import FakeEvent, FakeInternet, FakeInternetError, free_net_pool
 
-__all__ = ["FakeEvent", "FakeInternet", "FakeInternetError"]
+__all__ = ["FakeEvent", "FakeInternet", "FakeInternetError", "free_net_pool"]

@@ -43,7 +43,7 @@ from typing import Any
 
 from tests.netfake.certs import make_certs
 
-__all__ = ["WEB_NAMES", "FakeEvent", "FakeInternet", "FakeInternetError"]
+__all__ = ["WEB_NAMES", "FakeEvent", "FakeInternet", "FakeInternetError", "free_net_pool"]
 
 REPO = Path(__file__).resolve().parents[2]
 _LOCK = Path("/run/lock/hutch-netfake.lock")
@@ -126,6 +126,19 @@ def _used_third_octets() -> set[int]:
     """Third octets of 198.18.x.0/24 already on this host (addresses or routes)."""
     text = _run("ip", "-4", "addr").stdout + _run("ip", "-4", "route").stdout
     return {int(m) for m in re.findall(r"\b198\.18\.(\d+)\.\d+", text)}
+
+
+def free_net_pool() -> str:
+    """A ``HUTCH_NET_POOL`` for a daemon under test: a /24 of 10.199.0.0/16 that no
+    address or route on this host uses. 10.199/16 is neither hutch's default pool
+    (10.213.0.0/16) nor the e2e daemons' (10.200.0.0/13), so a network test's sandboxes
+    never share addresses with another daemon's."""
+    text = _run("ip", "-4", "addr").stdout + _run("ip", "-4", "route").stdout
+    used = {int(m) for m in re.findall(r"\b10\.199\.(\d+)\.", text)}
+    free = [n for n in range(1, 255) if n not in used]
+    if not free:
+        raise FakeInternetError("no free 10.199.x.0/24 left for a test address pool")
+    return f"10.199.{free[secrets.randbelow(len(free))]}.0/24"
 
 
 class FakeInternet:

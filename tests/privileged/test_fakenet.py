@@ -267,3 +267,12 @@ def test_guest_probe_works_from_the_host(net: FakeInternet) -> None:
 
 def tcp_check(addr: str, port: int) -> dict[str, Any]:
     return {"op": "tcp", "addr": addr, "port": port}
+
+
+def test_free_net_pool_avoids_other_daemons_pools() -> None:
+    import ipaddress
+
+    from tests.netfake import free_net_pool
+
+    pool = ipaddress.IPv4Network(free_net_pool())
+    assert pool.prefixlen == 24 and pool.subnet_of(ipaddress.IPv4Network("10.199.0.0/16"))

@@ -16,7 +16,6 @@ import contextlib
 import ipaddress
 import json
 import os
-import re
 import secrets
 import socket
 import subprocess
@@ -34,7 +33,7 @@ from hutch.config import load_settings
 from hutch.errors import HutchError
 from hutch.sdk import Client, EgressEvent, Sandbox
 from tests.e2e.conftest import _LIVE, Daemon, finalize_daemon
-from tests.netfake import FakeInternet
+from tests.netfake import FakeInternet, free_net_pool
 
 pytestmark = [
     pytest.mark.vm,
@@ -52,19 +51,6 @@ CHECK_TIMEOUT_S = 5.0
 # -- fixtures ------------------------------------------------------------------------------
 
 
-def _free_pool() -> str:
-    """A /24 of 10.213.0.0/16 that no interface or route on this host uses yet."""
-    used = set(
-        re.findall(
-            r"\b10\.213\.(\d+)\.",
-            subprocess.run(["ip", "-4", "addr"], capture_output=True, text=True).stdout
-            + subprocess.run(["ip", "-4", "route"], capture_output=True, text=True).stdout,
-        )
-    )
-    free = [n for n in range(100, 250) if str(n) not in used]
-    return f"10.213.{free[secrets.randbelow(len(free))]}.0/24"
-
-
 @pytest.fixture(scope="module")
 def fakenet() -> Iterator[FakeInternet]:
     with FakeInternet() as net:
@@ -76,7 +62,7 @@ def netd(
     fakenet: FakeInternet, base_image: object, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Daemon]:
     d = Daemon(tmp_path_factory.mktemp("hutchd-net") / "state")
-    d.daemon_env.update({"HUTCH_NET_POOL": _free_pool(), **fakenet.env()})
+    d.daemon_env.update({"HUTCH_NET_POOL": free_net_pool(), **fakenet.env()})
     d.settings = load_settings(d.daemon_env)
     _LIVE.append(d)
     d.start()

@@ -200,6 +200,10 @@ class ExecRequest(Strict):
     timeout_s: Annotated[float, Field(gt=0, le=MAX_EXEC_TIMEOUT_S)] | None = None
     stdin: Annotated[str, Field(max_length=8 * 1024 * 1024)] | None = None
     stream: bool = False
+    background: bool = Field(
+        default=False,
+        description="Start detached and answer 201 with the process (see .../processes)",
+    )
 
 
 class ExecResult(BaseModel):

@@ -16,7 +16,7 @@ from hutch.api.schemas import ErrorBody
 ERROR_STATUSES = {
     "400": "Invalid argument (the message names the field and what is accepted)",
     "401": "Missing or wrong API key",
-    "404": "No such sandbox or file",
+    "404": "No such sandbox, snapshot, network, process, context, file or port",
     "409": "The sandbox is in the wrong state, or a name is taken",
     "413": "Request body too large",
     "429": "The host is at capacity",

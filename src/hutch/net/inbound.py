@@ -104,12 +104,16 @@ class PortForwarder:
                 up_reader, up_writer = await asyncio.open_connection(
                     entry.guest_addr, entry.guest_port
                 )
-        except (OSError, TimeoutError) as exc:
-            log.info("inbound %s:%s unreachable: %s", entry.guest_addr, entry.guest_port, exc)
-            await close_writer(writer)
+        except BaseException as exc:
+            # Cancellation (the port is being closed) too: the client's socket is ours.
+            if isinstance(exc, (OSError, TimeoutError)):
+                log.info("inbound %s:%s unreachable: %s", entry.guest_addr, entry.guest_port, exc)
+            writer.close()
             if task is not None:
                 entry.conns.discard(task)
-            return
+            if isinstance(exc, (OSError, TimeoutError)):
+                return
+            raise
         try:
             await pipe_both(reader, writer, up_reader, up_writer)
         except (ConnectionError, OSError):

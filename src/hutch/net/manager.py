@@ -24,7 +24,7 @@ from pathlib import Path
 from hutch.config import Settings
 from hutch.errors import Conflict, HutchError, InvalidArgument, NetworkError, NotFound
 from hutch.models import NAME_RE
-from hutch.net import links
+from hutch.net import links, nft_apply
 from hutch.net.addressing import (
     AddressPool,
     Block,
@@ -168,7 +168,8 @@ class NetworkManager:
         self._tasks.append(asyncio.create_task(self._poll_counters(), name="hutch-counters"))
 
     async def close(self) -> None:
-        """Stop the servers and readers. The nft table and taps stay (fail closed)."""
+        """Stop the servers and readers. With sandboxes left, the nft table and taps
+        stay (their traffic fails closed until a restart); with none, the table goes."""
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -177,6 +178,9 @@ class NetworkManager:
             self._nflog.close()
         await self.proxy.close()
         await self.resolver.close()
+        if self.real and self.cfg is not None and not self.db.leases():
+            with contextlib.suppress(HutchError):
+                await nft_apply.delete_table(self.cfg.tag)
         await self.forwarder.shutdown()
 
     # -- what the resolver, the proxy and the guest ask ----------------------------------

@@ -306,7 +306,6 @@ class AsyncTerminal:
                 additional_headers=dict(headers),
                 open_timeout=open_timeout,
                 max_size=None,
-                legacy=True,
             )
         except (OSError, InvalidHandshake, InvalidURI, TimeoutError) as exc:
             raise _open_failed(url, exc) from exc

@@ -98,13 +98,19 @@ class NetStore:
 
     def delete_network(self, network_id: str) -> None:
         with self._store.transaction() as db:
-            members = db.execute(
-                "SELECT count(*) FROM network_members WHERE network_id = ?", (network_id,)
-            ).fetchone()[0]
+            members = [
+                str(r[0])
+                for r in db.execute(
+                    "SELECT sandbox_id FROM network_members WHERE network_id = ? "
+                    "ORDER BY sandbox_id",
+                    (network_id,),
+                )
+            ]
             if members:
                 raise Conflict(
-                    f"network {network_id} still has {members} member(s); remove them "
-                    "from it (or delete them) first"
+                    f"network {network_id} is in use by {', '.join(members)}; take them "
+                    "off it (DELETE /v1/sandboxes/{id}/networks/" + network_id + ") or "
+                    "delete them first"
                 )
             db.execute("DELETE FROM networks WHERE id = ?", (network_id,))
 

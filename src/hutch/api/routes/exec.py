@@ -6,15 +6,18 @@ from collections.abc import AsyncIterator, Callable
 from typing import Annotated
 
 from fastapi import APIRouter, Depends
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
-from hutch.api.deps import service
+from hutch.api.deps import processes, service
+from hutch.api.routes.processes import ProcessModel, process_model
 from hutch.api.schemas import ExecRequest, ExecResult
-from hutch.errors import HutchError, Timeout
+from hutch.errors import HutchError, InvalidArgument, Timeout
+from hutch.services.processes import ProcessService
 from hutch.services.sandboxes import ExecStream, SandboxService
 
 router = APIRouter(prefix="/v1/sandboxes", tags=["exec"])
 Service = Annotated[SandboxService, Depends(service)]
+Procs = Annotated[ProcessService, Depends(processes)]
 
 # A non-streamed result is held in the daemon's memory; past this it is cut (the command
 # keeps running to its end). Stream for more.
@@ -29,11 +32,27 @@ def _timeout_message(timeout_s: float | None) -> str:
 @router.post(
     "/{sandbox_id}/exec",
     response_model=ExecResult,
-    responses={200: {"content": {"application/x-ndjson": {}}}},
+    responses={
+        200: {"content": {"application/x-ndjson": {}}},
+        201: {"model": ProcessModel, "description": "background=true: the started process"},
+    },
 )
 async def exec_command(
-    sandbox_id: str, body: ExecRequest, svc: Service
-) -> ExecResult | StreamingResponse:
+    sandbox_id: str, body: ExecRequest, svc: Service, procs: Procs
+) -> ExecResult | StreamingResponse | JSONResponse:
+    if body.background:
+        if body.stream:
+            raise InvalidArgument("background and stream exclude each other; pick one")
+        info = await procs.start(
+            sandbox_id,
+            body.cmd,
+            env=body.env,
+            cwd=body.cwd,
+            user=body.user,
+            stdin=body.stdin.encode() if body.stdin is not None else None,
+            timeout_s=body.timeout_s,
+        )
+        return JSONResponse(process_model(info).model_dump(mode="json"), status_code=201)
     svc.begin_activity(sandbox_id)
     handed_over = False
     try:
