@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import shutil
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -28,6 +31,7 @@ from hutch.vm.snapshot_manifest import (
     MANIFEST_FORMAT,
     FileStamp,
     SnapshotManifest,
+    TailHasher,
     compat_fields,
     compat_mismatches,
     fd_sha256,
@@ -227,3 +231,30 @@ def test_qcow2_backing_file_rejects_non_qcow2(tmp_path: Path) -> None:
     raw.write_bytes(b"\0" * 64)
     with pytest.raises(SnapshotError, match="not a qcow2"):
         qcow2_backing_file(raw)
+
+
+def test_tail_hasher_hashes_a_file_while_it_is_written(tmp_path: Path) -> None:
+    path = tmp_path / "state.mig"
+    path.write_bytes(b"")
+    blocks = [os.urandom(1 << 16) * (i % 5 + 1) for i in range(40)]
+    hasher = TailHasher(path)
+
+    def write() -> None:
+        with path.open("ab") as f:
+            for block in blocks:
+                f.write(block)
+                f.flush()
+                time.sleep(0.001)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    writer.join()
+    data = b"".join(blocks)
+    assert hasher.finish() == (hashlib.sha256(data).hexdigest(), len(data))
+
+
+def test_tail_hasher_abandon_stops_it(tmp_path: Path) -> None:
+    path = tmp_path / "state.mig"
+    path.write_bytes(b"x" * 10)
+    hasher = TailHasher(path)
+    hasher.abandon()

@@ -75,6 +75,7 @@ from hutch.vm.snapshot_manifest import (
     MANIFEST_FORMAT,
     FileStamp,
     SnapshotManifest,
+    TailHasher,
     compat_fields,
     compat_mismatches,
     describe_cmdline,
@@ -207,12 +208,17 @@ async def save_snapshot(
         await _set_migration(vm, ignore_shared=ram_in_file)
         await vm.qmp("migrate-set-parameters", **{"max-bandwidth": _MAX_BANDWIDTH})
         await vm.send_fd(_FD_NAME, fd)
-        await vm.qmp("migrate", uri=f"fd:{_FD_NAME}")
-        await _wait_migration(vm, f"saving VM {cfg.name}", timeout_s)
+        hasher = TailHasher(state_path)
+        try:
+            await vm.qmp("migrate", uri=f"fd:{_FD_NAME}")
+            await _wait_migration(vm, f"saving VM {cfg.name}", timeout_s)
+        except BaseException:
+            await asyncio.to_thread(hasher.abandon)
+            raise
         timings["migrate"] = _ms(t)
         t = time.perf_counter()
-        state_sha, state_size = await asyncio.to_thread(fd_sha256, fd)
-        timings["hash"] = _ms(t)
+        state_sha, state_size = await asyncio.to_thread(hasher.finish)
+        timings["hash_rest"] = _ms(t)
         if fsync:
             t = time.perf_counter()
             await asyncio.to_thread(os.fsync, fd)

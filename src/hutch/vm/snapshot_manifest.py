@@ -7,9 +7,11 @@ See :mod:`hutch.vm.snapshot` for the design note. A manifest is JSON, written la
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -165,6 +167,56 @@ def fd_sha256(fd: int) -> tuple[str, int]:
         digest.update(chunk)
         offset += len(chunk)
     return digest.hexdigest(), offset
+
+
+class TailHasher:
+    """sha256 of a file that another process is appending to, computed while it writes.
+
+    QEMU writes the migration stream sequentially, and a byte below the file's size is
+    already in the page cache, so reading up to the current size is safe. Hashing during
+    the save instead of after it takes the hash off the pause's critical path (a second
+    core does it while QEMU writes). ``finish()`` is called once the writer is done.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self._digest = hashlib.sha256()
+        self._offset = 0
+        self._done = threading.Event()
+        self._error: OSError | None = None
+        self._thread = threading.Thread(target=self._run, name="hutch-tail-hash", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                writer_done = self._done.is_set()
+                chunk = os.pread(self._fd, _HASH_CHUNK, self._offset)
+                if chunk:
+                    self._digest.update(chunk)
+                    self._offset += len(chunk)
+                elif writer_done:
+                    return
+                else:
+                    self._done.wait(0.005)
+        except OSError as exc:
+            self._error = exc
+
+    def finish(self) -> tuple[str, int]:
+        """The writer is done: hash the rest, return (sha256 hex, size). Blocks."""
+        self._done.set()
+        self._thread.join()
+        os.close(self._fd)
+        if self._error is not None:
+            raise SnapshotError(f"reading the snapshot to hash it failed: {self._error}")
+        return self._digest.hexdigest(), self._offset
+
+    def abandon(self) -> None:
+        """Stop without a result (the save failed)."""
+        self._done.set()
+        self._thread.join()
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
 
 
 def compat_fields(cfg: VmConfig) -> CompatFields:
