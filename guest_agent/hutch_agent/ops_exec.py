@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pwd
 import select
 import signal
 import subprocess
@@ -12,7 +11,6 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from hutch_agent import HOME
 from hutch_agent.errors import AgentError
 from hutch_agent.framing import (
     CHUNK,
@@ -22,6 +20,7 @@ from hutch_agent.framing import (
     STDOUT,
 )
 from hutch_agent.ops import Op
+from hutch_agent.spawn import popen, spawn_args
 from hutch_agent.streams import Cancelled, Stream
 
 if TYPE_CHECKING:
@@ -30,69 +29,19 @@ if TYPE_CHECKING:
 
 # -- exec -------------------------------------------------------------------------
 def op_exec(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any] | None:
-    argv = h.get("argv")
-    if h.get("shell") is not None:
-        if not isinstance(h["shell"], str):
-            raise AgentError("invalid_argument", "shell must be a string")
-        argv = ["/bin/sh", "-c", h["shell"]]
-    if (
-        not isinstance(argv, list)
-        or not argv
-        or not all(isinstance(a, str) and "\0" not in a for a in argv)
-    ):
-        raise AgentError("invalid_argument", "argv must be a non-empty list of strings")
-    user = resolve_user(h.get("user"))
-    env = {
-        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        "HOME": user.pw_dir,
-        "USER": user.pw_name,
-        "LOGNAME": user.pw_name,
-        "LANG": "C.UTF-8",
-        "TERM": "xterm-256color",
-    }
-    extra = h.get("env") or {}
-    if not isinstance(extra, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) and "\0" not in k + v and "=" not in k
-        for k, v in extra.items()
-    ):
-        raise AgentError("invalid_argument", "env must map names to strings")
-    env.update(extra)
-    cwd = h.get("cwd") or (HOME if user.pw_uid == 0 else user.pw_dir)
-    if not isinstance(cwd, str) or not os.path.isdir(cwd):
-        raise AgentError("not_found", f"working directory {cwd!r} does not exist in the sandbox")
+    argv, kw = spawn_args(h)
     timeout = h.get("timeout_s")
     if timeout is not None and (not isinstance(timeout, int | float) or timeout <= 0):
         raise AgentError("invalid_argument", "timeout_s must be a positive number")
-    ids: dict[str, Any] = {}
-    if user.pw_uid != os.geteuid():
-        if os.geteuid() != 0:
-            raise AgentError("permission_denied", "the agent cannot switch users")
-        ids = {
-            "user": user.pw_uid,
-            "group": user.pw_gid,
-            "extra_groups": os.getgrouplist(user.pw_name, user.pw_gid),
-        }
     started = time.monotonic()
-    try:
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE if h.get("stdin") else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=cwd,
-            env=env,
-            start_new_session=True,
-            close_fds=True,
-            **ids,
-        )
-    except FileNotFoundError as exc:
-        raise AgentError(
-            "command_not_found", f"command not found in the sandbox: {argv[0]!r}"
-        ) from exc
-    except PermissionError as exc:
-        raise AgentError(
-            "permission_denied", f"permission denied running {argv[0]!r}: {exc.strerror}"
-        ) from exc
+    proc = popen(
+        argv,
+        stdin=subprocess.PIPE if h.get("stdin") else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        **kw,
+    )
     st.proc = proc
     st.send(REPLY, {"event": "started", "pid": proc.pid})
     if proc.stdin is not None:
@@ -124,19 +73,6 @@ def op_signal(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any]:
         except ProcessLookupError as exc:
             raise AgentError("not_found", "the command has already exited") from exc
     return {}
-
-
-def resolve_user(user: Any) -> pwd.struct_passwd:
-    try:
-        if user is None:
-            return pwd.getpwuid(0)
-        if isinstance(user, int) or (isinstance(user, str) and user.isdigit()):
-            return pwd.getpwuid(int(user))
-        if isinstance(user, str):
-            return pwd.getpwnam(user)
-    except (KeyError, ValueError, OverflowError):  # unknown, NUL byte, uid too big
-        pass
-    raise AgentError("invalid_argument", f"user {user!r} does not exist in the sandbox")
 
 
 def pump_stdin(st: Stream, pipe: Any) -> None:

@@ -33,11 +33,10 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from hutch_agent import HOME
 from hutch_agent.errors import AgentError
 from hutch_agent.framing import CHUNK, DATA, STDERR, STDOUT
 from hutch_agent.ops import Op
-from hutch_agent.ops_exec import resolve_user
+from hutch_agent.spawn import popen, spawn_args
 from hutch_agent.streams import Cancelled, Stream
 
 if TYPE_CHECKING:
@@ -45,8 +44,8 @@ if TYPE_CHECKING:
 
 #: Output kept per process (stdout and stderr together), bytes.
 OUTPUT_LIMIT = 2 << 20
-#: Exited processes kept for inspection; the oldest are forgotten first.
-MAX_EXITED = 64
+#: Exited processes kept for inspection (each with its output); the oldest go first.
+MAX_EXITED = 16
 MAX_RUNNING = 512
 #: How often a waiting reader looks at its stream (a host that went away), seconds.
 POLL_S = 0.25
@@ -54,23 +53,29 @@ KILL_WAIT_S = 5.0
 
 
 class OutputRing:
-    """The newest ``limit`` bytes of a byte stream, as (offset, channel, bytes) chunks.
+    """The newest ``limit`` bytes of a byte stream, as [offset, channel, bytes] chunks.
 
     ``start`` is the offset of the first byte still held (= bytes dropped); ``end`` the
     total produced. ``cond`` is also the owner's state lock, so "no new output and the
-    producer is finished" is one atomic check.
+    producer is finished" is one atomic check. Small writes of one channel are merged
+    into the last chunk (up to ``CHUNK``): a program printing a byte at a time must not
+    cost a list entry per byte.
     """
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self.chunks: collections.deque[tuple[int, int, bytes]] = collections.deque()
+        self.chunks: collections.deque[tuple[int, int, bytearray]] = collections.deque()
         self.start = 0
         self.end = 0
         self.cond = threading.Condition()
 
     def append(self, channel: int, data: bytes) -> None:
         with self.cond:
-            self.chunks.append((self.end, channel, data))
+            last = self.chunks[-1] if self.chunks else None
+            if last is not None and last[1] == channel and len(last[2]) + len(data) <= CHUNK:
+                last[2].extend(data)
+            else:
+                self.chunks.append((self.end, channel, bytearray(data)))
             self.end += len(data)
             while self.end - self.start > self.limit:
                 offset, ch, chunk = self.chunks[0]
@@ -79,20 +84,20 @@ class OutputRing:
                     self.chunks.popleft()
                     self.start = offset + len(chunk)
                 else:
-                    self.chunks[0] = (offset + excess, ch, chunk[excess:])
+                    del chunk[:excess]
+                    self.chunks[0] = (offset + excess, ch, chunk)
                     self.start = offset + excess
             self.cond.notify_all()
 
     def read_from(self, offset: int) -> list[tuple[int, int, bytes]]:
-        """Chunks holding bytes at or after ``offset`` (call with ``cond`` held)."""
+        """Copies of the bytes at or after ``offset`` (call with ``cond`` held)."""
         out: list[tuple[int, int, bytes]] = []
         for start, ch, chunk in self.chunks:
             end = start + len(chunk)
             if end <= offset:
                 continue
-            if start < offset:
-                chunk, start = chunk[offset - start :], offset
-            out.append((start, ch, chunk))
+            skip = max(0, offset - start)
+            out.append((start + skip, ch, bytes(chunk[skip:])))
         return out
 
 
@@ -185,63 +190,6 @@ def lookup(h: dict[str, Any]) -> Process:
             f"no background process {pid} in this sandbox; list them with GET .../processes",
         )
     return p
-
-
-def spawn_args(h: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
-    """argv and the Popen keywords (env, cwd, user ids) for a request like exec's."""
-    argv = h.get("argv")
-    if h.get("shell") is not None:
-        if not isinstance(h["shell"], str):
-            raise AgentError("invalid_argument", "shell must be a string")
-        argv = ["/bin/sh", "-c", h["shell"]]
-    if (
-        not isinstance(argv, list)
-        or not argv
-        or not all(isinstance(a, str) and "\0" not in a for a in argv)
-    ):
-        raise AgentError("invalid_argument", "argv must be a non-empty list of strings")
-    user = resolve_user(h.get("user"))
-    env = {
-        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        "HOME": user.pw_dir,
-        "USER": user.pw_name,
-        "LOGNAME": user.pw_name,
-        "LANG": "C.UTF-8",
-        "TERM": "xterm-256color",
-    }
-    extra = h.get("env") or {}
-    if not isinstance(extra, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) and "\0" not in k + v and "=" not in k
-        for k, v in extra.items()
-    ):
-        raise AgentError("invalid_argument", "env must map names to strings")
-    env.update(extra)
-    cwd = h.get("cwd") or (HOME if user.pw_uid == 0 else user.pw_dir)
-    if not isinstance(cwd, str) or not os.path.isdir(cwd):
-        raise AgentError("not_found", f"working directory {cwd!r} does not exist in the sandbox")
-    kw: dict[str, Any] = {"env": env, "cwd": cwd}
-    if user.pw_uid != os.geteuid():
-        if os.geteuid() != 0:
-            raise AgentError("permission_denied", "the agent cannot switch users")
-        kw.update(
-            user=user.pw_uid,
-            group=user.pw_gid,
-            extra_groups=os.getgrouplist(user.pw_name, user.pw_gid),
-        )
-    return argv, kw
-
-
-def popen(argv: list[str], **kw: Any) -> subprocess.Popen[bytes]:
-    try:
-        return subprocess.Popen(argv, close_fds=True, **kw)
-    except FileNotFoundError as exc:
-        raise AgentError(
-            "command_not_found", f"command not found in the sandbox: {argv[0]!r}"
-        ) from exc
-    except PermissionError as exc:
-        raise AgentError(
-            "permission_denied", f"permission denied running {argv[0]!r}: {exc.strerror}"
-        ) from exc
 
 
 def _forget_old_exited() -> None:

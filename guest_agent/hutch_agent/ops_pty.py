@@ -42,11 +42,10 @@ from hutch_agent.ops import Op
 from hutch_agent.ops_process import (
     POLL_S,
     OutputRing,
-    popen,
     signal_number,
-    spawn_args,
     stream_ring,
 )
+from hutch_agent.spawn import popen, spawn_args
 from hutch_agent.streams import Cancelled, Stream
 
 if TYPE_CHECKING:

@@ -347,11 +347,20 @@ async def test_sdk_processes_and_terminal(api: httpx.AsyncClient, sid: str) -> N
 async def test_cli_shell_on_a_local_terminal(api: httpx.AsyncClient, sid: str) -> None:
     """``hutch shell`` on a real local pty: raw keys, exit status, terminal restored."""
     import os
+    import select
     import subprocess
     import sys
     import termios
 
-    from tests.e2e.test_pty import _read_pty
+    def _read_pty(fd: int, needle: bytes, within: float) -> bytes:
+        seen = b""
+        deadline = time.monotonic() + within
+        while needle not in seen:
+            left = deadline - time.monotonic()
+            assert left > 0, f"{needle!r} not seen; got {seen[-1500:]!r}"
+            if select.select([fd], [], [], left)[0]:
+                seen += os.read(fd, 65536)
+        return seen
 
     env = {
         **os.environ,

@@ -67,6 +67,10 @@ def test_fullscreen_program_survives_a_reconnect(daemon: Daemon) -> None:
             assert "\x1b[?1049h" in screen, "curses did not switch to the alternate screen"
             term.send("a")
             _until(term, "size=24x80 key=a n=1")
+            # ncurses turns SIGWINCH into KEY_RESIZE only while it waits in getch(); give
+            # it the moment a human would (a resize in the middle of its redraw waits for
+            # the next key).
+            time.sleep(1.5)
             term.resize(30, 100)  # SIGWINCH from the kernel; curses redraws
             _until(term, "size=30x100 key=resize n=2")
         finally:

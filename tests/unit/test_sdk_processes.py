@@ -181,3 +181,28 @@ def test_sdk_process_handle_maps_errors() -> None:
             p.signal(15)
         with pytest.raises(NotFound):
             Processes(c, "sb-1").get(7)
+
+
+def test_agent_output_ring_bounds_merges_and_reads_by_offset() -> None:
+    import sys
+    from pathlib import Path
+
+    agent_dir = Path(__file__).resolve().parents[2] / "guest_agent"
+    sys.path.insert(0, str(agent_dir))
+    try:
+        from hutch_agent.ops_process import OutputRing
+    finally:
+        sys.path.remove(str(agent_dir))
+    ring = OutputRing(10)
+    for byte in b"abcd":
+        ring.append(1, bytes([byte]))
+    ring.append(2, b"EF")
+    assert len(ring.chunks) == 2, "one-byte writes of a channel merge into one chunk"
+    assert ring.read_from(0) == [(0, 1, b"abcd"), (4, 2, b"EF")]
+    assert ring.read_from(5) == [(5, 2, b"F")]
+    ring.append(1, b"ghijkl")
+    assert (ring.start, ring.end) == (2, 12)
+    assert ring.read_from(0) == [(2, 1, b"cd"), (4, 2, b"EF"), (6, 1, b"ghijkl")]
+    ring.append(1, b"x" * 25)
+    assert (ring.start, ring.end) == (27, 37)
+    assert ring.read_from(3) == [(27, 1, b"x" * 10)]

@@ -5,6 +5,8 @@ Layout (after httpx): ``_core`` builds requests and reads answers without I/O;
 are the E2B-style handles on top (create, exec, files, pause/resume/fork, named
 snapshots, kill); ``_net`` adds egress rules, exposed ports and private networks
 (``sb.egress``, ``sb.ports``, ``sb.networks``, ``client.networks``).
+``_processes`` runs commands detached (``sb.processes``) and ``_pty`` opens interactive
+terminals over a WebSocket (``sb.pty``).
 Configuration: ``_config`` (URL, key, timeouts).
 """
 

@@ -1,0 +1,82 @@
+"""Starting guest commands: the checks and defaults every way of running one shares
+(exec, background processes, terminals): argv or shell, env, cwd, user."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import subprocess
+from typing import Any
+
+from hutch_agent import HOME
+from hutch_agent.errors import AgentError
+
+
+def resolve_user(user: Any) -> pwd.struct_passwd:
+    try:
+        if user is None:
+            return pwd.getpwuid(0)
+        if isinstance(user, int) or (isinstance(user, str) and user.isdigit()):
+            return pwd.getpwuid(int(user))
+        if isinstance(user, str):
+            return pwd.getpwnam(user)
+    except (KeyError, ValueError, OverflowError):  # unknown, NUL byte, uid too big
+        pass
+    raise AgentError("invalid_argument", f"user {user!r} does not exist in the sandbox")
+
+
+def spawn_args(h: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """argv and the Popen keywords (env, cwd, user ids) for a request like exec's."""
+    argv = h.get("argv")
+    if h.get("shell") is not None:
+        if not isinstance(h["shell"], str):
+            raise AgentError("invalid_argument", "shell must be a string")
+        argv = ["/bin/sh", "-c", h["shell"]]
+    if (
+        not isinstance(argv, list)
+        or not argv
+        or not all(isinstance(a, str) and "\0" not in a for a in argv)
+    ):
+        raise AgentError("invalid_argument", "argv must be a non-empty list of strings")
+    user = resolve_user(h.get("user"))
+    env = {
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME": user.pw_dir,
+        "USER": user.pw_name,
+        "LOGNAME": user.pw_name,
+        "LANG": "C.UTF-8",
+        "TERM": "xterm-256color",
+    }
+    extra = h.get("env") or {}
+    if not isinstance(extra, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and "\0" not in k + v and "=" not in k
+        for k, v in extra.items()
+    ):
+        raise AgentError("invalid_argument", "env must map names to strings")
+    env.update(extra)
+    cwd = h.get("cwd") or (HOME if user.pw_uid == 0 else user.pw_dir)
+    if not isinstance(cwd, str) or not os.path.isdir(cwd):
+        raise AgentError("not_found", f"working directory {cwd!r} does not exist in the sandbox")
+    kw: dict[str, Any] = {"env": env, "cwd": cwd}
+    if user.pw_uid != os.geteuid():
+        if os.geteuid() != 0:
+            raise AgentError("permission_denied", "the agent cannot switch users")
+        kw.update(
+            user=user.pw_uid,
+            group=user.pw_gid,
+            extra_groups=os.getgrouplist(user.pw_name, user.pw_gid),
+        )
+    return argv, kw
+
+
+def popen(argv: list[str], **kw: Any) -> subprocess.Popen[bytes]:
+    try:
+        return subprocess.Popen(argv, close_fds=True, **kw)
+    except FileNotFoundError as exc:
+        raise AgentError(
+            "command_not_found", f"command not found in the sandbox: {argv[0]!r}"
+        ) from exc
+    except PermissionError as exc:
+        raise AgentError(
+            "permission_denied", f"permission denied running {argv[0]!r}: {exc.strerror}"
+        ) from exc
