@@ -66,6 +66,16 @@ Operations (REQUEST ``op``), and what the agent sends back:
   ``remove`` ``{path, recursive}`` → END ``{}``; ``rename`` ``{source, destination}``
   → END ``{entry}``.
 
+- ``hello`` (stream 0) carries the guest's identity: ``hostname``, ``machine_id``,
+  ``entropy``, ``time_ns`` and ``net`` (``{address, gateway, dns}`` or null).
+- Background processes ``proc_start / proc_list / proc_get / proc_output / proc_stdin /
+  proc_signal / proc_kill / proc_wait`` and terminals ``pty_open / pty_attach /
+  pty_resize / pty_signal / pty_close / pty_list``: see
+  ``guest_agent/hutch_agent/ops_process.py`` and ``ops_pty.py`` (their tables outlive a
+  host session). File watch ``watch``, directory tars ``archive_read / archive_write``,
+  interpreter contexts ``ctx_create / ctx_list / ctx_delete / ctx_run / ctx_interrupt /
+  ctx_restart``: ``ops_watch.py``, ``ops_archive.py``, ``ops_contexts.py``.
+
 An entry is ``{name, path, type: file|dir|symlink|other, size, mode, mtime}``.
 Error codes: ``not_found exists not_a_directory is_a_directory not_empty
 permission_denied invalid_argument command_not_found io_error internal``.
