@@ -569,3 +569,66 @@ def test_network_none_has_no_network(client: Client, fakenet: FakeInternet) -> N
     finally:
         with contextlib.suppress(HutchError):
             guest.sb.kill()
+
+
+# -- inbound ports and the daemon's restart ----------------------------------------------------
+
+
+def test_exposed_port_reaches_a_server_in_the_guest(alpha: Guest) -> None:
+    """Closed by default; ``ports.expose`` forwards a host port to the guest's server."""
+    server = alpha.sb.processes.start(
+        ["python3", "-m", "http.server", "8000", "--bind", "0.0.0.0", "--directory", "/root"]
+    )
+    try:
+        guest_ip = address_of(alpha.sb)
+        with pytest.raises(OSError):  # no route in: the guest is not reachable directly
+            socket.create_connection((guest_ip, 8000), timeout=3).close()
+        port = alpha.sb.ports.expose(8000)
+        assert port.host == "127.0.0.1" and port.url.endswith(f":{port.host_port}")
+        deadline = time.monotonic() + 60
+        while True:  # the server may still be starting under TCG
+            try:
+                with socket.create_connection(("127.0.0.1", port.host_port), timeout=10) as s:
+                    s.sendall(b"GET /probe.py HTTP/1.0\r\nHost: x\r\n\r\n")
+                    answer = b""
+                    while chunk := s.recv(65536):
+                        answer += chunk
+                if answer.startswith(b"HTTP/1.0 200"):
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, f"no answer through {port.url}: {answer!r}"
+            time.sleep(0.5)
+        assert PROBE.read_bytes() in answer
+        assert [p.port for p in alpha.sb.ports.list()] == [8000]
+        alpha.sb.ports.close(8000)
+        assert alpha.sb.ports.list() == []
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", port.host_port), timeout=3).close()
+    finally:
+        with contextlib.suppress(HutchError):
+            server.kill()
+
+
+def test_rules_hold_across_a_daemon_restart_and_delete_reclaims(
+    client: Client, fakenet: FakeInternet, netd: Daemon
+) -> None:
+    guest = make_guest(client, fakenet, "gamma", egress=["good.test"])
+    tap = f"h{netd.settings.daemon_tag}{guest.sb.id[3:13]}"
+    netd.stop()  # sandboxes keep running; their traffic fails closed meanwhile
+    netd.start()
+    with netd.client(timeout=300.0) as fresh:
+        sb = Sandbox.connect(guest.sb.id, client=fresh)
+        assert sb.egress.get().rules == ["good.test"]
+        Guest(sb).expect(
+            {
+                "good": (https("good.test"), True),
+                "other": (resolve("other.test"), False),
+                "raw ip": (tcp(fakenet.cdn, 2222), False),
+            }
+        )
+        links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True).stdout
+        assert tap in links
+        sb.kill()
+    links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True).stdout
+    assert tap not in links, "the tap outlived its sandbox"
