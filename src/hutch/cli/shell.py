@@ -43,13 +43,18 @@ def _raw(fd: int) -> Iterator[None]:
         termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
 
-def _pump_output(term: Terminal, out_fd: int, wake_w: int, errors: list[Exception]) -> None:
+def _pump_output(
+    term: Terminal, out_fd: int, wake_w: int, errors: list[Exception], done: threading.Event
+) -> None:
     try:
         while chunk := term.recv():
             os.write(out_fd, chunk)
     except Exception as exc:  # reported once the local terminal is restored
         errors.append(exc)
     finally:
+        # Set before the wake-up: the main loop must not see this thread still alive
+        # after it consumed the wake-up byte (it would then wait on stdin forever).
+        done.set()
         with contextlib.suppress(OSError):
             os.write(wake_w, b"x")
 
@@ -84,13 +89,16 @@ def shell(sandbox_id: str, pty_id: str | None, cmd: str | None) -> None:
 
     old_handler = signal.signal(signal.SIGWINCH, on_winch)
     errors: list[Exception] = []
-    reader = threading.Thread(target=_pump_output, args=(term, out_fd, wake_w, errors), daemon=True)
+    output_done = threading.Event()
+    reader = threading.Thread(
+        target=_pump_output, args=(term, out_fd, wake_w, errors, output_done), daemon=True
+    )
     detached = False
     stdin_open = True
     try:
         with _raw(in_fd):
             reader.start()
-            while reader.is_alive():
+            while not output_done.is_set():
                 watch = [wake_r, in_fd] if stdin_open else [wake_r]
                 ready, _, _ = select.select(watch, [], [])
                 if wake_r in ready:

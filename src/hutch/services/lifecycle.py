@@ -1,0 +1,301 @@
+"""Pause, resume, fork and named snapshots of sandboxes; mixed into
+:class:`hutch.services.sandboxes.SandboxService` (which owns the state used here)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hutch.errors import Conflict, InvalidArgument, NotFound, StateError
+from hutch.models import (
+    FORK_COUNT_RANGE,
+    SNAPSHOT_ID_RE,
+    NetworkMode,
+    PauseMode,
+    SandboxRecord,
+    SandboxState,
+    SnapshotRecord,
+    new_sandbox_id,
+    new_snapshot_id,
+    validate_name,
+)
+from hutch.services.backend import Runtime, VmBackend
+from hutch.store import Store
+from hutch.store.db import LIVE_STATES
+
+if TYPE_CHECKING:
+    from hutch.net.manager import NetworkManager
+
+__all__ = ["FORK_PARALLELISM", "LifecycleMixin"]
+
+log = logging.getLogger("hutch.services.sandboxes")
+
+#: Clones restored at once during a fork (each reads the snapshot and boots a QEMU).
+FORK_PARALLELISM = 4
+
+
+class LifecycleMixin:
+    store: Store
+    backend: VmBackend
+    net: NetworkManager | None
+    clock: Callable[[], float]
+    _runtimes: dict[str, Runtime]
+    _create_gate: asyncio.Lock
+
+    if TYPE_CHECKING:
+
+        def get(self, sandbox_id: str) -> SandboxRecord: ...
+
+        def _lock(self, sandbox_id: str) -> asyncio.Lock: ...
+
+        def _attach(self, sandbox_id: str, runtime: Runtime) -> None: ...
+
+        def _stop_watching(self, sandbox_id: str) -> None: ...
+
+        def _mark_running(self, rec: SandboxRecord) -> SandboxRecord: ...
+
+        def _finish(
+            self, sandbox_id: str, state: SandboxState, error: str | None = None
+        ) -> None: ...
+
+        def _check_capacity(self, memory_mib: int, extra_sandboxes: int) -> None: ...
+
+        async def _release_network(self, sandbox_id: str) -> None: ...
+
+    # -- pause / resume / fork ---------------------------------------------------------
+
+    async def pause(self, sandbox_id: str, mode: PauseMode = PauseMode.MEMORY) -> SandboxRecord:
+        rec = self.get(sandbox_id)
+        async with self._lock(sandbox_id):
+            return await self._pause_locked(self.get(rec.id), mode)
+
+    async def _pause_locked(self, rec: SandboxRecord, mode: PauseMode) -> SandboxRecord:
+        if rec.state is not SandboxState.RUNNING or rec.id not in self._runtimes:
+            raise StateError(f"sandbox {rec.id}", str(rec.state), ["running"])
+        runtime = self._runtimes[rec.id]
+        self._stop_watching(rec.id)
+        planned = str(self.backend.pause_dir(rec.id)) if mode is PauseMode.MEMORY else None
+        self.store.update_sandbox(
+            rec.id,
+            state=SandboxState.PAUSING,
+            pause_mode=mode,
+            resume_from=planned,
+            resume_clone=False,
+        )
+        try:
+            resume_from = await self.backend.pause(runtime, mode)
+        except BaseException:
+            self._attach(rec.id, runtime)
+            self.store.update_sandbox(
+                rec.id, state=SandboxState.RUNNING, pause_mode=None, resume_from=None
+            )
+            raise
+        self._runtimes.pop(rec.id, None)
+        now = self.clock()
+        self.store.update_sandbox(
+            rec.id,
+            state=SandboxState.PAUSED,
+            pause_mode=mode,
+            paused_at=now,
+            resume_from=resume_from,
+            resume_clone=False,
+        )
+        return self.get(rec.id)
+
+    async def resume(self, sandbox_id: str) -> SandboxRecord:
+        rec = self.get(sandbox_id)
+        async with self._lock(sandbox_id):
+            return await self._resume_locked(self.get(rec.id))
+
+    async def _resume_locked(self, rec: SandboxRecord) -> SandboxRecord:
+        if rec.state is SandboxState.RUNNING:
+            return rec
+        if rec.state is not SandboxState.PAUSED:
+            raise StateError(f"sandbox {rec.id}", str(rec.state), ["paused", "running"])
+        async with self._create_gate:
+            self._check_capacity(rec.shape.memory_mib, extra_sandboxes=0)
+            self.store.update_sandbox(rec.id, state=SandboxState.RESUMING)
+        try:
+            runtime = await self.backend.resume(rec, rec.resume_from, clone=rec.resume_clone)
+        except BaseException:
+            self.store.update_sandbox(rec.id, state=SandboxState.PAUSED)
+            raise
+        self._attach(rec.id, runtime)
+        self._set_running_after_resume(rec.id)
+        return self.get(rec.id)
+
+    def _set_running_after_resume(self, sandbox_id: str) -> None:
+        self.store.update_sandbox(
+            sandbox_id,
+            state=SandboxState.RUNNING,
+            pause_mode=None,
+            paused_at=None,
+            resume_from=None,
+            resume_clone=False,
+        )
+
+    async def fork(self, sandbox_id: str, count: int = 1) -> list[SandboxRecord]:
+        """``count`` new sandboxes, each a copy-on-write clone of this one as it is now.
+
+        The parent is left as it was (running, or paused again if it was paused).
+        """
+        lo, hi = FORK_COUNT_RANGE
+        if isinstance(count, bool) or not isinstance(count, int) or not lo <= count <= hi:
+            raise InvalidArgument(f"count={count!r} is out of range; accepted: {lo}-{hi}")
+        async with self._running_as_it_was(sandbox_id) as parent:
+            return await self._fork_locked(parent, count)
+
+    @contextlib.asynccontextmanager
+    async def _running_as_it_was(self, sandbox_id: str) -> AsyncIterator[SandboxRecord]:
+        """Hold the sandbox's lock with it running; a paused one is resumed for the block
+        and paused again after it, so the caller leaves it as it was."""
+        self.get(sandbox_id)
+        async with self._lock(sandbox_id):
+            rec = self.get(sandbox_id)
+            was_paused = rec.state is SandboxState.PAUSED
+            if was_paused:
+                rec = await self._resume_locked(rec)
+            if rec.state is not SandboxState.RUNNING:
+                raise StateError(f"sandbox {rec.id}", str(rec.state), ["running", "paused"])
+            try:
+                yield rec
+            finally:
+                if was_paused and self.get(rec.id).state is SandboxState.RUNNING:
+                    await self._pause_locked(self.get(rec.id), PauseMode.MEMORY)
+
+    async def _fork_locked(self, parent: SandboxRecord, count: int) -> list[SandboxRecord]:
+        async with self._create_gate:
+            self._check_capacity(parent.shape.memory_mib * count, extra_sandboxes=count)
+            children = []
+            for _ in range(count):
+                child = replace(
+                    parent,
+                    id=new_sandbox_id(),
+                    name=None,
+                    state=SandboxState.CREATING,
+                    created_at=time.time(),
+                    started_at=None,
+                    expires_at=None,
+                    ended_at=None,
+                    error=None,
+                    pause_mode=None,
+                    paused_at=None,
+                    resume_from=None,
+                    resume_clone=False,
+                    parent_id=parent.id,
+                )
+                self.store.insert_sandbox(child)
+                children.append(child)
+        snapshot_dir = self.backend.fork_dir("fork-" + secrets.token_hex(6))
+        try:
+            await self._freeze_parent(parent, snapshot_dir)
+        except BaseException as exc:
+            for child in children:
+                self._finish(child.id, SandboxState.FAILED, f"fork failed: {exc}")
+            raise
+        gate = asyncio.Semaphore(FORK_PARALLELISM)
+
+        async def start(child: SandboxRecord) -> SandboxRecord | BaseException:
+            async with gate, self._lock(child.id):
+                try:
+                    if self.net is not None and child.network is NetworkMode.DEFAULT:
+                        # Same rules and networks as the parent; its own address and name.
+                        await self.net.attach(
+                            child.id,
+                            self.net.policy_of(parent.id),
+                            self.net.networks_of(parent.id),
+                        )
+                    runtime = await self.backend.start_clone(child, snapshot_dir)
+                except BaseException as exc:
+                    await self.backend.cleanup(child.id)
+                    await self._release_network(child.id)
+                    self._finish(child.id, SandboxState.FAILED, str(exc))
+                    return exc
+                self._attach(child.id, runtime)
+                return self._mark_running(child)
+
+        results = await asyncio.gather(*(start(c) for c in children))
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            raise failures[0]
+        return [r for r in results if isinstance(r, SandboxRecord)]
+
+    async def _freeze_parent(self, parent: SandboxRecord, snapshot_dir: Path) -> None:
+        """Save the running ``parent`` into ``snapshot_dir`` and bring it back as a clone
+        of it. On failure the parent is running (or, if it cannot come back, paused on
+        the snapshot) and the error is raised."""
+        runtime = self._runtimes[parent.id]
+        self._stop_watching(parent.id)
+        self.store.update_sandbox(
+            parent.id,
+            state=SandboxState.PAUSING,
+            pause_mode=PauseMode.MEMORY,
+            resume_from=str(snapshot_dir),
+            resume_clone=True,
+        )
+        try:
+            await self.backend.freeze_for_fork(runtime, snapshot_dir)
+        except BaseException:
+            self._attach(parent.id, runtime)
+            self._set_running_after_resume(parent.id)
+            raise
+        self._runtimes.pop(parent.id, None)
+        self.store.update_sandbox(parent.id, state=SandboxState.RESUMING)
+        try:
+            self._attach(parent.id, await self.backend.start_clone(parent, snapshot_dir))
+        except BaseException:
+            self.store.update_sandbox(parent.id, state=SandboxState.PAUSED)
+            raise
+        self._set_running_after_resume(parent.id)
+
+    # -- named snapshots ----------------------------------------------------------------
+
+    async def snapshot(self, sandbox_id: str, name: str) -> SnapshotRecord:
+        """Save the sandbox's memory, devices and disk under ``name``. The sandbox is
+        paused for the moment of the save and then runs on (or stays paused)."""
+        validate_name(name)
+        async with self._running_as_it_was(sandbox_id) as parent:
+            snap_id = new_snapshot_id()
+            snapshot_dir = self.backend.fork_dir(snap_id)
+            await self._freeze_parent(parent, snapshot_dir)
+            snap = SnapshotRecord(
+                id=snap_id,
+                name=name,
+                sandbox_id=parent.id,
+                image=parent.image,
+                shape=parent.shape,
+                path=str(snapshot_dir),
+                size_bytes=await asyncio.to_thread(self.backend.snapshot_size, snapshot_dir),
+                created_at=time.time(),
+            )
+            self.store.insert_snapshot(snap)
+        return snap
+
+    def get_snapshot(self, snapshot_id: str) -> SnapshotRecord:
+        snap = self.store.get_snapshot(snapshot_id) if SNAPSHOT_ID_RE.match(snapshot_id) else None
+        if snap is None:
+            raise NotFound(f"no snapshot {snapshot_id!r}; ids look like snap-0123456789ab")
+        return snap
+
+    def list_snapshots(self) -> list[SnapshotRecord]:
+        return self.store.list_snapshots()
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        snap = self.get_snapshot(snapshot_id)
+        live = {r.id for r in self.store.list_sandboxes(states=LIVE_STATES)}
+        others = {s.id: Path(s.path) for s in self.store.list_snapshots()}
+        users = self.backend.snapshot_users(Path(snap.path), live, others)
+        if users:
+            raise Conflict(
+                f"snapshot {snapshot_id} is still needed by {', '.join(users)}: their disks "
+                "are built on it; delete them first"
+            )
+        self.store.delete_snapshot(snapshot_id)
+        await asyncio.to_thread(self.backend.remove_snapshot, Path(snap.path))

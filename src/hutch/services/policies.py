@@ -1,0 +1,65 @@
+"""Lifecycle policies: ``timeout_s``, ``auto_pause_s`` and ``auto_delete_s``, applied by
+the reaper once a second; mixed into :class:`hutch.services.sandboxes.SandboxService`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from hutch.errors import HutchError
+from hutch.models import PauseMode, SandboxRecord, SandboxState
+from hutch.store import Store
+
+__all__ = ["REAPER_INTERVAL_S", "PoliciesMixin"]
+
+log = logging.getLogger("hutch.services.sandboxes")
+
+REAPER_INTERVAL_S = 1.0
+
+
+class PoliciesMixin:
+    store: Store
+    clock: Callable[[], float]
+    _last_active: dict[str, float]
+    _busy: dict[str, int]
+
+    if TYPE_CHECKING:
+
+        async def delete(self, sandbox_id: str) -> None: ...
+
+        async def pause(self, sandbox_id: str, mode: PauseMode = ...) -> SandboxRecord: ...
+
+    def _idle_for(self, rec: SandboxRecord, now: float) -> float:
+        if self._busy.get(rec.id, 0) > 0:
+            return 0.0
+        since = self._last_active.get(rec.id) or rec.started_at or rec.created_at
+        return now - since
+
+    async def _reap_expired(self) -> None:
+        while True:
+            await asyncio.sleep(REAPER_INTERVAL_S)
+            await self.apply_policies()
+
+    async def apply_policies(self) -> None:
+        """timeout_s, auto_pause_s and auto_delete_s: one pass (the reaper runs it every
+        second)."""
+        now = self.clock()
+        for rec in self.store.list_sandboxes(states=[SandboxState.RUNNING]):
+            try:
+                if rec.expires_at is not None and rec.expires_at <= now:
+                    log.info("sandbox %s reached timeout_s=%s; deleting", rec.id, rec.timeout_s)
+                    await self.delete(rec.id)
+                elif rec.auto_pause_s and self._idle_for(rec, now) >= rec.auto_pause_s:
+                    log.info("sandbox %s idle for %ss; pausing", rec.id, rec.auto_pause_s)
+                    await self.pause(rec.id, PauseMode.MEMORY)
+            except HutchError as exc:
+                log.error("lifecycle policy on sandbox %s failed: %s", rec.id, exc)
+        for rec in self.store.list_sandboxes(states=[SandboxState.PAUSED]):
+            if rec.auto_delete_s and rec.paused_at and now - rec.paused_at >= rec.auto_delete_s:
+                log.info("sandbox %s paused for %ss; deleting", rec.id, rec.auto_delete_s)
+                try:
+                    await self.delete(rec.id)
+                except HutchError as exc:
+                    log.error("could not delete sandbox %s: %s", rec.id, exc)
