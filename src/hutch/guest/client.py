@@ -66,6 +66,42 @@ class _HandshakeLost(Exception):
     """The socket closed during the handshake; QEMU may be restarting. Retry."""
 
 
+def command_header(
+    op: str,
+    argv: list[str] | None,
+    shell: str | None,
+    env: dict[str, str] | None,
+    cwd: str | None,
+    user: str | int | None,
+    timeout_s: float | None,
+    *,
+    stdin: bool,
+) -> dict[str, Any]:
+    """The request header of a command (``exec``, ``proc_start``): exactly one of ``argv``
+    (run directly) or ``shell`` (``/bin/sh -c``). Raises InvalidArgument naming what is
+    wrong."""
+    if (argv is None) == (shell is None):
+        raise InvalidArgument("give exactly one of argv (a list) or shell (a string)")
+    header: dict[str, Any] = {"op": op, "stdin": stdin}
+    if argv is not None:
+        if not argv or not all(isinstance(a, str) for a in argv):
+            raise InvalidArgument(f"argv must be a non-empty list of strings, not {argv!r}")
+        header["argv"] = list(argv)
+    else:
+        header["shell"] = shell
+    if env:
+        header["env"] = dict(env)
+    if cwd is not None:
+        header["cwd"] = normalize_guest_path(cwd)
+    if user is not None:
+        header["user"] = user
+    if timeout_s is not None:
+        if timeout_s <= 0:
+            raise InvalidArgument(f"timeout_s={timeout_s!r}; give a positive number")
+        header["timeout_s"] = timeout_s
+    return header
+
+
 class ExecStream:
     """A running command. Iterate it for output; ``wait()`` or ``collect()`` for the end.
 
@@ -423,25 +459,9 @@ class AgentClient:
         ``timeout_s`` seconds its process group is killed and the exit says timed_out.
         Raises InvalidArgument (e.g. command not found), NotFound (missing cwd).
         """
-        if (argv is None) == (shell is None):
-            raise InvalidArgument("give exactly one of argv (a list) or shell (a string)")
-        header: dict[str, Any] = {"op": "exec", "stdin": stdin is not None}
-        if argv is not None:
-            if not argv or not all(isinstance(a, str) for a in argv):
-                raise InvalidArgument(f"argv must be a non-empty list of strings, not {argv!r}")
-            header["argv"] = list(argv)
-        else:
-            header["shell"] = shell
-        if env:
-            header["env"] = dict(env)
-        if cwd is not None:
-            header["cwd"] = normalize_guest_path(cwd)
-        if user is not None:
-            header["user"] = user
-        if timeout_s is not None:
-            if timeout_s <= 0:
-                raise InvalidArgument(f"timeout_s={timeout_s!r}; give a positive number")
-            header["timeout_s"] = timeout_s
+        header = command_header(
+            "exec", argv, shell, env, cwd, user, timeout_s, stdin=stdin is not None
+        )
         state = await self._start(header)
         try:
             frame = await state.next()

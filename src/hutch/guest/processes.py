@@ -15,8 +15,7 @@ from typing import Any, Literal
 
 from hutch.errors import Conflict, GuestError, InvalidArgument
 from hutch.guest._stream import StreamState
-from hutch.guest.client import AgentClient
-from hutch.guest.paths import normalize_guest_path
+from hutch.guest.client import AgentClient, command_header
 from hutch.guest.protocol import CHANNEL_STDERR, Frame, FrameType
 
 __all__ = [
@@ -174,25 +173,9 @@ class GuestProcesses:
     ) -> ProcessInfo:
         """Start a detached process. With ``stdin`` its stdin is a pipe that
         :meth:`write_stdin` feeds (else /dev/null). No deadline unless ``timeout_s``."""
-        header: dict[str, Any] = {"op": "proc_start", "stdin": bool(stdin)}
-        if (argv is None) == (shell is None):
-            raise InvalidArgument("give either argv or shell, not both or neither")
-        if argv is not None:
-            if not argv or not all(isinstance(a, str) for a in argv):
-                raise InvalidArgument(f"argv must be a non-empty list of strings, not {argv!r}")
-            header["argv"] = list(argv)
-        else:
-            header["shell"] = shell
-        if env:
-            header["env"] = dict(env)
-        if cwd is not None:
-            header["cwd"] = normalize_guest_path(cwd)
-        if user is not None:
-            header["user"] = user
-        if timeout_s is not None:
-            if timeout_s <= 0:
-                raise InvalidArgument(f"timeout_s={timeout_s!r}; give a positive number")
-            header["timeout_s"] = timeout_s
+        header = command_header(
+            "proc_start", argv, shell, env, cwd, user, timeout_s, stdin=bool(stdin)
+        )
         return ProcessInfo.from_wire((await self._call(header)).get("process"))
 
     async def list(self) -> builtins.list[ProcessInfo]:
