@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from hutch.guest.client import AgentClient
-from hutch.images.build import DEFAULT_AGENT_PATH, build_image
+from hutch.images.build import DEFAULT_AGENT_PATH, agent_files, build_image
 from hutch.storage.overlay import create_overlay
 from hutch.vm.argv import VmConfig
 from hutch.vm.process import QemuVm
@@ -72,8 +72,10 @@ async def test_base_image_boots_with_its_contract(
                 assert mounts.get(path) == fstype, (path, mounts)
             assert (await _sh(agent, "id -u user; echo ~user")).split() == ["1000", "/home/user"]
             assert (await _sh(agent, "pwd")).strip() == "/root"
-            agent_sha = (await _sh(agent, "sha256sum /opt/hutch/agent.py")).split()[0]
-            assert agent_sha == hashlib.sha256(DEFAULT_AGENT_PATH.read_bytes()).hexdigest()
+            for rel in agent_files(DEFAULT_AGENT_PATH):  # the launcher and the package
+                guest_sha = (await _sh(agent, f"sha256sum /opt/hutch/{rel}")).split()[0]
+                host_sha = hashlib.sha256((DEFAULT_AGENT_PATH / rel).read_bytes()).hexdigest()
+                assert guest_sha == host_sha, rel
             assert (await _sh(agent, "readlink /dev/virtio-ports/org.hutch.agent")).startswith(
                 "../vport"
             )

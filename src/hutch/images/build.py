@@ -42,6 +42,8 @@ __all__ = [
     "ImageArtifacts",
     "ImageInfo",
     "Progress",
+    "agent_files",
+    "agent_sha256",
     "build_image",
     "find_image",
     "image_digest",
