@@ -47,8 +47,13 @@ def build(settings: Settings) -> tuple[SandboxService, str]:
         rec = store.get_sandbox(sandbox_id)
         return rec.name if rec else None
 
-    net = NetworkManager(settings, store, names=name_of)
-    backend = QemuBackend(settings, guest_network=net.guest_settings)
+    net: NetworkManager | None = None
+    if os.geteuid() == 0:
+        net = NetworkManager(settings, store, names=name_of)
+    else:
+        # Taps and nftables need root: without it every sandbox gets network "none".
+        log.warning("hutchd is not running as root: sandboxes get no network (network none)")
+    backend = QemuBackend(settings, guest_network=net.guest_settings if net else None)
     images = LocalImages(settings.images_dir)
     return SandboxService(settings, store, backend, images, net=net), key
 
