@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from hutch.images.build import ImageArtifacts
-from hutch.models import SandboxRecord, SandboxState, Shape, new_sandbox_id
+from hutch.models import NetworkMode, SandboxRecord, SandboxState, Shape, new_sandbox_id
 from hutch.services.backend import Runtime, VmBackend
 
 log = logging.getLogger(__name__)
@@ -33,10 +33,12 @@ class WarmPool:
         size: int,
         prepare: Callable[[SandboxRecord], Awaitable[None]] | None = None,
         release: Callable[[str], Awaitable[None]] | None = None,
+        network: NetworkMode = NetworkMode.DEFAULT,
     ) -> None:
         """``prepare`` runs before a pooled VM starts (its network), ``release`` after
-        one is discarded."""
+        one is discarded; pooled VMs have ``network`` (only creates asking for it get one)."""
         self.backend = backend
+        self.network = network
         self.size = size
         self._prepare = prepare
         self._release = release
@@ -74,6 +76,7 @@ class WarmPool:
             stub = SandboxRecord(
                 id=new_sandbox_id(), image=image.name, state=SandboxState.CREATING,
                 shape=self.SHAPE, created_at=time.time(), image_digest=image.digest,
+                network=self.network,
             )  # fmt: skip
             try:
                 if self._prepare is not None:

@@ -89,6 +89,7 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
             settings.pool_size if settings.templates else 0,
             prepare=self._prepare_pooled,
             release=self._release_network,
+            network=NetworkMode.DEFAULT if net is not None else NetworkMode.NONE,
         )
         self._reaper: asyncio.Task[None] | None = None
         # Idle tracking for auto_pause_s: in memory, since after a restart every sandbox
@@ -213,8 +214,8 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
         plan = self.plan_network(spec)
         if self.net is None:
             plan.mode = NetworkMode.NONE
-        # Pooled VMs have a network; a "none" sandbox is restored without one.
-        use_pool = source is None and plan.mode is NetworkMode.DEFAULT
+        # Pooled VMs have the daemon's network mode; other sandboxes are restored.
+        use_pool = source is None and plan.mode is self.pool.network
         pooled = self.pool.take(image, spec.shape) if use_pool else None
         async with self._create_gate:
             # Capacity is checked and the row inserted under one lock so that concurrent
