@@ -93,7 +93,7 @@ check: deps lint typecheck
 	$(BIN)/pytest tests/unit tests/component $(PYTEST_ARGS)
 
 test: deps lint typecheck images
-	HUTCH_TEST_IMAGES_DIR=$(STATE_DIR)/images $(BIN)/pytest tests $(PYTEST_ARGS)
+	HUTCH_TEST_IMAGES_DIR=$(STATE_DIR)/images $(BIN)/pytest tests --durations=25 $(PYTEST_ARGS)
 
 openapi: venv
 	$(BIN)/python -m hutch.api.openapi > openapi.json
