@@ -328,6 +328,24 @@ _QEMU_NAME = re.compile(r"-name (sb-[0-9a-f]{12})\b")
 _LIVE: list[Daemon] = []
 
 
+def reclaim_host_network(tag: str) -> list[str]:
+    """After a daemon stopped with every sandbox deleted, nothing of its network may be
+    left on the host: report (and remove) its taps and its nft table."""
+    problems = []
+    links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True).stdout
+    for line in links.splitlines():
+        name = line.split()[0].split("@")[0] if line.split() else ""
+        if name.startswith(f"h{tag}"):
+            problems.append(f"tap {name} left after every sandbox was deleted")
+            subprocess.run(["ip", "link", "del", name], capture_output=True)
+    table = f"hutch_{tag}"
+    listed = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+    if f"table inet {table}\n" in listed + "\n":
+        problems.append(f"nft table inet {table} left by a daemon that stopped with no sandboxes")
+        subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True)
+    return problems
+
+
 def finalize_daemon(d: Daemon) -> list[str]:
     """Delete every sandbox through the API, stop the daemon, then reclaim and report
     anything left on the host. Returns the problems found (empty: clean)."""
@@ -363,6 +381,8 @@ def finalize_daemon(d: Daemon) -> list[str]:
         sockets = [p for p in d.run_dir.rglob("*") if p.is_socket()]
         if sockets:
             problems.append(f"sockets left: {sockets}")
+    if d.starts:
+        problems += reclaim_host_network(d.settings.daemon_tag)
     # /run is outside the test's tmp dir; never litter it, even when clean.
     shutil.rmtree(d.run_dir, ignore_errors=True)
     shutil.rmtree(d.sandboxes_dir, ignore_errors=True)

@@ -68,23 +68,7 @@ def netd(
     d.start()
     yield d
     problems = finalize_daemon(d)
-    problems += reclaim_host_network(d.settings.daemon_tag)
     assert not problems, "\n".join(problems)
-
-
-def reclaim_host_network(tag: str) -> list[str]:
-    """After its daemon stopped with no sandboxes: remove the daemon's nft table (a
-    stopping daemon keeps it for sandboxes that outlive it; none do here, and a table
-    left behind by every test run would pile up) and report any tap still there."""
-    problems = []
-    links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True).stdout
-    for line in links.splitlines():
-        name = line.split()[0].split("@")[0] if line.split() else ""
-        if name.startswith(f"h{tag}"):
-            problems.append(f"tap {name} left after every sandbox was deleted")
-            subprocess.run(["ip", "link", "del", name], capture_output=True)
-    subprocess.run(["nft", "delete", "table", "inet", f"hutch_{tag}"], capture_output=True)
-    return problems
 
 
 @pytest.fixture(scope="module")

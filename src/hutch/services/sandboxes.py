@@ -410,4 +410,6 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
             self._runtimes.pop(sandbox_id, None)
             await runtime.destroy()
             await self.backend.cleanup(sandbox_id)
+            # A failed sandbox is never deleted again: its tap and address go now.
+            await self._release_network(sandbox_id)
             self._finish(sandbox_id, SandboxState.FAILED, "the VM stopped unexpectedly")
