@@ -15,7 +15,7 @@ import pytest
 from hutch.errors import InvalidArgument, NotFound
 from hutch.sdk._errors import ProtocolError
 from hutch.sdk._files_extra import WatchDecoder, extract_tar, tar_chunks
-from hutch.sdk._interpreter import ExecutionBuilder, RunDecoder
+from hutch.sdk._interpreter_types import ExecutionBuilder, RunDecoder
 
 AGENT_DIR = str(Path(__file__).resolve().parents[2] / "guest_agent")
 # The agent's modules, imported as the guest imports them (then off the path again).

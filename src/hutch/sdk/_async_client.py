@@ -10,7 +10,6 @@ import asyncio
 import builtins
 import inspect
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from types import TracebackType
 from typing import Any, Generic, TypeVar
 
 import httpx
@@ -25,6 +24,7 @@ from hutch.sdk._bodies import (
     UploadData,
     sync_upload_chunks,
 )
+from hutch.sdk._closing import AsyncClosesOnExit
 from hutch.sdk._config import Timeouts, resolve_config
 from hutch.sdk._core import Call, ClientCore
 from hutch.sdk._errors import ClientClosed
@@ -53,7 +53,7 @@ AsyncUploadData = UploadData | AsyncIterable[bytes] | Any
 OutputCallback = Callable[[str], Awaitable[object] | object]
 
 
-class AsyncClient:
+class AsyncClient(AsyncClosesOnExit):
     """The asyncio twin of :class:`hutch.sdk.Client`; see there."""
 
     def __init__(
@@ -75,17 +75,6 @@ class AsyncClient:
 
     async def aclose(self) -> None:
         await self._http.aclose()
-
-    async def __aenter__(self) -> AsyncClient:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     # -- I/O primitives -----------------------------------------------------------
 
@@ -321,7 +310,7 @@ async def _iter_async(chunks: Any) -> AsyncIterator[bytes]:
         yield chunk
 
 
-class AsyncResponseStream(Generic[T]):
+class AsyncResponseStream(AsyncClosesOnExit, Generic[T]):
     """``async for`` over a streamed answer; see :class:`hutch.sdk.ResponseStream`."""
 
     def __init__(
@@ -384,14 +373,3 @@ class AsyncResponseStream(Generic[T]):
         """Stop reading and release the connection. Safe to call twice."""
         self._closed = True
         await self._release()
-
-    async def __aenter__(self) -> AsyncResponseStream[T]:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from types import TracebackType
 from typing import Generic, TypeVar
 
 import httpx
@@ -18,6 +17,7 @@ from hutch.sdk._bodies import (
     UploadData,
     sync_upload_chunks,
 )
+from hutch.sdk._closing import ClosesOnExit
 from hutch.sdk._config import Timeouts, resolve_config
 from hutch.sdk._core import Call, ClientCore
 from hutch.sdk._errors import ClientClosed
@@ -41,7 +41,7 @@ __all__ = ["Client", "ResponseStream"]
 T = TypeVar("T")
 
 
-class Client:
+class Client(ClosesOnExit):
     """A blocking connection to one hutch daemon, addressed by sandbox id.
 
     :class:`hutch.Sandbox` wraps this for one sandbox; use the client directly to share one
@@ -68,17 +68,6 @@ class Client:
 
     def close(self) -> None:
         self._http.close()
-
-    def __enter__(self) -> Client:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     # -- I/O primitives -----------------------------------------------------------
 
@@ -276,7 +265,7 @@ class Client:
         return self.call(self.core.list_images())
 
 
-class ResponseStream(Generic[T]):
+class ResponseStream(ClosesOnExit, Generic[T]):
     """An iterator over a streamed answer: exec events or file chunks.
 
     The request is sent on the first ``next()`` (errors such as ``NotFound`` surface
@@ -335,14 +324,3 @@ class ResponseStream(Generic[T]):
         """Stop reading and release the connection. Safe to call twice."""
         self._closed = True
         self._release()
-
-    def __enter__(self) -> ResponseStream[T]:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

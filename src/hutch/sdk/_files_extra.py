@@ -19,12 +19,12 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, Literal
 
 import httpx
 
 from hutch.errors import InvalidArgument
+from hutch.sdk._closing import AsyncClosesOnExit, ClosesOnExit
 from hutch.sdk._core import Call, ClientCore, _check_path, _json
 from hutch.sdk._errors import ProtocolError, error_for
 from hutch.sdk._types import _get, _opt
@@ -333,7 +333,7 @@ class _ChunkReader:
 # -- the shells -------------------------------------------------------------------------
 
 
-class FileWatcher:
+class FileWatcher(ClosesOnExit):
     """``for event in sb.files.watch(path)``: changes as they happen. The watch is in
     place when ``watch()`` returns. Stop with ``close()`` or a ``with`` block."""
 
@@ -358,19 +358,8 @@ class FileWatcher:
     def close(self) -> None:
         self._stream.close()
 
-    def __enter__(self) -> FileWatcher:
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-
-class AsyncFileWatcher:
+class AsyncFileWatcher(AsyncClosesOnExit):
     """``async for event in await sb.files.watch(path)``; see :class:`FileWatcher`."""
 
     def __init__(self, stream: AsyncResponseStream[WatchEvent], path: str) -> None:
@@ -396,17 +385,6 @@ class AsyncFileWatcher:
 
     async def aclose(self) -> None:
         await self._stream.aclose()
-
-    async def __aenter__(self) -> AsyncFileWatcher:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
 
 class FilesExtra:

@@ -15,7 +15,6 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from types import TracebackType
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -26,6 +25,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from hutch.errors import HutchError, InvalidArgument, Timeout
 from hutch.sdk._async_client import AsyncClient
 from hutch.sdk._client import Client
+from hutch.sdk._closing import AsyncClosesOnExit, ClosesOnExit
 from hutch.sdk._core import Call, ClientCore, _json, _list_of
 from hutch.sdk._errors import DaemonUnreachable, ProtocolError, error_for
 from hutch.sdk._processes import SignalArg
@@ -184,7 +184,7 @@ def _open_failed(url: str, exc: Exception) -> HutchError:
     )
 
 
-class Terminal:
+class Terminal(ClosesOnExit):
     """A blocking terminal session. ``recv()`` output, ``send()`` keystrokes."""
 
     def __init__(self, ws: ws_sync.ClientConnection) -> None:
@@ -277,19 +277,8 @@ class Terminal:
 
     close = detach
 
-    def __enter__(self) -> Terminal:
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.detach()
-
-
-class AsyncTerminal:
+class AsyncTerminal(AsyncClosesOnExit):
     """An asyncio terminal session; see :class:`Terminal`."""
 
     def __init__(self, ws: ws_async.ClientConnection) -> None:
@@ -366,17 +355,7 @@ class AsyncTerminal:
         await self._ws.close()
 
     close = detach
-
-    async def __aenter__(self) -> AsyncTerminal:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.detach()
+    aclose = detach
 
 
 def _list_call(core: ClientCore, sandbox_id: str) -> Call[builtins.list[PtyInfo]]:
