@@ -317,7 +317,9 @@ async def test_file_errors(client: AgentClient, work: Path) -> None:
             pass
 
 
-async def test_failed_upload_leaves_no_partial_file(client: AgentClient, work: Path) -> None:
+async def test_failed_upload_leaves_no_partial_file(
+    client: AgentClient, work: Path, shared_agent: LocalAgent
+) -> None:
     target = work / "kept.txt"
     target.write_bytes(b"original")
 
@@ -331,7 +333,9 @@ async def test_failed_upload_leaves_no_partial_file(client: AgentClient, work: P
         if os.listdir(work) == ["kept.txt"]:
             break
         await asyncio.sleep(0.02)
-    assert os.listdir(work) == ["kept.txt"]
+    # Intermittent once in CI (temp file still there after 10 s): the agent's log says
+    # whether the CANCEL arrived.
+    assert os.listdir(work) == ["kept.txt"], shared_agent.log.read_text(errors="replace")[-4000:]
     assert target.read_bytes() == b"original"
 
 

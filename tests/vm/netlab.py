@@ -1,0 +1,103 @@
+"""What the network VM tests do inside a guest: a :class:`Guest` runs
+``tests/netfake/probe.py`` with a batch of checks (built by the small functions below)
+and compares each outcome with what should happen."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hutch.sdk import Client, Sandbox
+from tests.netfake import FakeInternet
+
+PROBE = Path(__file__).resolve().parents[1] / "netfake" / "probe.py"
+# Seconds a denied connection may hang before the probe calls it failed; allowed ones
+# answer in well under a second even under TCG.
+CHECK_TIMEOUT_S = 5.0
+
+
+@dataclass
+class Guest:
+    """A sandbox with the probe and the fake internet's CA uploaded."""
+
+    sb: Sandbox
+
+    def probe(self, checks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        batch = [{"timeout": CHECK_TIMEOUT_S, **c} for c in checks]
+        answer = self.sb.exec(["python3", "/root/probe.py", json.dumps(batch)], timeout_s=120)
+        assert answer.exit_code == 0, f"probe crashed in {self.sb.id}: {answer.stderr}"
+        results: list[dict[str, Any]] = json.loads(answer.stdout)
+        return results
+
+    def expect(self, cases: dict[str, tuple[dict[str, Any], bool]]) -> dict[str, dict[str, Any]]:
+        """Run every check of ``cases`` (label -> (check, should it work)) in one batch
+        and fail naming every check whose outcome differs. Returns label -> result."""
+        labels = list(cases)
+        results = self.probe([cases[label][0] for label in labels])
+        bugs = [(label, r) for label, r in zip(labels, results, strict=True) if r.get("probe_bug")]
+        assert not bugs, f"the probe itself failed (not the network): {bugs}"
+        if os.environ.get("HUTCH_NET_TEST_VERBOSE"):
+            for label, r in zip(labels, results, strict=True):
+                print(f"{label}: {r}", file=sys.stderr)
+        wrong = [
+            f"  {label}: expected {'success' if cases[label][1] else 'failure'}, got {result}"
+            for label, result in zip(labels, results, strict=True)
+            if bool(result["ok"]) != cases[label][1]
+        ]
+        assert not wrong, f"sandbox {self.sb.id}:\n" + "\n".join(wrong)
+        return dict(zip(labels, results, strict=True))
+
+    def set_rules(self, rules: list[str]) -> None:
+        info = self.sb.egress.set(rules)
+        assert info.rules == rules or sorted(info.rules) == sorted(rules), info
+
+
+def make_guest(client: Client, fakenet: FakeInternet, name: str, **create: Any) -> Guest:
+    sb = Sandbox.create("base", memory_mib=256, name=name, client=client, **create)
+    sb.files.write("/root/probe.py", PROBE.read_bytes())
+    sb.files.write("/root/fakenet-ca.pem", fakenet.ca_cert.read_bytes())
+    return Guest(sb)
+
+
+def https(sni: str, **kw: Any) -> dict[str, Any]:
+    return {"op": "https", "sni": sni, **kw}
+
+
+def http(host: str, **kw: Any) -> dict[str, Any]:
+    return {"op": "http", "host": host, **kw}
+
+
+def resolve(name: str) -> dict[str, Any]:
+    return {"op": "resolve", "name": name}
+
+
+def tcp(addr: str, port: int) -> dict[str, Any]:
+    return {"op": "tcp", "addr": addr, "port": port}
+
+
+def udp(addr: str) -> dict[str, Any]:
+    return {"op": "udp", "addr": addr}
+
+
+def icmp(addr: str) -> dict[str, Any]:
+    return {"op": "icmp", "addr": addr}
+
+
+def dns(server: str, name: str, qtype: str = "A", **kw: Any) -> dict[str, Any]:
+    return {"op": "dns", "server": server, "name": name, "qtype": qtype, **kw}
+
+
+def gateway_of(sb: Sandbox) -> str:
+    """The host side of the sandbox's /30 (its gateway and DNS server)."""
+    return str(ipaddress.IPv4Address(address_of(sb)) - 1)
+
+
+def address_of(sb: Sandbox) -> str:
+    info = sb.refresh()
+    assert info.network and info.network.address, info
+    return info.network.address.split("/")[0]
