@@ -107,17 +107,19 @@ class Agent:
                 # per-read bookkeeping below (the port gives 4 KiB per read; a 64 KiB
                 # DATA frame took 16 trips through this loop).
                 frames += self.decoder.commit(fill(self.transport, self.decoder, missing))
-            # A frame that stays incomplete while bytes keep coming is the head of a frame
-            # cut off by a host that reconnected before we saw it leave: skip past it so
-            # it cannot swallow the new host's hello (which is resent every second).
+            # A frame that stays incomplete while bytes keep coming may be the head of a
+            # frame cut off by a host that reconnected before we saw it leave: once a new
+            # hello shows up inside it, skip to that hello (see Decoder.skip_to_hello).
             if not self.decoder.pending:
                 partial_since = None
             elif frames or partial_since is None:
                 partial_since = time.monotonic()  # progress: a new partial frame
             elif time.monotonic() - partial_since > STALL_S:
-                log.warning("dropping a frame stalled for %.0f s", STALL_S)
-                partial_since = None
-                frames += self.decoder.skip_partial()
+                partial_since = time.monotonic()  # look again in STALL_S, not per read
+                resumed = self.decoder.skip_to_hello()
+                if resumed is not None:
+                    log.warning("dropped a stale frame head: a new host said hello")
+                    frames += resumed
             for frame in frames:
                 try:
                     self.dispatch(frame)

@@ -19,7 +19,7 @@ CHUNK = 64 * 1024
 WINDOW = 16
 READ_SIZE = 64 * 1024  # the least room a read gets in the decoder's buffer, bytes
 BULK_MIN = 8 * 1024  # a frame missing this many bytes is read in a tight loop
-STALL_S = 3.0  # an incomplete frame pending this long, while bytes arrive, is stale
+STALL_S = 3.0  # an incomplete frame pending this long, while bytes arrive, is suspect
 REQUEST, REPLY, DATA, EOF, CREDIT, END, ERROR, CANCEL = range(1, 9)
 STDOUT, STDERR = 1, 2
 
@@ -100,12 +100,26 @@ class Decoder:
         self.space(n)[:n] = data
         return self.commit(n)
 
-    def skip_partial(self) -> list[Frame]:
-        """Drop the front byte of a stalled incomplete frame and resync."""
-        if self.end > self.start:
-            self.start += 1
-        self.need = 0
-        return self.commit(0)
+    def skip_to_hello(self) -> list[Frame] | None:
+        """Drop a stalled incomplete frame if a hello header lies inside its bytes.
+
+        Only a new host's greeting (a REQUEST on stream 0, resent every second) proves
+        the frame at the front is the stale head of a connection we missed the end of;
+        without one the host is merely slow and the frame is kept, never dropped (that
+        would silently lose, say, 64 KiB of an upload). None: nothing was dropped.
+        """
+        buf, view, end = self.buf, self.view, self.end
+        pos = self.start + 1
+        while True:
+            at = buf.find(MAGIC, pos, end)
+            if at < 0 or end - at < HEADER.size:
+                return None
+            _m, ftype, _c, _r, sid, _h, _p, crc = HEADER.unpack_from(buf, at)
+            is_hello = ftype == REQUEST and sid == 0
+            if is_hello and zlib.crc32(view[at : at + HEADER.size - 4]) == crc:
+                self.start, self.need = at, 0
+                return self.commit(0)
+            pos = at + 1
 
     def commit(self, n: int) -> list[Frame]:
         """``n`` bytes were written at the front of :meth:`space`; parse what is complete."""

@@ -11,7 +11,7 @@ import threading
 import time
 
 from hutch_agent import PORT_NAME
-from hutch_agent.framing import Decoder
+from hutch_agent.framing import STALL_S, Decoder
 
 log = logging.getLogger("hutch-agent")
 
@@ -107,14 +107,16 @@ def find_port(name: str = PORT_NAME) -> str:
 
 
 def fill(transport: DeviceTransport | UnixTransport, decoder: Decoder, size: int) -> int:
-    """Read exactly ``size`` bytes into the decoder's free room, or fewer if the
-    connection ends first; return how many (the caller commits them)."""
+    """Read ``size`` bytes into the decoder's free room, or fewer if the connection ends
+    or STALL_S passes first (so the caller can look for a stale frame); return how
+    many (the caller commits them)."""
     room = decoder.space(size)[:size]
     read_into = transport.read_into
+    deadline = time.monotonic() + STALL_S
     got = 0
     while got < size:
         n = read_into(room[got:])
-        if not n:
-            break
         got += n
+        if not n or time.monotonic() > deadline:
+            break
     return got

@@ -182,8 +182,8 @@ class FakeBackend:
     def discard_unfinished_templates(self) -> None:
         return None
 
-    def snapshot_complete(self, snapshot_dir: str) -> bool:
-        return Path(snapshot_dir).exists()
+    async def recover_snapshot(self, sandbox_id: str, snapshot_dir: str) -> bool:
+        return await asyncio.to_thread(Path(snapshot_dir).exists)
 
     def collect_snapshots(self, live_ids: set[str], keep: set[str] | None = None) -> list[str]:
         return []

@@ -335,7 +335,8 @@ async def test_failed_upload_leaves_no_partial_file(
         await asyncio.sleep(0.02)
     # Intermittent once in CI (temp file still there after 10 s): the agent's log says
     # whether the CANCEL arrived.
-    assert os.listdir(work) == ["kept.txt"], shared_agent.log.read_text(errors="replace")[-4000:]
+    left = os.listdir(work)
+    assert left == ["kept.txt"], (left, shared_agent.log.read_text(errors="replace")[-4000:])
     assert target.read_bytes() == b"original"
 
 

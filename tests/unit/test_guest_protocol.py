@@ -127,14 +127,6 @@ def test_corrupt_header_crc_is_skipped() -> None:
     assert decoder.feed(bytes(good) + encode_frame(SAMPLE[0])) == [SAMPLE[0]]
 
 
-def test_skip_partial_recovers_a_frame_swallowed_by_a_stale_head() -> None:
-    stale_head = encode_frame(SAMPLE[1])[: HEADER.size + 5]
-    decoder = Decoder()
-    assert decoder.feed(stale_head + encode_frame(SAMPLE[0])) == []
-    assert decoder.buffered > 0
-    assert decoder.skip_partial() == [SAMPLE[0]]
-
-
 def test_send_window() -> None:
     window = SendWindow(2)
     window.consume()
@@ -300,3 +292,34 @@ def test_agent_mirror_agrees_with_the_host(agent_module: ModuleType) -> None:
     for path in ["", "/proc/1", "/dev/zero", "../x", "a\0b"]:
         with pytest.raises(agent_module.AgentError):
             agent_module.normalize(path)
+
+
+def _as_tuples(frames: list[object]) -> list[tuple[object, ...]]:
+    return [(f.type, f.sid, f.header, f.payload, f.channel) for f in frames]  # type: ignore[attr-defined]
+
+
+def test_agent_drops_a_stale_frame_head_only_for_a_new_hello(agent_module: ModuleType) -> None:
+    """A frame head left by a host that reconnected unseen would swallow the new host's
+    hello: the agent skips to a hello found inside it, and only then (a slow host's
+    frame is kept whole however long it takes)."""
+    stale_head = encode_frame(SAMPLE[1])[: HEADER.size + 5]
+    decoder = agent_module.Decoder()
+    assert decoder.feed(stale_head + encode_frame(SAMPLE[2])) == []
+    assert decoder.skip_to_hello() is None, "no hello: the frame is only slow"
+    hello = SAMPLE[0]
+    assert decoder.feed(encode_frame(hello)) == []
+    resumed = decoder.skip_to_hello()
+    assert resumed is not None
+    assert _as_tuples(resumed) == [
+        (int(hello.type), hello.stream, hello.header, hello.payload, hello.channel)
+    ]
+    assert decoder.pending == 0
+
+    slow = agent_module.Decoder()
+    whole = encode_frame(SAMPLE[1])
+    assert slow.feed(whole[:100]) == []
+    assert slow.skip_to_hello() is None
+    data = SAMPLE[1]
+    assert _as_tuples(slow.feed(whole[100:])) == [
+        (int(data.type), data.stream, data.header, data.payload, data.channel)
+    ]

@@ -23,6 +23,7 @@ from hutch.vm.snapshot import (
     MEMORY_FILE,
     STATE_FILE,
     create_clone_disk,
+    finish_interrupted_save,
     load_manifest,
     qcow2_backing_file,
     verify_snapshot,
@@ -37,6 +38,7 @@ from hutch.vm.snapshot_manifest import (
     fd_sha256,
     file_sha256,
 )
+from hutch.vm.snapshot_pending import PENDING_FILE, write_pending
 
 
 def _cfg(tmp: Path, **kw: object) -> VmConfig:
@@ -258,3 +260,31 @@ def test_tail_hasher_abandon_stops_it(tmp_path: Path) -> None:
     path.write_bytes(b"x" * 10)
     hasher = TailHasher(path)
     hasher.abandon()
+
+
+@pytest.mark.usefixtures("qemu_img")
+def test_a_save_cut_short_after_qemu_ended_is_finished_later(tmp_path: Path) -> None:
+    """The daemon died between ending QEMU and writing the manifest: the pending record
+    lets the next start finish the save (memory file moved in, disk stamped)."""
+    cfg = _cfg(tmp_path, memory_file=tmp_path / "mem.ram")
+    snap = _fake_snapshot(tmp_path, cfg, ram_in_file=True)
+    manifest = load_manifest(snap)
+    (snap / MEMORY_FILE).rename(tmp_path / "mem.ram")  # QEMU had not let go of it yet
+    (snap / MANIFEST_FILE).unlink()
+    write_pending(snap, dataclasses.replace(manifest, memory=None), tmp_path / "mem.ram")
+    with cfg.disk.open("ab") as f:
+        f.write(b"\0" * 512)  # QEMU's last flush on quit, after the pending stamp
+    assert finish_interrupted_save(snap)
+    assert not (snap / PENDING_FILE).exists() and not (tmp_path / "mem.ram").exists()
+    verify_snapshot(snap, cfg)
+    assert finish_interrupted_save(snap)  # already complete: nothing to do
+
+
+def test_an_interrupted_save_without_its_pending_record_stays_incomplete(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / STATE_FILE).write_bytes(b"QEVM")
+    assert not finish_interrupted_save(tmp_path)
+    (tmp_path / PENDING_FILE).write_text("{not json")
+    assert not finish_interrupted_save(tmp_path)
+    assert not (tmp_path / MANIFEST_FILE).exists()

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+import hutch.vm.snapshot as snapshot_module
 from hutch.errors import SnapshotError
 from hutch.guest.client import AgentClient
 from hutch.storage.overlay import create_overlay
@@ -26,9 +27,11 @@ from hutch.vm.argv import VmConfig
 from hutch.vm.process import QemuVm
 from hutch.vm.snapshot import (
     FROZEN_MARKER,
+    MANIFEST_FILE,
     MEMORY_FILE,
     STATE_FILE,
     create_clone_disk,
+    finish_interrupted_save,
     restore,
     save_snapshot,
     verify_snapshot,
@@ -279,17 +282,34 @@ async def test_fork_clones_run_side_by_side_with_own_disk_and_entropy(
         verify_snapshot(snap, cfg)
 
 
-async def test_restore_refuses_a_tampered_stream_and_a_mismatched_config(
+class _SaverDied(BaseException):
+    pass
+
+
+def _die_after_qemu_ended(*args: object, **kwargs: object) -> None:
+    raise _SaverDied
+
+
+async def test_interrupted_save_is_finished_and_restore_refuses_tampering(
     real_image: GuestFiles,
     make_vm_config: Callable[..., VmConfig],
     tmp_path: Path,
     cleanup: list[QemuVm | AgentClient],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     cfg = _config(make_vm_config, real_image, tmp_path, "t0", ram_in_file=True)
     booted = await _boot(cfg, cleanup)
     await booted.agent.close()
     snap = tmp_path / "snap"
-    await save_snapshot(booted.vm, snap, ram_in_file=True)
+    # The saver dies right after QEMU has ended: no manifest yet, the memory file not
+    # moved in; the next daemon start finishes the save from the pending record.
+    with monkeypatch.context() as patched:
+        patched.setattr(snapshot_module, "finish_save", _die_after_qemu_ended)
+        with pytest.raises(_SaverDied):
+            await save_snapshot(booted.vm, snap, ram_in_file=True)
+    assert not booted.vm.is_alive() and not (snap / MANIFEST_FILE).exists()
+    assert cfg.memory_file is not None and cfg.memory_file.exists()
+    assert finish_interrupted_save(snap)
     verify_snapshot(snap, cfg)
     with pytest.raises(SnapshotError, match="memory_mib"):
         verify_snapshot(snap, dataclasses.replace(cfg, memory_mib=512))

@@ -193,18 +193,6 @@ class Decoder:
         """Bytes held for an incomplete frame."""
         return len(self._buf)
 
-    def skip_partial(self) -> list[Frame]:
-        """Give up on the incomplete frame at the front and resync past it.
-
-        For a peer whose earlier connection died mid-frame without this side noticing:
-        that frame's header would otherwise swallow the new connection's first frames
-        as its body. Callers use it when a partial frame has been pending too long.
-        """
-        if self._buf:
-            del self._buf[0]
-            self.skipped += 1
-        return self.feed(b"")
-
     def pop_errors(self) -> list[FrameError]:
         errors, self._errors = self._errors, []
         return errors

@@ -86,8 +86,9 @@ class VmBackend(Protocol):
     def discard_unfinished_templates(self) -> None:
         """Remove template builds a stopped daemon left half done."""
 
-    def snapshot_complete(self, snapshot_dir: str) -> bool:
-        """A restorable snapshot (complete and not consumed) is there."""
+    async def recover_snapshot(self, sandbox_id: str, snapshot_dir: str) -> bool:
+        """A restorable snapshot (complete and not consumed) is there, once a save that
+        the daemon's death cut short is finished (the sandbox's VM is ended first)."""
 
     def collect_snapshots(self, live_ids: set[str], keep: set[str] | None = None) -> list[str]:
         """Remove snapshots no live sandbox depends on (except those in ``keep``)."""

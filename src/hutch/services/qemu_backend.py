@@ -18,6 +18,7 @@ import os
 import secrets
 import shutil
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ from hutch.vm.snapshot import (
     CONSUMED_MARKER,
     MANIFEST_FILE,
     create_clone_disk,
+    finish_interrupted_save,
     load_manifest,
     move_disk,
     qcow2_backing_file,
@@ -45,6 +47,8 @@ from hutch.vm.snapshot import (
 )
 
 log = logging.getLogger(__name__)
+
+_KILL_WAIT_S = 5.0
 
 _PATH_FIELDS = (
     "kernel",
@@ -363,8 +367,16 @@ class QemuBackend:
             for d in run_root.glob("tpl-*"):
                 shutil.rmtree(d, ignore_errors=True)
 
-    def snapshot_complete(self, snapshot_dir: str) -> bool:
+    async def recover_snapshot(self, sandbox_id: str, snapshot_dir: str) -> bool:
         d = Path(snapshot_dir)
+        if not (d / MANIFEST_FILE).is_file():
+            # A save cut short after QEMU was told to end: make sure it has, then
+            # finish the save the way it would have finished.
+            await asyncio.to_thread(
+                _kill_verified, self.paths(sandbox_id).pidfile, str(self.paths(sandbox_id).run)
+            )
+            if await asyncio.to_thread(finish_interrupted_save, d):
+                log.info("sandbox %s: finished the interrupted save in %s", sandbox_id, d)
         return (d / MANIFEST_FILE).is_file() and not (d / CONSUMED_MARKER).exists()
 
     def snapshot_users(
@@ -575,6 +587,18 @@ def _kill_verified(pidfile: Path, marker: str) -> None:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
     except (OSError, ValueError):
         return
-    if marker in cmdline:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    if marker not in cmdline:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    # Files it held (disk, sockets) are only safe to touch once it is really gone.
+    deadline = time.monotonic() + _KILL_WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return
+        if stat.rpartition(")")[2].split()[0] in ("Z", "X"):
+            return
+        time.sleep(0.01)
+    log.warning("QEMU pid %d did not exit %.0f s after SIGKILL", pid, _KILL_WAIT_S)

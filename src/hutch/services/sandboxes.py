@@ -161,7 +161,8 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
                 log.info("adopted running sandbox %s", rec.id)
                 continue
             if rec.state in (SandboxState.PAUSING, SandboxState.RESUMING) and (
-                rec.resume_from is not None and self.backend.snapshot_complete(rec.resume_from)
+                rec.resume_from is not None
+                and await self.backend.recover_snapshot(rec.id, rec.resume_from)
             ):
                 self.store.update_sandbox(rec.id, state=SandboxState.PAUSED)
                 log.info("sandbox %s recovered as paused", rec.id)

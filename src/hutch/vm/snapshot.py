@@ -59,7 +59,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import errno
 import logging
 import os
 import shutil
@@ -72,7 +71,11 @@ from hutch.errors import SnapshotError, VmError
 from hutch.vm.argv import VmConfig
 from hutch.vm.process import QemuVm
 from hutch.vm.snapshot_manifest import (
+    MANIFEST_FILE,
     MANIFEST_FORMAT,
+    MEMORY_FILE,
+    READ_ONLY,
+    STATE_FILE,
     FileStamp,
     SnapshotManifest,
     TailHasher,
@@ -81,7 +84,9 @@ from hutch.vm.snapshot_manifest import (
     describe_cmdline,
     fd_sha256,
     file_sha256,
+    write_atomic,
 )
+from hutch.vm.snapshot_pending import finish_interrupted_save, finish_save, write_pending
 
 __all__ = [
     "CONSUMED_MARKER",
@@ -91,6 +96,7 @@ __all__ = [
     "STATE_FILE",
     "SnapshotManifest",
     "create_clone_disk",
+    "finish_interrupted_save",
     "load_manifest",
     "move_disk",
     "qcow2_backing_file",
@@ -101,9 +107,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-STATE_FILE = "state.mig"
-MEMORY_FILE = "memory.ram"
-MANIFEST_FILE = "manifest.json"
 CONSUMED_MARKER = "consumed"
 FROZEN_MARKER = "frozen"
 
@@ -112,7 +115,6 @@ _FD_NAME = "hutch-snapshot"
 # a network; a stopped VM writing to a local file should go as fast as the disk.
 _MAX_BANDWIDTH = 1 << 40
 _POLL_S = 0.002
-_READ_ONLY = 0o444
 
 
 def _ms(since: float) -> float:
@@ -151,14 +153,6 @@ async def _wait_migration(vm: QemuVm, what: str, timeout_s: float) -> None:
         if time.monotonic() > deadline:
             raise SnapshotError(f"{what}: migration not done after {timeout_s:g}s ({status})")
         await asyncio.sleep(_POLL_S)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 async def save_snapshot(
@@ -231,36 +225,8 @@ async def save_snapshot(
                 await vm.qmp("cont")
         raise
     os.close(fd)
-    # The guest is stopped and its state saved: QEMU goes (quit flushes and closes the
-    # disk, whose block layer the migration already inactivated).
-    t = time.perf_counter()
-    await vm.kill()
-    timings["quit"] = _ms(t)
-    os.chmod(state_path, _READ_ONLY)
-    memory: FileStamp | None = None
-    if ram_in_file:
-        assert cfg.memory_file is not None
-        target = dest_dir / MEMORY_FILE
-        try:
-            os.rename(cfg.memory_file, target)
-        except OSError as exc:
-            shutil.rmtree(dest_dir, ignore_errors=True)
-            hint = (
-                "; put memory_file on the same file system as the snapshot directory"
-                if exc.errno == errno.EXDEV
-                else ""
-            )
-            raise SnapshotError(
-                f"cannot move the memory file {cfg.memory_file} into {dest_dir}: "
-                f"{exc.strerror}{hint} (the VM has exited; its memory file is unchanged)"
-            ) from exc
-        if fsync:
-            t = time.perf_counter()
-            await asyncio.to_thread(_fsync_path, target)
-            timings["fsync_memory"] = _ms(t)
-        memory = FileStamp.of(target)
-    timings["total"] = _ms(t_all)
-    manifest = SnapshotManifest(
+    memory_source = cfg.memory_file if ram_in_file else None
+    pending = SnapshotManifest(
         format=MANIFEST_FORMAT,
         name=cfg.name,
         created_ns=time.time_ns(),
@@ -271,11 +237,20 @@ async def save_snapshot(
         state_size=state_size,
         state_sha256=state_sha,
         ram_in_file=ram_in_file,
-        memory=memory,
+        memory=None,
         disk=FileStamp.of(cfg.disk.resolve()),
         timings_ms=timings,
     )
-    _write_atomic(dest_dir / MANIFEST_FILE, manifest.to_json(), fsync=fsync)
+    write_pending(dest_dir, pending, memory_source)
+    # The guest is stopped and its state saved: QEMU goes (quit flushes and closes the
+    # disk, whose block layer the migration already inactivated).
+    t = time.perf_counter()
+    await vm.kill()
+    timings["quit"] = _ms(t)
+    t = time.perf_counter()
+    manifest = await asyncio.to_thread(finish_save, dest_dir, pending, memory_source, fsync=fsync)
+    timings["finish"] = _ms(t)
+    timings["total"] = _ms(t_all)
     log.info(
         "vm %s: snapshot %s (%d bytes of state, ram_in_file=%s) in %.1f ms",
         cfg.name,
@@ -300,14 +275,6 @@ def _prepare_dest(dest_dir: Path, memory_file: Path | None) -> None:
         )
 
 
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def move_disk(snapshot_dir: Path, new_path: Path) -> SnapshotManifest:
     """Move the snapshot's disk to ``new_path`` (same file system) and record it.
 
@@ -327,21 +294,8 @@ def move_disk(snapshot_dir: Path, new_path: Path) -> SnapshotManifest:
     )
     manifest_path = snapshot_dir / MANIFEST_FILE
     os.chmod(manifest_path, 0o600)
-    _write_atomic(manifest_path, moved.to_json(), fsync=False)
+    write_atomic(manifest_path, moved.to_json(), fsync=False)
     return moved
-
-
-def _write_atomic(path: Path, text: str, *, fsync: bool) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w") as f:
-        f.write(text)
-        if fsync:
-            f.flush()
-            os.fsync(f.fileno())
-    os.chmod(tmp, _READ_ONLY)
-    os.rename(tmp, path)
-    if fsync:
-        _fsync_dir(path.parent)
 
 
 def load_manifest(snapshot_dir: Path) -> SnapshotManifest:
@@ -488,7 +442,7 @@ def _freeze(snapshot_dir: Path, manifest: SnapshotManifest) -> None:
     if manifest.ram_in_file:
         files.append(snapshot_dir / MEMORY_FILE)
     for path in files:
-        os.chmod(path, _READ_ONLY)  # changes ctime only: stamps stay valid
+        os.chmod(path, READ_ONLY)  # changes ctime only: stamps stay valid
     marker.write_text(f"{time.time_ns()}\n")
 
 

@@ -20,18 +20,29 @@ from hutch.errors import SnapshotError
 from hutch.vm.argv import MACHINE, TCG_CPU, VmConfig, guest_cmdline
 
 __all__ = [
+    "MANIFEST_FILE",
     "MANIFEST_FORMAT",
+    "MEMORY_FILE",
+    "STATE_FILE",
     "CompatFields",
     "FileStamp",
     "SnapshotManifest",
     "compat_fields",
     "compat_mismatches",
     "file_sha256",
+    "fsync_path",
+    "write_atomic",
 ]
 
 MANIFEST_FORMAT = 1
 
+# The files of a snapshot directory.
+STATE_FILE = "state.mig"
+MEMORY_FILE = "memory.ram"
+MANIFEST_FILE = "manifest.json"
+
 _HASH_CHUNK = 1 << 20
+READ_ONLY = 0o444
 
 
 @dataclass(frozen=True)
@@ -247,3 +258,25 @@ def describe_cmdline(cfg: VmConfig) -> str:
     """Recorded, not enforced: after a restore the guest keeps the command line it
     booted with (it is in guest RAM), so clones may differ here (e.g. hostname)."""
     return guest_cmdline(cfg)
+
+
+def fsync_path(path: Path, *, directory: bool = False) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | (os.O_DIRECTORY if directory else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, text: str, *, fsync: bool) -> None:
+    """Replace ``path`` with ``text`` (read-only) so that a crash leaves old or new."""
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w") as f:
+        f.write(text)
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
+    os.chmod(tmp, READ_ONLY)
+    os.rename(tmp, path)
+    if fsync:
+        fsync_path(path.parent, directory=True)
