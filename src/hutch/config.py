@@ -18,6 +18,7 @@ from hutch.errors import InvalidArgument
 
 ACCEL_CHOICES = ("auto", "kvm", "tcg")
 DEFAULT_NET_POOL = ipaddress.IPv4Network("10.213.0.0/16")
+MAX_DISK_LAYERS_RANGE = (1, 32)
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,9 @@ class Settings:
     dns_upstream: tuple[str, int] | None = None
     # Host address that exposed sandbox ports listen on.
     ports_bind: str = "127.0.0.1"
+    # qcow2 layers a sandbox disk may sit on before it is compacted (forks and named
+    # snapshots add one each).
+    max_disk_layers: int = 8
 
     @property
     def db_path(self) -> Path:
@@ -192,6 +196,13 @@ def _from_mapping(base: Settings, values: dict[str, Any], source: str) -> Settin
                     f"{source}: ports_bind={bind!r} is not an IP address"
                 ) from exc
             s = replace(s, ports_bind=bind)
+        if "max_disk_layers" in values:
+            s = replace(s, max_disk_layers=int(values["max_disk_layers"]))
+            lo, hi = MAX_DISK_LAYERS_RANGE
+            if not lo <= s.max_disk_layers <= hi:
+                raise InvalidArgument(
+                    f"{source}: max_disk_layers={s.max_disk_layers}; accepted: {lo}-{hi}"
+                )
         if "boot_timeout_s" in values:
             s = replace(s, boot_timeout_s=float(values["boot_timeout_s"]))
         limits = s.limits
@@ -221,6 +232,7 @@ _ENV = {
     "HUTCH_NET_POOL": "net_pool",
     "HUTCH_DNS_UPSTREAM": "dns_upstream",
     "HUTCH_PORTS_BIND": "ports_bind",
+    "HUTCH_MAX_DISK_LAYERS": "max_disk_layers",
 }
 
 

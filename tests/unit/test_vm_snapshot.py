@@ -16,6 +16,7 @@ import pytest
 
 from hutch.errors import InvalidArgument, SnapshotError
 from hutch.vm.argv import VmConfig, build_argv
+from hutch.vm.disk_chain import disk_chain, qcow2_backing_file
 from hutch.vm.snapshot import (
     CONSUMED_MARKER,
     FROZEN_MARKER,
@@ -25,7 +26,6 @@ from hutch.vm.snapshot import (
     create_clone_disk,
     finish_interrupted_save,
     load_manifest,
-    qcow2_backing_file,
     verify_snapshot,
 )
 from hutch.vm.snapshot_manifest import (
@@ -288,3 +288,22 @@ def test_an_interrupted_save_without_its_pending_record_stays_incomplete(
     (tmp_path / PENDING_FILE).write_text("{not json")
     assert not finish_interrupted_save(tmp_path)
     assert not (tmp_path / MANIFEST_FILE).exists()
+
+
+@pytest.mark.usefixtures("qemu_img")
+def test_disk_chain_lists_qcow2_layers_top_first_and_the_raw_base(tmp_path: Path) -> None:
+    base = tmp_path / "rootfs.img"
+    base.write_bytes(b"\0" * (1 << 20))
+    below = tmp_path / "l0.qcow2"
+    create = ["qemu-img", "create", "-q", "-f", "qcow2", "-F"]
+    subprocess.run([*create, "raw", "-b", str(base), str(below)], check=True)
+    for n in (1, 2):
+        top = tmp_path / f"l{n}.qcow2"
+        subprocess.run([*create, "qcow2", "-b", str(below), str(top)], check=True)
+        below = top
+    layers, raw = disk_chain(below)
+    assert [p.name for p in layers] == ["l2.qcow2", "l1.qcow2", "l0.qcow2"]
+    assert raw == base.resolve()
+    (tmp_path / "l1.qcow2").unlink()  # a broken chain ends where the file is missing
+    assert [p.name for p in disk_chain(below)[0]] == ["l2.qcow2"]
+    assert disk_chain(below)[1] is None

@@ -7,6 +7,7 @@ a fork gives independent children with their own identity and disk.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from hutch.errors import Conflict, SnapshotError
 from hutch.models import PauseMode, SandboxSpec, SandboxState, Shape
 from hutch.services.qemu_backend import QemuBackend
 from hutch.services.sandboxes import SandboxService
+from hutch.vm.disk_chain import disk_chain
 from tests.vm.services import qemu_pids_mentioning
 from tests.vm.test_sandbox_vm import run, service  # noqa: F401
 
@@ -166,3 +168,52 @@ async def test_named_snapshot_starts_new_sandboxes(
     assert any("sha256" in (r.error or "") or "checksum" in (r.error or "") for r in failed)
     assert await run(service, parent, ["echo", "still-fine"]) == "still-fine\n"
     await service.delete(child.id)
+
+
+async def _chain_settles(disk: Path, layers: int, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len(disk_chain(disk)[0]) != layers:
+        assert time.monotonic() < deadline, f"{disk}: chain {disk_chain(disk)} not compacted"
+        await asyncio.sleep(0.2)
+
+
+async def test_deep_disk_chains_are_compacted_while_running(service: SandboxService) -> None:  # noqa: F811
+    backend = service.backend
+    assert isinstance(backend, QemuBackend)
+    allowed = backend.settings
+    backend.settings = dataclasses.replace(allowed, max_disk_layers=1)
+    try:
+        rec = await service.create(SandboxSpec(image="base", shape=Shape(memory_mib=256)))
+        await run(service, rec.id, COUNTER)
+        await run(
+            service,
+            rec.id,
+            "head -c 8M /dev/urandom > /root/blob && sha256sum /root/blob > /root/sum && sync",
+        )
+        disk = backend.paths(rec.id).disk
+        assert len(disk_chain(disk)[0]) == 1
+        (child,) = await service.fork(rec.id, 1)
+        # Both now sit on two layers (their own + the frozen fork disk): each streams
+        # the frozen layer into its own and ends up on the raw image again.
+        child_disk = backend.paths(child.id).disk
+        # A pause while the stream may still run cancels it; the resume starts it again.
+        await service.pause(child.id, PauseMode.MEMORY)
+        await service.resume(child.id)
+        for sid, d in ((rec.id, disk), (child.id, child_disk)):
+            await _chain_settles(d, 1)
+            assert disk_chain(d)[1] is not None, "the raw image is the only backing file"
+            assert "OK" in await run(service, sid, "cd /root && sha256sum -c sum")
+            first = await counter(service, sid)
+            await asyncio.sleep(0.5)
+            assert await counter(service, sid) > first, "processes kept running"
+        snapshots = backend.settings.state_dir / "snapshots"
+        assert any(snapshots.glob("fork-*"))
+        await service.delete(child.id)
+        # Nothing references the frozen fork disk any more: it is removed.
+        assert not any(snapshots.glob("fork-*"))
+        await service.pause(rec.id, PauseMode.MEMORY)
+        await service.resume(rec.id)
+        assert "OK" in await run(service, rec.id, "cd /root && sha256sum -c sum")
+        await service.delete(rec.id)
+    finally:
+        backend.settings = allowed

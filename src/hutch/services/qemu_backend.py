@@ -33,6 +33,7 @@ from hutch.net.addressing import tap_name
 from hutch.storage.overlay import create_overlay
 from hutch.vm.accel import detect_accel, host_tsc_khz
 from hutch.vm.argv import VmConfig
+from hutch.vm.disk_chain import compact_if_deep, disk_chain
 from hutch.vm.process import QemuVm
 from hutch.vm.snapshot import (
     CONSUMED_MARKER,
@@ -41,7 +42,6 @@ from hutch.vm.snapshot import (
     finish_interrupted_save,
     load_manifest,
     move_disk,
-    qcow2_backing_file,
     restore,
     save_snapshot,
 )
@@ -247,7 +247,7 @@ class QemuBackend:
         if resume_from is not None and not clone:
             # The consumed pause snapshot can never be restored again: free its space.
             await asyncio.to_thread(shutil.rmtree, resume_from, True)
-        return QemuRuntime(rec.id, vm, agent, p)
+        return await self._running(rec, vm, agent)
 
     async def freeze_for_fork(self, runtime: QemuRuntime, snapshot_dir: Path) -> None:
         """Save the VM's state and take its disk into ``snapshot_dir``; QEMU exits.
@@ -302,7 +302,13 @@ class QemuBackend:
         except BaseException:
             await vm.kill()
             raise
-        return QemuRuntime(rec.id, vm, agent, p)
+        return await self._running(rec, vm, agent)
+
+    async def _running(self, rec: SandboxRecord, vm: QemuVm, agent: AgentClient) -> QemuRuntime:
+        """The runtime of a VM just restored; a disk chain grown deep by forks and
+        snapshots starts compacting in the background (see hutch.vm.disk_chain)."""
+        await compact_if_deep(vm, self.settings.max_disk_layers)
+        return QemuRuntime(rec.id, vm, agent, self.paths(rec.id))
 
     async def retake_identity(self, runtime: QemuRuntime, rec: SandboxRecord) -> None:
         await runtime.agent.close()
@@ -418,17 +424,7 @@ class QemuBackend:
         return removed
 
     def _chain(self, disk: Path | None) -> set[Path]:
-        found: set[Path] = set()
-        for _ in range(64):  # a chain deeper than this is a bug, not a reason to hang
-            if disk is None or not disk.exists():
-                break
-            found.add(disk.resolve())
-            try:
-                backing = qcow2_backing_file(disk)
-            except HutchError:
-                break  # the raw image at the bottom of the chain
-            disk = Path(backing) if backing else None
-        return found
+        return set(disk_chain(disk)[0]) if disk is not None else set()
 
     def _disks_used_by(self, live_ids: set[str]) -> set[Path]:
         used: set[Path] = set()

@@ -62,13 +62,13 @@ import dataclasses
 import logging
 import os
 import shutil
-import struct
 import subprocess
 import time
 from pathlib import Path
 
 from hutch.errors import SnapshotError, VmError
 from hutch.vm.argv import VmConfig
+from hutch.vm.disk_chain import qcow2_backing_file, stop_disk_jobs
 from hutch.vm.process import QemuVm
 from hutch.vm.snapshot_manifest import (
     MANIFEST_FILE,
@@ -99,7 +99,6 @@ __all__ = [
     "finish_interrupted_save",
     "load_manifest",
     "move_disk",
-    "qcow2_backing_file",
     "restore",
     "save_snapshot",
     "verify_snapshot",
@@ -194,6 +193,8 @@ async def save_snapshot(
     fd = os.open(state_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
         t = time.perf_counter()
+        # A chain compaction still copying would write the disk after it is stamped.
+        await stop_disk_jobs(vm)
         if await vm.query_status() == "running":
             await vm.qmp("stop")
             stopped_here = True
@@ -310,26 +311,6 @@ def load_manifest(snapshot_dir: Path) -> SnapshotManifest:
     except OSError as exc:
         raise SnapshotError(f"cannot read {path}: {exc.strerror}") from exc
     return SnapshotManifest.from_json(text, path)
-
-
-def qcow2_backing_file(path: Path) -> str | None:
-    """The backing file name recorded in a qcow2 header (None: no backing file).
-
-    Read from the header directly (magic, version, backing_file_offset/size: big-endian
-    at bytes 0-20) so a clone check costs microseconds, not a ``qemu-img`` run.
-    """
-    try:
-        with path.open("rb") as f:
-            header = f.read(20)
-            if len(header) < 20 or header[:4] != b"QFI\xfb":
-                raise SnapshotError(f"{path} is not a qcow2 image")
-            offset, size = struct.unpack(">QI", header[8:20])
-            if offset == 0:
-                return None
-            f.seek(offset)
-            return f.read(size).decode()
-    except OSError as exc:
-        raise SnapshotError(f"cannot read the disk {path}: {exc.strerror}") from exc
 
 
 def _check_static(snapshot_dir: Path, cfg: VmConfig, *, clone: bool) -> SnapshotManifest:
