@@ -18,6 +18,8 @@ After every resume the holder process must still be alive (the memory came back)
 
 from __future__ import annotations
 
+import json
+
 import shlex
 import subprocess
 import time
@@ -106,6 +108,7 @@ def run_pause_resume(ctx: BenchContext) -> BenchResult:
     reads: list[float] = []
     colds: list[float] = []
     sizes: list[int] = []
+    phases: list[dict[str, float]] = []
     need_cold = MEMORY_MIB not in ctx.cold_boots
     sb = Sandbox.create(ctx.image, vcpus=SANDBOX_VCPUS, memory_mib=MEMORY_MIB, client=ctx.client)
     try:
@@ -122,6 +125,8 @@ def run_pause_resume(ctx: BenchContext) -> BenchResult:
             if not state_mig.is_file():
                 raise RuntimeError(f"paused, but there is no {state_mig}")
             sizes.append(state_mig.stat().st_size)
+            manifest = json.loads((state_mig.parent / "manifest.json").read_text())
+            phases.append(manifest.get("timings_ms", {}))
             # Same bytes, same disk, while no guest runs: what writing them costs here.
             writes.append(time_cat(state_mig, cat_dst))
             reads.append(_time_read(cat_dst))
@@ -139,12 +144,14 @@ def run_pause_resume(ctx: BenchContext) -> BenchResult:
                 f"cat {writes[-1]:.3f} s), resume+exec {resumes[-1]:.3f} s "
                 f"(cat read {reads[-1]:.3f} s)"
                 + (f", cold boot {colds[-1]:.3f} s" if colds else "")
+                + f"; save phases (ms) {phases[-1]}"
             )
     finally:
         sb.kill()
         cat_dst.unlink(missing_ok=True)
 
     result.params["pause_file_bytes"] = sizes
+    result.params["save_phases_ms"] = phases
     cold = reference_or_measured(ctx, MEMORY_MIB, colds, result.notes)
     write = SampleSet("cat state.mig > file on the daemon's disk (same byte count)", writes)
     result.metrics = [

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import xxhash
 
 from hutch.errors import InvalidArgument, SnapshotError
 from hutch.vm.argv import VmConfig, build_argv
@@ -35,7 +37,7 @@ from hutch.vm.snapshot_manifest import (
     TailHasher,
     compat_fields,
     compat_mismatches,
-    fd_sha256,
+    fd_digest,
     file_sha256,
 )
 from hutch.vm.snapshot_pending import PENDING_FILE, write_pending
@@ -135,7 +137,7 @@ def _fake_snapshot(tmp: Path, cfg: VmConfig, *, ram_in_file: bool = False) -> Pa
         (snap / MEMORY_FILE).write_bytes(b"\0" * 4096)
         memory = FileStamp.of(snap / MEMORY_FILE)
     fd = os.open(snap / STATE_FILE, os.O_RDONLY)
-    digest, size = fd_sha256(fd)
+    digest, size = fd_digest(fd)
     os.close(fd)
     manifest = SnapshotManifest(
         format=MANIFEST_FORMAT,
@@ -146,7 +148,7 @@ def _fake_snapshot(tmp: Path, cfg: VmConfig, *, ram_in_file: bool = False) -> Pa
         cmdline="console=ttyS0",
         initrd_sha256=file_sha256(cfg.initrd),
         state_size=size,
-        state_sha256=digest,
+        state_digest=digest,
         ram_in_file=ram_in_file,
         memory=memory,
         disk=FileStamp.of(cfg.disk.resolve()),
@@ -252,7 +254,7 @@ def test_tail_hasher_hashes_a_file_while_it_is_written(tmp_path: Path) -> None:
     writer.start()
     writer.join()
     data = b"".join(blocks)
-    assert hasher.finish() == (hashlib.sha256(data).hexdigest(), len(data))
+    assert hasher.finish() == ("xxh3_128:" + xxhash.xxh3_128(data).hexdigest(), len(data))
 
 
 def test_tail_hasher_abandon_stops_it(tmp_path: Path) -> None:
@@ -307,3 +309,26 @@ def test_disk_chain_lists_qcow2_layers_top_first_and_the_raw_base(tmp_path: Path
     (tmp_path / "l1.qcow2").unlink()  # a broken chain ends where the file is missing
     assert [p.name for p in disk_chain(below)[0]] == ["l2.qcow2"]
     assert disk_chain(below)[1] is None
+
+
+@pytest.mark.usefixtures("qemu_img")
+def test_format_1_manifests_with_sha256_still_verify(tmp_path: Path) -> None:
+    """Templates and paused sandboxes saved before the checksum changed keep working."""
+    cfg = _cfg(tmp_path)
+    snap = _fake_snapshot(tmp_path, cfg)
+    old = json.loads((snap / MANIFEST_FILE).read_text())
+    old["format"] = 1
+    del old["state_digest"]
+    old["state_sha256"] = hashlib.sha256((snap / STATE_FILE).read_bytes()).hexdigest()
+    (snap / MANIFEST_FILE).write_text(json.dumps(old))
+    assert load_manifest(snap).state_digest.startswith("sha256:")
+    verify_snapshot(snap, cfg)
+    old["state_sha256"] = "0" * 64
+    (snap / MANIFEST_FILE).write_text(json.dumps(old))
+    with pytest.raises(SnapshotError, match="checksum"):
+        verify_snapshot(snap, cfg)
+    old["format"], old["state_digest"] = 2, "md5:00"
+    del old["state_sha256"]
+    (snap / MANIFEST_FILE).write_text(json.dumps(old))
+    with pytest.raises(SnapshotError, match="accepted: xxh3_128, sha256"):
+        verify_snapshot(snap, cfg)

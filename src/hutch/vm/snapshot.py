@@ -82,7 +82,7 @@ from hutch.vm.snapshot_manifest import (
     compat_fields,
     compat_mismatches,
     describe_cmdline,
-    fd_sha256,
+    fd_digest,
     file_sha256,
     write_atomic,
 )
@@ -212,7 +212,7 @@ async def save_snapshot(
             raise
         timings["migrate"] = _ms(t)
         t = time.perf_counter()
-        state_sha, state_size = await asyncio.to_thread(hasher.finish)
+        state_digest, state_size = await asyncio.to_thread(hasher.finish)
         timings["hash_rest"] = _ms(t)
         if fsync:
             t = time.perf_counter()
@@ -236,7 +236,7 @@ async def save_snapshot(
         cmdline=describe_cmdline(cfg),
         initrd_sha256=initrd_sha,
         state_size=state_size,
-        state_sha256=state_sha,
+        state_digest=state_digest,
         ram_in_file=ram_in_file,
         memory=None,
         disk=FileStamp.of(cfg.disk.resolve()),
@@ -248,10 +248,9 @@ async def save_snapshot(
     t = time.perf_counter()
     await vm.kill()
     timings["quit"] = _ms(t)
-    t = time.perf_counter()
-    manifest = await asyncio.to_thread(finish_save, dest_dir, pending, memory_source, fsync=fsync)
-    timings["finish"] = _ms(t)
+    # Recorded before the manifest is written (finishing takes a millisecond or two).
     timings["total"] = _ms(t_all)
+    manifest = await asyncio.to_thread(finish_save, dest_dir, pending, memory_source, fsync=fsync)
     log.info(
         "vm %s: snapshot %s (%d bytes of state, ram_in_file=%s) in %.1f ms",
         cfg.name,
@@ -364,12 +363,13 @@ def _check_static(snapshot_dir: Path, cfg: VmConfig, *, clone: bool) -> Snapshot
 
 
 def _check_state_fd(snapshot_dir: Path, manifest: SnapshotManifest, fd: int) -> None:
-    digest, size = fd_sha256(fd)
-    if size != manifest.state_size or digest != manifest.state_sha256:
+    algorithm = manifest.state_digest.partition(":")[0]
+    digest, size = fd_digest(fd, algorithm)
+    if size != manifest.state_size or digest != manifest.state_digest:
         raise SnapshotError(
             f"snapshot {snapshot_dir}: {STATE_FILE} does not match its recorded checksum "
-            f"({size} bytes, sha256 {digest[:16]}…; recorded {manifest.state_size} bytes, "
-            f"{manifest.state_sha256[:16]}…); it will not be loaded. Take a new snapshot"
+            f"({size} bytes, {digest[:26]}…; recorded {manifest.state_size} bytes, "
+            f"{manifest.state_digest[:26]}…); it will not be loaded. Take a new snapshot"
         )
 
 

@@ -12,9 +12,12 @@ import hashlib
 import json
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import xxhash
 
 from hutch.errors import SnapshotError
 from hutch.vm.argv import MACHINE, TCG_CPU, VmConfig, guest_cmdline
@@ -29,12 +32,20 @@ __all__ = [
     "SnapshotManifest",
     "compat_fields",
     "compat_mismatches",
+    "fd_digest",
     "file_sha256",
     "fsync_path",
     "write_atomic",
 ]
 
-MANIFEST_FORMAT = 1
+# 2: the stream's checksum is ``state_digest`` ("<algorithm>:<hex>"); format 1
+# manifests (``state_sha256``) are read as "sha256:<hex>".
+MANIFEST_FORMAT = 2
+# The stream is checksummed against corruption at rest, not against someone able to
+# rewrite the manifest beside it: XXH3-128 runs at ~7 GB/s here against ~1.4 GB/s for
+# sha256, which put ~270 ms on every resume of a 512 MiB sandbox and trailed the pause.
+STATE_DIGEST = "xxh3_128"
+_DIGESTS: dict[str, Callable[[], Any]] = {"xxh3_128": xxhash.xxh3_128, "sha256": hashlib.sha256}
 
 # The files of a snapshot directory.
 STATE_FILE = "state.mig"
@@ -100,7 +111,7 @@ class FileStamp:
 class SnapshotManifest:
     """``manifest.json`` of one snapshot directory.
 
-    ``state_sha256``/``state_size`` cover the migration stream (``state.mig``): QEMU
+    ``state_digest``/``state_size`` cover the migration stream (``state.mig``): QEMU
     parses it, so it is never loaded unless it matches. ``ram_in_file``: guest RAM is
     ``memory.ram`` in the snapshot directory (the stream then holds device state only).
     ``disk`` is the qcow2 the VM was using, left where it was; it belongs to the
@@ -115,7 +126,7 @@ class SnapshotManifest:
     cmdline: str
     initrd_sha256: str
     state_size: int
-    state_sha256: str
+    state_digest: str
     ram_in_file: bool
     memory: FileStamp | None
     disk: FileStamp
@@ -129,6 +140,9 @@ class SnapshotManifest:
         """Parse; raises ``SnapshotError`` naming ``where`` for anything malformed."""
         try:
             raw: dict[str, Any] = json.loads(text)
+            if raw.get("format") == 1:
+                raw["format"] = MANIFEST_FORMAT
+                raw["state_digest"] = "sha256:" + raw.pop("state_sha256")
             if raw.get("format") != MANIFEST_FORMAT:
                 raise SnapshotError(
                     f"{where}: snapshot format {raw.get('format')!r} is not the "
@@ -169,19 +183,30 @@ def file_sha256(path: Path) -> str:
     return _digest_cache[key]
 
 
-def fd_sha256(fd: int) -> tuple[str, int]:
-    """sha256 hex and size of everything readable from ``fd`` from offset 0 (pread: the
-    fd's offset is left alone, so the same fd can then be handed to QEMU)."""
-    digest = hashlib.sha256()
+def new_digest(algorithm: str) -> Any:
+    """A hashlib-style object for a ``state_digest`` algorithm; ``SnapshotError`` names
+    the ones accepted."""
+    try:
+        return _DIGESTS[algorithm]()
+    except KeyError:
+        raise SnapshotError(
+            f"unknown snapshot checksum {algorithm!r}; accepted: {', '.join(_DIGESTS)}"
+        ) from None
+
+
+def fd_digest(fd: int, algorithm: str = STATE_DIGEST) -> tuple[str, int]:
+    """``"<algorithm>:<hex>"`` and size of everything readable from ``fd`` from offset 0
+    (pread: the fd's offset is left alone, so the same fd can then be handed to QEMU)."""
+    digest = new_digest(algorithm)
     offset = 0
     while chunk := os.pread(fd, _HASH_CHUNK, offset):
         digest.update(chunk)
         offset += len(chunk)
-    return digest.hexdigest(), offset
+    return f"{algorithm}:{digest.hexdigest()}", offset
 
 
 class TailHasher:
-    """sha256 of a file that another process is appending to, computed while it writes.
+    """Checksum of a file another process is appending to, computed while it writes.
 
     QEMU writes the migration stream sequentially, and a byte below the file's size is
     already in the page cache, so reading up to the current size is safe. Hashing during
@@ -191,7 +216,7 @@ class TailHasher:
 
     def __init__(self, path: Path) -> None:
         self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        self._digest = hashlib.sha256()
+        self._digest = new_digest(STATE_DIGEST)
         self._offset = 0
         self._done = threading.Event()
         self._error: OSError | None = None
@@ -214,13 +239,13 @@ class TailHasher:
             self._error = exc
 
     def finish(self) -> tuple[str, int]:
-        """The writer is done: hash the rest, return (sha256 hex, size). Blocks."""
+        """The writer is done: hash the rest, return ("<algorithm>:<hex>", size). Blocks."""
         self._done.set()
         self._thread.join()
         os.close(self._fd)
         if self._error is not None:
             raise SnapshotError(f"reading the snapshot to hash it failed: {self._error}")
-        return self._digest.hexdigest(), self._offset
+        return f"{STATE_DIGEST}:{self._digest.hexdigest()}", self._offset
 
     def abandon(self) -> None:
         """Stop without a result (the save failed)."""
