@@ -9,12 +9,14 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import re
 import subprocess
 from typing import Any
 
 log = logging.getLogger("hutch-agent")
 
 RESOLV_CONF = "/etc/resolv.conf"
+MAC_RE = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
 
 
 def find_nic() -> str | None:
@@ -30,9 +32,10 @@ def find_nic() -> str | None:
 
 
 def apply_network(net: Any) -> None:
-    """``net``: {"address": "a.b.c.d/len", "gateway": ip, "dns": ip} to configure the NIC,
-    or None to take it down (network mode "none"). Errors are logged, never raised: the
-    host checks connectivity where it matters, and the agent must keep serving."""
+    """``net``: {"address": "a.b.c.d/len", "gateway": ip, "dns": ip, "mac": optional} to
+    configure the NIC, or None to take it down (network mode "none"). Errors are logged,
+    never raised: the host checks connectivity where it matters, and the agent must keep
+    serving."""
     nic = find_nic()
     if nic is None:
         if net is not None:
@@ -47,9 +50,14 @@ def apply_network(net: Any) -> None:
             address = ipaddress.IPv4Interface(str(net["address"]))
             gateway = ipaddress.IPv4Address(str(net["gateway"]))
             dns = ipaddress.IPv4Address(str(net.get("dns") or gateway))
+            mac = net.get("mac")
+            if mac is not None and not MAC_RE.match(str(mac)):
+                raise ValueError(f"mac {mac!r} is not xx:xx:xx:xx:xx:xx")
         except (KeyError, TypeError, ValueError) as exc:
             log.warning("ignoring bad network settings %r: %s", net, exc)
             return
+        if mac is not None:
+            commands += [f"link set {nic} down", f"link set {nic} address {mac}"]
         commands += [
             f"link set {nic} up",
             f"addr add {address} dev {nic}",

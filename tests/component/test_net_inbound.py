@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import hashlib
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
@@ -109,3 +109,29 @@ async def test_requested_host_port_and_errors(forwarder: PortForwarder, guest: i
         await forwarder.expose("sb-2", GUEST, guest, host_port=first)  # taken
     with pytest.raises(InvalidArgument):
         await forwarder.expose("sb-1", GUEST, 0)
+
+
+async def test_an_open_connection_counts_as_activity(forwarder: PortForwarder, guest: int) -> None:
+    """auto_pause_s must not pause a sandbox while someone is connected to it."""
+    open_now: list[str] = []
+
+    @contextlib.contextmanager
+    def activity(sandbox_id: str) -> Iterator[None]:
+        open_now.append(sandbox_id)
+        try:
+            yield
+        finally:
+            open_now.remove(sandbox_id)
+
+    forwarder.activity = activity
+    host_port = await forwarder.expose("sb-1", GUEST, guest)
+    reader, writer = await asyncio.open_connection("127.0.0.1", host_port)
+    writer.write(b"x")
+    assert await reader.readexactly(1) == b"x"
+    assert open_now == ["sb-1"]
+    writer.close()
+    for _ in range(100):
+        if not open_now:
+            break
+        await asyncio.sleep(0.02)
+    assert open_now == []

@@ -441,6 +441,8 @@ def test_fork_keeps_rules_and_network(alpha: Guest, fakenet: FakeInternet, lab_n
     try:
         assert child.sb.egress.get().rules == ["good.test"]
         assert address_of(child.sb) != address_of(alpha.sb)
+        macs = {g.exec("cat /sys/class/net/e*/address").stdout for g in (child.sb, alpha.sb)}
+        assert len(macs) == 2 and all(m.startswith("02:") for m in macs), macs
         assert child.sb.info.network is not None and lab_net in child.sb.info.network.networks
         child.expect(
             {

@@ -8,6 +8,7 @@ never handed out, so the pool's network address never names a sandbox.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 import re
@@ -151,6 +152,13 @@ def tap_prefix(tag: str) -> str:
 def tap_name(tag: str, sandbox_id: str) -> str:
     """``h<tag><sid hex[:10]>``: 15 characters, the kernel's limit for interface names."""
     return tap_prefix(tag) + sandbox_key(sandbox_id)[:10]
+
+
+def guest_mac(sandbox_id: str) -> str:
+    """The sandbox's own MAC: locally administered (02:…), from its id. A clone wakes
+    up with the MAC saved in the snapshot it came from, so the agent sets this one."""
+    digest = hashlib.sha256(f"hutch-mac:{sandbox_id}".encode()).digest()
+    return ":".join(f"{b:02x}" for b in (0x02, *digest[:5]))
 
 
 def parse_ip_addr_json(text: str) -> frozenset[IPv4Address]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address
 
@@ -34,12 +35,15 @@ class _Exposed:
 
 class PortForwarder:
     """Forwards host ``bind_host:<host port>`` to a guest port, per sandbox.
-    ``connect_timeout_s``: how long a connection waits for the guest to accept."""
+    ``connect_timeout_s``: how long a connection waits for the guest to accept.
+    ``activity``: entered (with the sandbox id) for as long as a connection is open, so
+    a sandbox serving someone is not idle (auto-pause)."""
 
     def __init__(self, bind_host: str, connect_timeout_s: float = 10) -> None:
         self.bind_host = bind_host
         self._connect_timeout_s = connect_timeout_s
         self._ports: dict[str, dict[int, _Exposed]] = {}
+        self.activity: Callable[[str], contextlib.AbstractContextManager[None]] = _no_activity
 
     async def expose(
         self, sandbox_id: str, guest_addr: IPv4Address | str, guest_port: int, host_port: int = 0
@@ -56,7 +60,8 @@ class PortForwarder:
 
         async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             assert entry is not None
-            await self._forward(entry, reader, writer)
+            with self.activity(sandbox_id):
+                await self._forward(entry, reader, writer)
 
         try:
             server = await asyncio.start_server(on_client, self.bind_host, host_port)
@@ -123,6 +128,10 @@ class PortForwarder:
             await close_writer(writer)
             if task is not None:
                 entry.conns.discard(task)
+
+
+def _no_activity(sandbox_id: str) -> contextlib.AbstractContextManager[None]:
+    return contextlib.nullcontext()
 
 
 async def _stop(entry: _Exposed) -> None:

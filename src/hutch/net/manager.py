@@ -28,6 +28,7 @@ from hutch.net import links, nft_apply
 from hutch.net.addressing import (
     AddressPool,
     Block,
+    guest_mac,
     host_addresses,
     is_forbidden_destination,
     tap_name,
@@ -196,7 +197,12 @@ class NetworkManager:
         if att is None:
             return None
         gw = str(att.block.gateway)
-        return {"address": att.block.guest_cidr, "gateway": gw, "dns": gw}
+        return {
+            "address": att.block.guest_cidr,
+            "gateway": gw,
+            "dns": gw,
+            "mac": guest_mac(sandbox_id),
+        }
 
     def address_of(self, sandbox_id: str) -> IPv4Address | None:
         att = self._attached.get(sandbox_id)

@@ -74,6 +74,8 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
         """``net`` None (tests without root): every sandbox gets network "none"."""
         self.settings = settings
         self.net = net
+        if net is not None:
+            net.forwarder.activity = self.activity  # an open inbound connection is use
         self.store = store
         self.backend = backend
         self.image_source = images
