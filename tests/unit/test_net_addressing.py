@@ -10,6 +10,7 @@ import pytest
 from hutch.errors import Capacity, InvalidArgument, NetworkError
 from hutch.net.addressing import (
     AddressPool,
+    guest_mac,
     is_forbidden_destination,
     parse_ip_addr_json,
     sandbox_key,
@@ -136,3 +137,13 @@ def test_pool_and_host_addresses_are_forbidden() -> None:
     hosts = [IPv4Address("203.0.113.7")]
     assert is_forbidden_destination("203.0.113.7", pool, hosts)
     assert not is_forbidden_destination("203.0.113.8", pool, hosts)
+
+
+def test_guest_macs_are_stable_distinct_and_locally_administered() -> None:
+    macs = {guest_mac(f"sb-{i:012x}") for i in range(1000)}
+    assert len(macs) == 1000
+    assert guest_mac("sb-000000000001") == guest_mac("sb-000000000001")
+    for mac in macs:
+        first = int(mac[:2], 16)
+        assert first & 0b10 and not first & 0b01, mac  # locally administered, unicast
+        assert len(mac) == 17
