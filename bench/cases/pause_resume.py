@@ -19,7 +19,6 @@ After every resume the holder process must still be alive (the memory came back)
 from __future__ import annotations
 
 import json
-
 import shlex
 import subprocess
 import time
