@@ -15,7 +15,7 @@ APT_PACKAGES := qemu-system-x86 qemu-utils mmdebstrap nftables busybox-static lz
 	e2fsprogs bubblewrap iproute2 cpio kmod xz-utils zstd python3-venv python3-pip \
 	ca-certificates procps
 
-.PHONY: help deps system-deps venv image images up down restart check lint typecheck test \
+.PHONY: help deps system-deps venv qemu-user image images up down restart check lint typecheck test \
 	test-fast openapi bench clean
 
 help:
@@ -43,7 +43,15 @@ $(BIN)/.installed: pyproject.toml requirements.lock
 
 venv: $(BIN)/.installed
 
-deps: system-deps venv
+# QEMU drops to this user once set up (hutchd runs as root for networking).
+QEMU_USER ?= hutch-qemu
+qemu-user:
+	@id -u $(QEMU_USER) >/dev/null 2>&1 || { \
+		echo "creating the unprivileged QEMU user $(QEMU_USER)"; \
+		useradd --system --no-create-home --home-dir /nonexistent \
+			--shell /usr/sbin/nologin $(QEMU_USER); }
+
+deps: system-deps venv qemu-user
 
 image: deps
 	HUTCH_STATE_DIR=$(STATE_DIR) $(BIN)/hutch image build base

@@ -64,6 +64,9 @@ class Settings:
     # qcow2 layers a sandbox disk may sit on before it is compacted (forks and named
     # snapshots add one each).
     max_disk_layers: int = 8
+    # The unprivileged user QEMU runs as once set up (a daemon running as root only);
+    # "root": QEMU keeps root (not advised: a QEMU escape would own the host).
+    qemu_user: str = "hutch-qemu"
 
     @property
     def db_path(self) -> Path:
@@ -203,6 +206,8 @@ def _from_mapping(base: Settings, values: dict[str, Any], source: str) -> Settin
                 raise InvalidArgument(
                     f"{source}: max_disk_layers={s.max_disk_layers}; accepted: {lo}-{hi}"
                 )
+        if "qemu_user" in values:
+            s = replace(s, qemu_user=str(values["qemu_user"]))
         if "boot_timeout_s" in values:
             s = replace(s, boot_timeout_s=float(values["boot_timeout_s"]))
         limits = s.limits
@@ -233,6 +238,7 @@ _ENV = {
     "HUTCH_DNS_UPSTREAM": "dns_upstream",
     "HUTCH_PORTS_BIND": "ports_bind",
     "HUTCH_MAX_DISK_LAYERS": "max_disk_layers",
+    "HUTCH_QEMU_USER": "qemu_user",
 }
 
 

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from hutch.config import load_settings, parse_dns_upstream, parse_listen
-from hutch.errors import InvalidArgument
+from hutch.errors import InvalidArgument, VmError
+from hutch.services.qemu_backend import qemu_user
 
 
 def test_defaults(tmp_path: Path) -> None:
@@ -78,3 +79,13 @@ def test_bad_network_settings_are_explained(
 ) -> None:
     with pytest.raises(InvalidArgument, match=message):
         load_settings({"HUTCH_STATE_DIR": str(tmp_path), name: value})
+
+
+def test_qemu_user_is_checked_when_the_daemon_is_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("os.geteuid", lambda: 0)
+    assert qemu_user(load_settings({"HUTCH_QEMU_USER": "root"})) is None
+    with pytest.raises(VmError, match=r"no-such-qemu-user.*does not exist.*useradd"):
+        qemu_user(load_settings({"HUTCH_QEMU_USER": "no-such-qemu-user"}))
+    assert qemu_user(load_settings({"HUTCH_QEMU_USER": "nobody"})) == "nobody"
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    assert qemu_user(load_settings({"HUTCH_QEMU_USER": "nobody"})) is None

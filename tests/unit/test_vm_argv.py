@@ -102,3 +102,16 @@ def test_commas_in_paths_are_escaped() -> None:
 def test_absurd_values_are_refused(change: dict[str, object], message: str) -> None:
     with pytest.raises(InvalidArgument, match=message):
         build_argv(replace(CFG, **change))  # type: ignore[arg-type]
+
+
+def test_qemu_drops_to_an_unprivileged_user() -> None:
+    argv = build_argv(replace(CFG, run_as="hutch-qemu"))
+    assert _opt(argv, "-runas") == ["hutch-qemu"]
+    # QEMU's own setuid needs elevateprivileges=allow; the rest of the filter stays.
+    assert _opt(argv, "-sandbox") == [
+        "on,obsolete=deny,elevateprivileges=allow,spawn=deny,resourcecontrol=deny"
+    ]
+    assert "-runas" not in build_argv(CFG)
+    for bad in ("root;rm", "Hutch", "", "a" * 40):
+        with pytest.raises(InvalidArgument, match="run_as"):
+            build_argv(replace(CFG, run_as=bad))

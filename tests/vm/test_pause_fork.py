@@ -43,6 +43,29 @@ HOLDER = (
 )
 
 
+# A TCP listener that keeps a file open from before the pause and appends to it for
+# every client: after resume the same socket must accept and the same fd must write.
+LISTENER = (
+    'setsid -f python3 -c "'
+    "import socket\n"
+    "log = open('/tmp/served.log', 'a', buffering=1)\n"
+    "s = socket.socket()\n"
+    "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+    "s.bind(('127.0.0.1', 7777))\n"
+    "s.listen()\n"
+    "while True:\n"
+    "    c, _ = s.accept()\n"
+    "    log.write('served\\n')\n"
+    "    c.sendall(b'pong')\n"
+    "    c.close()\n"
+    '"'
+)
+PING = (
+    'python3 -c "import socket; '
+    "print(socket.create_connection(('127.0.0.1', 7777), timeout=10).recv(4).decode())\""
+)
+
+
 async def ask_holder(svc: SandboxService, sid: str) -> str:
     return await run(svc, sid, "echo x > /tmp/q; cat /tmp/a", timeout_s=30)
 
@@ -65,6 +88,11 @@ async def parent(service: SandboxService) -> AsyncIterator[str]:  # noqa: F811
 
 async def test_memory_pause_keeps_processes(service: SandboxService, parent: str) -> None:  # noqa: F811
     await run(service, parent, ["sh", "-c", "echo keep > /root/file"])
+    await run(service, parent, LISTENER)
+    for _ in range(50):  # the listener binds a moment after setsid returns
+        if "pong" in await run(service, parent, PING + " 2>/dev/null || true"):
+            break
+        await asyncio.sleep(0.2)
     secret = await ask_holder(service, parent)
     before = await counter(service, parent)
     rec = await service.pause(parent, PauseMode.MEMORY)
@@ -83,6 +111,9 @@ async def test_memory_pause_keeps_processes(service: SandboxService, parent: str
     assert await counter(service, parent) > after, "the counter does not run after resume"
     assert await ask_holder(service, parent) == secret
     assert await run(service, parent, ["cat", "/root/file"]) == "keep\n"
+    # The same listening socket and the same open file, not new ones.
+    assert await run(service, parent, PING) == "pong\n"
+    assert await run(service, parent, ["cat", "/tmp/served.log"]) == "served\nserved\n"
     guest_now = float(await run(service, parent, ["date", "+%s.%N"]))
     assert abs(guest_now - time.time()) < 5, "the guest clock was not corrected after resume"
 

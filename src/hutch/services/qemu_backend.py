@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import os
+import pwd
 import secrets
 import shutil
 import signal
@@ -137,6 +138,7 @@ class QemuBackend:
     def __init__(self, settings: Settings, guest_network: GuestNetwork | None = None) -> None:
         self.settings = settings
         self.accel = detect_accel(settings.accel)
+        self.run_as = qemu_user(settings)
         # The network layer owns addresses; the backend only passes them on to the guest.
         self.guest_network: GuestNetwork = guest_network or (lambda _sandbox_id: None)
 
@@ -178,6 +180,7 @@ class QemuBackend:
             # a calibration that hangs boot at random (ARCHITECTURE.md, vm/).
             tsc_khz=host_tsc_khz() if self.accel == "tcg" else None,
             nic=True,
+            run_as=self.run_as,
         )
 
     async def start(self, rec: SandboxRecord, image: ImageArtifacts) -> QemuRuntime:
@@ -234,6 +237,7 @@ class QemuBackend:
         cfg = _read_config(p.vm_json)
         if cfg is None:
             raise VmError(f"sandbox {rec.id} has no VM configuration at {p.vm_json}")
+        cfg = dataclasses.replace(cfg, run_as=self.run_as)
         p.run.mkdir(parents=True, exist_ok=True, mode=0o700)
         if resume_from is None:
             vm = await QemuVm.launch(cfg)
@@ -285,6 +289,7 @@ class QemuBackend:
         await asyncio.to_thread(create_clone_disk, snapshot_dir, p.disk)
         cfg = dataclasses.replace(
             template_cfg,
+            run_as=self.run_as,
             name=rec.id,
             disk=p.disk,
             qmp_socket=p.qmp_socket,
@@ -552,6 +557,26 @@ def _publish_template(snapshot_dir: Path, final: Path) -> None:
 def _discard_template_build(state: Path) -> None:
     _kill_verified(state / "qemu.pid", "tpl-")
     shutil.rmtree(state, ignore_errors=True)
+
+
+def qemu_user(settings: Settings) -> str | None:
+    """Who QEMU runs as after setting up: ``settings.qemu_user`` when the daemon is root
+    (None when it is not: QEMU then already runs unprivileged, as the daemon)."""
+    if os.geteuid() != 0:
+        return None
+    name = settings.qemu_user
+    if name == "root":
+        log.warning("HUTCH_QEMU_USER=root: QEMU keeps root; a QEMU escape would own the host")
+        return None
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        raise VmError(
+            f"the QEMU user {name!r} does not exist; create it (`make deps` does: useradd "
+            f"--system --no-create-home --shell /usr/sbin/nologin {name}) or set "
+            "HUTCH_QEMU_USER to another unprivileged user (root works but is not advised)"
+        ) from None
+    return name
 
 
 def identity_of(sandbox_id: str, hostname: str, net: dict[str, str] | None = None) -> GuestIdentity:

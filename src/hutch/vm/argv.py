@@ -36,9 +36,13 @@ MEMORY_BACKEND_ID = "mem"
 
 #: seccomp policy. spawn=deny means ``exec:`` migration URIs kill QEMU (use ``fd:``).
 SANDBOX = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
+# With -runas QEMU itself calls setgid/setuid once set up, which elevateprivileges=deny
+# forbids; afterwards it has no privilege left to elevate to.
+SANDBOX_RUNAS = SANDBOX.replace("elevateprivileges=deny", "elevateprivileges=allow")
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _TAP_RE = re.compile(r"^[a-z0-9]{1,15}$")
+_USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 # sun_path is 108 bytes including the NUL.
 _MAX_SOCKET_PATH = 107
 # khz range of any x86 TSC we would believe (100 MHz - 10 GHz).
@@ -89,6 +93,9 @@ class VmConfig:
     #: (network "none", templates). Backends are not part of the migrated state, so a
     #: clone of a template can be given its own tap.
     tap: str | None = None
+    #: The unprivileged user QEMU drops to (``-runas``) once it has opened everything it
+    #: needs (disk, kernel, tap, sockets, log files); None: it keeps the daemon's user.
+    run_as: str | None = None
 
 
 def _opt(path: Path) -> str:
@@ -124,6 +131,8 @@ def _validate(cfg: VmConfig) -> None:
         raise InvalidArgument(f"tap {cfg.tap!r} is not a valid interface name (1-15 [a-z0-9])")
     if cfg.memory_file is not None and not cfg.memory_file.is_absolute():
         raise InvalidArgument(f"memory_file {str(cfg.memory_file)!r} must be an absolute path")
+    if cfg.run_as is not None and not _USER_RE.match(cfg.run_as):
+        raise InvalidArgument(f"run_as {cfg.run_as!r} is not a user name")
 
 
 def guest_cmdline(cfg: VmConfig) -> str:
@@ -192,9 +201,12 @@ def build_argv(cfg: VmConfig, qemu_binary: str = "qemu-system-x86_64") -> list[s
         # filesystem (cache=none needs O_DIRECT, which tmpfs lacks), and the read-only
         # base image is shared in the page cache by all sandboxes on it. discard and
         # detect-zeroes=unmap give freed guest blocks back to the host.
+        # auto-read-only=off: a migration's end drops the disk's write permission, and
+        # with auto-read-only QEMU would reopen the file by path to match; after -runas
+        # it no longer may (the state dir is root's), and the save fails.
         "-drive",
         f"id=root,if=none,file={_opt(cfg.disk)},format=qcow2,cache=writeback,"
-        "aio=threads,discard=unmap,detect-zeroes=unmap",
+        "auto-read-only=off,aio=threads,discard=unmap,detect-zeroes=unmap",
         "-device",
         "virtio-blk-device,drive=root",
         # max_ports=2: port 0 is reserved for a console, port 1 is the agent.
@@ -221,7 +233,8 @@ def build_argv(cfg: VmConfig, qemu_binary: str = "qemu-system-x86_64") -> list[s
         "-pidfile",
         str(cfg.pidfile),
         "-sandbox",
-        SANDBOX,
+        SANDBOX_RUNAS if cfg.run_as else SANDBOX,
+        *(["-runas", cfg.run_as] if cfg.run_as else []),
         # Restore: start paused and take the state from ``migrate-incoming`` (an fd
         # passed with ``getfd``; ``exec:`` would be killed by spawn=deny).
         *(["-incoming", "defer"] if cfg.incoming else []),

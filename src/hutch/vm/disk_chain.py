@@ -76,15 +76,25 @@ async def compact_if_deep(vm: QemuVm, max_layers: int) -> bool:
     if len(layers) <= max_layers:
         return False
     args: dict[str, object] = {"job-id": COMPACT_JOB, "device": _DRIVE}
-    if base is not None:
-        args |= {"base": str(base), "backing-file": str(base)}
     try:
+        if base is not None:
+            # By node, not by file name: QEMU matches names with realpath(), which fails
+            # once -runas has dropped it to a user who cannot see the state dir.
+            args |= {"base-node": await _node_of(vm, base), "backing-file": str(base)}
         await vm.qmp("block-stream", **args)
     except HutchError as exc:
         log.warning("vm %s: cannot compact its %d-layer disk: %s", vm.cfg.name, len(layers), exc)
         return False
     log.info("vm %s: compacting a %d-layer disk chain", vm.cfg.name, len(layers))
     return True
+
+
+async def _node_of(vm: QemuVm, raw_image: Path) -> str:
+    nodes = await vm.qmp("query-named-block-nodes", flat=True)
+    for node in nodes if isinstance(nodes, list) else []:
+        if node.get("drv") == "raw" and node.get("file") == str(raw_image):
+            return str(node["node-name"])
+    raise SnapshotError(f"VM {vm.cfg.name}: no block node for {raw_image} in its disk chain")
 
 
 async def stop_disk_jobs(vm: QemuVm, timeout_s: float = 30.0) -> None:
