@@ -279,15 +279,26 @@ class Lab:
             raise RuntimeError(f"server {label} in {ns} did not start: {proc.stderr.read()}")
 
     # -- probing ----------------------------------------------------------------
-    def probe(self, ns: str, probes: Sequence[dict[str, Any]], timeout: float = 1.5) -> list[str]:
-        """Run the probes concurrently from ``ns``; each result is the server's line or
-        ``FAIL:<reason>``."""
+    def probe(
+        self,
+        ns: str,
+        probes: Sequence[dict[str, Any]],
+        timeout: float = 1.5,
+        user: str | None = None,
+    ) -> list[str]:
+        """Run the probes concurrently from ``ns`` (as ``user`` if given); each result is
+        the server's line or ``FAIL:<reason>``."""
+        as_user = (
+            ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", "/usr/bin/python3"]
+            if user
+            else [sys.executable]
+        )
         out = sh(
             "ip",
             "netns",
             "exec",
             ns,
-            sys.executable,
+            *as_user,
             "-c",
             PROBE,
             json.dumps(list(probes)),

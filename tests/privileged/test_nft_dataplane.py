@@ -9,6 +9,8 @@ the control: everything the other tests find blocked is reachable without the ta
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import pwd
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from ipaddress import IPv4Address, IPv4Network
@@ -520,3 +522,26 @@ async def test_apply_timings(lab: Lab, cfg: TableConfig) -> None:
     await apply(replace, netns=lab.host)
     report.append(f"policy replace on 500: {time.perf_counter() - started:.3f}s")
     print("\n" + "\n".join(report))
+
+
+async def test_the_qemu_user_gets_no_network(lab: Lab, cfg: TableConfig) -> None:
+    """A QEMU that escaped its guest runs as the unprivileged QEMU user: whatever it
+    tries to reach from the host is dropped, while the host itself is unaffected."""
+    user = "hutch-qemu" if _user_exists("hutch-qemu") else "nobody"
+    control = lab.probe(lab.host, [tcp("198.18.1.1", 80)], user=user)
+    assert reached(control[0], "internet"), "without the table that user gets through"
+    await apply(
+        render_table(RulesetState(dataclasses.replace(cfg, vmm_uid=pwd.getpwnam(user).pw_uid))),
+        netns=lab.host,
+    )
+    assert reached(lab.probe(lab.host, [tcp("198.18.1.1", 80)])[0], "internet")
+    as_qemu = lab.probe(lab.host, [tcp("198.18.1.1", 80), udp("198.18.3.1", 9999)], user=user)
+    assert all(blocked(r) for r in as_qemu), as_qemu
+
+
+def _user_exists(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True

@@ -6,7 +6,7 @@ import pytest
 
 from hutch.config import load_settings, parse_dns_upstream, parse_listen
 from hutch.errors import InvalidArgument, VmError
-from hutch.services.qemu_backend import qemu_user
+from hutch.vm.runas import qemu_uid, qemu_user
 
 
 def test_defaults(tmp_path: Path) -> None:
@@ -87,5 +87,7 @@ def test_qemu_user_is_checked_when_the_daemon_is_root(monkeypatch: pytest.Monkey
     with pytest.raises(VmError, match=r"no-such-qemu-user.*does not exist.*useradd"):
         qemu_user(load_settings({"HUTCH_QEMU_USER": "no-such-qemu-user"}))
     assert qemu_user(load_settings({"HUTCH_QEMU_USER": "nobody"})) == "nobody"
+    assert qemu_uid(load_settings({"HUTCH_QEMU_USER": "nobody"})) == 65534
+    assert qemu_uid(load_settings({"HUTCH_QEMU_USER": "no-such-qemu-user"})) is None
     monkeypatch.setattr("os.geteuid", lambda: 1000)
     assert qemu_user(load_settings({"HUTCH_QEMU_USER": "nobody"})) is None

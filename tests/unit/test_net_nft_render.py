@@ -4,6 +4,7 @@ privileged tests apply the same scripts and send packets through them."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from ipaddress import IPv4Address, IPv4Network
 
 import pytest
@@ -223,3 +224,14 @@ def test_strings_cannot_break_out_of_quotes() -> None:
         render_add_sandbox(CFG, bad)
     with pytest.raises(InvalidArgument):
         render_add_sandbox(CFG, sb([], sid="sb-not-hex"))
+
+
+def test_traffic_from_the_qemu_user_is_dropped_only_when_configured() -> None:
+    plain = render_table(RulesetState(CFG))
+    assert "hook output" not in plain and "skuid" not in plain
+    jailed = render_table(RulesetState(replace(CFG, vmm_uid=995)))
+    assert "type filter hook output priority filter; policy accept;" in jailed
+    assert "meta skuid 995 counter drop" in jailed
+    for bad in (0, -1, 1 << 32):
+        with pytest.raises(InvalidArgument, match="vmm_uid"):
+            replace(CFG, vmm_uid=bad)

@@ -46,6 +46,7 @@ from hutch.net.rules import EgressPolicy, parse_policy
 from hutch.net.views import EgressEvent, EgressView, NetworkView, PortView
 from hutch.store.db import Store
 from hutch.store.net import NetStore, NetworkRow
+from hutch.vm.runas import qemu_uid
 
 __all__ = ["NetworkManager", "default_upstream"]
 
@@ -136,6 +137,7 @@ class NetworkManager:
             dns_port=dns_port,
             proxy_port=proxy_port,
             nflog_group=group,
+            vmm_uid=qemu_uid(self.settings) if self.real else None,
         )
         if self.real:
             self._host_addrs = await host_addresses()

@@ -108,6 +108,10 @@ class TableConfig:
     dns_port: int  # hutch's resolver, UDP and TCP, bound on 0.0.0.0
     proxy_port: int  # hutch's SNI/Host proxy, TCP
     nflog_group: int  # NFLOG group the denials go to (0..65535)
+    # QEMU's unprivileged uid (hutch.vm.runas): IP traffic it originates is dropped. It
+    # needs none (its NIC is a tap, its channels unix sockets); a QEMU that escaped its
+    # guest must not get the network its guest's rules deny. None: no such rule.
+    vmm_uid: int | None = None
 
     def __post_init__(self) -> None:
         tap_prefix(self.tag)  # validates the tag
@@ -116,6 +120,8 @@ class TableConfig:
                 raise InvalidArgument(f"{what} {port} is not a TCP/UDP port (1..65535)")
         if not 0 <= self.nflog_group < 65536:
             raise InvalidArgument(f"nflog_group {self.nflog_group} is not in 0..65535")
+        if self.vmm_uid is not None and not 0 < self.vmm_uid < 1 << 32:
+            raise InvalidArgument(f"vmm_uid {self.vmm_uid} is not a non-root uid")
 
     @property
     def table(self) -> str:
@@ -396,9 +402,19 @@ def _skeleton(cfg: TableConfig, host_addrs: Iterable[IPv4Address]) -> str:
   chain postrouting {{
     type nat hook postrouting priority srcnat; policy accept;
     ip saddr @pool oifname != @taps masquerade
-  }}
+  }}{_vmm_output(cfg)}
 }}
 """
+
+
+def _vmm_output(cfg: TableConfig) -> str:
+    if cfg.vmm_uid is None:
+        return ""
+    return f"""
+  chain output {{
+    type filter hook output priority filter; policy accept;
+    meta skuid {cfg.vmm_uid} counter drop
+  }}"""
 
 
 def _host_elements(host_addrs: Iterable[IPv4Address]) -> list[str]:

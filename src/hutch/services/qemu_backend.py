@@ -15,7 +15,6 @@ import hashlib
 import json
 import logging
 import os
-import pwd
 import secrets
 import shutil
 import signal
@@ -36,6 +35,7 @@ from hutch.vm.accel import detect_accel, host_tsc_khz
 from hutch.vm.argv import VmConfig
 from hutch.vm.disk_chain import compact_if_deep, disk_chain
 from hutch.vm.process import QemuVm
+from hutch.vm.runas import qemu_user
 from hutch.vm.snapshot import (
     CONSUMED_MARKER,
     MANIFEST_FILE,
@@ -557,26 +557,6 @@ def _publish_template(snapshot_dir: Path, final: Path) -> None:
 def _discard_template_build(state: Path) -> None:
     _kill_verified(state / "qemu.pid", "tpl-")
     shutil.rmtree(state, ignore_errors=True)
-
-
-def qemu_user(settings: Settings) -> str | None:
-    """Who QEMU runs as after setting up: ``settings.qemu_user`` when the daemon is root
-    (None when it is not: QEMU then already runs unprivileged, as the daemon)."""
-    if os.geteuid() != 0:
-        return None
-    name = settings.qemu_user
-    if name == "root":
-        log.warning("HUTCH_QEMU_USER=root: QEMU keeps root; a QEMU escape would own the host")
-        return None
-    try:
-        pwd.getpwnam(name)
-    except KeyError:
-        raise VmError(
-            f"the QEMU user {name!r} does not exist; create it (`make deps` does: useradd "
-            f"--system --no-create-home --shell /usr/sbin/nologin {name}) or set "
-            "HUTCH_QEMU_USER to another unprivileged user (root works but is not advised)"
-        ) from None
-    return name
 
 
 def identity_of(sandbox_id: str, hostname: str, net: dict[str, str] | None = None) -> GuestIdentity:
