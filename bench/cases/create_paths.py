@@ -47,11 +47,13 @@ POOL_WAIT_S = 300.0
 
 
 def wait_for_template(side: SideDaemon, timeout_s: float = TEMPLATE_WAIT_S) -> Path:
-    """Wait until the side daemon has a finished template (``vm.json`` is written last)."""
+    """Wait until the side daemon has a finished template (``vm.json`` is written last;
+    a ``<key>.build`` directory is one still being made)."""
     root = side.daemon.state_dir / "templates"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        done = sorted(root.glob("*/vm.json")) if root.is_dir() else []
+        found = sorted(root.glob("*/vm.json")) if root.is_dir() else []
+        done = [p for p in found if not p.parent.name.endswith(".build")]
         if done:
             return done[0].parent
         time.sleep(0.5)

@@ -96,7 +96,14 @@ def test_many_concurrent_creates_and_execs(make_daemon: Callable[[], Daemon]) ->
     d = make_daemon()
     with d.client() as c:
         c.delete_sandbox(c.create_sandbox(memory_mib=256).id)  # the template for the shape
-    assert wait_for(lambda: any((d.state_dir / "templates").glob("*/vm.json")), 300)
+    # Finished, not being built (a "<key>.build" directory has its vm.json early).
+    assert wait_for(
+        lambda: any(
+            not p.parent.name.endswith(".build")
+            for p in (d.state_dir / "templates").glob("*/vm.json")
+        ),
+        300,
+    )
 
     def create(_: int) -> str:
         with d.client() as c:

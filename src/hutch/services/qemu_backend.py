@@ -139,6 +139,7 @@ class QemuBackend:
         self.settings = settings
         self.accel = detect_accel(settings.accel)
         self.run_as = qemu_user(settings)
+        self._boot_gate = asyncio.Semaphore(max(1, os.cpu_count() or 1))
         # The network layer owns addresses; the backend only passes them on to the guest.
         self.guest_network: GuestNetwork = guest_network or (lambda _sandbox_id: None)
 
@@ -190,13 +191,23 @@ class QemuBackend:
         await asyncio.to_thread(create_overlay, image.rootfs, p.disk, rec.shape.disk_gib)
         cfg = self.vm_config(rec, image)
         _write_config(p.vm_json, cfg)
-        vm = await QemuVm.launch(cfg)
-        try:
-            agent = await self._connect_agent(vm, p, hostname=rec.name or rec.id)
-        except BaseException:
-            await vm.kill()
-            raise
+        vm, agent = await self._boot(cfg, p, rec.name or rec.id)
         return QemuRuntime(rec.id, vm, agent, p)
+
+    async def _boot(
+        self, cfg: VmConfig, p: SandboxPaths, hostname: str
+    ) -> tuple[QemuVm, AgentClient]:
+        """Cold boot ``cfg`` and connect its agent, at most one boot per host CPU at a
+        time: a boot is CPU-bound (~12 s of a core under TCG), and a storm of them on a
+        few cores pushes every one past the agent timeout; queued boots wait instead."""
+        async with self._boot_gate:
+            vm = await QemuVm.launch(cfg)
+            try:
+                agent = await self._connect_agent(vm, p, hostname=hostname)
+            except BaseException:
+                await vm.kill()
+                raise
+        return vm, agent
 
     # -- pause / resume / fork ----------------------------------------------------------
 
@@ -240,14 +251,14 @@ class QemuBackend:
         cfg = dataclasses.replace(cfg, run_as=self.run_as)
         p.run.mkdir(parents=True, exist_ok=True, mode=0o700)
         if resume_from is None:
-            vm = await QemuVm.launch(cfg)
+            vm, agent = await self._boot(cfg, p, rec.name or rec.id)
         else:
             vm = await restore(cfg, Path(resume_from), clone=clone)
-        try:
-            agent = await self._connect_agent(vm, p, hostname=rec.name or rec.id)
-        except BaseException:
-            await vm.kill()
-            raise
+            try:
+                agent = await self._connect_agent(vm, p, hostname=rec.name or rec.id)
+            except BaseException:
+                await vm.kill()
+                raise
         if resume_from is not None and not clone:
             # The consumed pause snapshot can never be restored again: free its space.
             await asyncio.to_thread(shutil.rmtree, resume_from, True)
@@ -347,9 +358,8 @@ class QemuBackend:
             await asyncio.to_thread(create_overlay, image.rootfs, work.disk, shape.disk_gib)
             cfg = self._vm_config(work, "template", shape, image, "hutch")
             _write_config(work.vm_json, cfg)
-            vm = await QemuVm.launch(cfg)
+            vm, agent = await self._boot(cfg, work, "hutch")
             try:
-                agent = await self._connect_agent(vm, work, hostname="hutch")
                 # Let boot-time work finish so that no clone inherits it half-done.
                 await agent.run(
                     ["sh", "-c", "while pgrep -x resize2fs >/dev/null; do sleep 0.1; done; sync"],
