@@ -12,17 +12,12 @@ import asyncio
 import contextlib
 import dataclasses
 import hashlib
-import json
 import logging
 import os
 import secrets
 import shutil
-import signal
-import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from hutch.config import Settings
 from hutch.errors import GuestError, HutchError, Timeout, VmError
@@ -30,6 +25,16 @@ from hutch.guest.client import AgentClient, GuestIdentity
 from hutch.images.build import ImageArtifacts
 from hutch.models import SANDBOX_ID_RE, NetworkMode, PauseMode, SandboxRecord, Shape
 from hutch.net.addressing import tap_name
+from hutch.services.qemu_host import (
+    SandboxPaths,
+    discard_template_build,
+    finish_template,
+    kill_verified,
+    publish_template,
+    read_config,
+    tail,
+    write_config,
+)
 from hutch.storage.overlay import create_overlay
 from hutch.vm.accel import detect_accel, host_tsc_khz
 from hutch.vm.argv import VmConfig
@@ -42,69 +47,11 @@ from hutch.vm.snapshot import (
     create_clone_disk,
     finish_interrupted_save,
     load_manifest,
-    move_disk,
     restore,
     save_snapshot,
 )
 
 log = logging.getLogger(__name__)
-
-_KILL_WAIT_S = 5.0
-
-_PATH_FIELDS = (
-    "kernel",
-    "initrd",
-    "disk",
-    "qmp_socket",
-    "agent_socket",
-    "console_log",
-    "pidfile",
-    "qemu_log",
-)
-
-
-@dataclass(frozen=True)
-class SandboxPaths:
-    state: Path  # <state_dir>/sandboxes/<id>
-    run: Path  # /run/hutch/<hash>/<id> (sockets)
-
-    @property
-    def disk(self) -> Path:
-        return self.state / "disk.qcow2"
-
-    @property
-    def console_log(self) -> Path:
-        return self.state / "console.log"
-
-    @property
-    def qemu_log(self) -> Path:
-        return self.state / "qemu.log"
-
-    @property
-    def pidfile(self) -> Path:
-        return self.state / "qemu.pid"
-
-    @property
-    def vm_json(self) -> Path:
-        return self.state / "vm.json"
-
-    @property
-    def qmp_socket(self) -> Path:
-        return self.run / "qmp.sock"
-
-    @property
-    def agent_socket(self) -> Path:
-        return self.run / "agent.sock"
-
-
-def tail(path: Path, max_bytes: int) -> str:
-    try:
-        with path.open("rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - max_bytes))
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""
 
 
 class QemuRuntime:
@@ -190,7 +137,7 @@ class QemuBackend:
         p.run.mkdir(parents=True, mode=0o700)
         await asyncio.to_thread(create_overlay, image.rootfs, p.disk, rec.shape.disk_gib)
         cfg = self.vm_config(rec, image)
-        _write_config(p.vm_json, cfg)
+        write_config(p.vm_json, cfg)
         vm, agent = await self._boot(cfg, p, rec.name or rec.id)
         return QemuRuntime(rec.id, vm, agent, p)
 
@@ -245,7 +192,7 @@ class QemuBackend:
     ) -> QemuRuntime:
         """Start a paused sandbox again: restore its memory, or boot its disk."""
         p = self.paths(rec.id)
-        cfg = _read_config(p.vm_json)
+        cfg = read_config(p.vm_json)
         if cfg is None:
             raise VmError(f"sandbox {rec.id} has no VM configuration at {p.vm_json}")
         cfg = dataclasses.replace(cfg, run_as=self.run_as)
@@ -276,7 +223,7 @@ class QemuBackend:
         except BaseException:
             runtime.agent = await self._connect_agent(runtime.vm, runtime.paths)
             raise
-        await asyncio.to_thread(_finish_template, snapshot_dir, runtime.vm.cfg)
+        await asyncio.to_thread(finish_template, snapshot_dir, runtime.vm.cfg)
 
     async def start_clone(self, rec: SandboxRecord, snapshot_dir: Path) -> QemuRuntime:
         """Start ``rec`` as a copy-on-write clone of the frozen ``snapshot_dir``.
@@ -285,14 +232,14 @@ class QemuBackend:
         own names, sockets and disk.
         """
         p = self.paths(rec.id)
-        template_cfg = _read_config(snapshot_dir / "vm.json")
+        template_cfg = read_config(snapshot_dir / "vm.json")
         if template_cfg is None:
             # The daemon stopped between a fork's save and its disk move.
             manifest = load_manifest(snapshot_dir)
-            source = _read_config(Path(manifest.disk.path).parent / "vm.json")
+            source = read_config(Path(manifest.disk.path).parent / "vm.json")
             if source is None:
                 raise VmError(f"snapshot {snapshot_dir} has no VM configuration to clone")
-            await asyncio.to_thread(_finish_template, snapshot_dir, source)
+            await asyncio.to_thread(finish_template, snapshot_dir, source)
             template_cfg = source
         p.state.mkdir(parents=True, exist_ok=True, mode=0o700)
         p.run.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -311,7 +258,7 @@ class QemuBackend:
             # A snapshot from before NICs existed restores without one: no network.
             tap=self.tap_of(rec) if template_cfg.nic else None,
         )
-        _write_config(p.vm_json, cfg)
+        write_config(p.vm_json, cfg)
         vm = await restore(cfg, snapshot_dir, clone=True)
         try:
             agent = await self._connect_agent(vm, p, hostname=rec.name or rec.id)
@@ -351,13 +298,13 @@ class QemuBackend:
             state=final.parent / (final.name + ".build"),
             run=self.settings.run_dir / ("tpl-" + secrets.token_hex(4)),
         )
-        await asyncio.to_thread(_discard_template_build, work.state)
+        await asyncio.to_thread(discard_template_build, work.state)
         work.state.mkdir(parents=True, mode=0o700)
         work.run.mkdir(parents=True, mode=0o700)
         try:
             await asyncio.to_thread(create_overlay, image.rootfs, work.disk, shape.disk_gib)
             cfg = self._vm_config(work, "template", shape, image, "hutch")
-            _write_config(work.vm_json, cfg)
+            write_config(work.vm_json, cfg)
             vm, agent = await self._boot(cfg, work, "hutch")
             try:
                 # Let boot-time work finish so that no clone inherits it half-done.
@@ -371,18 +318,18 @@ class QemuBackend:
             except BaseException:
                 await vm.kill()
                 raise
-            await asyncio.to_thread(_finish_template, snap, cfg)
-            await asyncio.to_thread(_publish_template, snap, final)
+            await asyncio.to_thread(finish_template, snap, cfg)
+            await asyncio.to_thread(publish_template, snap, final)
         finally:
             await asyncio.to_thread(shutil.rmtree, work.run, True)
-            await asyncio.to_thread(_discard_template_build, work.state)
+            await asyncio.to_thread(discard_template_build, work.state)
         return final
 
     def discard_unfinished_templates(self) -> None:
         root = self.settings.state_dir / "templates"
         if root.is_dir():
             for d in root.glob("*.build"):
-                _discard_template_build(d)
+                discard_template_build(d)
         run_root = self.settings.run_dir
         if run_root.is_dir():
             for d in run_root.glob("tpl-*"):
@@ -394,7 +341,7 @@ class QemuBackend:
             # A save cut short after QEMU was told to end: make sure it has, then
             # finish the save the way it would have finished.
             await asyncio.to_thread(
-                _kill_verified, self.paths(sandbox_id).pidfile, str(self.paths(sandbox_id).run)
+                kill_verified, self.paths(sandbox_id).pidfile, str(self.paths(sandbox_id).run)
             )
             if await asyncio.to_thread(finish_interrupted_save, d):
                 log.info("sandbox %s: finished the interrupted save in %s", sandbox_id, d)
@@ -485,7 +432,7 @@ class QemuBackend:
 
     async def adopt(self, rec: SandboxRecord) -> QemuRuntime | None:
         p = self.paths(rec.id)
-        cfg = _read_config(p.vm_json)
+        cfg = read_config(p.vm_json)
         if cfg is None:
             return None
         vm = await QemuVm.adopt(cfg)
@@ -506,7 +453,7 @@ class QemuBackend:
 
     async def cleanup(self, sandbox_id: str) -> None:
         p = self.paths(sandbox_id)
-        cfg = _read_config(p.vm_json)
+        cfg = read_config(p.vm_json)
         if cfg is not None:
             try:
                 vm = await QemuVm.adopt(cfg)
@@ -515,8 +462,8 @@ class QemuBackend:
             if vm is not None:
                 await vm.kill()
         # A pidfile without vm.json (crash between the two writes) still names a process
-        # that must not outlive its sandbox; _kill_verified checks it really is ours.
-        _kill_verified(p.pidfile, str(p.run))
+        # that must not outlive its sandbox; kill_verified checks it really is ours.
+        kill_verified(p.pidfile, str(p.run))
         await asyncio.to_thread(shutil.rmtree, p.run, True)
         await asyncio.to_thread(shutil.rmtree, p.state, True)
 
@@ -543,73 +490,7 @@ async def _undo_interrupted_pause(vm: QemuVm) -> None:
         log.warning("could not resume adopted VM %s: %s", vm.cfg.name, exc)
 
 
-def _finish_template(snapshot_dir: Path, cfg: VmConfig) -> None:
-    """Make a saved snapshot a template: take its disk in and record its VM config."""
-    manifest = load_manifest(snapshot_dir)
-    if Path(manifest.disk.path) != (snapshot_dir / "disk.qcow2").resolve():
-        move_disk(snapshot_dir, snapshot_dir / "disk.qcow2")
-    _write_config(snapshot_dir / "vm.json", cfg)
-
-
-def _publish_template(snapshot_dir: Path, final: Path) -> None:
-    """Move a finished template into place. Paths inside its manifest are absolute, so
-    the disk is moved (and recorded) first, then the directory is renamed over."""
-    final.mkdir(parents=True, exist_ok=True)
-    for name in os.listdir(snapshot_dir):
-        if name not in ("disk.qcow2", MANIFEST_FILE, "vm.json"):
-            os.rename(snapshot_dir / name, final / name)
-    move_disk(snapshot_dir, final / "disk.qcow2")
-    os.rename(snapshot_dir / MANIFEST_FILE, final / MANIFEST_FILE)
-    # vm.json last: its presence marks the template complete.
-    os.rename(snapshot_dir / "vm.json", final / "vm.json")
-
-
-def _discard_template_build(state: Path) -> None:
-    _kill_verified(state / "qemu.pid", "tpl-")
-    shutil.rmtree(state, ignore_errors=True)
-
-
 def identity_of(sandbox_id: str, hostname: str, net: dict[str, str] | None = None) -> GuestIdentity:
     """A sandbox's guest identity: stable for its lifetime, distinct from every other."""
     machine_id = hashlib.sha256(f"hutch-machine-id:{sandbox_id}".encode()).hexdigest()[:32]
     return GuestIdentity(hostname=hostname, machine_id=machine_id, net=net)
-
-
-def _write_config(path: Path, cfg: VmConfig) -> None:
-    data = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
-
-
-def _read_config(path: Path) -> VmConfig | None:
-    try:
-        data: dict[str, Any] = json.loads(path.read_text())
-        for key in _PATH_FIELDS:
-            data[key] = Path(data[key])
-        return VmConfig(**data)
-    except (OSError, ValueError, TypeError, KeyError):
-        return None
-
-
-def _kill_verified(pidfile: Path, marker: str) -> None:
-    try:
-        pid = int(pidfile.read_text().strip())
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except (OSError, ValueError):
-        return
-    if marker not in cmdline:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-    # Files it held (disk, sockets) are only safe to touch once it is really gone.
-    deadline = time.monotonic() + _KILL_WAIT_S
-    while time.monotonic() < deadline:
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            return
-        if stat.rpartition(")")[2].split()[0] in ("Z", "X"):
-            return
-        time.sleep(0.01)
-    log.warning("QEMU pid %d did not exit %.0f s after SIGKILL", pid, _KILL_WAIT_S)
