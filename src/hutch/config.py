@@ -67,6 +67,9 @@ class Settings:
     # The unprivileged user QEMU runs as once set up (a daemon running as root only);
     # "root": QEMU keeps root (not advised: a QEMU escape would own the host).
     qemu_user: str = "hutch-qemu"
+    # Bytes an imported image may hold: the archive uploaded and the files its layers
+    # write, each (a decompression bomb would otherwise fill the disk).
+    max_image_bytes: int = 32 << 30
 
     @property
     def db_path(self) -> Path:
@@ -208,6 +211,10 @@ def _from_mapping(base: Settings, values: dict[str, Any], source: str) -> Settin
                 )
         if "qemu_user" in values:
             s = replace(s, qemu_user=str(values["qemu_user"]))
+        if "max_image_bytes" in values:
+            s = replace(s, max_image_bytes=int(values["max_image_bytes"]))
+            if s.max_image_bytes < 1 << 20:
+                raise InvalidArgument(f"{source}: max_image_bytes must be at least 1 MiB")
         if "boot_timeout_s" in values:
             s = replace(s, boot_timeout_s=float(values["boot_timeout_s"]))
         limits = s.limits
@@ -239,6 +246,7 @@ _ENV = {
     "HUTCH_PORTS_BIND": "ports_bind",
     "HUTCH_MAX_DISK_LAYERS": "max_disk_layers",
     "HUTCH_QEMU_USER": "qemu_user",
+    "HUTCH_MAX_IMAGE_BYTES": "max_image_bytes",
 }
 
 

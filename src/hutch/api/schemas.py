@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hutch.api.image_schemas import ImageConfigModel, ImageSourceModel
 from hutch.api.net_schemas import (
     MAX_EGRESS_RULES,
     MAX_NETWORKS_PER_SANDBOX,
@@ -248,6 +249,12 @@ class Image(BaseModel):
     digest: str | None
     size_bytes: int | None
     kernel_release: str | None
+    source: ImageSourceModel = Field(
+        default_factory=lambda: ImageSourceModel.model_validate({"type": "builtin"})
+    )
+    config: ImageConfigModel | None = None
+    start: bool = False
+    created_at: dt.datetime | None = None
 
 
 class ImageList(BaseModel):

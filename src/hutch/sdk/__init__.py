@@ -19,6 +19,7 @@ from hutch.sdk._client import Client, ResponseStream
 from hutch.sdk._config import DEFAULT_URL, Timeouts
 from hutch.sdk._errors import ApiKeyMissing, ClientClosed, DaemonUnreachable, ProtocolError
 from hutch.sdk._files_extra import ArchiveWritten, AsyncFileWatcher, FileWatcher, WatchEvent
+from hutch.sdk._images import ImageProgress
 from hutch.sdk._interpreter import (
     AsyncContext,
     AsyncContexts,
@@ -110,6 +111,7 @@ __all__ = [
     "Files",
     "Health",
     "ImageInfo",
+    "ImageProgress",
     "NetworkInfo",
     "NetworkModeArg",
     "Networks",

@@ -9,7 +9,16 @@ from __future__ import annotations
 import asyncio
 import builtins
 import inspect
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+import os
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from typing import Any, Generic, TypeVar
 
 import httpx
@@ -27,7 +36,15 @@ from hutch.sdk._bodies import (
 from hutch.sdk._closing import AsyncClosesOnExit
 from hutch.sdk._config import Timeouts, resolve_config
 from hutch.sdk._core import Call, ClientCore
-from hutch.sdk._errors import ClientClosed
+from hutch.sdk._errors import ClientClosed, ProtocolError
+from hutch.sdk._images import (
+    ImageProgressDecoder,
+    ProgressCallback,
+    archive_chunks,
+    delete_image_request,
+    import_image_request,
+    pull_image_request,
+)
 from hutch.sdk._net import AsyncNetworks
 from hutch.sdk._net_args import NetworkModeArg
 from hutch.sdk._types import (
@@ -276,6 +293,57 @@ class AsyncClient(AsyncClosesOnExit):
     async def list_images(self) -> builtins.list[ImageInfo]:
         return await self.call(self.core.list_images())
 
+    async def import_image(
+        self,
+        name: str,
+        source: str | os.PathLike[str] | bytes | Iterable[bytes],
+        *,
+        start: bool = False,
+        filename: str | None = None,
+        on_progress: ProgressCallback | None = None,
+    ) -> ImageInfo:
+        """See :meth:`hutch.sdk.Client.import_image`."""
+        if filename is None and isinstance(source, str | os.PathLike):
+            filename = os.path.basename(os.fspath(source))
+        request = import_image_request(
+            self.core.request, name, _in_thread(archive_chunks(source)), start=start,
+            filename=filename,
+        )  # fmt: skip
+        return await self._image_call(request, on_progress)
+
+    async def pull_image(
+        self,
+        name: str,
+        ref: str,
+        *,
+        username: str | None = None,
+        password: str | None = None,
+        token: str | None = None,
+        start: bool = False,
+        on_progress: ProgressCallback | None = None,
+    ) -> ImageInfo:
+        """See :meth:`hutch.sdk.Client.pull_image`."""
+        request = pull_image_request(
+            self.core.request, name, ref, username=username, password=password, token=token,
+            start=start,
+        )  # fmt: skip
+        return await self._image_call(request, on_progress)
+
+    async def delete_image(self, name: str) -> None:
+        """See :meth:`hutch.sdk.Client.delete_image`."""
+        await (await self.send(delete_image_request(self.core.request, name))).aclose()
+
+    async def _image_call(
+        self, request: httpx.Request, on_progress: ProgressCallback | None
+    ) -> ImageInfo:
+        async with AsyncResponseStream(self, request, ImageProgressDecoder()) as stream:
+            async for item in stream:
+                if isinstance(item, ImageInfo):
+                    return item
+                if on_progress is not None:
+                    on_progress(item)
+        raise ProtocolError("the image import stream ended without its result")
+
 
 def _async_upload_chunks(data: AsyncUploadData) -> bytes | AsyncIterator[bytes]:
     """Like :func:`sync_upload_chunks`, plus async sources; blocking file reads run in a
@@ -373,3 +441,14 @@ class AsyncResponseStream(AsyncClosesOnExit, Generic[T]):
         """Stop reading and release the connection. Safe to call twice."""
         self._closed = True
         await self._release()
+
+
+async def _in_thread(chunks: Iterable[bytes]) -> AsyncIterator[bytes]:
+    """A sync chunk source (a file being read, a directory being tarred) as an async
+    one, each read in a worker thread so the event loop never waits on the disk."""
+    iterator = iter(chunks)
+    while True:
+        chunk = await asyncio.to_thread(next, iterator, None)
+        if chunk is None:
+            return
+        yield chunk

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import builtins
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Generic, TypeVar
 
 import httpx
@@ -20,7 +21,15 @@ from hutch.sdk._bodies import (
 from hutch.sdk._closing import ClosesOnExit
 from hutch.sdk._config import Timeouts, resolve_config
 from hutch.sdk._core import Call, ClientCore
-from hutch.sdk._errors import ClientClosed
+from hutch.sdk._errors import ClientClosed, ProtocolError
+from hutch.sdk._images import (
+    ImageProgressDecoder,
+    ProgressCallback,
+    archive_chunks,
+    delete_image_request,
+    import_image_request,
+    pull_image_request,
+)
 from hutch.sdk._net import Networks
 from hutch.sdk._net_args import NetworkModeArg
 from hutch.sdk._types import (
@@ -263,6 +272,58 @@ class Client(ClosesOnExit):
 
     def list_images(self) -> builtins.list[ImageInfo]:
         return self.call(self.core.list_images())
+
+    def import_image(
+        self,
+        name: str,
+        source: str | os.PathLike[str] | bytes | Iterable[bytes],
+        *,
+        start: bool = False,
+        filename: str | None = None,
+        on_progress: ProgressCallback | None = None,
+    ) -> ImageInfo:
+        """Import an OCI image as ``name`` from ``source``: an oci-archive or
+        docker-archive file (gzip is fine), an OCI layout directory, or bytes.
+        ``start``: run the image's Entrypoint + Cmd when a sandbox of it boots."""
+        if filename is None and isinstance(source, str | os.PathLike):
+            filename = os.path.basename(os.fspath(source))
+        request = import_image_request(
+            self.core.request, name, archive_chunks(source), start=start, filename=filename
+        )
+        return self._image_call(request, on_progress)
+
+    def pull_image(
+        self,
+        name: str,
+        ref: str,
+        *,
+        username: str | None = None,
+        password: str | None = None,
+        token: str | None = None,
+        start: bool = False,
+        on_progress: ProgressCallback | None = None,
+    ) -> ImageInfo:
+        """Pull ``ref`` (``[registry/]repo[:tag][@digest]``) from a registry as ``name``."""
+        request = pull_image_request(
+            self.core.request, name, ref, username=username, password=password, token=token,
+            start=start,
+        )  # fmt: skip
+        return self._image_call(request, on_progress)
+
+    def delete_image(self, name: str) -> None:
+        """Delete an imported image (refused while a sandbox or snapshot uses it)."""
+        self.send(delete_image_request(self.core.request, name)).close()
+
+    def _image_call(
+        self, request: httpx.Request, on_progress: ProgressCallback | None
+    ) -> ImageInfo:
+        with ResponseStream(self, request, ImageProgressDecoder()) as stream:
+            for item in stream:
+                if isinstance(item, ImageInfo):
+                    return item
+                if on_progress is not None:
+                    on_progress(item)
+        raise ProtocolError("the image import stream ended without its result")
 
 
 class ResponseStream(ClosesOnExit, Generic[T]):

@@ -361,6 +361,12 @@ class ImageInfo:
     digest: str | None
     size_bytes: int | None
     kernel_release: str | None
+    #: {"type": "builtin" | "registry" | "archive", "ref", "digest", "format", ...}
+    source: dict[str, Any] = field(default_factory=lambda: {"type": "builtin"})
+    #: Imported images: env, working_dir, user, entrypoint, cmd, exposed_ports.
+    config: dict[str, Any] | None = None
+    start: bool = False
+    created_at: datetime | None = None
 
     @classmethod
     def from_dict(cls, obj: Any) -> ImageInfo:
@@ -372,6 +378,10 @@ class ImageInfo:
             digest=_opt(obj, "digest", str, w),
             size_bytes=_opt(obj, "size_bytes", int, w),
             kernel_release=_opt(obj, "kernel_release", str, w),
+            source=_opt(obj, "source", dict, w) or {"type": "builtin"},
+            config=_opt(obj, "config", dict, w),
+            start=bool(_opt(obj, "start", bool, w)),
+            created_at=_time(obj, "created_at", w),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -382,6 +392,10 @@ class ImageInfo:
             "digest": self.digest,
             "size_bytes": self.size_bytes,
             "kernel_release": self.kernel_release,
+            "source": dict(self.source),
+            "config": self.config,
+            "start": self.start,
+            "created_at": self.created_at.isoformat() if self.created_at else None,
         }
 
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hutch.config import Settings
-from hutch.errors import GuestError, HutchError, Timeout, VmError
+from hutch.errors import GuestError, HutchError, NotFound, Timeout, VmError
 from hutch.guest.client import AgentClient, GuestIdentity
 from hutch.images.build import ImageArtifacts
 from hutch.models import SANDBOX_ID_RE, NetworkMode, PauseMode, SandboxRecord, Shape
@@ -129,6 +129,7 @@ class QemuBackend:
             tsc_khz=host_tsc_khz() if self.accel == "tcg" else None,
             nic=True,
             run_as=self.run_as,
+            runtime_disk=image.runtime_disk,
         )
 
     async def start(self, rec: SandboxRecord, image: ImageArtifacts) -> QemuRuntime:
@@ -308,10 +309,7 @@ class QemuBackend:
             vm, agent = await self._boot(cfg, work, "hutch")
             try:
                 # Let boot-time work finish so that no clone inherits it half-done.
-                await agent.run(
-                    ["sh", "-c", "while pgrep -x resize2fs >/dev/null; do sleep 0.1; done; sync"],
-                    timeout_s=120,
-                )
+                await _settle(agent, image)
                 await agent.close()
                 snap = work.state / "snapshot"
                 await save_snapshot(vm, snap, ram_in_file=False)
@@ -473,6 +471,32 @@ class QemuBackend:
             if root.is_dir():
                 found.update(d.name for d in root.iterdir() if SANDBOX_ID_RE.match(d.name))
         return found
+
+
+async def _settle(agent: AgentClient, image: ImageArtifacts) -> None:
+    """Wait for the guest's boot-time work (growing the root filesystem) to end. An
+    imported image may have no shell or pgrep: there the agent itself does that work
+    and marks it done (``hutch_agent.runtime.BOOT_DONE``)."""
+    if image.runtime_disk is None:
+        await agent.run(
+            ["sh", "-c", "while pgrep -x resize2fs >/dev/null; do sleep 0.1; done; sync"],
+            timeout_s=120,
+        )
+        return
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 120
+    while True:
+        try:
+            await agent.stat(RUNTIME_BOOT_DONE)
+            return
+        except NotFound:
+            if loop.time() > deadline:
+                raise Timeout("the guest did not finish growing its root filesystem") from None
+            await asyncio.sleep(0.1)
+
+
+#: Written by the agent on an imported image once boot-time work is done.
+RUNTIME_BOOT_DONE = "/run/.hutch/boot-done"
 
 
 async def _undo_interrupted_pause(vm: QemuVm) -> None:

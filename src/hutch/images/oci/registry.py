@@ -13,9 +13,10 @@ the registry or the network does wrong → ``RegistryError``.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 from collections.abc import Iterator
-from typing import IO, Any
+from typing import Any
 
 import httpx
 
@@ -27,6 +28,7 @@ from hutch.images.oci.auth import (
     parse_www_authenticate,
     token_url,
 )
+from hutch.images.oci.digest import Readable
 from hutch.images.oci.manifest import ACCEPT_MANIFESTS, Descriptor
 from hutch.images.oci.ref import ImageRef
 
@@ -120,9 +122,9 @@ class RegistryClient:
             self._authorization = f"Bearer {parse_token_response(answer.content)}"
             return True
         if "basic" in by_scheme and self.credentials.basic is not None:
-            basic = httpx.BasicAuth(*self.credentials.basic)
-            req = basic.auth_flow(httpx.Request("GET", self.ref.base_url))
-            self._authorization = next(req).headers["Authorization"]
+            user, password = self.credentials.basic
+            pair = base64.b64encode(f"{user}:{password}".encode()).decode()
+            self._authorization = f"Basic {pair}"
             return True
         return False
 
@@ -213,12 +215,12 @@ class RegistryClient:
         return body, media_type, response.headers.get("Docker-Content-Digest")
 
     @contextlib.contextmanager
-    def open_blob(self, digest: str) -> Iterator[IO[bytes]]:
+    def open_blob(self, digest: str) -> Iterator[Readable]:
         what = f"blob {digest} of {self.ref.repository}"
         response = self._send("GET", self._url("blobs", digest), stream=True, what=what)
         self._check(response, what)
         try:
-            yield _StreamReader(response, what)  # type: ignore[misc]
+            yield _StreamReader(response, what)
         finally:
             response.close()
 
@@ -238,7 +240,7 @@ class RegistrySource:
         body, media_type, _ = self.client.get_manifest(digest)
         return body, media_type
 
-    def open_blob(self, desc: Descriptor) -> contextlib.AbstractContextManager[IO[bytes]]:
+    def open_blob(self, desc: Descriptor) -> contextlib.AbstractContextManager[Readable]:
         return self.client.open_blob(desc.digest)
 
     def describe(self) -> dict[str, Any]:
