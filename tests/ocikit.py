@@ -430,15 +430,6 @@ class TreeModel:
         return sorted(out)
 
 
-#: Run in a guest (coreutils or busybox): one line per path, as TreeModel.listing.
-GUEST_LISTING = r"""
-export LC_ALL=C QUOTING_STYLE=literal
-find / -xdev -print0 | xargs -0 stat -c '%n|%F|%a|%u|%g|%h|%N' > /tmp/stat.txt
-find / -xdev -type f -print0 | xargs -0 sha256sum > /tmp/sums.txt
-echo ok
-"""
-
-
 def parse_guest_listing(stat_txt: str, sums_txt: str, exclude: Iterable[str]) -> list[str]:
     skip = set(exclude)
     sums = {}
