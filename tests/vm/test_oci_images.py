@@ -485,6 +485,13 @@ async def test_template_of_an_imported_image(env: Env) -> None:
 
 
 async def test_delete_an_unused_image(env: Env) -> None:
+    image = env.svc.image_source.find("busybox")
+    assert image is not None
+    backend = env.svc.backend
+    assert isinstance(backend, QemuBackend) and backend.find_template(image, SHAPE)
+    await env.client.delete_image("busybox")  # its sandboxes are gone: its template goes too
+    assert backend.find_template(image, SHAPE) is None
+    assert not content_dir(test_images_dir(), env.busybox.digest).exists()
     await env.client.delete_image("busybox-docker")
     assert "busybox-docker" not in {i.name for i in await env.client.list_images()}
     with pytest.raises(NotFound):

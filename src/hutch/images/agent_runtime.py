@@ -40,6 +40,7 @@ from hutch.images import _proc
 from hutch.images.cache import atomic_write_text, file_lock, file_sha256, short_digest
 from hutch.images.elf import needed_libraries
 from hutch.images.rootfs import PackageTree, make_ext4
+from hutch.vm.argv import RUNTIME_DISK_SERIAL
 
 __all__ = ["MOUNT", "RuntimeDisk", "agent_argv", "prepare_runtime", "runtime_key"]
 
@@ -47,8 +48,8 @@ _FORMAT = "agent-runtime-v1"
 MOUNT = "/run/.hutch/rt"
 LOADER = "ld-linux-x86-64.so.2"
 RUNTIME_LABEL = "hutch-agent-rt"
-#: The virtio-blk serial the initramfs finds the runtime disk by.
-SERIAL = "hutch-agent-rt"
+#: The virtio-blk serial the initramfs finds the runtime disk by (the VM layer sets it).
+SERIAL = RUNTIME_DISK_SERIAL
 
 #: Standard library parts the agent never imports.
 _STDLIB_SKIP = frozenset(

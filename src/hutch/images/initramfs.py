@@ -91,7 +91,7 @@ def write_cpio(entries: Iterable[CpioEntry]) -> bytes:
 
 #: What the initramfs of imported (OCI) images calls on top: it does hutch-init's work
 #: itself, since the image may have no shell and none of the tools.
-OCI_APPLETS: tuple[str, ...] = (*BUSYBOX_APPLETS, "printf", "grep")
+OCI_APPLETS: tuple[str, ...] = (*BUSYBOX_APPLETS, "printf")
 
 
 def init_script(name: str = "initramfs-init") -> bytes:

@@ -17,6 +17,7 @@ import logging
 import re
 import shutil
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -84,10 +85,22 @@ class ImageImporter:
         return self.settings.state_dir / "imports"
 
     def start(self) -> None:
-        """Remove what a daemon killed mid-import left: spooled uploads, work dirs."""
+        """Remove what a daemon killed mid-import left (spooled uploads, work dirs),
+        and, when there are imported images, bring the boot set (kernel, initramfs,
+        agent runtime) up to this hutch's in the background: until then new sandboxes
+        boot the one they had, which still works."""
         shutil.rmtree(self.spool_dir, ignore_errors=True)
         for name in discard_partial(self.images.images_dir):
             log.info("removed the unfinished image import %s", name)
+        if self.images.store.list():
+            threading.Thread(target=self._refresh_boot, name="hutch-oci-boot", daemon=True).start()
+
+    def _refresh_boot(self) -> None:
+        try:
+            boot = self.images.boot.prepare()
+            log.info("boot set for imported images: %s", boot.key)
+        except HutchError as exc:
+            log.warning("could not refresh the boot set for imported images: %s", exc)
 
     def new_spool(self) -> Path:
         self.spool_dir.mkdir(parents=True, exist_ok=True, mode=0o700)

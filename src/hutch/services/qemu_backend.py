@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import logging
 import os
+import re
 import secrets
 import shutil
 from collections.abc import Callable
@@ -322,6 +323,18 @@ class QemuBackend:
             await asyncio.to_thread(shutil.rmtree, work.run, True)
             await asyncio.to_thread(discard_template_build, work.state)
         return final
+
+    def remove_templates(self, image_name: str) -> list[str]:
+        """Remove every template of image ``image_name`` (an imported image being
+        deleted); return their directory names."""
+        root = self.settings.state_dir / "templates"
+        pattern = re.compile(rf"^{re.escape(image_name)}-[0-9a-f]{{16}}-\d+c-")
+        removed = []
+        for d in root.iterdir() if root.is_dir() else ():
+            if pattern.match(d.name) and not d.name.endswith(".build"):
+                shutil.rmtree(d, ignore_errors=True)
+                removed.append(d.name)
+        return removed
 
     def discard_unfinished_templates(self) -> None:
         root = self.settings.state_dir / "templates"
