@@ -373,7 +373,7 @@ def op_create(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any]:
             "invalid_argument",
             f"language {language!r} is not supported; supported: {', '.join(LANGUAGES)}",
         )
-    cwd = h.get("cwd") or HOME
+    cwd = h.get("cwd") or (HOME if os.path.isdir(HOME) else "/")  # a bare image: no /root
     if not isinstance(cwd, str) or not os.path.isdir(cwd):
         raise AgentError("not_found", f"working directory {cwd!r} does not exist in the sandbox")
     env = h.get("env") or {}

@@ -347,6 +347,16 @@ async def test_delete_is_refused_while_used_and_names_the_users(
     assert (await client.delete("/v1/images/used")).status_code == 204
     assert (await client.delete("/v1/images/used")).status_code == 404
     assert leftovers(tmp_path) == []
+    # A named snapshot of a sandbox of it keeps it too, after the sandbox is gone.
+    assert (await upload(client, "used", archive)).status_code == 201
+    sid = (await client.post("/v1/sandboxes", json={"image": "used"})).json()["id"]
+    snap = await client.post(f"/v1/sandboxes/{sid}/snapshots", json={"name": "ready"})
+    assert snap.status_code == 201, snap.text
+    assert (await client.delete(f"/v1/sandboxes/{sid}")).status_code == 204
+    r = await client.delete("/v1/images/used")
+    assert r.status_code == 409 and snap.json()["id"] in r.json()["error"]["message"]
+    assert (await client.delete(f"/v1/snapshots/{snap.json()['id']}")).status_code == 204
+    assert (await client.delete("/v1/images/used")).status_code == 204
     builtin = await client.delete("/v1/images/base")
     assert builtin.status_code == 409 and "built-in" in builtin.json()["error"]["message"]
     gone = await client.post("/v1/sandboxes", json={"image": "used"})

@@ -60,6 +60,7 @@ from tests.ocikit import (
     push,
     tree_tar,
     write_docker_archive,
+    write_layout,
     write_oci_archive,
 )
 from tests.registry_server import Registry, running_registry
@@ -456,6 +457,36 @@ async def test_busybox_image_without_libc_or_python(env: Env) -> None:
         await env.client.delete_image("busybox")
     assert sb.id in in_use.value.message
     await sb.kill()
+
+
+async def test_image_without_a_shell_or_etc(env: Env) -> None:
+    """A distroless-like root: one static program, no /bin/sh, no /etc at all; imported
+    from an OCI layout directory (the SDK sends it as an oci-archive)."""
+    busybox = await asyncio.to_thread(Path(shutil.which("busybox") or "/bin/busybox").read_bytes)
+    tool = E("app/busybox", data=busybox, mode=0o755)
+    img = Image(layers=[Layer(layer_tar([E("app", "dir"), tool]))], env=["PATH=/app"])
+    layout = env.work / "noshell-layout"
+    write_layout([img], layout)
+    info = await env.client.import_image("noshell", layout)
+    assert info.source["format"] == "oci-archive" and info.digest == img.digest
+    sb = await AsyncSandbox.create("noshell", client=env.client, memory_mib=256, disk_gib=1)
+    out = await sb.exec(
+        ["busybox", "sh", "-c", "echo distroless; busybox ls -a /; busybox hostname"]
+    )
+    lines = out.stdout.split()
+    assert lines and lines[0] == "distroless" and lines[-1] == sb.id, (out, out.stderr)
+    assert sorted(lines[1:-1]) == sorted([".", "..", "app", "dev", "lost+found", "proc",
+                                          "run", "sys", "tmp"])  # fmt: skip
+    with pytest.raises(InvalidArgument, match=r"command not found.*/bin/sh"):
+        await sb.exec("echo needs a shell")
+    await sb.files.write("/app/data", b"12345")
+    assert await sb.files.read("/app/data") == b"12345"
+    proc = await sb.processes.start(["busybox", "sleep", "100"])
+    assert (await proc.refresh()).state == "running"
+    with pytest.raises(InvalidArgument, match="has no python3"):
+        await sb.run_code("1")
+    await sb.kill()
+    await env.client.delete_image("noshell")
 
 
 async def test_template_of_an_imported_image(env: Env) -> None:

@@ -14,6 +14,7 @@ import contextlib
 import gzip
 import hashlib
 import logging
+import os
 import re
 import shutil
 import subprocess
@@ -109,6 +110,11 @@ class ImageImporter:
     @contextlib.contextmanager
     def _reserve(self, name: str) -> Any:
         check_name(name)
+        if os.geteuid() != 0:
+            raise Conflict(
+                "importing images needs hutchd to run as root: layers carry file owners, "
+                "setuid bits and device nodes that only root can create"
+            )
         if name in self._busy:
             raise Conflict(f"an import of image {name!r} is already running")
         existing = self.images.store.get(name)
