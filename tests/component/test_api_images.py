@@ -204,12 +204,14 @@ async def test_names_are_checked(
 
 
 def corrupt_layer(tmp_path: Path) -> Path:
-    img = image("corrupt")
+    """A layer whose bytes changed where nothing but its digest can tell (file data of
+    an uncompressed tar: gzip's or zstd's own checksums would speak first)."""
+    img = Image(layers=[Layer(layer_tar([E("data", data=b"z" * 5000)]), "none")])
     layout = tmp_path / "corrupt-layout"
     write_layout([img], layout)
     blob = layout / "blobs/sha256" / img.layers[0].digest.split(":")[1]
     data = bytearray(blob.read_bytes())
-    data[-20] ^= 0xFF
+    data[2000] ^= 0xFF
     blob.write_bytes(bytes(data))
     out = tmp_path / "corrupt.tar"
     _tar(layout, out)
