@@ -401,3 +401,18 @@ async def test_pull_requests_are_validated(
     r = await client.post("/v1/images", json={"name": "p", "ref": f"127.0.0.1:{port}/x:1"})
     assert r.status_code == 502 and r.json()["error"]["code"] == "registry_error"
     assert "p" not in [i["name"] for i in (await client.get("/v1/images")).json()["images"]]
+
+
+async def test_two_imports_of_one_name_race_to_one_winner(
+    served: tuple[httpx.AsyncClient, SandboxService], tmp_path: Path
+) -> None:
+    client, _ = served
+    a, b = tmp_path / "a.tar", tmp_path / "b.tar"
+    write_oci_archive(image("race-a"), a, tmp_path / "wa")
+    write_oci_archive(image("race-b"), b, tmp_path / "wb")
+    results = await asyncio.gather(upload(client, "race", a), upload(client, "race", b))
+    assert sorted(r.status_code for r in results) == [201, 409]
+    loser = next(r for r in results if r.status_code == 409).json()["error"]["message"]
+    assert "already running" in loser or "already exists" in loser
+    assert [i["name"] for i in (await client.get("/v1/images")).json()["images"]].count("race") == 1
+    assert not list((tmp_path / "state" / "imports").glob("*"))

@@ -75,6 +75,7 @@ class ImageImporter:
         self.images = images
         self.sandboxes = sandboxes
         self._busy: set[str] = set()
+        self._busy_lock = threading.Lock()
         # Records in this daemon's store that use a content directory, by file name
         # under refs/: the images dir may be shared with other daemons.
         self._ref_prefix = hashlib.sha256(str(settings.state_dir.resolve()).encode()).hexdigest()[
@@ -109,25 +110,30 @@ class ImageImporter:
 
     @contextlib.contextmanager
     def _reserve(self, name: str) -> Any:
+        """Hold ``name`` for one import. Runs in the worker thread, with the work, so a
+        caller that goes away (a cancelled request) never frees the name while its import
+        still runs."""
         check_name(name)
         if os.geteuid() != 0:
             raise Conflict(
                 "importing images needs hutchd to run as root: layers carry file owners, "
                 "setuid bits and device nodes that only root can create"
             )
-        if name in self._busy:
-            raise Conflict(f"an import of image {name!r} is already running")
-        existing = self.images.store.get(name)
-        if existing is not None:
-            raise Conflict(
-                f"an image named {name!r} already exists ({existing.digest}); delete it "
-                "first (DELETE /v1/images/{name}) or pick another name"
-            )
-        self._busy.add(name)
+        with self._busy_lock:
+            if name in self._busy:
+                raise Conflict(f"an import of image {name!r} is already running")
+            existing = self.images.store.get(name)
+            if existing is not None:
+                raise Conflict(
+                    f"an image named {name!r} already exists ({existing.digest}); delete it "
+                    "first (DELETE /v1/images/{name}) or pick another name"
+                )
+            self._busy.add(name)
         try:
             yield
         finally:
-            self._busy.discard(name)
+            with self._busy_lock:
+                self._busy.discard(name)
 
     async def import_archive(
         self,
@@ -138,14 +144,16 @@ class ImageImporter:
         start: bool = False,
         progress: Progress | None = None,
     ) -> ImageView:
-        """Import the archive file at ``archive`` (removed afterwards)."""
-        try:
-            with self._reserve(name):
-                return await asyncio.to_thread(
-                    self._import_archive, name, archive, filename, start, progress
-                )
-        finally:
-            await asyncio.to_thread(_remove_spool, archive)
+        """Import the archive file at ``archive`` (removed afterwards, whatever happens)."""
+
+        def work() -> ImageView:
+            try:
+                with self._reserve(name):
+                    return self._import_archive(name, archive, filename, start, progress)
+            finally:
+                _remove_spool(archive)
+
+        return await asyncio.to_thread(work)
 
     async def pull(
         self,
@@ -157,10 +165,12 @@ class ImageImporter:
         progress: Progress | None = None,
     ) -> ImageView:
         parsed = parse_ref(ref)
-        with self._reserve(name):
-            return await asyncio.to_thread(
-                self._pull, name, parsed, credentials or Credentials(), start, progress
-            )
+
+        def work() -> ImageView:
+            with self._reserve(name):
+                return self._pull(name, parsed, credentials or Credentials(), start, progress)
+
+        return await asyncio.to_thread(work)
 
     # -- the blocking work (worker thread) ----------------------------------------------
 

@@ -49,6 +49,7 @@ __all__ = [
 ARCHIVE_FORMATS = ("oci-archive", "docker-archive")
 _UNCOMPRESSED_LAYER = "application/vnd.oci.image.layer.v1.tar"
 _MAX_DOC = 4 << 20  # index.json / manifest.json / configs are small
+_MAX_MEMBERS = 100_000
 
 
 class BlobSource(Protocol):
@@ -86,7 +87,14 @@ class _Tar:
         except tarfile.TarError as exc:
             raise InvalidImage(f"{what} is not a tar archive, or it is truncated: {exc}") from exc
         try:
-            self.members = {_norm(m.name): m for m in self.tar.getmembers()}
+            self.members = {}
+            for member in self.tar:
+                self.members[_norm(member.name)] = member
+                if len(self.members) > _MAX_MEMBERS:
+                    raise InvalidImage(
+                        f"{what} has more than {_MAX_MEMBERS} members; an image archive "
+                        "holds a few per layer"
+                    )
         except tarfile.TarError as exc:
             self.tar.close()
             raise InvalidImage(
@@ -95,6 +103,9 @@ class _Tar:
         except EOFError as exc:
             self.tar.close()
             raise InvalidImage(f"{what} is truncated: {exc}") from exc
+        except BaseException:
+            self.tar.close()
+            raise
 
     def close(self) -> None:
         self.tar.close()
