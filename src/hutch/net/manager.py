@@ -560,7 +560,7 @@ _REASONS = {
     "smtp": "always denied: SMTP (tcp port 25)",
     "policy": "no egress rule allows this destination",
     "quic": (
-        "udp 443 (QUIC) to an address only a name rule allows: QUIC is not checked by "
-        "name; HTTPS over TCP works (ip/cidr rules open udp 443)"
+        "udp 443 (QUIC): under rules only an ip/cidr rule opens it (QUIC's server name "
+        "is not checked); HTTPS over TCP works"
     ),
 }

@@ -92,7 +92,7 @@ DENY_REASONS = (
     "multicast",  # multicast, broadcast, 0.0.0.0/8
     "smtp",  # tcp port 25
     "policy",  # the sandbox's egress policy does not allow it
-    "quic",  # udp 443 to an address only a name rule allows (no SNI check for QUIC)
+    "quic",  # udp 443 in rules mode without an ip/cidr rule for it (no SNI check)
 )
 
 #: Seconds an address learned for a name keeps its established flows alive across rule
@@ -328,8 +328,9 @@ def _sb_fill(cfg: TableConfig, sb: SandboxNet) -> list[str]:
         # port sets only apply to TCP and UDP.
         rules.append(f"ip daddr @{n['ip']} {allow}")
         rules.append(f"meta l4proto @tcp_udp ip daddr . th dport @{n['ipport']} {allow}")
-        # QUIC carries its server name where the proxy does not look: to an address
-        # that only a name rule allows, UDP 443 is dropped (clients fall back to TCP).
+        # QUIC carries its server name where the proxy does not look: UDP 443 goes only
+        # where an ip/cidr rule (above) allows it, never to an address learned for a
+        # name (below); clients fall back to TCP 443, whose SNI the proxy checks.
         rules += _deny(cfg, "udp dport 443", sid, "quic", deny)
         rules.append(f"ip daddr @{n['dns']} {allow}")
         rules.append(f"meta l4proto @tcp_udp ip daddr . th dport @{n['dnsport']} {allow}")
