@@ -11,11 +11,13 @@ import pytest
 
 from hutch.errors import InvalidArgument
 from hutch.net.nft import (
+    KEEP_S,
     LearnedAddress,
     RulesetState,
     SandboxNet,
     TableConfig,
     network_key,
+    policy_mark,
     render_add_sandbox,
     render_host_addrs,
     render_learned,
@@ -92,15 +94,41 @@ def test_object_names_are_nft_safe() -> None:
         assert re.fullmatch(r"[a-z_][a-z0-9_]{0,63}", name), name
 
 
+def mark(rules: list[str]) -> str:
+    return f"{policy_mark(parse_policy(rules)):#010x}"
+
+
 def test_open_policy_accepts_with_counter_and_no_proxy() -> None:
     script = render_add_sandbox(CFG, sb([]))
     assert chain_rules(script, f"sb_{KEY}") == [
-        f'counter name "c_{KEY}_allow" accept',
+        f'ct mark set {mark([])} counter name "c_{KEY}_allow" accept',
         f'counter name "c_{KEY}_deny" limit rate 20/second burst 40 packets log group 7 '
         f'prefix "hab12 {SID} policy"',
         "drop",
     ]
     assert chain_rules(script, f"px_{KEY}") == []
+    assert chain_rules(script, f"e_{KEY}") == [f"ct mark {mark([])} accept"]
+
+
+def test_policy_mark_follows_the_rules_not_the_moment() -> None:
+    marks = {mark(r) for r in ([], ["deny-all"], ["good.test"], ["other.test"], ["1.2.3.4"])}
+    assert len(marks) == 5 and "0x00000000" not in marks
+    assert mark(["good.test", "1.2.3.4"]) == mark(["good.test", "1.2.3.4"])
+
+
+def test_established_flows_pass_only_under_their_policys_mark() -> None:
+    script = render_table(RulesetState(CFG, frozenset(), (sb(["good.test"]),)))
+    egress = script.split("chain egress {", 1)[1].split("}", 1)[0]
+    ingress = script.split("chain ingress {", 1)[1].split("}", 1)[0]
+    from_tap = script.split("chain from_tap {", 1)[1].split("}", 1)[0]
+    assert "ct state established,related iifname vmap @est_vmap" in egress
+    assert "ct state established,related accept" not in egress
+    assert "ct state established,related oifname vmap @est_vmap" in ingress
+    # Redirected DNS/proxy traffic and exposed ports: the host's own sockets.
+    assert "ct state established,related accept" in from_tap
+    # The spoof check still comes first.
+    assert egress.index("spoof") < egress.index("est_vmap")
+    assert f'"hab120123456789" : jump e_{KEY}' in script
 
 
 def test_deny_all_policy_only_drops() -> None:
@@ -130,8 +158,17 @@ def test_rules_policy_sets_and_proxy() -> None:
     )
     assert "2001:db8" not in script
     rules = chain_rules(script, f"sb_{KEY}")
-    assert rules[0] == f'ip daddr @a_{KEY}_ip counter name "c_{KEY}_allow" accept'
-    assert f"meta l4proto @tcp_udp ip daddr . th dport @a_{KEY}_dnsport" in rules[3]
+    m = mark(policy)
+    assert rules[0] == f'ip daddr @a_{KEY}_ip ct mark set {m} counter name "c_{KEY}_allow" accept'
+    quic = rules.index("udp dport 443 drop")
+    assert 'prefix "hab12 ' + SID + ' quic"' in rules[quic - 1]
+    # Explicit ip rules come before the QUIC drop; learned addresses after it.
+    assert quic > 1 and f"@a_{KEY}_dns " in rules[quic + 1]
+    assert f"meta l4proto @tcp_udp ip daddr . th dport @a_{KEY}_dnsport" in rules[quic + 2]
+    assert rules[quic + 3] == (
+        f"ct state established,related ip daddr @a_{KEY}_keep ct mark set {m} accept"
+    )
+    assert f"th dport @a_{KEY}_keepport ct mark set {m} accept" in rules[quic + 4]
     assert rules[-1] == "drop"
     assert chain_rules(script, f"px_{KEY}") == [
         f"ip daddr @a_{KEY}_ip return",
@@ -145,14 +182,18 @@ def test_replace_policy_is_one_flush_and_refill() -> None:
         CFG, sb(["198.18.1.1"]), [LearnedAddress(IPv4Address("198.18.3.3"), None, 30)]
     )
     lines = script.splitlines()
-    assert lines[:6] == [
+    assert lines[:9] == [
         f"flush set inet hutch_ab12 a_{KEY}_ip",
         f"flush set inet hutch_ab12 a_{KEY}_ipport",
         f"flush set inet hutch_ab12 a_{KEY}_dns",
         f"flush set inet hutch_ab12 a_{KEY}_dnsport",
+        f"flush set inet hutch_ab12 a_{KEY}_keep",
+        f"flush set inet hutch_ab12 a_{KEY}_keepport",
         f"flush chain inet hutch_ab12 sb_{KEY}",
         f"flush chain inet hutch_ab12 px_{KEY}",
+        f"flush chain inet hutch_ab12 e_{KEY}",
     ]
+    assert f"add rule inet hutch_ab12 e_{KEY} ct mark {mark(['198.18.1.1'])} accept" in lines
     assert f"add element inet hutch_ab12 a_{KEY}_dns {{ 198.18.3.3 timeout 30s }}" in lines
     # Nothing of any other sandbox or the shared objects is touched.
     assert all(KEY in line for line in lines), script
@@ -164,16 +205,25 @@ def test_learned_refreshes_timeouts() -> None:
         SID,
         [
             LearnedAddress(IPv4Address("1.2.3.4"), None, 60),
-            LearnedAddress(IPv4Address("1.2.3.5"), 443, 0),
+            LearnedAddress(IPv4Address("1.2.3.5"), 443, 0, keep=0),
+            LearnedAddress(IPv4Address("1.2.3.6"), None, None, keep=90),
         ],
     )
+    t = "inet hutch_ab12"
     assert script.splitlines() == [
-        f"add element inet hutch_ab12 a_{KEY}_dns {{ 1.2.3.4 timeout 60s }}",
-        f"delete element inet hutch_ab12 a_{KEY}_dns {{ 1.2.3.4 }}",
-        f"add element inet hutch_ab12 a_{KEY}_dns {{ 1.2.3.4 timeout 60s }}",
-        f"add element inet hutch_ab12 a_{KEY}_dnsport {{ 1.2.3.5 . 443 timeout 1s }}",
-        f"delete element inet hutch_ab12 a_{KEY}_dnsport {{ 1.2.3.5 . 443 }}",
-        f"add element inet hutch_ab12 a_{KEY}_dnsport {{ 1.2.3.5 . 443 timeout 1s }}",
+        f"add element {t} a_{KEY}_dns {{ 1.2.3.4 timeout 60s }}",
+        f"delete element {t} a_{KEY}_dns {{ 1.2.3.4 }}",
+        f"add element {t} a_{KEY}_dns {{ 1.2.3.4 timeout 60s }}",
+        f"add element {t} a_{KEY}_keep {{ 1.2.3.4 timeout {KEEP_S}s }}",
+        f"delete element {t} a_{KEY}_keep {{ 1.2.3.4 }}",
+        f"add element {t} a_{KEY}_keep {{ 1.2.3.4 timeout {KEEP_S}s }}",
+        f"add element {t} a_{KEY}_dnsport {{ 1.2.3.5 . 443 timeout 1s }}",
+        f"delete element {t} a_{KEY}_dnsport {{ 1.2.3.5 . 443 }}",
+        f"add element {t} a_{KEY}_dnsport {{ 1.2.3.5 . 443 timeout 1s }}",
+        # Past its TTL: kept for established flows only.
+        f"add element {t} a_{KEY}_keep {{ 1.2.3.6 timeout 90s }}",
+        f"delete element {t} a_{KEY}_keep {{ 1.2.3.6 }}",
+        f"add element {t} a_{KEY}_keep {{ 1.2.3.6 timeout 90s }}",
     ]
     assert render_learned(CFG, SID, []) == ""
 
@@ -192,6 +242,11 @@ def test_remove_sandbox_is_idempotent_by_construction() -> None:
     assert lines.index('delete element inet hutch_ab12 sb_vmap { "hab120123456789" }') < (
         lines.index(f"delete chain inet hutch_ab12 sb_{KEY}")
     )
+    assert lines.index('delete element inet hutch_ab12 est_vmap { "hab120123456789" }') < (
+        lines.index(f"delete chain inet hutch_ab12 e_{KEY}")
+    )
+    for name in ("keep", "keepport"):
+        assert f"delete set inet hutch_ab12 a_{KEY}_{name}" in lines
 
 
 def test_networks() -> None:

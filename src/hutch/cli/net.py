@@ -144,7 +144,7 @@ def egress_get(sandbox_id: str, as_json: bool) -> None:
 @click.option("--clear", is_flag=True, help="Remove every rule (open egress).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def egress_set(sandbox_id: str, rules: tuple[str, ...], clear: bool, as_json: bool) -> None:
-    """Replace the rules of sandbox ID; new connections follow them at once.
+    """Replace the rules of sandbox ID; they apply at once, open connections included.
 
     RULE: host, host:port, *.host (subdomains, not the apex), ip, ip:port, cidr,
     cidr:port ([v6]:port for IPv6), or deny-all alone. An invalid rule rejects the

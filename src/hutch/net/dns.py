@@ -11,10 +11,15 @@ guest can reach. Per query, by the sandbox the source address belongs to:
 - rules: only names a host/wildcard rule allows go upstream, and only as A (or CNAME)
   queries rebuilt by us, so nothing but an allowed name leaves the host. AAAA gets an
   empty NOERROR (guests are IPv4 only); every other type (TXT, ...) and every other
-  name gets NXDOMAIN without going upstream. The A addresses answered are handed to
-  ``on_learned`` (awaited *before* the guest sees the answer, so the nft allow set is
-  filled before the guest can connect) with their TTL clamped to 30 s - 1 h; answer TTLs
-  are capped to that so the guest does not cache past the nft element.
+  name gets NXDOMAIN without going upstream. Every A record of the answer (also those
+  behind a CNAME) is checked with ``forbidden`` (:mod:`hutch.net.destinations`):
+  loopback, link-local, the pool, the host's own addresses and private/CGNAT/240/4
+  ranges are removed from the answer and never learned (the removal is logged as a
+  denial); a private address one of the sandbox's ip/cidr rules covers stays in the
+  answer but is not learned either. The A addresses left are handed to ``on_learned``
+  (awaited *before* the guest sees the answer, so the nft allow set is filled before
+  the guest can connect) with their TTL clamped to 30 s - 1 h; answer TTLs are capped
+  to that so the guest does not cache past the nft element.
 
 Upstream failure or timeout gives SERVFAIL: the guest fails closed.
 """
@@ -42,6 +47,7 @@ import dns.rdatatype
 import dns.rrset
 
 from hutch.errors import NetworkError
+from hutch.net.destinations import ForbiddenCheck, classify_destination, filter_answer
 from hutch.net.egress_log import EgressLog
 from hutch.net.rules import EgressPolicy, normalize_name
 from hutch.net.views import EgressEvent, Verdict
@@ -68,7 +74,8 @@ INTERNAL_SUFFIX = "hutch.internal"
 _MAX_INFLIGHT = 512  # concurrent queries; beyond that UDP queries are dropped (flood guard)
 
 Learned = list[tuple[IPv4Address, int | None]]
-OnLearned = Callable[[str, Learned, int], Awaitable[None]]
+#: ``on_learned(sandbox_id, [(address, port | None)], ttl, name)``
+OnLearned = Callable[[str, Learned, int, str], Awaitable[None]]
 
 
 class SandboxNet(Protocol):
@@ -106,7 +113,8 @@ def clamp_ttl(ttl: int) -> int:
 
 class Resolver:
     """See the module docstring. ``upstream`` is (ip, port); ``timeout_s`` is per upstream
-    attempt, ``attempts`` UDP tries before SERVFAIL."""
+    attempt, ``attempts`` UDP tries before SERVFAIL. ``forbidden`` judges each answered
+    address (default: the fixed ranges only; the daemon adds its pool and the host)."""
 
     def __init__(
         self,
@@ -117,11 +125,13 @@ class Resolver:
         *,
         timeout_s: float = 2.0,
         attempts: int = 2,
+        forbidden: ForbiddenCheck = classify_destination,
     ) -> None:
         self._directory = directory
         self._upstream = upstream
         self._log = log
         self._on_learned = on_learned
+        self._forbidden = forbidden
         self._timeout_s = timeout_s
         self._attempts = max(1, attempts)
         self._udp: asyncio.DatagramTransport | None = None
@@ -291,23 +301,39 @@ class Resolver:
             return _reply(query, dns.rcode.SERVFAIL, tcp)
         response = dns.message.make_response(query, recursion_available=True)
         response.set_rcode(upstream.rcode())
-        addrs = _a_records(upstream)
-        ttl = clamp_ttl(min((t for _, t in addrs), default=TTL_FLOOR_S))
+        sorted_out = filter_answer(_a_records(upstream), sandbox.policy, self._forbidden)
+        answered = {a for a, _ in sorted_out.answer}
+        ttl = clamp_ttl(min((t for _, t in sorted_out.answer), default=TTL_FLOOR_S))
         for rrset in upstream.answer:
-            if rrset.rdtype in (dns.rdatatype.A, dns.rdatatype.CNAME):
-                copy = dns.rrset.from_rdata_list(rrset.name, min(rrset.ttl, ttl), list(rrset))
-                response.answer.append(copy)
-        if addrs:
+            if rrset.rdtype == dns.rdatatype.CNAME:
+                kept = list(rrset)
+            elif rrset.rdtype == dns.rdatatype.A:
+                kept = [rd for rd in rrset if IPv4Address(rd.address) in answered]
+            else:
+                continue
+            if kept:
+                response.answer.append(
+                    dns.rrset.from_rdata_list(rrset.name, min(rrset.ttl, ttl), kept)
+                )
+        if sorted_out.refused:
+            why = f"answered without {sorted_out.refusal()}"
+            self._event(sid, name, "deny", rule, why)
+        if sorted_out.learn:
             ports = sandbox.policy.name_ports(name)
-            learned: Learned = [(a, p) for a, _ in addrs for p in ports]
+            learned: Learned = [(a, p) for a, _ in sorted_out.learn for p in ports]
             try:
-                await self._on_learned(sid, learned, ttl)
+                await self._on_learned(sid, learned, ttl, name)
             except Exception as exc:  # the allow set is not filled: do not let it resolve
                 log.error("learning %s for %s failed: %s", name, sid, exc)
                 self._event(sid, name, "deny", rule, f"cannot add its addresses: {exc}")
                 return _reply(query, dns.rcode.SERVFAIL, tcp)
-        got = ", ".join(str(a) for a, _ in addrs) or dns.rcode.to_text(upstream.rcode())
-        self._event(sid, name, "allow", rule, f"resolved to {got} (allowed for {ttl}s)")
+        if sorted_out.answer or not sorted_out.refused:
+            got = ", ".join(str(a) for a, _ in sorted_out.answer)
+            got = got or dns.rcode.to_text(upstream.rcode())
+            learnt = {a for a, _ in sorted_out.learn}
+            via_ip = [str(a) for a, _ in sorted_out.answer if a not in learnt]
+            note = f"; {', '.join(via_ip)} only as its ip/cidr rules allow" if via_ip else ""
+            self._event(sid, name, "allow", rule, f"resolved to {got} (allowed for {ttl}s{note})")
         return _to_wire(response, query, tcp)
 
     # ---- upstream --------------------------------------------------------------------

@@ -30,14 +30,16 @@ from hutch.net.addressing import (
     Block,
     guest_mac,
     host_addresses,
-    is_forbidden_destination,
     tap_name,
     tap_prefix,
 )
 from hutch.net.dataplane import Dataplane, NftDataplane
+from hutch.net.destinations import Forbidden, classify_destination
 from hutch.net.dns import INTERNAL_SUFFIX, Learned, Resolver, SandboxNetInfo
 from hutch.net.egress_log import EgressLog
+from hutch.net.host_addresses import HostAddressWatcher, is_host_address
 from hutch.net.inbound import PortForwarder
+from hutch.net.learned import LearnedNames
 from hutch.net.nflog import LoggedPacket, NflogReader, split_prefix
 from hutch.net.nft import LearnedAddress, SandboxNet, TableConfig
 from hutch.net.nft_apply import SandboxCounters
@@ -111,13 +113,19 @@ class NetworkManager:
         self._by_address: dict[IPv4Address, str] = {}
         self._by_tap: dict[str, str] = {}
         self._host_addrs: frozenset[IPv4Address] = frozenset()
+        self._host_watch = HostAddressWatcher(host_addresses, self._host_addrs_changed)
+        self._learned_names: dict[str, LearnedNames] = {}
         self._counters: dict[str, SandboxCounters] = {}
         self._nflog_counted: dict[str, int] = {}
         self._lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._nflog: NflogReader | None = None
         self.resolver = Resolver(
-            self, settings.dns_upstream or default_upstream(), self.log, self._learned
+            self,
+            settings.dns_upstream or default_upstream(),
+            self.log,
+            self._learned,
+            forbidden=self._forbidden,
         )
         self.proxy = EgressProxy(self, self.resolver, self.log, self._forbidden)
         self.forwarder = PortForwarder(settings.ports_bind)
@@ -140,7 +148,8 @@ class NetworkManager:
             vmm_uid=qemu_uid(self.settings) if self.real else None,
         )
         if self.real:
-            self._host_addrs = await host_addresses()
+            # Subscribed to address events before the first read: no change is missed.
+            self._host_addrs = await self._host_watch.start()
             await self._check_pool_is_ours()
         live = set(live_ids)
         for sid in set(self.db.leases()) - live:
@@ -151,12 +160,13 @@ class NetworkManager:
                     sid, self.pool.block(lease.block), lease.tap, parse_policy(self.db.rules(sid))
                 )
             )
-        await self.dataplane.install(
-            self.cfg,
-            [a.dataplane_view() for a in self._attached.values()],
-            {sid: a.block for sid, a in self._attached.items()},
-            self._network_addresses(),
-        )
+        async with self._lock:  # a host address change waits for the table to exist
+            await self.dataplane.install(
+                self.cfg,
+                [a.dataplane_view() for a in self._attached.values()],
+                {sid: a.block for sid, a in self._attached.items()},
+                self._network_addresses(),
+            )
         for sid, guest_port, _old in self.db.ports():
             if sid in self._attached:
                 try:
@@ -179,6 +189,7 @@ class NetworkManager:
         self._tasks.clear()
         if self._nflog is not None:
             self._nflog.close()
+        await self._host_watch.close()
         await self.proxy.close()
         await self.resolver.close()
         if self.real and self.cfg is not None and not self.db.leases():
@@ -270,6 +281,7 @@ class NetworkManager:
                 await self.dataplane.set_networks(cfg, self._network_addresses())
         self.log.forget(sandbox_id)
         self._nflog_counted.pop(sandbox_id, None)
+        self._learned_names.pop(sandbox_id, None)
 
     def is_attached(self, sandbox_id: str) -> bool:
         return sandbox_id in self._attached
@@ -281,13 +293,20 @@ class NetworkManager:
         return att.policy if att else parse_policy(self.db.rules(sandbox_id))
 
     async def set_policy(self, sandbox_id: str, policy: EgressPolicy) -> EgressView:
+        """Swap the rules live. What the new rules no longer allow stops at once: the
+        nft flows of older rules are checked again on their next packet (see
+        :mod:`hutch.net.nft`) and the proxy cuts the connections it relays for names
+        no longer allowed; addresses learned for names still allowed are carried over."""
         att = self._require(sandbox_id)
         async with self._lock:
             new = _Attached(att.sandbox_id, att.block, att.tap, policy)
-            await self.dataplane.replace_policy(self._config(), new.dataplane_view())
+            memory = self._learned_names.get(sandbox_id)
+            kept = memory.carry_over(policy, time.monotonic(), self._forbidden) if memory else []
+            await self.dataplane.replace_policy(self._config(), new.dataplane_view(), kept)
             # Stored only once the host enforces it: a failure keeps the old rules.
             self.db.set_rules(sandbox_id, policy.texts())
             self._attached[sandbox_id] = new
+            self.proxy.revalidate(sandbox_id, policy)
         return self.egress_view(sandbox_id)
 
     def egress_view(self, sandbox_id: str) -> EgressView:
@@ -460,18 +479,37 @@ class NetworkManager:
         shown = f"[{host}]" if ":" in host else host
         return PortView(guest, host, host_port, f"http://{shown}:{host_port}")
 
-    def _forbidden(self, addr: IPv4Address) -> bool:
-        return is_forbidden_destination(addr, self.pool, self._host_addrs)
+    def _is_host(self, addr: IPv4Address) -> bool:
+        """The host's own address: in the last set read, or (asked of the kernel now) an
+        address that appeared since."""
+        return addr in self._host_addrs or is_host_address(addr)
 
-    async def _learned(self, sandbox_id: str, learned: Learned, ttl: int) -> None:
-        if sandbox_id not in self._attached:
-            return
-        items = [LearnedAddress(addr, port, ttl) for addr, port in learned]
-        try:
-            await self.dataplane.learned(self._config(), sandbox_id, items)
-        except HutchError as exc:
-            # The guest's connection will be refused: fail closed, but say why.
-            log.warning("could not allow learned addresses for %s: %s", sandbox_id, exc)
+    def _forbidden(self, addr: IPv4Address) -> Forbidden | None:
+        return classify_destination(addr, self.pool, self._is_host)
+
+    async def _host_addrs_changed(self, addrs: frozenset[IPv4Address]) -> None:
+        async with self._lock:
+            if self.cfg is not None:
+                await self.dataplane.set_host_addrs(self.cfg, addrs)
+            self._host_addrs = addrs
+
+    async def _learned(self, sandbox_id: str, learned: Learned, ttl: int, name: str) -> None:
+        async with self._lock:
+            att = self._attached.get(sandbox_id)
+            # A rule change may have landed while the answer was on its way: only what
+            # the rules in force now allow is learned.
+            if att is None or att.policy.name_allowed_any_port(name) is None:
+                return
+            ports = set(att.policy.name_ports(name))
+            items = [LearnedAddress(a, port, ttl) for a, port in learned if port in ports]
+            try:
+                await self.dataplane.learned(self._config(), sandbox_id, items)
+            except HutchError as exc:
+                # The guest's connection will be refused: fail closed, but say why.
+                log.warning("could not allow learned addresses for %s: %s", sandbox_id, exc)
+                return
+            memory = self._learned_names.setdefault(sandbox_id, LearnedNames())
+            memory.record(name, {a for a, _ in learned}, ttl, time.monotonic())
 
     async def _poll_counters(self) -> None:
         while True:
@@ -521,4 +559,8 @@ _REASONS = {
     "multicast": "always denied: multicast or broadcast",
     "smtp": "always denied: SMTP (tcp port 25)",
     "policy": "no egress rule allows this destination",
+    "quic": (
+        "udp 443 (QUIC): under rules only an ip/cidr rule opens it (QUIC's server name "
+        "is not checked); HTTPS over TCP works"
+    ),
 }

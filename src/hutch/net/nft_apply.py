@@ -31,7 +31,7 @@ _LOCATION_RE = re.compile(r"^/dev/stdin:(\d+):")
 
 @dataclass(frozen=True)
 class SandboxCounters:
-    allowed: int  # new connections the policy accepted
+    allowed: int  # connections the policy accepted (re-checked after a rule change: again)
     denied: int  # packets dropped (any reason)
 
 

@@ -154,8 +154,9 @@ class Egress:
         return self._client.call(self._calls.egress_get(self._id))
 
     def set(self, rules: Sequence[str]) -> EgressInfo:
-        """Replace every rule at once; new connections follow them immediately. An
-        invalid rule raises ``InvalidArgument`` naming it, and the old rules stay."""
+        """Replace every rule at once; they apply immediately, also to open connections
+        (those no longer allowed are cut). An invalid rule raises ``InvalidArgument``
+        naming it, and the old rules stay."""
         return self._client.call(self._calls.egress_set(self._id, rules))
 
     def clear(self) -> EgressInfo:

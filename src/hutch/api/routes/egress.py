@@ -28,8 +28,9 @@ async def get_egress(sandbox_id: str, svc: Service) -> Egress:
 
 @router.put("", response_model=Egress)
 async def set_egress(sandbox_id: str, body: EgressRules, svc: Service) -> Egress:
-    """Replace the rules; new connections follow them at once (no restart). An invalid
-    rule rejects the whole list (400 naming the rule) and the previous rules stay."""
+    """Replace the rules; they apply at once (no restart), to open connections too: those
+    the new rules no longer allow are cut. An invalid rule rejects the whole list (400
+    naming the rule) and the previous rules stay."""
     return Egress.of(await svc.egress_set(sandbox_id, list(body.rules)))
 
 
