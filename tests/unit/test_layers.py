@@ -9,21 +9,32 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "hutch"
 
-CORE = {"errors", "config", "models", "version", "__init__"}
+CORE = {"errors", "config", "models", "version", "__init__", "contract"}
 DRIVERS = {"vm", "guest", "storage", "store", "images", "teardown", "net"}
 ALLOWED: dict[str, set[str]] = {
     # layer: what it may import (besides itself)
-    "core": {"errors", "config", "models", "version"},
+    "core": {"errors", "config", "models", "version", "contract"},
+    # The contract of API v1 (limits, rule grammar, codes, views): pure, errors only.
+    "contract": {"errors"},
     "drivers": CORE | DRIVERS,
     "services": CORE | DRIVERS | {"services"},
     "api": CORE | {"services", "api"},
-    "sdk": {"errors", "models", "version", "__init__", "sdk"},
+    "sdk": {"errors", "models", "version", "__init__", "sdk", "contract"},
     # The CLI is a client (SDK) except for `hutch daemon` and `hutch image build`, which
     # run host-side code by design.
     "cli": CORE | {"sdk", "cli", "daemon", "images", "mcp"},
     # MCP server and framework tools: clients of the SDK, sharing one tool catalogue.
-    "mcp": {"errors", "models", "version", "__init__", "sdk", "mcp", "integrations"},
-    "integrations": {"errors", "models", "version", "__init__", "sdk", "mcp", "integrations"},
+    "mcp": {"errors", "models", "version", "__init__", "sdk", "mcp", "integrations", "contract"},
+    "integrations": {
+        "errors",
+        "models",
+        "version",
+        "__init__",
+        "sdk",
+        "mcp",
+        "integrations",
+        "contract",
+    },
     "__main__": {"cli"},
     "daemon": CORE | {"api", "services", "store", "daemon", "net"},
 }

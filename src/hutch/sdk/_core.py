@@ -16,6 +16,7 @@ from urllib.parse import quote, urlsplit
 
 import httpx
 
+from hutch.contract.limits import DEFAULT_IMAGE
 from hutch.errors import HutchError, InvalidArgument, Timeout
 from hutch.models import (
     AUTO_DELETE_S_RANGE,
@@ -108,8 +109,6 @@ def _seconds(name: str, value: int | None, bounds: tuple[int, int]) -> int | Non
     return value
 
 
-#: What ``create`` asks for when the caller names no image or shape.
-DEFAULT_IMAGE = "base"
 _DEFAULT_SHAPE = Shape()
 
 

@@ -16,6 +16,7 @@ from urllib.parse import unquote
 
 import httpx
 
+from hutch.contract.limits import MAX_EGRESS_RULES
 from hutch.models import NAME_RE
 from hutch.sdk._fake_state import TIME, FakeError, FakeSandbox, json_body, require
 
@@ -23,7 +24,7 @@ __all__ = ["FakeNet", "FakeNetwork", "canonical_rules"]
 
 _ENDED = ("destroyed", "failed")
 _LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
-_MAX_RULES = 256
+_MAX_RULES = MAX_EGRESS_RULES
 
 
 def _host_ok(host: str) -> bool:

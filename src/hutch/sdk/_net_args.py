@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
+from hutch.contract.limits import EGRESS_LOG_MAX, MAX_EGRESS_RULES
 from hutch.errors import InvalidArgument
 from hutch.models import NetworkMode
 
@@ -22,9 +23,6 @@ __all__ = [
 
 #: What ``create(network=...)`` takes.
 NetworkModeArg = NetworkMode | Literal["default", "none"]
-#: The daemon keeps at most this many rules per sandbox and this many log events.
-MAX_EGRESS_RULES = 256
-EGRESS_LOG_MAX = 1000
 
 
 def check_rules(rules: Sequence[str]) -> list[str]:
