@@ -19,7 +19,9 @@ ALLOWED: dict[str, set[str]] = {
     "drivers": CORE | DRIVERS,
     "services": CORE | DRIVERS | {"services"},
     "api": CORE | {"services", "api"},
-    "sdk": {"errors", "models", "version", "__init__", "sdk", "contract"},
+    "sdk": {"errors", "models", "version", "__init__", "sdk", "contract", "testing"},
+    # The in-memory fake of the REST API for tests: a client-side package too.
+    "testing": {"errors", "version", "__init__", "contract", "testing"},
     # The CLI is a client (SDK) except for `hutch daemon` and `hutch image build`, which
     # run host-side code by design.
     "cli": CORE | {"sdk", "cli", "daemon", "images", "mcp"},

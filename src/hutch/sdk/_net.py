@@ -177,7 +177,8 @@ class Ports:
 
     def expose(self, port: int) -> PortInfo:
         """Forward guest ``port`` through a host-side proxy; ``.url`` says where.
-        ``Conflict`` if the sandbox has network ``none`` or is not running."""
+        ``Conflict`` if the sandbox has network ``none`` or was deleted (a paused one
+        keeps its network: the port answers once it runs again)."""
         return self._client.call(self._calls.expose_port(self._id, port))
 
     def list(self) -> builtins.list[PortInfo]:

@@ -17,6 +17,7 @@ from hutch.api.schemas import (
     SnapshotRequest,
 )
 from hutch.contract.enums import DEFAULT_PAUSE_MODE
+from hutch.contract.limits import DEFAULT_FORK_COUNT
 from hutch.errors import InvalidArgument
 from hutch.models import SandboxRecord, SandboxSpec, SandboxState, Shape
 from hutch.services.sandboxes import SandboxService
@@ -96,7 +97,7 @@ async def fork_sandbox(
     sandbox_id: str, svc: Service, body: ForkRequest | None = None
 ) -> SandboxList:
     """New sandboxes, each a copy-on-write clone of this one (memory, processes, disk)."""
-    count = body.count if body else 1
+    count = body.count if body else DEFAULT_FORK_COUNT
     return SandboxList(sandboxes=[_view(svc, r) for r in await svc.fork(sandbox_id, count)])
 
 
