@@ -4,18 +4,24 @@ parts it describes (the guest agent, the REST schemas, the SDK's error map)."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from hutch import errors
 from hutch.api import errors as api_errors
+from hutch.api.routes.processes import StartProcess
 from hutch.api.schemas import CreateSandbox, ExecRequest
 from hutch.contract import limits
 from hutch.contract.agent_codes import AGENT_ERRORS, GUEST_FAILURES, agent_error
 from hutch.contract.egress import canonical_rules, mode_of, parse_rules
 from hutch.contract.http_errors import CLASS_BY_CODE, STATUS_BY_ERROR, error_for, status_for
+from hutch.contract.requests import COMMAND_FIELDS, CREATE_FIELDS, CommandRequest, CreateRequest
 from hutch.sdk import _errors as sdk_errors
+from hutch.sdk._exec import CommandArgs
+from hutch.sdk._sandboxes import CreateArgs
 
 REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "src" / "hutch"
@@ -188,3 +194,31 @@ def test_the_grammar_gives_one_canonical_form() -> None:
     assert mode_of(["good.test"]) == "rules"
     with pytest.raises(errors.InvalidArgument, match="at most 256"):
         parse_rules([f"h{i}.test" for i in range(limits.MAX_EGRESS_RULES + 1)])
+
+
+# -- the create and command fields, declared once --------------------------------------------
+
+
+def _default(request: type[CreateRequest] | type[CommandRequest], name: str) -> Any:
+    f = next(f for f in dataclasses.fields(request) if f.name == name)
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def test_the_create_fields_are_the_contracts_everywhere() -> None:
+    assert len(CREATE_FIELDS) == 15
+    # The REST schema: the same fields, the same defaults.
+    assert tuple(CreateSandbox.model_fields) == CREATE_FIELDS
+    for name, info in CreateSandbox.model_fields.items():
+        schema_default = info.get_default(call_default_factory=True)
+        contract_default = _default(CreateRequest, name)
+        assert schema_default == contract_default or not (schema_default or contract_default)
+    # The SDK's keyword arguments: every field but the positional image.
+    assert tuple(CreateArgs.__annotations__) == CREATE_FIELDS[1:]
+
+
+def test_the_command_fields_are_the_contracts_everywhere() -> None:
+    assert len(COMMAND_FIELDS) == 6
+    for schema, extra in ((ExecRequest, {"stream", "background"}), (StartProcess, {"keep_stdin"})):
+        assert set(schema.model_fields) == set(COMMAND_FIELDS) | extra, schema.__name__
+    assert tuple(CommandArgs.__annotations__) == COMMAND_FIELDS[1:]
+    assert CommandRequest(cmd=["true"], env={}, timeout_s=None).non_defaults() == {"cmd": ["true"]}

@@ -34,7 +34,7 @@ from typing import Literal
 
 import idna
 
-from hutch.contract.limits import MAX_EGRESS_RULES
+from hutch.contract.limits import MAX_EGRESS_RULES, PORT_RANGE
 from hutch.errors import InvalidArgument
 
 __all__ = [
@@ -146,8 +146,9 @@ def _parse_port(text: str) -> int:
     if not text.isdigit():
         raise _RuleError(f"port {text!r} is not a number")
     port = int(text)
-    if not 1 <= port <= 65535:
-        raise _RuleError(f"port {port} is out of 1-65535")
+    lo, hi = PORT_RANGE
+    if not lo <= port <= hi:
+        raise _RuleError(f"port {port} is out of {lo}-{hi}")
     return port
 
 

@@ -13,7 +13,7 @@ what it is about to send (``hutch.sdk._options``).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from hutch.contract.enums import DEFAULT_NETWORK_MODE
@@ -42,15 +42,15 @@ class CreateRequest:
     name: str | None = None
     timeout_s: int | None = None
     auto_resume: bool = False
-    snapshot: str | None = None
     auto_pause_s: int | None = None
     auto_delete_s: int | None = None
+    snapshot: str | None = None
     network: str = DEFAULT_NETWORK_MODE.value
     egress: Sequence[str] | None = None
     networks: Sequence[str] = ()
 
     def non_defaults(self) -> dict[str, Any]:
-        """The fields that differ from their default (empty collections count as unset)."""
+        """The fields that differ from their default (see :func:`_non_defaults`)."""
         return _non_defaults(self)
 
 
@@ -72,11 +72,18 @@ class CommandRequest:
 
 
 def _non_defaults(request: CreateRequest | CommandRequest) -> dict[str, Any]:
+    """Fields set to something else than their default. None, and an empty collection
+    where the default is one, count as unset; ``egress=[]`` is set (its default is None)."""
     out: dict[str, Any] = {}
     for f in fields(request):
         value = getattr(request, f.name)
-        if f.default is not value and f.default != value and value not in ({}, (), [], None):
-            out[f.name] = value
+        default = f.default_factory() if f.default_factory is not MISSING else f.default
+        if value is None or value == default:
+            continue
+        empty = isinstance(value, Mapping | Sequence) and not value
+        if empty and isinstance(default, Mapping | tuple):
+            continue
+        out[f.name] = value
     return out
 
 
