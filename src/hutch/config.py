@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from hutch.contract.limits import DEFAULT_IMAGE
 from hutch.errors import InvalidArgument
 
 ACCEL_CHOICES = ("auto", "kvm", "tcg")
@@ -44,7 +45,7 @@ class Settings:
     listen_host: str = "127.0.0.1"
     listen_port: int = 7070
     accel: str = "auto"
-    default_image: str = "base"
+    default_image: str = DEFAULT_IMAGE
     limits: Limits = field(default_factory=Limits)
     # Seconds to wait for a booting guest's agent before giving up.
     boot_timeout_s: float = 120.0

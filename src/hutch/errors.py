@@ -21,7 +21,7 @@ what they can do about it::
     └── StoreError           the database failed                    (500 store_error)
 
 The REST layer maps each class to a status and a stable ``code`` in one table
-(``hutch.api.errors``); the SDK maps the codes back to these classes.
+(``hutch.contract.http_errors``); the SDK maps the codes back to these classes with it.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from hutch.sdk.testing import FakeHutch
+from hutch.testing import FakeHutch
 from tests.unit.conftest import inspect_rows, last
 
 
@@ -31,7 +31,7 @@ def test_snapshot_create_errors(fake: FakeHutch, hutch: Any) -> None:
     missing = hutch("snapshot", "create", "sb-000000000999", "x")
     assert (missing.exit_code, missing.stderr) == (
         1,
-        "error: sandbox sb-000000000999 does not exist\n",
+        "error: no sandbox sb-000000000999\n",
     )
     sb.state = "destroyed"
     gone = hutch("snapshot", "create", sb.id, "x")
@@ -100,7 +100,7 @@ def test_snapshot_rm_removes_each_and_reports_failures(fake: FakeHutch, hutch: A
     assert result.exit_code == 1
     assert result.stdout.splitlines() == [free.id, other.id]
     assert result.stderr.splitlines() == [
-        f"error: {used.id}: snapshot {used.id} is still needed by sandbox(es) {user.id}: "
+        f"error: {used.id}: snapshot {used.id} is still needed by {user.id}: "
         "their disks are built on it; delete them first",
         "error: snap-000000000bad: no snapshot 'snap-000000000bad'; ids look like "
         "snap-0123456789ab",

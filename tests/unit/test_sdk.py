@@ -1,4 +1,4 @@
-"""The sync SDK against the in-memory fake of the REST contract (hutch.sdk.testing)."""
+"""The sync SDK against the in-memory fake of the REST contract (hutch.testing)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from hutch.sdk import (
     ProtocolError,
     SandboxInfo,
 )
-from hutch.sdk.testing import FakeHutch, FakeRun
+from hutch.testing import FakeHutch, FakeRun
 
 
 @pytest.fixture
@@ -267,7 +267,7 @@ def test_write_rejects_bad_mode_and_source(sb: Sandbox) -> None:
 
 
 def test_create_errors_are_typed(fake: FakeHutch) -> None:
-    with pytest.raises(UnknownImage, match="'nope' is not in the catalog"):
+    with pytest.raises(UnknownImage, match="unknown image 'nope'"):
         Sandbox.create("nope", api_key=fake.api_key, transport=fake.transport)
     with pytest.raises(InvalidArgument, match="vcpus"):
         Sandbox.create(vcpus=99, api_key=fake.api_key, transport=fake.transport)

@@ -13,7 +13,7 @@ from hutch import errors
 from hutch.sdk import ApiKeyMissing, Client, Timeouts
 from hutch.sdk._config import resolve_config
 from hutch.sdk._errors import error_for, error_from_body
-from hutch.sdk.testing import FakeHutch
+from hutch.testing import FakeHutch
 
 
 def test_url_precedence() -> None:

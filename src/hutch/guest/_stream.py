@@ -85,9 +85,11 @@ class StreamState:
             return frame.header
         raise self.unexpected(frame)
 
-    def unexpected(self, frame: Frame) -> Exception:
+    def unexpected(self, frame: Frame, feature: str | None = None) -> Exception:
+        """The error for a frame the request did not expect: the agent's ERROR mapped by
+        the contract's table (``feature``: see ``error_from_wire``), else GuestError."""
         if frame.type is FrameType.ERROR:
-            return error_from_wire(frame.header)
+            return error_from_wire(frame.header, feature)
         return GuestError(
             f"the guest agent broke protocol: unexpected {frame.type.name} on stream {self.sid}"
         )

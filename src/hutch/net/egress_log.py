@@ -10,11 +10,13 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from hutch.contract.limits import EGRESS_LOG_MAX
 from hutch.net.views import EgressEvent
 
 __all__ = ["DEFAULT_CAPACITY", "EgressLog"]
 
-DEFAULT_CAPACITY = 1000
+#: What ``GET .../egress/log`` can return at most (the contract's EGRESS_LOG_MAX).
+DEFAULT_CAPACITY = EGRESS_LOG_MAX
 
 
 @dataclass

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 import secrets
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -22,6 +21,8 @@ from ipaddress import IPv4Address, IPv4Interface
 from pathlib import Path
 
 from hutch.config import Settings
+from hutch.contract.limits import MAX_NETWORKS_PER_SANDBOX
+from hutch.contract.names import NETWORK_ID_RE as _NETWORK_ID_RE
 from hutch.errors import Conflict, HutchError, InvalidArgument, NetworkError, NotFound
 from hutch.models import NAME_RE
 from hutch.net import links, nft_apply
@@ -54,9 +55,6 @@ __all__ = ["NetworkManager", "default_upstream"]
 
 log = logging.getLogger(__name__)
 
-_NETWORK_ID_RE = re.compile(r"^net-[0-9a-f]{12}$")
-#: Most private networks one sandbox may be on.
-MAX_NETWORKS_PER_SANDBOX = 16
 _COUNTERS_EVERY_S = 2.0
 
 

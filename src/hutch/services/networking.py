@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from hutch.contract.limits import EGRESS_LOG_MAX
 from hutch.errors import NetworkError
 from hutch.models import NetworkMode, SandboxRecord, SandboxSpec
 from hutch.net.rules import EgressPolicy, parse_policy
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 __all__ = ["NetPlan", "NetworkingMixin"]
 
 #: Most egress log events one request returns.
-MAX_LOG_LIMIT = 1000
+MAX_LOG_LIMIT = EGRESS_LOG_MAX
 
 
 class NetPlan:

@@ -11,18 +11,22 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
 from hutch.api.deps import files_extra
+from hutch.contract.limits import ARCHIVE_MAX_BYTES, PATH_MAX_CHARS
 from hutch.errors import InvalidArgument
 from hutch.services.files_extra import FilesExtraService
 
 router = APIRouter(prefix="/v1/sandboxes", tags=["files"])
 Service = Annotated[FilesExtraService, Depends(files_extra)]
 PathParam = Annotated[
-    str, Query(min_length=1, max_length=4096, description="Directory: absolute or under /root.")
+    str,
+    Query(
+        min_length=1, max_length=PATH_MAX_CHARS, description="Directory: absolute or under /root."
+    ),
 ]
 
 #: An upload larger than this is refused while it streams (the sandbox disk is the real
 #: bound; this keeps one request from filling the host's pipes for hours).
-MAX_ARCHIVE_BYTES = 8 * 1024**3
+MAX_ARCHIVE_BYTES = ARCHIVE_MAX_BYTES
 
 
 class ArchiveResult(BaseModel):

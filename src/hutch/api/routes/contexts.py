@@ -12,23 +12,30 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from hutch.api.deps import interpreter
+from hutch.contract.limits import (
+    CODE_MAX_CHARS,
+    COLLECTED_RUN_MAX_BYTES,
+    ENV_MAX_VARS,
+    PATH_MAX_CHARS,
+    RUN_TIMEOUT_S_MAX,
+)
 from hutch.errors import HutchError
 from hutch.services.interpreter import ContextInfo, ContextRun, InterpreterService
 
 router = APIRouter(prefix="/v1/sandboxes", tags=["contexts"])
 Service = Annotated[InterpreterService, Depends(interpreter)]
 
-MAX_RUN_TIMEOUT_S = 24 * 3600
+MAX_RUN_TIMEOUT_S = RUN_TIMEOUT_S_MAX
 #: A collected (non-streamed) run is held in the daemon's memory; past this, outputs are
 #: dropped and a note says so. Stream (``?stream=1``) for more.
-MAX_COLLECTED_BYTES = 64 * 1024 * 1024
+MAX_COLLECTED_BYTES = COLLECTED_RUN_MAX_BYTES
 
 
 class CreateContext(BaseModel):
     model_config = ConfigDict(extra="forbid")
     language: Literal["python"] = "python"
-    cwd: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
-    env: dict[str, str] = Field(default_factory=dict, max_length=256)
+    cwd: Annotated[str, Field(min_length=1, max_length=PATH_MAX_CHARS)] | None = None
+    env: dict[str, str] = Field(default_factory=dict, max_length=ENV_MAX_VARS)
 
 
 class Context(BaseModel):
@@ -47,7 +54,7 @@ class ContextList(BaseModel):
 
 class RunRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    code: Annotated[str, Field(max_length=4 * 1024 * 1024)]
+    code: Annotated[str, Field(max_length=CODE_MAX_CHARS)]
     timeout_s: Annotated[float, Field(gt=0, le=MAX_RUN_TIMEOUT_S)] | None = None
 
 

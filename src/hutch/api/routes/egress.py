@@ -8,15 +8,13 @@ from fastapi import APIRouter, Depends, Query
 
 from hutch.api.deps import service
 from hutch.api.net_schemas import Egress, EgressEvent, EgressLog, EgressRules
+from hutch.contract.limits import DEFAULT_EGRESS_LOG_LIMIT, EGRESS_LOG_MAX
 from hutch.services.sandboxes import SandboxService
 
 __all__ = ["EGRESS_LOG_MAX", "router"]
 
 router = APIRouter(prefix="/v1/sandboxes/{sandbox_id}/egress", tags=["network"])
 Service = Annotated[SandboxService, Depends(service)]
-
-#: The service keeps the last 1000 decisions per sandbox.
-EGRESS_LOG_MAX = 1000
 
 
 @router.get("", response_model=Egress)
@@ -40,7 +38,7 @@ async def egress_log(
     svc: Service,
     limit: Annotated[
         int, Query(ge=1, le=EGRESS_LOG_MAX, description="At most this many, the newest.")
-    ] = 100,
+    ] = DEFAULT_EGRESS_LOG_LIMIT,
 ) -> EgressLog:
     """Recent egress decisions (DNS answers, proxied connections, packet denials)."""
     return EgressLog(events=[EgressEvent.of(e) for e in svc.egress_log(sandbox_id, limit)])

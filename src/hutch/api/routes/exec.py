@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from hutch.api.deps import processes, service
 from hutch.api.routes.processes import ProcessModel, process_model
 from hutch.api.schemas import ExecRequest, ExecResult
+from hutch.contract.limits import COLLECTED_EXEC_MAX_BYTES
 from hutch.errors import HutchError, InvalidArgument, Timeout
 from hutch.services.processes import ProcessService
 from hutch.services.sandboxes import ExecStream, SandboxService
@@ -21,7 +22,7 @@ Procs = Annotated[ProcessService, Depends(processes)]
 
 # A non-streamed result is held in the daemon's memory; past this it is cut (the command
 # keeps running to its end). Stream for more.
-MAX_COLLECTED_BYTES = 16 * 1024 * 1024
+MAX_COLLECTED_BYTES = COLLECTED_EXEC_MAX_BYTES
 TRUNCATION_NOTE = "\n[hutch: output truncated at 16 MiB; use stream=true for all of it]\n"
 
 

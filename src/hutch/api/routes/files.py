@@ -9,14 +9,17 @@ from fastapi.responses import StreamingResponse
 
 from hutch.api.deps import service
 from hutch.api.schemas import FileEntry, FileList, MkdirRequest, RenameRequest, WriteResult
+from hutch.contract.limits import DEFAULT_FILE_MODE, PATH_MAX_CHARS
 from hutch.errors import InvalidArgument
 from hutch.services.sandboxes import FileEntry as GuestFileEntry
 from hutch.services.sandboxes import SandboxService
 
 router = APIRouter(prefix="/v1/sandboxes", tags=["files"])
 Service = Annotated[SandboxService, Depends(service)]
+_DEFAULT_MODE = format(DEFAULT_FILE_MODE, "04o")
 PathParam = Annotated[
-    str, Query(min_length=1, max_length=4096, description="Absolute, or relative to /root.")
+    str,
+    Query(min_length=1, max_length=PATH_MAX_CHARS, description="Absolute, or relative to /root."),
 ]
 
 
@@ -47,7 +50,7 @@ async def write_file(
     path: PathParam,
     request: Request,
     svc: Service,
-    mode: Annotated[str, Query(pattern=r"^[0-7]{3,4}$")] = "0644",
+    mode: Annotated[str, Query(pattern=r"^[0-7]{3,4}$")] = _DEFAULT_MODE,
 ) -> WriteResult:
     with svc.activity(sandbox_id):
         written = await svc.write_file(sandbox_id, path, request.stream(), mode=parse_mode(mode))

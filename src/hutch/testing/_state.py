@@ -1,5 +1,8 @@
-"""The data behind :class:`hutch.sdk.testing.FakeHutch`: fake sandboxes, snapshots and
-command runs, the error the fake answers with, and small request helpers."""
+"""The data behind :class:`hutch.testing.FakeHutch`: fake sandboxes, snapshots and
+command runs, the error a test can make the fake answer with, and small request helpers.
+
+The fake raises the real error classes (:mod:`hutch.errors`); its router answers them
+with the contract's table (:mod:`hutch.contract.http_errors`), as the daemon does."""
 
 from __future__ import annotations
 
@@ -9,6 +12,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+
+from hutch.contract.enums import DEFAULT_NETWORK_MODE
+from hutch.contract.limits import (
+    DEFAULT_DISK_GIB,
+    DEFAULT_IMAGE,
+    DEFAULT_MEMORY_MIB,
+    DEFAULT_VCPUS,
+)
+from hutch.errors import InvalidArgument, StateError
 
 __all__ = [
     "TIME",
@@ -56,7 +68,7 @@ class FakeSandbox:
     #: Named snapshots its disk is built on. As in the daemon, a snapshotted sandbox
     #: runs on from the snapshot, so it is one of them too; forks inherit them.
     bases: set[str] = field(default_factory=set)
-    # -- networking (see _fake_net) --
+    # -- networking (see _net) --
     #: Canonical egress rules in force ([]: open).
     egress: list[str] = field(default_factory=list)
     #: What GET .../egress reports; tests set them.
@@ -79,14 +91,15 @@ class FakeSandbox:
         self.resumes += 1
 
     def to_json(self) -> dict[str, Any]:
+        ended = self.state in ("destroyed", "failed")
         return {
             "id": self.id,
             "name": self.spec.get("name"),
-            "image": self.spec.get("image", "base"),
+            "image": self.spec.get("image", DEFAULT_IMAGE),
             "state": self.state,
-            "vcpus": self.spec.get("vcpus", 1),
-            "memory_mib": self.spec.get("memory_mib", 512),
-            "disk_gib": self.spec.get("disk_gib", 4),
+            "vcpus": self.spec.get("vcpus", DEFAULT_VCPUS),
+            "memory_mib": self.spec.get("memory_mib", DEFAULT_MEMORY_MIB),
+            "disk_gib": self.spec.get("disk_gib", DEFAULT_DISK_GIB),
             "metadata": self.spec.get("metadata") or {},
             "timeout_s": self.spec.get("timeout_s"),
             "created_at": TIME,
@@ -102,9 +115,9 @@ class FakeSandbox:
             "auto_delete_s": self.spec.get("auto_delete_s"),
             "snapshot_id": self.spec.get("snapshot"),
             "network": {
-                "mode": self.spec.get("network", "default"),
-                "address": None if self.state in ("destroyed", "failed") else self.address,
-                "networks": list(self.networks),
+                "mode": self.spec.get("network", DEFAULT_NETWORK_MODE.value),
+                "address": None if ended else self.address,
+                "networks": [] if ended else list(self.networks),
             },
         }
 
@@ -126,7 +139,7 @@ class FakeSnapshot:
     @property
     def size_bytes(self) -> int:
         # Memory image plus the files: deterministic, and grows with what was written.
-        memory = int(self.spec.get("memory_mib", 512)) << 20
+        memory = int(self.spec.get("memory_mib", DEFAULT_MEMORY_MIB)) << 20
         return memory + sum(len(data) for data in self.files.values())
 
     def to_json(self) -> dict[str, Any]:
@@ -134,17 +147,18 @@ class FakeSnapshot:
             "id": self.id,
             "name": self.name,
             "sandbox_id": self.sandbox_id,
-            "image": self.spec.get("image", "base"),
-            "vcpus": self.spec.get("vcpus", 1),
-            "memory_mib": self.spec.get("memory_mib", 512),
-            "disk_gib": self.spec.get("disk_gib", 4),
+            "image": self.spec.get("image", DEFAULT_IMAGE),
+            "vcpus": self.spec.get("vcpus", DEFAULT_VCPUS),
+            "memory_mib": self.spec.get("memory_mib", DEFAULT_MEMORY_MIB),
+            "disk_gib": self.spec.get("disk_gib", DEFAULT_DISK_GIB),
             "size_bytes": self.size_bytes,
             "created_at": _SNAPSHOT_TIME,
         }
 
 
 class FakeError(Exception):
-    """Raised inside the fake to answer with an API error body."""
+    """An API error body with any status and code, for :meth:`FakeHutch.fail_next` (the
+    fake itself raises the real :mod:`hutch.errors` classes)."""
 
     def __init__(self, status: int, code: str, message: str) -> None:
         super().__init__(message)
@@ -166,19 +180,16 @@ class Chunks(httpx.SyncByteStream, httpx.AsyncByteStream):
 
 
 def require(sb: FakeSandbox, *states: str) -> None:
+    """StateError (409 invalid_state) unless ``sb`` is in one of ``states``."""
     if sb.state not in states:
-        raise FakeError(
-            409,
-            "invalid_state",
-            f"sandbox {sb.id} is {sb.state}; this needs it to be {' or '.join(states)}",
-        )
+        raise StateError(f"sandbox {sb.id}", sb.state, states)
 
 
 def json_body(request: httpx.Request) -> dict[str, Any]:
     try:
         body = json.loads(request.content or b"{}")
     except ValueError as exc:
-        raise FakeError(400, "invalid_argument", f"body is not JSON: {exc}") from exc
+        raise InvalidArgument(f"body is not JSON: {exc}") from exc
     if not isinstance(body, dict):
-        raise FakeError(400, "invalid_argument", "body must be a JSON object")
+        raise InvalidArgument("body must be a JSON object")
     return body

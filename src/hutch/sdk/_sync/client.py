@@ -1,40 +1,42 @@
-"""The synchronous shell: sends what :class:`ClientCore` builds, nothing more."""
+# Generated from src/hutch/sdk/_async/client.py by scripts/unasync.py: do not edit.
+"""The client shell: sends what the sans-IO core builds, nothing more."""
 
 from __future__ import annotations
 
 import builtins
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Generic, TypeVar
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Generic, TypeVar, Unpack
 
 import httpx
 
-from hutch.sdk._bodies import (
-    BytesDecoder,
-    ExecCollector,
-    ExecEventDecoder,
-    StreamDecoder,
-    StreamState,
-    UploadData,
-    sync_upload_chunks,
-)
-from hutch.sdk._closing import ClosesOnExit
+from hutch.contract.enums import DEFAULT_PAUSE_MODE
+from hutch.contract.limits import DEFAULT_FILE_MODE, DEFAULT_FORK_COUNT, DEFAULT_IMAGE
+from hutch.sdk import _io_sync as _io
 from hutch.sdk._config import Timeouts, resolve_config
 from hutch.sdk._core import Call, ClientCore
 from hutch.sdk._errors import ClientClosed
-from hutch.sdk._net import Networks
-from hutch.sdk._net_args import NetworkModeArg
-from hutch.sdk._types import (
+from hutch.sdk._exec import (
+    CommandArgs,
+    ExecCalls,
+    ExecCollector,
     ExecEvent,
+    ExecEventDecoder,
     ExecOutput,
     ExecResult,
-    FileEntry,
+)
+from hutch.sdk._files import FileCalls, FileEntry, WrittenFile
+from hutch.sdk._sandboxes import (
+    CreateArgs,
     Health,
     ImageInfo,
     PauseModeArg,
+    SandboxCalls,
     SandboxInfo,
     SnapshotInfo,
-    WrittenFile,
 )
+from hutch.sdk._streams import BytesDecoder, StreamDecoder, StreamState
+from hutch.sdk._sync._closing import ClosesOnExit
+from hutch.sdk._sync.net import Networks
 
 __all__ = ["Client", "ResponseStream"]
 
@@ -42,11 +44,12 @@ T = TypeVar("T")
 
 
 class Client(ClosesOnExit):
-    """A blocking connection to one hutch daemon, addressed by sandbox id.
+    """A connection to one hutch daemon, addressed by sandbox id.
 
-    :class:`hutch.Sandbox` wraps this for one sandbox; use the client directly to share one
-    connection pool between many sandboxes. ``transport`` replaces the network (tests pass
-    ``httpx.MockTransport``). Close it (or use ``with``) to release connections.
+    :class:`hutch.Sandbox` wraps this for one sandbox; use the client directly to
+    share one connection pool between many sandboxes. ``transport`` replaces the network
+    (tests pass ``httpx.MockTransport``). Close it (or use ``with``) to release
+    connections.
     """
 
     def __init__(
@@ -59,6 +62,9 @@ class Client(ClosesOnExit):
     ) -> None:
         self.core = ClientCore(resolve_config(base_url=base_url, api_key=api_key, timeouts=timeout))
         self._http = httpx.Client(transport=transport, trust_env=self.core.trust_env)
+        self._sandboxes = SandboxCalls(self.core)
+        self._exec = ExecCalls(self.core)
+        self._files = FileCalls(self.core)
         #: Private networks: ``client.networks.create(name)``, ``.list()``, ...
         self.networks = Networks(self)
 
@@ -98,182 +104,124 @@ class Client(ClosesOnExit):
     # -- API ----------------------------------------------------------------------
 
     def health(self) -> Health:
-        return self.call(self.core.health())
+        return self.call(self._sandboxes.health())
 
     def create_sandbox(
-        self,
-        image: str = "base",
-        *,
-        vcpus: int = 1,
-        memory_mib: int = 512,
-        disk_gib: int = 4,
-        env: Mapping[str, str] | None = None,
-        metadata: Mapping[str, str] | None = None,
-        name: str | None = None,
-        timeout_s: int | None = None,
-        auto_resume: bool = False,
-        snapshot: str | None = None,
-        auto_pause_s: int | None = None,
-        auto_delete_s: int | None = None,
-        network: NetworkModeArg = "default",
-        egress: Sequence[str] | None = None,
-        networks: Sequence[str] | None = None,
+        self, image: str = DEFAULT_IMAGE, **options: Unpack[CreateArgs]
     ) -> SandboxInfo:
-        return self.call(
-            self.core.create_sandbox(
-                image,
-                vcpus=vcpus,
-                memory_mib=memory_mib,
-                disk_gib=disk_gib,
-                env=env,
-                metadata=metadata,
-                name=name,
-                timeout_s=timeout_s,
-                auto_resume=auto_resume,
-                snapshot=snapshot,
-                auto_pause_s=auto_pause_s,
-                auto_delete_s=auto_delete_s,
-                network=network,
-                egress=egress,
-                networks=networks,
-            )
-        )
+        """Create a sandbox; ``options`` are the create fields (see ``Sandbox.create``)."""
+        return self.call(self._sandboxes.create(image, options))
 
     def list_sandboxes(
         self, state: str | None = None, metadata: Mapping[str, str] | None = None
-    ) -> list[SandboxInfo]:
-        return self.call(self.core.list_sandboxes(state, metadata))
+    ) -> builtins.list[SandboxInfo]:
+        return self.call(self._sandboxes.list(state, metadata))
 
     def get_sandbox(self, sandbox_id: str) -> SandboxInfo:
-        return self.call(self.core.get_sandbox(sandbox_id))
+        return self.call(self._sandboxes.get(sandbox_id))
 
     def delete_sandbox(self, sandbox_id: str) -> None:
-        self.call(self.core.delete_sandbox(sandbox_id))
+        self.call(self._sandboxes.delete(sandbox_id))
 
-    def pause_sandbox(self, sandbox_id: str, mode: PauseModeArg = "memory") -> SandboxInfo:
-        return self.call(self.core.pause_sandbox(sandbox_id, mode))
+    def pause_sandbox(
+        self, sandbox_id: str, mode: PauseModeArg = DEFAULT_PAUSE_MODE
+    ) -> SandboxInfo:
+        return self.call(self._sandboxes.pause(sandbox_id, mode))
 
     def resume_sandbox(self, sandbox_id: str) -> SandboxInfo:
-        return self.call(self.core.resume_sandbox(sandbox_id))
+        return self.call(self._sandboxes.resume(sandbox_id))
 
-    def fork_sandbox(self, sandbox_id: str, count: int = 1) -> builtins.list[SandboxInfo]:
-        return self.call(self.core.fork_sandbox(sandbox_id, count))
+    def fork_sandbox(
+        self, sandbox_id: str, count: int = DEFAULT_FORK_COUNT
+    ) -> builtins.list[SandboxInfo]:
+        return self.call(self._sandboxes.fork(sandbox_id, count))
 
     def create_snapshot(self, sandbox_id: str, name: str) -> SnapshotInfo:
         """Save sandbox ``sandbox_id`` (running or paused; it stays so) as ``name``."""
-        return self.call(self.core.create_snapshot(sandbox_id, name))
+        return self.call(self._sandboxes.create_snapshot(sandbox_id, name))
 
     def list_snapshots(self) -> builtins.list[SnapshotInfo]:
-        return self.call(self.core.list_snapshots())
+        return self.call(self._sandboxes.list_snapshots())
 
     def get_snapshot(self, snapshot_id: str) -> SnapshotInfo:
-        return self.call(self.core.get_snapshot(snapshot_id))
+        return self.call(self._sandboxes.get_snapshot(snapshot_id))
 
     def delete_snapshot(self, snapshot_id: str) -> None:
         """Raises ``Conflict`` while a live sandbox's disk is built on it."""
-        self.call(self.core.delete_snapshot(snapshot_id))
+        self.call(self._sandboxes.delete_snapshot(snapshot_id))
 
     def exec(
         self,
         sandbox_id: str,
         cmd: str | Sequence[str],
         *,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        user: str | None = None,
-        stdin: str | bytes | None = None,
-        timeout_s: float | None = None,
-        on_stdout: Callable[[str], object] | None = None,
-        on_stderr: Callable[[str], object] | None = None,
+        on_stdout: _io.OutputCallback | None = None,
+        on_stderr: _io.OutputCallback | None = None,
+        **options: Unpack[CommandArgs],
     ) -> ExecResult:
         """Run ``cmd`` and wait for it. With a callback, output streams into it as it
-        arrives (and is still collected into the result)."""
+        arrives (and is still collected into the result); the asyncio client takes
+        coroutine functions too."""
         if on_stdout is None and on_stderr is None:
-            return self.call(
-                self.core.exec_call(
-                    sandbox_id,
-                    cmd,
-                    env=env,
-                    cwd=cwd,
-                    user=user,
-                    stdin=stdin,
-                    timeout_s=timeout_s,
-                )
-            )
+            return self.call(self._exec.collected(sandbox_id, cmd, options))
         collector = ExecCollector()
-        with self.exec_stream(
-            sandbox_id, cmd, env=env, cwd=cwd, user=user, stdin=stdin, timeout_s=timeout_s
-        ) as events:
+        with self.exec_stream(sandbox_id, cmd, **options) as events:
             for event in events:
                 collector.add(event)
                 if isinstance(event, ExecOutput):
                     callback = on_stdout if event.stream == "stdout" else on_stderr
                     if callback is not None:
-                        callback(event.data)
+                        _io.call_back(callback, event.data)
         return collector.result()
 
     def exec_stream(
-        self,
-        sandbox_id: str,
-        cmd: str | Sequence[str],
-        *,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        user: str | None = None,
-        stdin: str | bytes | None = None,
-        timeout_s: float | None = None,
+        self, sandbox_id: str, cmd: str | Sequence[str], **options: Unpack[CommandArgs]
     ) -> ResponseStream[ExecEvent]:
-        request = self.core.exec_request(
-            sandbox_id,
-            cmd,
-            env=env,
-            cwd=cwd,
-            user=user,
-            stdin=stdin,
-            timeout_s=timeout_s,
-            stream=True,
-        )
+        """Events as they happen: iterate it (the request starts then)."""
+        request = self._exec.request(sandbox_id, cmd, options, stream=True)
         return ResponseStream(self, request, ExecEventDecoder())
 
     def write_file(
-        self, sandbox_id: str, path: str, data: UploadData, mode: int = 0o644
+        self, sandbox_id: str, path: str, data: _io.UploadData, mode: int = DEFAULT_FILE_MODE
     ) -> WrittenFile:
-        return self.call(self.core.write_file(sandbox_id, path, sync_upload_chunks(data), mode))
+        body = _io.upload_body(data)
+        return self.call(self._files.write(sandbox_id, path, body, mode))
 
     def read_file(self, sandbox_id: str, path: str) -> bytes:
-        return b"".join(self.read_file_stream(sandbox_id, path))
+        return b"".join([chunk for chunk in self.read_file_stream(sandbox_id, path)])
 
     def read_file_stream(self, sandbox_id: str, path: str) -> ResponseStream[bytes]:
-        return ResponseStream(self, self.core.read_file_request(sandbox_id, path), BytesDecoder())
+        request = self._files.read_request(sandbox_id, path)
+        return ResponseStream(self, request, BytesDecoder())
 
     def list_files(self, sandbox_id: str, path: str) -> builtins.list[FileEntry]:
-        return self.call(self.core.list_files(sandbox_id, path))
+        return self.call(self._files.list(sandbox_id, path))
 
     def stat_file(self, sandbox_id: str, path: str) -> FileEntry:
-        return self.call(self.core.stat_file(sandbox_id, path))
+        return self.call(self._files.stat(sandbox_id, path))
 
     def mkdir(self, sandbox_id: str, path: str) -> FileEntry:
-        return self.call(self.core.mkdir(sandbox_id, path))
+        return self.call(self._files.mkdir(sandbox_id, path))
 
     def rename(self, sandbox_id: str, source: str, destination: str) -> FileEntry:
-        return self.call(self.core.rename(sandbox_id, source, destination))
+        return self.call(self._files.rename(sandbox_id, source, destination))
 
     def remove_file(self, sandbox_id: str, path: str, recursive: bool = False) -> None:
-        self.call(self.core.remove_file(sandbox_id, path, recursive))
+        self.call(self._files.remove(sandbox_id, path, recursive))
 
     def list_images(self) -> builtins.list[ImageInfo]:
-        return self.call(self.core.list_images())
+        return self.call(self._sandboxes.list_images())
 
 
 class ResponseStream(ClosesOnExit, Generic[T]):
-    """An iterator over a streamed answer: exec events or file chunks.
+    """An iterator over a streamed answer: exec events, file chunks, process output.
 
     The request is sent on the first ``next()`` (errors such as ``NotFound`` surface
     there), and the connection is released as soon as the body is complete. Breaking out
     early? Use ``with`` or call :meth:`close`.
     """
 
-    def __init__(self, client: Client, request: httpx.Request, decoder: StreamDecoder[T]):
+    def __init__(self, client: Client, request: httpx.Request, decoder: StreamDecoder[T]) -> None:
         self._client = client
         self._request = request
         self._state = StreamState(decoder)
@@ -305,9 +253,10 @@ class ResponseStream(ClosesOnExit, Generic[T]):
             raise
 
     def _read(self) -> bytes | None:
-        if self._chunks is None:
+        if self._response is None:
             self._response = self._client.send(self._request, stream=True)
             self._chunks = self._response.iter_bytes()
+        assert self._chunks is not None
         try:
             return next(self._chunks)
         except StopIteration:
@@ -316,9 +265,15 @@ class ResponseStream(ClosesOnExit, Generic[T]):
             raise self._client.core.transport_error(exc) from exc
 
     def _release(self) -> None:
+        chunks, self._chunks = self._chunks, None
+        # Finalize httpx's byte generator here rather than leaving it to the event loop's
+        # async-generator hooks, which may run after the loop is gone.
+        close_chunks = getattr(chunks, "close", None)
+        if close_chunks is not None:
+            close_chunks()
         if self._response is not None:
-            self._response.close()
-            self._response = None
+            response, self._response = self._response, None
+            response.close()
 
     def close(self) -> None:
         """Stop reading and release the connection. Safe to call twice."""

@@ -1,5 +1,5 @@
 """The fake's in-memory filesystem: the ``/v1/sandboxes/{id}/files...`` routes of
-:class:`hutch.sdk.testing.FakeHutch`."""
+:class:`hutch.testing.FakeHutch`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from typing import Any
 
 import httpx
 
-from hutch.sdk._fake_state import TIME, Chunks, FakeError, FakeSandbox, json_body
+from hutch.contract.limits import DEFAULT_FILE_MODE
+from hutch.errors import Conflict, InvalidArgument, NotFound
+from hutch.testing._state import TIME, Chunks, FakeSandbox, json_body
 
 __all__ = ["files_route"]
 
@@ -22,34 +24,30 @@ def files_route(
     if rest in ("/files/mkdir", "/files/rename") and method == "POST":
         body = json_body(request)
         if rest == "/files/mkdir":
-            path = _abs(body["path"])
-            parts = path.strip("/").split("/")
-            for i in range(1, len(parts) + 1):
-                sb.dirs.add("/" + "/".join(parts[:i]))
+            path = _abs(_field(body, "path"))
+            _make_parents(sb, path)
+            sb.dirs.add(path)
             return httpx.Response(200, json=_entry(sb, path))
-        src, dst = _abs(body["source"]), _abs(body["destination"])
+        src, dst = _abs(_field(body, "source")), _abs(_field(body, "destination"))
         if src not in sb.files:
-            raise FakeError(404, "not_found", f"{src}: no such file")
+            raise NotFound(f"{src}: no such file")
         sb.files[dst] = sb.files.pop(src)
-        sb.modes[dst] = sb.modes.pop(src, 0o644)
+        sb.modes[dst] = sb.modes.pop(src, DEFAULT_FILE_MODE)
         return httpx.Response(200, json=_entry(sb, dst))
     path = _abs(params.get("path") or "")
     if rest == "/files" and method == "PUT":
-        if posixpath.dirname(path) not in sb.dirs:
-            raise FakeError(404, "not_found", f"{posixpath.dirname(path)}: no such directory")
+        if any(p in sb.files for p in _parents(path)):
+            raise InvalidArgument(f"a parent of {path!r} exists and is not a directory")
         if path in sb.dirs:
-            raise FakeError(400, "invalid_argument", f"{path} is a directory")
+            raise InvalidArgument(f"{path} is a directory")
+        _make_parents(sb, path)  # as the guest agent does
         sb.files[path] = request.content
-        sb.modes[path] = int(params.get("mode", "0644"), 8)
+        sb.modes[path] = int(params.get("mode") or format(DEFAULT_FILE_MODE, "o"), 8)
         return httpx.Response(200, json={"path": path, "size": len(request.content)})
     if rest == "/files" and method == "GET":
         if path not in sb.files:
             kind = "is a directory" if path in sb.dirs else "no such file"
-            raise FakeError(
-                400 if path in sb.dirs else 404,
-                "invalid_argument" if path in sb.dirs else "not_found",
-                f"{path}: {kind}",
-            )
+            raise (InvalidArgument if path in sb.dirs else NotFound)(f"{path}: {kind}")
         data, n = sb.files[path], download_chunk
         chunks = [data[i : i + n] for i in range(0, len(data), n)]
         return httpx.Response(
@@ -57,7 +55,7 @@ def files_route(
         )
     if rest == "/files/list" and method == "GET":
         if path not in sb.dirs:
-            raise FakeError(404, "not_found", f"{path}: no such directory")
+            raise NotFound(f"{path}: no such directory")
         children = sorted(
             p
             for p in (sb.files.keys() | sb.dirs)
@@ -72,9 +70,7 @@ def files_route(
         elif path in sb.dirs:
             inside = [p for p in sb.files.keys() | sb.dirs if p.startswith(path + "/")]
             if inside and params.get("recursive") != "true":
-                raise FakeError(
-                    409,
-                    "conflict",
+                raise Conflict(
                     f"directory {path!r} is not empty; pass recursive to remove it",
                 )
             for p in inside:
@@ -82,14 +78,30 @@ def files_route(
                 sb.dirs.discard(p)
             sb.dirs.discard(path)
         else:
-            raise FakeError(404, "not_found", f"{path}: no such file or directory")
+            raise NotFound(f"{path}: no such file or directory")
         return httpx.Response(204)
-    raise FakeError(404, "not_found", f"no route {method} {rest}")
+    raise NotFound(f"no route {method} {rest}")
+
+
+def _field(body: dict[str, Any], name: str) -> str:
+    value = body.get(name)
+    if not isinstance(value, str) or not value:
+        raise InvalidArgument(f"{name}: Field required")
+    return value
+
+
+def _parents(path: str) -> list[str]:
+    parts = path.strip("/").split("/")[:-1]
+    return ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+def _make_parents(sb: FakeSandbox, path: str) -> None:
+    sb.dirs.update(_parents(path))
 
 
 def _abs(path: str) -> str:
     if not path:
-        raise FakeError(400, "invalid_argument", "path is required")
+        raise InvalidArgument("path is required")
     return posixpath.normpath(posixpath.join("/root", path))
 
 
@@ -97,9 +109,9 @@ def _entry(sb: FakeSandbox, path: str) -> dict[str, Any]:
     if path in sb.dirs:
         kind, size, mode = "dir", 4096, 0o755
     elif path in sb.files:
-        kind, size, mode = "file", len(sb.files[path]), sb.modes.get(path, 0o644)
+        kind, size, mode = "file", len(sb.files[path]), sb.modes.get(path, DEFAULT_FILE_MODE)
     else:
-        raise FakeError(404, "not_found", f"{path}: no such file or directory")
+        raise NotFound(f"{path}: no such file or directory")
     return {
         "name": posixpath.basename(path) or "/",
         "path": path,

@@ -1,29 +1,48 @@
-"""What the code interpreter gives back, as plain values: a context's description, the
-outputs of a run (:class:`Execution`, :class:`Result`, :class:`ExecutionError`) and the
-sans-IO readers that build them from a streamed or a whole answer."""
+"""The code interpreter in the SDK, sans-IO: ``sb.contexts``, ``ctx.run(code)``,
+``sb.run_code``.
+
+:class:`InterpreterCalls` builds requests and reads answers, :class:`RunDecoder` reads
+streamed runs and :class:`ExecutionBuilder` turns outputs into an :class:`Execution`; the
+value types (a context's description, the outputs of a run) are what the calls return.
+The shells are in ``_async/contexts.py`` and, generated from it, ``_sync/contexts.py``.
+"""
 
 from __future__ import annotations
 
 import base64
-import json
-from collections.abc import Callable, Sequence
+import builtins
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
+from urllib.parse import quote
 
-from hutch.sdk._errors import ProtocolError, error_for
-from hutch.sdk._types import _get, _opt, _time
+import httpx
+
+from hutch.errors import InvalidArgument
+from hutch.sdk._core import Call, ClientCore, list_of, nothing, one
+from hutch.sdk._errors import ProtocolError
+from hutch.sdk._streams import LineDecoder, error_line
+from hutch.sdk._values import maybe, moment, need
 
 __all__ = [
     "ContextInfo",
     "Execution",
     "ExecutionBuilder",
     "ExecutionError",
+    "InterpreterCalls",
     "Result",
     "ResultCallback",
     "RunDecoder",
     "TextCallback",
+    "context_id",
 ]
+
+
+class HasId(Protocol):
+    @property
+    def id(self) -> str: ...
+
 
 #: A callback per output: stdout/stderr get text, results and displays a :class:`Result`.
 TextCallback = Callable[[str], object]
@@ -46,13 +65,13 @@ class ContextInfo:
     def from_dict(cls, obj: Any) -> ContextInfo:
         w = "context"
         return cls(
-            id=_get(obj, "id", str, w),
-            language=_get(obj, "language", str, w),
-            cwd=_get(obj, "cwd", str, w),
-            state=_get(obj, "state", str, w),
-            pid=_opt(obj, "pid", int, w),
-            created_at=_time(obj, "created_at", w),
-            runs=_get(obj, "runs", int, w),
+            id=need(obj, "id", str, w),
+            language=need(obj, "language", str, w),
+            cwd=need(obj, "cwd", str, w),
+            state=need(obj, "state", str, w),
+            pid=maybe(obj, "pid", int, w),
+            created_at=moment(obj, "created_at", w),
+            runs=need(obj, "runs", int, w),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -238,46 +257,26 @@ class ExecutionBuilder:
 
     @classmethod
     def from_response(cls, obj: Any) -> Execution:
-        outputs = _get(obj, "outputs", list, "run result")
+        outputs = need(obj, "outputs", list, "run result")
         builder = cls()
         for item in outputs:
             builder.add(item)
         ex = builder.finish(
-            _get(obj, "status", str, "run result"), _get(obj, "duration_ms", int, "run result")
+            need(obj, "status", str, "run result"), need(obj, "duration_ms", int, "run result")
         )
         return ex
 
 
-class RunDecoder:
+class RunDecoder(LineDecoder[dict[str, Any]]):
     """NDJSON run stream → output dicts, then a final ``{"type": "end", ...}``."""
 
-    def __init__(self) -> None:
-        self._buffer = bytearray()
-        self.done = False
+    what = "run stream"
+    ended_early = (
+        "the run stream ended before its end event; the daemon may have restarted "
+        "or the connection dropped"
+    )
 
-    def feed(self, chunk: bytes) -> Sequence[dict[str, Any]]:
-        self._buffer += chunk
-        items: list[dict[str, Any]] = []
-        while not self.done and (end := self._buffer.find(b"\n")) >= 0:
-            line = bytes(self._buffer[:end]).strip()
-            del self._buffer[: end + 1]
-            if line:
-                items.append(self._item(line))
-        return items
-
-    def eof(self) -> Sequence[dict[str, Any]]:
-        if not self.done:
-            raise ProtocolError(
-                "the run stream ended before its end event; the daemon may have restarted "
-                "or the connection dropped"
-            )
-        return []
-
-    def _item(self, line: bytes) -> dict[str, Any]:
-        try:
-            obj = json.loads(line)
-        except ValueError as exc:
-            raise ProtocolError(f"run stream: not a JSON line: {line[:200]!r}") from exc
+    def item(self, obj: Any) -> dict[str, Any]:
         if not isinstance(obj, dict):
             raise ProtocolError(f"run stream: not an object: {obj!r}")
         kind = obj.get("type")
@@ -285,10 +284,88 @@ class RunDecoder:
             self.done = True
         elif kind == "error" and "code" in obj:  # the request failed, not the code
             self.done = True
-            message = obj.get("message")
-            raise error_for(
-                obj.get("code") if isinstance(obj.get("code"), str) else None,
-                None,
-                message if isinstance(message, str) else f"run failed: {obj!r}",
-            )
+            raise error_line(obj, "run failed")
         return obj
+
+
+class InterpreterCalls:
+    """Builds every code-interpreter request and reads every answer. No I/O."""
+
+    def __init__(self, core: ClientCore) -> None:
+        self.core = core
+
+    def _path(self, sandbox_id: str, context_id: str | None = None, suffix: str = "") -> str:
+        base = "/contexts"
+        if context_id is not None:
+            if not isinstance(context_id, str) or not context_id:
+                raise InvalidArgument(f"context id must be a non-empty string, got {context_id!r}")
+            base += "/" + quote(context_id, safe="")
+        return self.core.sandbox_path(sandbox_id, base + suffix)
+
+    def create(
+        self,
+        sandbox_id: str,
+        language: str = "python",
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Call[ContextInfo]:
+        body: dict[str, Any] = {"language": language}
+        if cwd is not None:
+            body["cwd"] = cwd
+        if env:
+            body["env"] = dict(env)
+        req = self.core.request("POST", self._path(sandbox_id), json_body=body)
+        return Call(req, one(ContextInfo.from_dict))
+
+    def list(self, sandbox_id: str) -> Call[builtins.list[ContextInfo]]:
+        req = self.core.request("GET", self._path(sandbox_id))
+        return Call(req, list_of("contexts", ContextInfo.from_dict))
+
+    def get(self, sandbox_id: str, context_id: str) -> Call[ContextInfo]:
+        req = self.core.request("GET", self._path(sandbox_id, context_id))
+        return Call(req, one(ContextInfo.from_dict))
+
+    def delete(self, sandbox_id: str, context_id: str) -> Call[None]:
+        return Call(self.core.request("DELETE", self._path(sandbox_id, context_id)), nothing)
+
+    def interrupt(self, sandbox_id: str, context_id: str) -> Call[ContextInfo]:
+        req = self.core.request("POST", self._path(sandbox_id, context_id, "/interrupt"))
+        return Call(req, one(ContextInfo.from_dict))
+
+    def restart(self, sandbox_id: str, context_id: str) -> Call[ContextInfo]:
+        req = self.core.request("POST", self._path(sandbox_id, context_id, "/restart"))
+        return Call(req, one(ContextInfo.from_dict))
+
+    def run_request(
+        self, sandbox_id: str, context_id: str, code: str, timeout_s: float | None, stream: bool
+    ) -> httpx.Request:
+        if not isinstance(code, str):
+            raise InvalidArgument(f"code must be a string of Python source, got {code!r}")
+        body: dict[str, Any] = {"code": code}
+        if timeout_s is not None:
+            if timeout_s <= 0:
+                raise InvalidArgument(f"timeout_s={timeout_s!r} must be > 0 seconds")
+            body["timeout_s"] = timeout_s
+        # The daemon bounds the run; the HTTP wait only needs to outlast that bound.
+        read = self.core.config.timeouts.read
+        read_timeout = None if timeout_s is None or read is None else timeout_s + read
+        return self.core.request(
+            "POST",
+            self._path(sandbox_id, context_id, "/run"),
+            params=[("stream", "1")] if stream else None,
+            json_body=body,
+            read_timeout=read_timeout,
+        )
+
+    def run(
+        self, sandbox_id: str, context_id: str, code: str, timeout_s: float | None
+    ) -> Call[Execution]:
+        req = self.run_request(sandbox_id, context_id, code, timeout_s, stream=False)
+        return Call(req, one(ExecutionBuilder.from_response))
+
+
+def context_id(context: str | HasId | None) -> str | None:
+    """The id of a context given as a context object or as its id."""
+    if context is None or isinstance(context, str):
+        return context
+    return context.id

@@ -1,86 +1,66 @@
-"""``Sandbox``: a handle on one sandbox, in the shape E2B users know (blocking)."""
+# Generated from src/hutch/sdk/_async/sandbox.py by scripts/unasync.py: do not edit.
+"""``Sandbox``: a handle on one sandbox, in the shape E2B users know."""
 
 from __future__ import annotations
 
 import builtins
 import contextlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import TypeVar
+from typing import Unpack
 
 import httpx
 
+from hutch.contract.enums import DEFAULT_PAUSE_MODE
+from hutch.contract.limits import DEFAULT_FORK_COUNT, DEFAULT_IMAGE
 from hutch.errors import NotFound
-from hutch.sdk._bodies import UploadData
-from hutch.sdk._client import Client, ResponseStream
+from hutch.sdk import _io_sync as _io
 from hutch.sdk._config import Timeouts
-from hutch.sdk._files_extra import FilesExtra
-from hutch.sdk._interpreter import CodeRunner, Contexts
-from hutch.sdk._net import Egress, Ports, SandboxNetworks
-from hutch.sdk._net_args import NetworkModeArg
-from hutch.sdk._processes import Processes
-from hutch.sdk._pty import Pty
-from hutch.sdk._types import (
-    ExecEvent,
-    ExecResult,
-    FileEntry,
-    PauseModeArg,
-    SandboxInfo,
-    SnapshotInfo,
-    WrittenFile,
-)
+from hutch.sdk._contexts import Execution, ResultCallback, TextCallback
+from hutch.sdk._exec import CommandArgs, ExecEvent, ExecResult
+from hutch.sdk._sandboxes import CreateArgs, PauseModeArg, SandboxInfo, SnapshotInfo
+from hutch.sdk._sync._closing import ClosesOnExit
+from hutch.sdk._sync.client import Client, ResponseStream
+from hutch.sdk._sync.contexts import Context, Contexts, run_code
+from hutch.sdk._sync.files import Files
+from hutch.sdk._sync.net import Egress, Ports, SandboxNetworks
+from hutch.sdk._sync.processes import Processes
+from hutch.sdk._sync.pty import Pty
 
-__all__ = ["Files", "Sandbox"]
-
-T = TypeVar("T")
+__all__ = ["Sandbox"]
 
 
-class Files(FilesExtra):
-    """The filesystem of one sandbox (``sb.files``). Relative paths are resolved by the
-    guest agent (from the sandbox user's home directory)."""
+class _Connection(ClosesOnExit):
+    """The client one class-level call uses: the caller's, or one of its own that is
+    closed when the call is done."""
 
-    def __init__(self, client: Client, sandbox_id: str) -> None:
-        self._client = client
-        self._id = sandbox_id
+    def __init__(
+        self,
+        client: Client | None,
+        api_key: str | None,
+        base_url: str | None,
+        http_timeout: float | Timeouts | None,
+        transport: httpx.BaseTransport | None,
+    ) -> None:
+        self.owned = client is None
+        self.client = client or Client(
+            base_url=base_url, api_key=api_key, timeout=http_timeout, transport=transport
+        )
 
-    def write(self, path: str, data: UploadData, mode: int = 0o644) -> WrittenFile:
-        """Create or replace ``path`` with ``data`` (bytes, str as UTF-8, a binary file
-        object or an iterator of bytes; streamed, never loaded whole)."""
-        return self._client.write_file(self._id, path, data, mode)
-
-    def read(self, path: str) -> bytes:
-        return self._client.read_file(self._id, path)
-
-    def read_stream(self, path: str) -> ResponseStream[bytes]:
-        """Chunks of ``path`` as they arrive; use for big files."""
-        return self._client.read_file_stream(self._id, path)
-
-    def list(self, path: str = ".") -> builtins.list[FileEntry]:
-        return self._client.list_files(self._id, path)
-
-    def stat(self, path: str) -> FileEntry:
-        return self._client.stat_file(self._id, path)
-
-    def mkdir(self, path: str) -> FileEntry:
-        """Create ``path`` and missing parents."""
-        return self._client.mkdir(self._id, path)
-
-    def rename(self, source: str, destination: str) -> FileEntry:
-        return self._client.rename(self._id, source, destination)
-
-    def remove(self, path: str, recursive: bool = False) -> None:
-        self._client.remove_file(self._id, path, recursive)
+    def close(self) -> None:
+        if self.owned:
+            self.client.close()
 
 
-class Sandbox(CodeRunner):
+class Sandbox:
     """One micro-VM sandbox. Create with :meth:`create`, attach with :meth:`connect`.
 
     ``with Sandbox.create() as sb:`` kills the sandbox when the block ends. A sandbox
     made by ``create``/``connect`` owns its HTTP connection pool; pass ``client=`` to
-    share one :class:`hutch.sdk.Client` between many sandboxes instead.
+    share one client between many sandboxes instead.
     """
 
-    def __init__(self, client: Client, info: SandboxInfo, *, owns_client: bool = False):
+    def __init__(self, client: Client, info: SandboxInfo, *, owns_client: bool = False) -> None:
         self._client = client
         self._info = info
         self._owns_client = owns_client
@@ -99,68 +79,25 @@ class Sandbox(CodeRunner):
         #: Code interpreter: ``sb.contexts.create().run("x = 1")``; or ``sb.run_code``.
         self.contexts = Contexts(client, info.id)
 
-    @staticmethod
-    def _client_for(
-        client: Client | None,
-        api_key: str | None,
-        base_url: str | None,
-        http_timeout: float | Timeouts | None,
-        transport: httpx.BaseTransport | None,
-    ) -> tuple[Client, bool]:
-        if client is not None:
-            return client, False
-        return (
-            Client(base_url=base_url, api_key=api_key, timeout=http_timeout, transport=transport),
-            True,
-        )
-
-    @classmethod
-    def _once(
-        cls,
-        call: Callable[[Client], T],
-        client: Client | None,
-        api_key: str | None,
-        base_url: str | None,
-        http_timeout: float | Timeouts | None,
-        transport: httpx.BaseTransport | None,
-    ) -> T:
-        """One call on ``client``, or on a client of its own that is closed afterwards."""
-        http, owned = cls._client_for(client, api_key, base_url, http_timeout, transport)
-        try:
-            return call(http)
-        finally:
-            if owned:
-                http.close()
-
     @classmethod
     def create(
         cls,
-        image: str = "base",
+        image: str = DEFAULT_IMAGE,
         *,
-        vcpus: int = 1,
-        memory_mib: int = 512,
-        disk_gib: int = 4,
-        env: Mapping[str, str] | None = None,
-        metadata: Mapping[str, str] | None = None,
-        name: str | None = None,
-        timeout_s: int | None = None,
-        auto_resume: bool = False,
-        snapshot: str | None = None,
-        auto_pause_s: int | None = None,
-        auto_delete_s: int | None = None,
-        network: NetworkModeArg = "default",
-        egress: Sequence[str] | None = None,
-        networks: Sequence[str] | None = None,
         api_key: str | None = None,
         base_url: str | None = None,
         http_timeout: float | Timeouts | None = None,
         transport: httpx.BaseTransport | None = None,
         client: Client | None = None,
+        **options: Unpack[CreateArgs],
     ) -> Sandbox:
-        """Boot a sandbox and return once its guest answers. ``timeout_s``: the daemon
-        destroys it after that many seconds (None: never). ``auto_resume``: commands and
-        file calls to it while it is paused resume it first instead of failing with
-        ``StateError``.
+        """Boot a sandbox and return once its guest answers.
+
+        ``options`` (the create fields, see :class:`hutch.contract.requests.CreateRequest`):
+        ``vcpus``, ``memory_mib``, ``disk_gib``; ``env`` and ``metadata``; ``name``;
+        ``timeout_s``: the daemon destroys it after that many seconds (None: never).
+        ``auto_resume``: commands and file calls to it while it is paused resume it
+        first instead of failing with ``StateError``.
 
         ``snapshot``: a snapshot id (``snap-...``, see :meth:`snapshot`) to start from:
         the new sandbox has the files, memory and processes saved there and the
@@ -174,30 +111,13 @@ class Sandbox(CodeRunner):
         "*.github.com:443", "10.0.0.0/8"]`` (None or []: open; ``["deny-all"]``: nothing
         leaves); change them later with ``sb.egress.set``. ``networks``: private
         networks (ids or names) to join; members reach each other by sandbox name."""
-        http, owned = cls._client_for(client, api_key, base_url, http_timeout, transport)
+        conn = _Connection(client, api_key, base_url, http_timeout, transport)
         try:
-            info = http.create_sandbox(
-                image,
-                vcpus=vcpus,
-                memory_mib=memory_mib,
-                disk_gib=disk_gib,
-                env=env,
-                metadata=metadata,
-                name=name,
-                timeout_s=timeout_s,
-                auto_resume=auto_resume,
-                snapshot=snapshot,
-                auto_pause_s=auto_pause_s,
-                auto_delete_s=auto_delete_s,
-                network=network,
-                egress=egress,
-                networks=networks,
-            )
+            info = conn.client.create_sandbox(image, **options)
         except BaseException:
-            if owned:
-                http.close()
+            conn.close()
             raise
-        return cls(http, info, owns_client=owned)
+        return cls(conn.client, info, owns_client=conn.owned)
 
     @classmethod
     def connect(
@@ -211,14 +131,13 @@ class Sandbox(CodeRunner):
         client: Client | None = None,
     ) -> Sandbox:
         """Attach to an existing sandbox; raises ``NotFound`` if there is none."""
-        http, owned = cls._client_for(client, api_key, base_url, http_timeout, transport)
+        conn = _Connection(client, api_key, base_url, http_timeout, transport)
         try:
-            info = http.get_sandbox(sandbox_id)
+            info = conn.client.get_sandbox(sandbox_id)
         except BaseException:
-            if owned:
-                http.close()
+            conn.close()
             raise
-        return cls(http, info, owns_client=owned)
+        return cls(conn.client, info, owns_client=conn.owned)
 
     @classmethod
     def list(
@@ -234,14 +153,8 @@ class Sandbox(CodeRunner):
     ) -> builtins.list[SandboxInfo]:
         """Sandboxes that are not destroyed (or those in ``state``), filtered by
         ``metadata`` (all pairs must match)."""
-        return cls._once(
-            lambda http: http.list_sandboxes(state, metadata),
-            client,
-            api_key,
-            base_url,
-            http_timeout,
-            transport,
-        )
+        with _Connection(client, api_key, base_url, http_timeout, transport) as conn:
+            return conn.client.list_sandboxes(state, metadata)
 
     @classmethod
     def list_snapshots(
@@ -254,9 +167,8 @@ class Sandbox(CodeRunner):
         client: Client | None = None,
     ) -> builtins.list[SnapshotInfo]:
         """Every named snapshot on the daemon."""
-        return cls._once(
-            lambda http: http.list_snapshots(), client, api_key, base_url, http_timeout, transport
-        )
+        with _Connection(client, api_key, base_url, http_timeout, transport) as conn:
+            return conn.client.list_snapshots()
 
     @classmethod
     def get_snapshot(
@@ -270,14 +182,8 @@ class Sandbox(CodeRunner):
         client: Client | None = None,
     ) -> SnapshotInfo:
         """One snapshot; raises ``NotFound`` if there is none."""
-        return cls._once(
-            lambda http: http.get_snapshot(snapshot_id),
-            client,
-            api_key,
-            base_url,
-            http_timeout,
-            transport,
-        )
+        with _Connection(client, api_key, base_url, http_timeout, transport) as conn:
+            return conn.client.get_snapshot(snapshot_id)
 
     @classmethod
     def delete_snapshot(
@@ -294,14 +200,8 @@ class Sandbox(CodeRunner):
         it (kill those first; the message names them): one started from it, forks of
         such a one, and the sandbox it was taken of, which runs on from the snapshot.
         ``NotFound`` if there is no such snapshot."""
-        cls._once(
-            lambda http: http.delete_snapshot(snapshot_id),
-            client,
-            api_key,
-            base_url,
-            http_timeout,
-            transport,
-        )
+        with _Connection(client, api_key, base_url, http_timeout, transport) as conn:
+            conn.client.delete_snapshot(snapshot_id)
 
     @property
     def id(self) -> str:
@@ -320,48 +220,49 @@ class Sandbox(CodeRunner):
         self,
         cmd: str | Sequence[str],
         *,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        user: str | None = None,
-        stdin: str | bytes | None = None,
-        timeout_s: float | None = None,
-        on_stdout: Callable[[str], object] | None = None,
-        on_stderr: Callable[[str], object] | None = None,
+        on_stdout: _io.OutputCallback | None = None,
+        on_stderr: _io.OutputCallback | None = None,
+        **options: Unpack[CommandArgs],
     ) -> ExecResult:
         """Run ``cmd`` (a string runs under ``/bin/sh -c``) and wait for it to end.
 
-        A nonzero exit is not an error: check ``result.exit_code``. Raises ``Timeout``
-        when ``timeout_s`` passes. With ``on_stdout``/``on_stderr`` the output streams
-        into the callbacks as it arrives.
+        ``options``: ``env``, ``cwd``, ``user``, ``stdin`` and ``timeout_s`` (see
+        :class:`hutch.contract.requests.CommandRequest`). A nonzero exit is not an
+        error: check ``result.exit_code``. Raises ``Timeout`` when ``timeout_s`` passes.
+        With ``on_stdout``/``on_stderr`` the output streams into the callbacks as it
+        arrives (on the asyncio sandbox they may be coroutine functions).
         """
-        return self._client.exec(
-            self.id,
-            cmd,
-            env=env,
-            cwd=cwd,
-            user=user,
-            stdin=stdin,
+        return self._client.exec(self.id, cmd, on_stdout=on_stdout, on_stderr=on_stderr, **options)
+
+    def exec_stream(
+        self, cmd: str | Sequence[str], **options: Unpack[CommandArgs]
+    ) -> ResponseStream[ExecEvent]:
+        """Iterate ``ExecOutput(stream, data)`` events, then one final ``ExecExit``."""
+        return self._client.exec_stream(self.id, cmd, **options)
+
+    def run_code(
+        self,
+        code: str,
+        context: str | Context | None = None,
+        *,
+        timeout_s: float | None = None,
+        on_stdout: TextCallback | None = None,
+        on_stderr: TextCallback | None = None,
+        on_result: ResultCallback | None = None,
+    ) -> Execution:
+        """Run Python ``code`` in ``context`` (a context or its id; default: one context
+        per handle, created on first use, so variables persist between calls)."""
+        return run_code(
+            self.contexts,
+            code,
+            context,
             timeout_s=timeout_s,
             on_stdout=on_stdout,
             on_stderr=on_stderr,
+            on_result=on_result,
         )
 
-    def exec_stream(
-        self,
-        cmd: str | Sequence[str],
-        *,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        user: str | None = None,
-        stdin: str | bytes | None = None,
-        timeout_s: float | None = None,
-    ) -> ResponseStream[ExecEvent]:
-        """Iterate ``ExecOutput(stream, data)`` events, then one final ``ExecExit``."""
-        return self._client.exec_stream(
-            self.id, cmd, env=env, cwd=cwd, user=user, stdin=stdin, timeout_s=timeout_s
-        )
-
-    def pause(self, mode: PauseModeArg = "memory") -> SandboxInfo:
+    def pause(self, mode: PauseModeArg = DEFAULT_PAUSE_MODE) -> SandboxInfo:
         """Pause the sandbox and update :attr:`info` (state ``paused``).
 
         ``mode="memory"`` saves CPU, memory and devices: after :meth:`resume` its
@@ -377,7 +278,7 @@ class Sandbox(CodeRunner):
         self._info = self._client.resume_sandbox(self.id)
         return self._info
 
-    def fork(self, count: int = 1) -> builtins.list[Sandbox]:
+    def fork(self, count: int = DEFAULT_FORK_COUNT) -> builtins.list[Sandbox]:
         """``count`` (1-100) new sandboxes, each a copy of this one as it is now (memory,
         processes and disk); this one is left running or paused as it was.
 
@@ -428,4 +329,5 @@ class Sandbox(CodeRunner):
             self.close()
 
     def __repr__(self) -> str:
-        return f"<Sandbox {self.id} image={self._info.image} state={self._info.state}>"
+        info = self._info
+        return f"<{type(self).__name__} {self.id} image={info.image} state={info.state}>"
