@@ -22,6 +22,8 @@ MAX_DISK_LAYERS_RANGE = (1, 32)
 _N = TypeVar("_N", int, float)
 #: Bytes of serial console kept per log file (console.log and console.log.1).
 CONSOLE_LOG_BYTES_RANGE = (64 << 10, 1 << 30)
+#: Seconds pause, snapshot and fork wait for calls in flight in the sandbox.
+LIFECYCLE_WAIT_S_RANGE = (0.0, 3600.0)
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,9 @@ class Settings:
     # Serial console kept per sandbox: console.log rotates into console.log.1 at this
     # size, so at most twice this is on disk (hutch.vm.console).
     console_log_bytes: int = 1 << 20
+    # How long pause, snapshot and fork wait for execs, file transfers and code runs in
+    # flight in the sandbox before they give up with 409 busy (naming what still runs).
+    lifecycle_wait_s: float = 30.0
 
     @property
     def db_path(self) -> Path:
@@ -230,6 +235,14 @@ def _from_mapping(base: Settings, values: dict[str, Any], source: str) -> Settin
                 raise InvalidArgument(
                     f"{source}: console_log_bytes={s.console_log_bytes}; accepted: {lo}-{hi}"
                 )
+        if "lifecycle_wait_s" in values:
+            s = replace(s, lifecycle_wait_s=_number(values, "lifecycle_wait_s", float, source))
+            lo_s, hi_s = LIFECYCLE_WAIT_S_RANGE
+            if not lo_s <= s.lifecycle_wait_s <= hi_s:
+                raise InvalidArgument(
+                    f"{source}: lifecycle_wait_s={s.lifecycle_wait_s:g}; accepted: "
+                    f"{lo_s:g}-{hi_s:g} seconds"
+                )
         limits = s.limits
         if "max_sandboxes" in values:
             limits = replace(limits, max_sandboxes=int(values["max_sandboxes"]))
@@ -260,6 +273,7 @@ _ENV = {
     "HUTCH_MAX_DISK_LAYERS": "max_disk_layers",
     "HUTCH_QEMU_USER": "qemu_user",
     "HUTCH_CONSOLE_LOG_BYTES": "console_log_bytes",
+    "HUTCH_LIFECYCLE_WAIT_S": "lifecycle_wait_s",
 }
 
 
