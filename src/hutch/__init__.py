@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from hutch.errors import (
     AgentVersionMismatch,
+    Busy,
     Capacity,
     Conflict,
     GuestError,
@@ -49,6 +50,7 @@ __all__ = [
     "AgentVersionMismatch",
     "ApiKeyMissing",
     "AsyncSandbox",
+    "Busy",
     "Capacity",
     "Conflict",
     "DaemonUnreachable",

@@ -12,7 +12,7 @@ import os
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from hutch.contract.limits import DEFAULT_IMAGE
 from hutch.errors import InvalidArgument
@@ -20,6 +20,11 @@ from hutch.errors import InvalidArgument
 ACCEL_CHOICES = ("auto", "kvm", "tcg")
 DEFAULT_NET_POOL = ipaddress.IPv4Network("10.213.0.0/16")
 MAX_DISK_LAYERS_RANGE = (1, 32)
+_N = TypeVar("_N", int, float)
+#: Bytes of serial console kept per log file (console.log and console.log.1).
+CONSOLE_LOG_BYTES_RANGE = (64 << 10, 1 << 30)
+#: Seconds pause, snapshot and fork wait for calls in flight in the sandbox.
+LIFECYCLE_WAIT_S_RANGE = (0.0, 3600.0)
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,12 @@ class Settings:
     # The unprivileged user QEMU runs as once set up (a daemon running as root only);
     # "root": QEMU keeps root (not advised: a QEMU escape would own the host).
     qemu_user: str = "hutch-qemu"
+    # Serial console kept per sandbox: console.log rotates into console.log.1 at this
+    # size, so at most twice this is on disk (hutch.vm.console).
+    console_log_bytes: int = 1 << 20
+    # How long pause, snapshot and fork wait for execs, file transfers and code runs in
+    # flight in the sandbox before they give up with 409 busy (naming what still runs).
+    lifecycle_wait_s: float = 30.0
 
     @property
     def db_path(self) -> Path:
@@ -157,6 +168,13 @@ def parse_net_pool(value: str) -> ipaddress.IPv4Network:
     return pool
 
 
+def _number(values: dict[str, Any], key: str, kind: type[_N], source: str) -> _N:
+    try:
+        return kind(values[key])
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"{source}: {key}={values[key]!r} is not a number") from exc
+
+
 def _from_mapping(base: Settings, values: dict[str, Any], source: str) -> Settings:
     known = {f.name for f in fields(Settings)} - {"images_dir_override", "limits"}
     known |= {"listen", "max_sandboxes", "max_memory_mib", "images_dir"}
@@ -211,6 +229,21 @@ def _from_mapping(base: Settings, values: dict[str, Any], source: str) -> Settin
             s = replace(s, qemu_user=str(values["qemu_user"]))
         if "boot_timeout_s" in values:
             s = replace(s, boot_timeout_s=float(values["boot_timeout_s"]))
+        if "console_log_bytes" in values:
+            s = replace(s, console_log_bytes=_number(values, "console_log_bytes", int, source))
+            lo, hi = CONSOLE_LOG_BYTES_RANGE
+            if not lo <= s.console_log_bytes <= hi:
+                raise InvalidArgument(
+                    f"{source}: console_log_bytes={s.console_log_bytes}; accepted: {lo}-{hi}"
+                )
+        if "lifecycle_wait_s" in values:
+            s = replace(s, lifecycle_wait_s=_number(values, "lifecycle_wait_s", float, source))
+            lo_s, hi_s = LIFECYCLE_WAIT_S_RANGE
+            if not lo_s <= s.lifecycle_wait_s <= hi_s:
+                raise InvalidArgument(
+                    f"{source}: lifecycle_wait_s={s.lifecycle_wait_s:g}; accepted: "
+                    f"{lo_s:g}-{hi_s:g} seconds"
+                )
         limits = s.limits
         if "max_sandboxes" in values:
             limits = replace(limits, max_sandboxes=int(values["max_sandboxes"]))
@@ -240,6 +273,8 @@ _ENV = {
     "HUTCH_PORTS_BIND": "ports_bind",
     "HUTCH_MAX_DISK_LAYERS": "max_disk_layers",
     "HUTCH_QEMU_USER": "qemu_user",
+    "HUTCH_CONSOLE_LOG_BYTES": "console_log_bytes",
+    "HUTCH_LIFECYCLE_WAIT_S": "lifecycle_wait_s",
 }
 
 

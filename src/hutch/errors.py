@@ -9,7 +9,8 @@ what they can do about it::
     ├── Unauthorized         missing or wrong API key               (401 unauthorized)
     ├── NotFound             no such sandbox, file, ...             (404 not_found)
     ├── Conflict             the resource is in the wrong state     (409 conflict)
-    │   └── StateError       ... with the state it is in and the states required
+    │   ├── StateError       ... with the state it is in and the states required
+    │   └── Busy             calls in flight kept a pause/snapshot/fork waiting (409 busy)
     ├── Capacity             the host is full                       (429/507 capacity)
     ├── Timeout              an operation ran out of time           (504 timeout)
     ├── VmError              QEMU failed (carries argv and stderr)  (500 vm_error)
@@ -71,6 +72,13 @@ class StateError(Conflict):
         super().__init__(f"{message} ({hint})" if hint else message)
 
 
+class Busy(Conflict):
+    """A pause, snapshot or fork waited its bound for calls in flight in the sandbox
+    (execs, transfers, code runs) and they still run; the message names them."""
+
+    code = "busy"
+
+
 class Capacity(HutchError):
     code = "capacity"
 
@@ -127,6 +135,7 @@ ALL_ERRORS: tuple[type[HutchError], ...] = (
     NotFound,
     Conflict,
     StateError,
+    Busy,
     Capacity,
     Timeout,
     VmError,

@@ -156,6 +156,9 @@ class FakeBackend:
         return self.root / "snapshots" / snapshot_id
 
     async def freeze_for_fork(self, runtime: FakeRuntime, snapshot_dir: Path) -> None:
+        # As the real freeze does, the agent connection goes (the parent's clone makes a
+        # new one): whatever still streamed through it is cut.
+        await runtime.agent.close()
         snapshot_dir.mkdir(parents=True)  # noqa: ASYNC240 - a test fake, instant
 
     async def start_clone(self, rec: SandboxRecord, snapshot_dir: Path) -> Any:

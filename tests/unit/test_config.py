@@ -91,3 +91,22 @@ def test_qemu_user_is_checked_when_the_daemon_is_root(monkeypatch: pytest.Monkey
     assert qemu_uid(load_settings({"HUTCH_QEMU_USER": "no-such-qemu-user"})) is None
     monkeypatch.setattr("os.geteuid", lambda: 1000)
     assert qemu_user(load_settings({"HUTCH_QEMU_USER": "nobody"})) is None
+
+
+def test_console_log_bytes(tmp_path: Path) -> None:
+    env = {"HUTCH_STATE_DIR": str(tmp_path)}
+    assert load_settings(env).console_log_bytes == 1 << 20
+    assert load_settings({**env, "HUTCH_CONSOLE_LOG_BYTES": "262144"}).console_log_bytes == 262144
+    for bad in ("1000", str(2 << 30), "lots"):
+        with pytest.raises(InvalidArgument, match="console_log_bytes"):
+            load_settings({**env, "HUTCH_CONSOLE_LOG_BYTES": bad})
+
+
+def test_lifecycle_wait_s(tmp_path: Path) -> None:
+    env = {"HUTCH_STATE_DIR": str(tmp_path)}
+    assert load_settings(env).lifecycle_wait_s == 30.0
+    assert load_settings({**env, "HUTCH_LIFECYCLE_WAIT_S": "2.5"}).lifecycle_wait_s == 2.5
+    assert load_settings({**env, "HUTCH_LIFECYCLE_WAIT_S": "0"}).lifecycle_wait_s == 0.0
+    for bad in ("-1", "3601", "nan", "soon"):
+        with pytest.raises(InvalidArgument, match="lifecycle_wait_s"):
+            load_settings({**env, "HUTCH_LIFECYCLE_WAIT_S": bad})

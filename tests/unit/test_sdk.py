@@ -340,3 +340,24 @@ def test_health_needs_no_key(
         health = c.health()
     assert (health.status, health.version, health.accel) == ("ok", "0.1.0", "tcg")
     assert "authorization" not in fake.requests[-1].headers
+
+
+def test_a_download_cut_short_raises_instead_of_ending_early() -> None:
+    """The daemon aborts a download it cannot finish (tests/component/test_inflight.py);
+    the SDK turns the incomplete body into an error, never into fewer bytes."""
+    from hutch.sdk import DaemonUnreachable
+
+    class Cut(httpx.SyncByteStream):
+        def __iter__(self) -> Iterator[bytes]:
+            yield b"x" * 1000
+            raise httpx.RemoteProtocolError("incomplete chunked read")
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, stream=Cut())
+
+    with Client(api_key="k", transport=httpx.MockTransport(handler)) as c:
+        got = bytearray()
+        with pytest.raises(DaemonUnreachable, match="broke off before it was complete"):
+            for chunk in c.read_file_stream("sb-0123456789ab", "/root/f"):
+                got += chunk
+    assert len(got) == 1000

@@ -34,6 +34,16 @@ def test_key_precedence(tmp_path: Path) -> None:
     assert resolve_config(api_key="arg", env={**env, "HUTCH_API_KEY": "e"}).api_key == "arg"
 
 
+@pytest.mark.parametrize("key", ["k1 ", "k1\t", " k1", "k1\n"])
+def test_a_key_with_surrounding_whitespace_is_refused(key: str) -> None:
+    """The daemon compares keys exactly, and HTTP would drop whitespace around the
+    header value: such a key is refused before anything is sent."""
+    with pytest.raises(errors.InvalidArgument, match="HUTCH_API_KEY starts or ends"):
+        resolve_config(env={"HUTCH_API_KEY": key})
+    with pytest.raises(errors.InvalidArgument, match="api_key starts or ends"):
+        resolve_config(api_key=key, env={})
+
+
 def test_default_key_file_is_var_api_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "var").mkdir()

@@ -27,6 +27,7 @@ STATUS_BY_ERROR: tuple[tuple[type[e.HutchError], int], ...] = (
     (e.Unauthorized, 401),
     (e.NotFound, 404),
     (e.StateError, 409),
+    (e.Busy, 409),
     (e.Conflict, 409),
     (e.Capacity, 429),
     (e.Timeout, 504),

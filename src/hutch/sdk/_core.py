@@ -157,6 +157,19 @@ class ClientCore:
             )
         return HutchError(f"request to the hutch daemon at {url} failed: {exc}")
 
+    def body_error(self, exc: httpx.HTTPError) -> HutchError:
+        """Map an httpx failure while reading a streamed answer that had begun (a
+        download, exec output): the daemon aborts such an answer when it cannot finish
+        it, so an incomplete body is an error, never a shorter result."""
+        if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError):
+            return DaemonUnreachable(
+                f"the answer from the hutch daemon at {self.config.base_url} broke off "
+                f"before it was complete ({exc}): the daemon cut it (the sandbox was "
+                "deleted or its VM stopped, or the daemon restarted); what arrived is "
+                "incomplete"
+            )
+        return self.transport_error(exc)
+
     def sandbox_path(self, sandbox_id: str, suffix: str = "") -> str:
         """``/v1/sandboxes/{id}`` plus ``suffix``; the id must be a non-empty string."""
         check_path(sandbox_id, "sandbox id")

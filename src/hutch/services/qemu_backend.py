@@ -38,6 +38,7 @@ from hutch.services.qemu_host import (
 from hutch.storage.overlay import create_overlay
 from hutch.vm.accel import detect_accel, host_tsc_khz
 from hutch.vm.argv import VmConfig
+from hutch.vm.console import console_tail
 from hutch.vm.disk_chain import compact_if_deep, disk_chain
 from hutch.vm.process import QemuVm
 from hutch.vm.runas import qemu_user
@@ -70,7 +71,7 @@ class QemuRuntime:
         await self.vm.kill()
 
     def console_tail(self, max_bytes: int = 4096) -> str:
-        return tail(self.paths.console_log, max_bytes)
+        return console_tail(self.paths.console_log, max_bytes)
 
     async def cont(self) -> None:
         if await self.vm.query_status() != "running":
@@ -129,6 +130,7 @@ class QemuBackend:
             tsc_khz=host_tsc_khz() if self.accel == "tcg" else None,
             nic=True,
             run_as=self.run_as,
+            console_log_bytes=self.settings.console_log_bytes,
         )
 
     async def start(self, rec: SandboxRecord, image: ImageArtifacts) -> QemuRuntime:
@@ -195,7 +197,9 @@ class QemuBackend:
         cfg = read_config(p.vm_json)
         if cfg is None:
             raise VmError(f"sandbox {rec.id} has no VM configuration at {p.vm_json}")
-        cfg = dataclasses.replace(cfg, run_as=self.run_as)
+        cfg = dataclasses.replace(
+            cfg, run_as=self.run_as, console_log_bytes=self.settings.console_log_bytes
+        )
         p.run.mkdir(parents=True, exist_ok=True, mode=0o700)
         if resume_from is None:
             vm, agent = await self._boot(cfg, p, rec.name or rec.id)
@@ -248,6 +252,7 @@ class QemuBackend:
         cfg = dataclasses.replace(
             template_cfg,
             run_as=self.run_as,
+            console_log_bytes=self.settings.console_log_bytes,
             name=rec.id,
             disk=p.disk,
             qmp_socket=p.qmp_socket,
@@ -426,7 +431,7 @@ class QemuBackend:
         with contextlib.suppress(BaseException):
             await connect
         raise VmError(
-            "the VM stopped while booting; console tail:\n" + tail(p.console_log, 3000),
+            "the VM stopped while booting; console tail:\n" + console_tail(p.console_log, 3000),
             stderr=tail(p.qemu_log, 2000),
         )
 

@@ -47,6 +47,7 @@ from hutch.net.rules import parse_policy
 from hutch.services.backend import Runtime, VmBackend
 from hutch.services.guest_ops import GuestOpsMixin
 from hutch.services.images import ImageSource, ImageView, resolve
+from hutch.services.inflight import InFlight
 from hutch.services.lifecycle import LifecycleMixin
 from hutch.services.networking import NetPlan, NetworkingMixin
 from hutch.services.policies import PoliciesMixin
@@ -99,6 +100,8 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
         self.clock: Callable[[], float] = time.time
         self._last_active: dict[str, float] = {}
         self._busy: dict[str, int] = {}
+        # Calls in flight per sandbox, which pause, snapshot and fork wait for.
+        self.inflight = InFlight()
 
     # -- daemon lifecycle --------------------------------------------------------------
 
@@ -302,6 +305,8 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
         self._stop_watching(sandbox_id)
         runtime = self._runtimes.pop(sandbox_id, None)
         if runtime is not None:
+            # Streams still open end with this, not with "the VM may have stopped".
+            runtime.agent.close_reason = f"sandbox {sandbox_id} was deleted while this call ran"
             await runtime.destroy()
         await self.backend.cleanup(sandbox_id)
         await self._release_network(sandbox_id)
@@ -393,6 +398,7 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
     def _finish(self, sandbox_id: str, state: SandboxState, error: str | None = None) -> None:
         self.store.update_sandbox(sandbox_id, state=state, ended_at=time.time(), error=error)
         self._locks.pop(sandbox_id, None)
+        self.inflight.forget(sandbox_id)
 
     def _attach(self, sandbox_id: str, runtime: Runtime) -> None:
         self._runtimes[sandbox_id] = runtime

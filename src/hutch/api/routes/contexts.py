@@ -12,6 +12,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from hutch.api.deps import interpreter
+from hutch.api.streaming import TrackedStream
 from hutch.contract.limits import (
     CODE_MAX_CHARS,
     COLLECTED_RUN_MAX_BYTES,
@@ -145,20 +146,25 @@ async def run_code(
     request). Runs in one context are queued. With ``stream=1`` each output is a JSON
     line, then ``{"type": "end", "status", "duration_ms"}``."""
     sandboxes = svc.sandboxes
-    sandboxes.begin_activity(sandbox_id)
+    work = sandboxes.begin_work(sandbox_id, f"code run in {context_id}")
     handed_over = False
     try:
-        run = await svc.run(sandbox_id, context_id, body.code, timeout_s=body.timeout_s)
+        run = await svc.run(sandbox_id, context_id, body.code, timeout_s=body.timeout_s, work=work)
         if stream:
             handed_over = True
-            return StreamingResponse(
-                _ndjson(run, lambda: sandboxes.end_activity(sandbox_id)),
+            return TrackedStream(
+                _ndjson(run),
+                on_close=lambda: sandboxes.end_work(work),
+                what=f"code run stream of {sandbox_id}",
                 media_type="application/x-ndjson",
             )
-        return await _collect(run)
+        try:
+            return await _collect(run)
+        finally:
+            run.close()
     finally:
         if not handed_over:
-            sandboxes.end_activity(sandbox_id)
+            sandboxes.end_work(work)
 
 
 async def _collect(run: ContextRun) -> RunResult:
@@ -205,7 +211,7 @@ def _status(value: str) -> Any:
     return value if value in ("ok", "error", "interrupted", "timeout") else "error"
 
 
-async def _ndjson(run: ContextRun, on_end: Any) -> AsyncIterator[bytes]:
+async def _ndjson(run: ContextRun) -> AsyncIterator[bytes]:
     def line(obj: dict[str, Any]) -> bytes:
         return json.dumps(obj).encode() + b"\n"
 
@@ -224,4 +230,3 @@ async def _ndjson(run: ContextRun, on_end: Any) -> AsyncIterator[bytes]:
         yield line({"type": "error", "code": exc.code, "message": exc.message})
     finally:
         run.close()
-        on_end()

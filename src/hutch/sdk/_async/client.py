@@ -263,7 +263,7 @@ class AsyncResponseStream(AsyncClosesOnExit, Generic[T]):
         except StopAsyncIteration:
             return None
         except httpx.HTTPError as exc:
-            raise self._client.core.transport_error(exc) from exc
+            raise self._client.core.body_error(exc) from exc
 
     async def _release(self) -> None:
         chunks, self._chunks = self._chunks, None

@@ -262,7 +262,7 @@ class ResponseStream(ClosesOnExit, Generic[T]):
         except StopIteration:
             return None
         except httpx.HTTPError as exc:
-            raise self._client.core.transport_error(exc) from exc
+            raise self._client.core.body_error(exc) from exc
 
     def _release(self) -> None:
         chunks, self._chunks = self._chunks, None
