@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hutch.crashpoints import crash_point
 from hutch.errors import Conflict, InvalidArgument, NotFound, StateError
 from hutch.models import (
     FORK_COUNT_RANGE,
@@ -89,6 +90,7 @@ class LifecycleMixin:
             resume_from=planned,
             resume_clone=False,
         )
+        crash_point("pause.row")
         try:
             resume_from = await self.backend.pause(runtime, mode)
         except BaseException:
@@ -122,6 +124,7 @@ class LifecycleMixin:
         async with self._create_gate:
             self._check_capacity(rec.shape.memory_mib, extra_sandboxes=0)
             self.store.update_sandbox(rec.id, state=SandboxState.RESUMING)
+        crash_point("resume.row")
         try:
             runtime = await self.backend.resume(rec, rec.resume_from, clone=rec.resume_clone)
         except BaseException:
@@ -193,6 +196,7 @@ class LifecycleMixin:
                 )
                 self.store.insert_sandbox(child)
                 children.append(child)
+        crash_point("fork.rows")
         snapshot_dir = self.backend.fork_dir("fork-" + secrets.token_hex(6))
         try:
             await self._freeze_parent(parent, snapshot_dir)
@@ -200,6 +204,7 @@ class LifecycleMixin:
             for child in children:
                 self._finish(child.id, SandboxState.FAILED, f"fork failed: {exc}")
             raise
+        crash_point("fork.parent")
         gate = asyncio.Semaphore(FORK_PARALLELISM)
 
         async def start(child: SandboxRecord) -> SandboxRecord | BaseException:
@@ -264,7 +269,9 @@ class LifecycleMixin:
         async with self._running_as_it_was(sandbox_id) as parent:
             snap_id = new_snapshot_id()
             snapshot_dir = self.backend.fork_dir(snap_id)
+            crash_point("snapshot.row")
             await self._freeze_parent(parent, snapshot_dir)
+            crash_point("snapshot.frozen")
             snap = SnapshotRecord(
                 id=snap_id,
                 name=name,

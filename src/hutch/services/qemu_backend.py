@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hutch.config import Settings
+from hutch.crashpoints import crash_point
 from hutch.errors import GuestError, HutchError, Timeout, VmError
 from hutch.guest.client import AgentClient, GuestIdentity
 from hutch.images.build import ImageArtifacts
@@ -206,9 +207,11 @@ class QemuBackend:
             except BaseException:
                 await vm.kill()
                 raise
+        crash_point("resume.agent")
         if resume_from is not None and not clone:
             # The consumed pause snapshot can never be restored again: free its space.
             await asyncio.to_thread(shutil.rmtree, resume_from, True)
+        crash_point("resume.cleaned")
         return await self._running(rec, vm, agent)
 
     async def freeze_for_fork(self, runtime: QemuRuntime, snapshot_dir: Path) -> None:
@@ -224,6 +227,7 @@ class QemuBackend:
             runtime.agent = await self._connect_agent(runtime.vm, runtime.paths)
             raise
         await asyncio.to_thread(finish_template, snapshot_dir, runtime.vm.cfg)
+        crash_point("freeze.done")
 
     async def start_clone(self, rec: SandboxRecord, snapshot_dir: Path) -> QemuRuntime:
         """Start ``rec`` as a copy-on-write clone of the frozen ``snapshot_dir``.
@@ -259,6 +263,7 @@ class QemuBackend:
             tap=self.tap_of(rec) if template_cfg.nic else None,
         )
         write_config(p.vm_json, cfg)
+        crash_point("clone.disk")
         vm = await restore(cfg, snapshot_dir, clone=True)
         try:
             agent = await self._connect_agent(vm, p, hostname=rec.name or rec.id)

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from hutch.crashpoints import crash_point
 from hutch.vm.argv import VmConfig
 from hutch.vm.snapshot import MANIFEST_FILE, load_manifest, move_disk
 
@@ -97,6 +98,7 @@ def finish_template(snapshot_dir: Path, cfg: VmConfig) -> None:
     if Path(manifest.disk.path) != (snapshot_dir / "disk.qcow2").resolve():
         move_disk(snapshot_dir, snapshot_dir / "disk.qcow2")
     write_config(snapshot_dir / "vm.json", cfg)
+    crash_point("freeze.config")
 
 
 def publish_template(snapshot_dir: Path, final: Path) -> None:

@@ -66,6 +66,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from hutch.crashpoints import crash_point
 from hutch.errors import SnapshotError, VmError
 from hutch.vm.argv import VmConfig
 from hutch.vm.disk_chain import qcow2_backing_file, stop_disk_jobs
@@ -199,6 +200,7 @@ async def save_snapshot(
             await vm.qmp("stop")
             stopped_here = True
         timings["stop"] = _ms(t)
+        crash_point("save.stopped")
         t = time.perf_counter()
         await _set_migration(vm, ignore_shared=ram_in_file)
         await vm.qmp("migrate-set-parameters", **{"max-bandwidth": _MAX_BANDWIDTH})
@@ -226,6 +228,7 @@ async def save_snapshot(
                 await vm.qmp("cont")
         raise
     os.close(fd)
+    crash_point("save.migrated")
     memory_source = cfg.memory_file if ram_in_file else None
     pending = SnapshotManifest(
         format=MANIFEST_FORMAT,
@@ -243,14 +246,17 @@ async def save_snapshot(
         timings_ms=timings,
     )
     write_pending(dest_dir, pending, memory_source)
+    crash_point("save.pending")
     # The guest is stopped and its state saved: QEMU goes (quit flushes and closes the
     # disk, whose block layer the migration already inactivated).
     t = time.perf_counter()
     await vm.kill()
     timings["quit"] = _ms(t)
+    crash_point("save.quit")
     # Recorded before the manifest is written (finishing takes a millisecond or two).
     timings["total"] = _ms(t_all)
     manifest = await asyncio.to_thread(finish_save, dest_dir, pending, memory_source, fsync=fsync)
+    crash_point("save.manifest")
     log.info(
         "vm %s: snapshot %s (%d bytes of state, ram_in_file=%s) in %.1f ms",
         cfg.name,
@@ -289,6 +295,7 @@ def move_disk(snapshot_dir: Path, new_path: Path) -> SnapshotManifest:
     if why:
         raise SnapshotError(f"snapshot {snapshot_dir}: disk: {why}")
     os.rename(old, new_path)
+    crash_point("freeze.disk_moved")
     moved = dataclasses.replace(
         manifest, disk=dataclasses.replace(manifest.disk, path=str(new_path.resolve()))
     )
@@ -485,13 +492,16 @@ async def restore(
                 f"snapshot {snapshot_dir} was taken with QEMU {manifest.qemu_version!r}; "
                 f"this host runs {version!r}. Cold-boot the sandbox instead"
             )
+        crash_point("restore.launched")
         t = time.perf_counter()
         await _set_migration(vm, ignore_shared=manifest.ram_in_file)
         await vm.send_fd(_FD_NAME, fd)
         await vm.qmp("migrate-incoming", uri=f"fd:{_FD_NAME}")
         await _wait_migration(vm, f"restoring VM {cfg.name}", timeout_s)
         load_ms = _ms(t)
+        crash_point("restore.loaded")
         await vm.qmp("cont")
+        crash_point("restore.running")
     except BaseException as exc:
         if vm is not None:
             await vm.kill(grace_s=0)
