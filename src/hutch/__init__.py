@@ -25,6 +25,7 @@ from hutch.errors import (
     StoreError,
     Timeout,
     Unauthorized,
+    Unavailable,
     UnknownImage,
     VmError,
 )
@@ -71,6 +72,7 @@ __all__ = [
     "StoreError",
     "Timeout",
     "Unauthorized",
+    "Unavailable",
     "UnknownImage",
     "VmError",
     "__version__",

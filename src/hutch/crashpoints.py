@@ -32,6 +32,7 @@ POINTS: dict[str, str] = {
     "save.pending": "manifest.pending.json written, QEMU alive",
     "save.quit": "QEMU ended, no manifest yet",
     "save.manifest": "manifest.json written, row not yet paused",
+    "pause.disk_quit": "disk mode: guest synced and QEMU ended, row still pausing",
     # resume (memory) and every restore (fork clones, create from a snapshot)
     "resume.row": "row resuming, nothing started",
     "restore.launched": "QEMU started with -incoming, no state loaded",

@@ -22,7 +22,7 @@ def test_every_call_names_a_catalogued_point_and_every_point_is_called() -> None
     for path in SRC.rglob("*.py"):
         for name in re.findall(r'crash_point\("([^"]+)"\)', path.read_text()):
             called[name] = called.get(name, 0) + 1
-    assert set(called) == set(POINTS), (set(called) ^ set(POINTS))
+    assert set(called) == set(POINTS), set(called) ^ set(POINTS)
     assert all(count == 1 for count in called.values()), called
 
 

@@ -25,6 +25,7 @@ STATUS_BY_ERROR: tuple[tuple[type[e.HutchError], int], ...] = (
     (e.StateError, 409),
     (e.Conflict, 409),
     (e.Capacity, 429),
+    (e.Unavailable, 503),
     (e.Timeout, 504),
     (e.AgentVersionMismatch, 502),
     (e.GuestError, 502),
@@ -55,6 +56,10 @@ def error_response(code: str, message: str, status: int) -> JSONResponse:
 async def handle_hutch_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, e.HutchError)
     status = status_for(exc)
+    if isinstance(exc, e.Unavailable):
+        response = error_response(exc.code, exc.message, status)
+        response.headers["Retry-After"] = str(exc.retry_after_s)
+        return response
     if status >= 500:
         log.error("%s: %s", type(exc).__name__, exc.message)
     return error_response(exc.code, exc.message, status)

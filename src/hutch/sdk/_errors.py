@@ -26,6 +26,7 @@ from hutch.errors import (
     StateError,
     Timeout,
     Unauthorized,
+    Unavailable,
 )
 
 __all__ = [
@@ -72,6 +73,7 @@ _BY_STATUS: dict[int, type[HutchError]] = {
     422: InvalidArgument,
     429: Capacity,
     507: Capacity,
+    503: Unavailable,
     504: Timeout,
 }
 
