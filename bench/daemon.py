@@ -148,7 +148,8 @@ class PrivateDaemon:
                 )
             try:
                 answer = httpx.get(f"{self.base_url}/healthz", timeout=2.0, trust_env=False)
-                if answer.status_code == 200:
+                # "reconciling" until the VMs a restart found are checked.
+                if answer.status_code == 200 and answer.json().get("status") == "ok":
                     self.accel_in_use = answer.json().get("accel")
                     break
             except httpx.HTTPError:

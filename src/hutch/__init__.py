@@ -26,6 +26,7 @@ from hutch.errors import (
     StoreError,
     Timeout,
     Unauthorized,
+    Unavailable,
     UnknownImage,
     VmError,
 )
@@ -73,6 +74,7 @@ __all__ = [
     "StoreError",
     "Timeout",
     "Unauthorized",
+    "Unavailable",
     "UnknownImage",
     "VmError",
     "__version__",

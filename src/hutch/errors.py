@@ -12,6 +12,7 @@ what they can do about it::
     │   ├── StateError       ... with the state it is in and the states required
     │   └── Busy             calls in flight kept a pause/snapshot/fork waiting (409 busy)
     ├── Capacity             the host is full                       (429/507 capacity)
+    ├── Unavailable          not ready yet; retry after a moment    (503 unavailable)
     ├── Timeout              an operation ran out of time           (504 timeout)
     ├── VmError              QEMU failed (carries argv and stderr)  (500 vm_error)
     ├── GuestError           the guest agent failed or refused      (502 guest_error)
@@ -83,6 +84,17 @@ class Capacity(HutchError):
     code = "capacity"
 
 
+class Unavailable(HutchError):
+    """Not ready yet (a sandbox still being checked after a daemon restart); the same
+    request succeeds after ``retry_after_s`` seconds or so (HTTP ``Retry-After``)."""
+
+    code = "unavailable"
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class Timeout(HutchError):
     code = "timeout"
 
@@ -137,6 +149,7 @@ ALL_ERRORS: tuple[type[HutchError], ...] = (
     StateError,
     Busy,
     Capacity,
+    Unavailable,
     Timeout,
     VmError,
     GuestError,

@@ -116,6 +116,7 @@ def test_every_code_maps_back_to_its_class(cls: type[errors.HutchError]) -> None
         (422, errors.InvalidArgument),
         (429, errors.Capacity),
         (507, errors.Capacity),
+        (503, errors.Unavailable),
         (504, errors.Timeout),
         (500, errors.HutchError),
         (502, errors.HutchError),

@@ -31,7 +31,8 @@ def create_app(svc: SandboxService, api_key: str, *, manage_service: bool = True
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if manage_service:
-            await svc.start()
+            # The API serves while the VMs found on the host are checked.
+            await svc.start(background=True)
         try:
             yield
         finally:

@@ -36,6 +36,10 @@ def error_response(code: str, message: str, status: int) -> JSONResponse:
 async def handle_hutch_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, e.HutchError)
     status = status_for(exc)
+    if isinstance(exc, e.Unavailable):
+        response = error_response(exc.code, exc.message, status)
+        response.headers["Retry-After"] = str(exc.retry_after_s)
+        return response
     if status >= 500:
         log.error("%s: %s", type(exc).__name__, exc.message)
     return error_response(exc.code, exc.message, status)

@@ -274,9 +274,13 @@ class ImageList(BaseModel):
 
 
 class Health(BaseModel):
-    status: Literal["ok"]
+    #: "reconciling" while a restarted daemon still checks the VMs it found (it serves
+    #: meanwhile; those sandboxes answer 503 until checked), then "ok".
+    status: Literal["ok", "reconciling"]
     version: str
     accel: str
+    #: Sandboxes still being checked.
+    reconciling: int = 0
 
 
 class ErrorDetail(BaseModel):

@@ -25,6 +25,8 @@ ERROR_STATUSES = {
     "429": "The host is at capacity",
     "500": "Internal error (VM, image, store)",
     "502": "The guest agent failed",
+    "503": "Not ready yet: the sandbox is still being checked after a daemon restart "
+    "(see Retry-After)",
     "504": "The operation timed out",
 }
 

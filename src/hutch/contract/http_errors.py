@@ -30,6 +30,7 @@ STATUS_BY_ERROR: tuple[tuple[type[e.HutchError], int], ...] = (
     (e.Busy, 409),
     (e.Conflict, 409),
     (e.Capacity, 429),
+    (e.Unavailable, 503),
     (e.Timeout, 504),
     (e.AgentVersionMismatch, 502),
     (e.GuestError, 502),
@@ -59,6 +60,7 @@ CLASS_BY_STATUS: dict[int, type[e.HutchError]] = {
     # FastAPI's own request validation answers 422 when a route does not remap it.
     422: e.InvalidArgument,
     429: e.Capacity,
+    503: e.Unavailable,
     507: e.Capacity,
     504: e.Timeout,
 }

@@ -469,6 +469,6 @@ class SandboxCalls:
         return Call(req, one(SnapshotInfo.from_dict))
 
     def delete_snapshot(self, snapshot_id: str) -> Call[None]:
-        """Refused with ``Conflict`` while a live sandbox's disk is built on it (one
-        started from it, a fork of one, or the sandbox it was taken of)."""
+        """Delete it, in any order with the sandboxes and snapshots built on it (they
+        stay usable; its space is freed when nothing is built on it any more)."""
         return Call(self.core.request("DELETE", self._snapshot_path(snapshot_id)), nothing)

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hutch.config import Settings
-from hutch.errors import Busy, Conflict, InvalidArgument, NotFound, StateError
+from hutch.crashpoints import crash_point
+from hutch.errors import Busy, InvalidArgument, NotFound, StateError
 from hutch.models import (
     FORK_COUNT_RANGE,
     SNAPSHOT_ID_RE,
@@ -36,7 +37,6 @@ from hutch.models import (
 from hutch.services.backend import Runtime, VmBackend
 from hutch.services.inflight import InFlight
 from hutch.store import Store
-from hutch.store.db import LIVE_STATES
 
 if TYPE_CHECKING:
     from hutch.net.manager import NetworkManager
@@ -78,6 +78,8 @@ class LifecycleMixin:
         def _check_capacity(self, memory_mib: int, extra_sandboxes: int) -> None: ...
 
         async def _release_network(self, sandbox_id: str) -> None: ...
+
+        def _collect_snapshots(self) -> None: ...
 
     # -- pause / resume / fork ---------------------------------------------------------
 
@@ -135,6 +137,7 @@ class LifecycleMixin:
             resume_from=planned,
             resume_clone=False,
         )
+        crash_point("pause.row")
         try:
             resume_from = await self.backend.pause(runtime, mode)
         except BaseException:
@@ -168,6 +171,7 @@ class LifecycleMixin:
         async with self._create_gate:
             self._check_capacity(rec.shape.memory_mib, extra_sandboxes=0)
             self.store.update_sandbox(rec.id, state=SandboxState.RESUMING)
+        crash_point("resume.row")
         try:
             runtime = await self.backend.resume(rec, rec.resume_from, clone=rec.resume_clone)
         except BaseException:
@@ -242,6 +246,7 @@ class LifecycleMixin:
                 )
                 self.store.insert_sandbox(child)
                 children.append(child)
+        crash_point("fork.rows")
         snapshot_dir = self.backend.fork_dir("fork-" + secrets.token_hex(6))
         try:
             await self._freeze_parent(parent, snapshot_dir)
@@ -249,6 +254,7 @@ class LifecycleMixin:
             for child in children:
                 self._finish(child.id, SandboxState.FAILED, f"fork failed: {exc}")
             raise
+        crash_point("fork.parent")
         gate = asyncio.Semaphore(FORK_PARALLELISM)
 
         async def start(child: SandboxRecord) -> SandboxRecord | BaseException:
@@ -312,12 +318,15 @@ class LifecycleMixin:
 
     async def snapshot(self, sandbox_id: str, name: str) -> SnapshotRecord:
         """Save the sandbox's memory, devices and disk under ``name``. The sandbox is
-        paused for the moment of the save and then runs on (or stays paused)."""
+        paused for the moment of the save and then runs on (or stays paused).
+
+        The snapshot's row is written (not ready: unlisted) before any of its files, so
+        a daemon killed during the save finds it and finishes or drops it.
+        """
         validate_name(name)
         async with self._running_as_it_was(sandbox_id, "snapshot") as parent:
             snap_id = new_snapshot_id()
             snapshot_dir = self.backend.fork_dir(snap_id)
-            await self._freeze_parent(parent, snapshot_dir)
             snap = SnapshotRecord(
                 id=snap_id,
                 name=name,
@@ -325,10 +334,22 @@ class LifecycleMixin:
                 image=parent.image,
                 shape=parent.shape,
                 path=str(snapshot_dir),
-                size_bytes=await asyncio.to_thread(self.backend.snapshot_size, snapshot_dir),
+                size_bytes=0,
                 created_at=time.time(),
             )
-            self.store.insert_snapshot(snap)
+            self.store.insert_snapshot(snap, ready=False)
+            crash_point("snapshot.row")
+            try:
+                await self._freeze_parent(parent, snapshot_dir)
+            except BaseException:
+                # Its files, if any, go with collection (unless the parent is paused on them).
+                self.store.delete_snapshot(snap_id)
+                raise
+            crash_point("snapshot.frozen")
+            snap = replace(
+                snap, size_bytes=await asyncio.to_thread(self.backend.snapshot_size, snapshot_dir)
+            )
+            self.store.finish_snapshot(snap_id, snap.size_bytes)
         return snap
 
     def get_snapshot(self, snapshot_id: str) -> SnapshotRecord:
@@ -341,14 +362,9 @@ class LifecycleMixin:
         return self.store.list_snapshots()
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
-        snap = self.get_snapshot(snapshot_id)
-        live = {r.id for r in self.store.list_sandboxes(states=LIVE_STATES)}
-        others = {s.id: Path(s.path) for s in self.store.list_snapshots()}
-        users = self.backend.snapshot_users(Path(snap.path), live, others)
-        if users:
-            raise Conflict(
-                f"snapshot {snapshot_id} is still needed by {', '.join(users)}: their disks "
-                "are built on it; delete them first"
-            )
+        """Delete the snapshot, in any order with the sandboxes and snapshots built on
+        it: it is no longer listed nor restorable at once; its files go now, or, while
+        another disk is built on its disk, when the last of those goes."""
+        self.get_snapshot(snapshot_id)
         self.store.delete_snapshot(snapshot_id)
-        await asyncio.to_thread(self.backend.remove_snapshot, Path(snap.path))
+        self._collect_snapshots()

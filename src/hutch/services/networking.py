@@ -116,11 +116,12 @@ class NetworkingMixin:
         self.get(sandbox_id)
         await self._netman().leave(sandbox_id, id_or_name)
 
-    def sandbox_net(self, sandbox_id: str) -> SandboxNetView:
-        rec = self.get(sandbox_id)
+    def sandbox_net(self, rec: SandboxRecord) -> SandboxNetView:
+        """The network block of ``rec`` (a record already read: listing works while a
+        sandbox is still being checked after a restart)."""
         if self.net is None or rec.network is NetworkMode.NONE:
             return SandboxNetView(rec.network, None, [])
-        address = self.net.address_of(sandbox_id)
+        address = self.net.address_of(rec.id)
         return SandboxNetView(
-            rec.network, str(address) if address else None, self.net.networks_of(sandbox_id)
+            rec.network, str(address) if address else None, self.net.networks_of(rec.id)
         )

@@ -88,4 +88,9 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (sandbox_id, guest_port)
     );
     """,
+    # 5: a named snapshot's row is written before its files (ready = 0 while it is saved),
+    # so a daemon killed during the save finds it (crash safety, ARCHITECTURE.md)
+    """
+    ALTER TABLE snapshots ADD COLUMN ready INTEGER NOT NULL DEFAULT 1;
+    """,
 )

@@ -20,9 +20,9 @@ copy of the parent's files, and leaves the parent as it was.
 
 Named snapshots: ``POST /v1/sandboxes/{id}/snapshots`` saves a running or paused sandbox's
 files (its state is left alone); a create with ``snapshot`` starts from a copy of them,
-with the snapshot's image and shape; deleting a snapshot answers 409 ``conflict`` while a
-live sandbox's disk is built on it, as in the daemon: one started from it, a fork of
-such a one, and the sandbox it was taken of (which runs on from the snapshot).
+with the snapshot's image and shape; deleting a snapshot succeeds in any order with what
+is built on it, as in the daemon: it is gone for the API at once, and sandboxes started
+from it run on.
 ``auto_pause_s`` and ``auto_delete_s`` are range-checked and reported back, but no clock
 runs them.
 
@@ -166,7 +166,6 @@ class FakeHutch:
         if source is not None:
             sandbox.files, sandbox.modes = dict(source.files), dict(source.modes)
             sandbox.dirs = set(source.dirs)
-            sandbox.bases = source.bases | {source.id}
         self.sandboxes[sandbox.id] = sandbox
         return sandbox
 
@@ -186,8 +185,6 @@ class FakeHutch:
             modes=dict(sandbox.modes),
             dirs=set(sandbox.dirs),
         )
-        snapshot.bases = set(sandbox.bases)
-        sandbox.bases.add(snapshot.id)
         self.snapshots[snapshot.id] = snapshot
         return snapshot
 
@@ -252,16 +249,7 @@ class FakeHutch:
         return snapshot
 
     def _delete_snapshot(self, snapshot: FakeSnapshot) -> httpx.Response:
-        users = sorted(
-            sb.id
-            for sb in self.sandboxes.values()
-            if snapshot.id in sb.bases and sb.state not in _ENDED
-        )
-        if users:
-            raise Conflict(
-                f"snapshot {snapshot.id} is still needed by {', '.join(users)}: their disks "
-                "are built on it; delete them first"
-            )
+        # As in the daemon: any order works; what was built on it stays usable.
         del self.snapshots[snapshot.id]
         return httpx.Response(204)
 
@@ -360,7 +348,6 @@ class FakeHutch:
             child.parent_id = sb.id
             child.files, child.modes = dict(sb.files), dict(sb.modes)
             child.dirs = set(sb.dirs)
-            child.bases = set(sb.bases)
             # Rules and networks survive a fork; the address is the child's own.
             child.egress, child.networks = list(sb.egress), list(sb.networks)
             children.append(child.to_json())

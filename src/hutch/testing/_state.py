@@ -65,9 +65,6 @@ class FakeSandbox:
     parent_id: str | None = None
     #: How many times it was resumed (explicitly or by ``auto_resume``).
     resumes: int = 0
-    #: Named snapshots its disk is built on. As in the daemon, a snapshotted sandbox
-    #: runs on from the snapshot, so it is one of them too; forks inherit them.
-    bases: set[str] = field(default_factory=set)
     # -- networking (see _net) --
     #: Canonical egress rules in force ([]: open).
     egress: list[str] = field(default_factory=list)
@@ -133,8 +130,6 @@ class FakeSnapshot:
     files: dict[str, bytes]
     modes: dict[str, int]
     dirs: set[str]
-    #: The named snapshots the source's disk was already built on.
-    bases: set[str] = field(default_factory=set)
 
     @property
     def size_bytes(self) -> int:

@@ -28,7 +28,7 @@ Service = Annotated[SandboxService, Depends(service)]
 
 def _view(svc: SandboxService, rec: SandboxRecord) -> Sandbox:
     """The sandbox as the API shows it, with its network block."""
-    return Sandbox.of(rec, SandboxNet.of(svc.sandbox_net(rec.id)))
+    return Sandbox.of(rec, SandboxNet.of(svc.sandbox_net(rec)))
 
 
 @router.post("", status_code=201, response_model=Sandbox)

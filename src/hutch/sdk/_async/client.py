@@ -146,7 +146,7 @@ class AsyncClient(AsyncClosesOnExit):
         return await self.call(self._sandboxes.get_snapshot(snapshot_id))
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
-        """Raises ``Conflict`` while a live sandbox's disk is built on it."""
+        """Works in any order: what is built on it stays usable."""
         await self.call(self._sandboxes.delete_snapshot(snapshot_id))
 
     async def exec(

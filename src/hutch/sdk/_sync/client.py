@@ -147,7 +147,7 @@ class Client(ClosesOnExit):
         return self.call(self._sandboxes.get_snapshot(snapshot_id))
 
     def delete_snapshot(self, snapshot_id: str) -> None:
-        """Raises ``Conflict`` while a live sandbox's disk is built on it."""
+        """Works in any order: what is built on it stays usable."""
         self.call(self._sandboxes.delete_snapshot(snapshot_id))
 
     def exec(

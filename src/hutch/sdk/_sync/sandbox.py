@@ -196,9 +196,8 @@ class Sandbox:
         transport: httpx.BaseTransport | None = None,
         client: Client | None = None,
     ) -> None:
-        """Delete a snapshot. Raises ``Conflict`` while a live sandbox's disk is built on
-        it (kill those first; the message names them): one started from it, forks of
-        such a one, and the sandbox it was taken of, which runs on from the snapshot.
+        """Delete a snapshot. Any order works: sandboxes and snapshots built on it run
+        on and stay usable; its space is freed once nothing is built on it any more.
         ``NotFound`` if there is no such snapshot."""
         with _Connection(client, api_key, base_url, http_timeout, transport) as conn:
             conn.client.delete_snapshot(snapshot_id)
