@@ -1,7 +1,10 @@
 """Sandbox networking as one unit: address leases, egress policies, private networks and
-exposed ports, kept in the store and pushed to the dataplane (taps + nftables); the
-resolver, the SNI/Host proxy, the port forwarder and the NFLOG reader run in the daemon's
-event loop.
+exposed ports, kept in the store and pushed to the dataplane (taps + nftables). The
+resolver, the SNI/Host proxy, the NFLOG reader and the counter poll run in the data
+path's own thread and loop (:mod:`hutch.net.datapath`), so what guests send cannot slow
+the API's loop; the port forwarder (host clients, exposed by API calls) stays in the
+API's loop. What the data path asks about a sandbox (``lookup``) is answered from a
+snapshot that every change replaces whole.
 
 Everything is enforced on the host. While the daemon is down its nft table stays in
 place and its resolver and proxy ports are closed: sandboxes fail closed.
@@ -34,15 +37,19 @@ from hutch.net.addressing import (
     tap_name,
     tap_prefix,
 )
+from hutch.net.datapath import Datapath
 from hutch.net.dataplane import Dataplane, NftDataplane
 from hutch.net.dns import INTERNAL_SUFFIX, Learned, Resolver, SandboxNetInfo
 from hutch.net.egress_log import EgressLog
 from hutch.net.inbound import PortForwarder
+from hutch.net.learned import SLACK_S, LearnedCache
 from hutch.net.nflog import LoggedPacket, NflogReader, split_prefix
 from hutch.net.nft import LearnedAddress, SandboxNet, TableConfig
 from hutch.net.nft_apply import SandboxCounters
 from hutch.net.proxy import EgressProxy
+from hutch.net.ratelimit import Rate
 from hutch.net.rules import EgressPolicy, parse_policy
+from hutch.net.summaries import Summaries
 from hutch.net.views import EgressEvent, EgressView, NetworkView, PortView
 from hutch.store.db import Store
 from hutch.store.net import NetStore, NetworkRow
@@ -56,6 +63,8 @@ _NETWORK_ID_RE = re.compile(r"^net-[0-9a-f]{12}$")
 #: Most private networks one sandbox may be on.
 MAX_NETWORKS_PER_SANDBOX = 16
 _COUNTERS_EVERY_S = 2.0
+#: How often the limiters' refusals become counts and summary lines.
+_REFUSALS_EVERY_S = 1.0
 
 
 def default_upstream(resolv_conf: Path = Path("/etc/resolv.conf")) -> tuple[str, int]:
@@ -112,14 +121,28 @@ class NetworkManager:
         self._by_tap: dict[str, str] = {}
         self._host_addrs: frozenset[IPv4Address] = frozenset()
         self._counters: dict[str, SandboxCounters] = {}
-        self._nflog_counted: dict[str, int] = {}
+        # What the data path's thread reads: replaced whole by _publish(), never changed.
+        self._directory: dict[IPv4Address, SandboxNetInfo] = {}
         self._lock = asyncio.Lock()
-        self._tasks: list[asyncio.Task[None]] = []
         self._nflog: NflogReader | None = None
+        self.datapath = Datapath()
+        lim = settings.net_limits
+        self.summaries = Summaries(self.log, lim)
+        self._learned_cache = LearnedCache()
         self.resolver = Resolver(
-            self, settings.dns_upstream or default_upstream(), self.log, self._learned
+            self,
+            settings.dns_upstream or default_upstream(),
+            self.log,
+            self._learned,
+            limit=Rate(lim.dns_rate, lim.dns_burst),
         )
-        self.proxy = EgressProxy(self, self.resolver, self.log, self._forbidden)
+        self.proxy = EgressProxy(
+            self,
+            self.resolver,
+            self.log,
+            self._forbidden,
+            limit=Rate(lim.proxy_conn_rate, lim.proxy_conn_burst),
+        )
         self.forwarder = PortForwarder(settings.ports_bind)
         self.cfg: TableConfig | None = None
 
@@ -128,8 +151,18 @@ class NetworkManager:
     async def start(self, live_ids: Collection[str]) -> None:
         """Bring the host in line with the store: leases of sandboxes not in ``live_ids``
         are dropped, taps and the table rebuilt, exposed ports listened on again."""
-        dns_port = await self.resolver.start()
-        proxy_port = await self.proxy.start()
+        self.datapath.start()
+        try:
+            await self._start(live_ids)
+        except BaseException:
+            await self.datapath.run(self.proxy.close())
+            await self.datapath.run(self.resolver.close())
+            await self.datapath.stop()
+            raise
+
+    async def _start(self, live_ids: Collection[str]) -> None:
+        dns_port = await self.datapath.run(self.resolver.start())
+        proxy_port = await self.datapath.run(self.proxy.start())
         group = 1000 + int(self.settings.daemon_tag, 16) % 30000
         self.cfg = TableConfig(
             tag=self.settings.daemon_tag,
@@ -138,6 +171,7 @@ class NetworkManager:
             proxy_port=proxy_port,
             nflog_group=group,
             vmm_uid=qemu_uid(self.settings) if self.real else None,
+            limits=self.settings.net_limits,
         )
         if self.real:
             self._host_addrs = await host_addresses()
@@ -151,6 +185,7 @@ class NetworkManager:
                     sid, self.pool.block(lease.block), lease.tap, parse_policy(self.db.rules(sid))
                 )
             )
+        self._publish()
         await self.dataplane.install(
             self.cfg,
             [a.dataplane_view() for a in self._attached.values()],
@@ -167,20 +202,18 @@ class NetworkManager:
                         await self._expose(sid, guest_port)
         if self.real:
             self._nflog = NflogReader(group)
-            self._tasks.append(asyncio.create_task(self._read_nflog(), name="hutch-nflog"))
-        self._tasks.append(asyncio.create_task(self._poll_counters(), name="hutch-counters"))
+            self.datapath.spawn(self._read_nflog, "hutch-nflog")
+        self.datapath.spawn(self._poll_counters, "hutch-counters")
 
     async def close(self) -> None:
         """Stop the servers and readers. With sandboxes left, the nft table and taps
         stay (their traffic fails closed until a restart); with none, the table goes."""
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks.clear()
+        if self.datapath.thread is not None:
+            await self.datapath.run(self.proxy.close())
+            await self.datapath.run(self.resolver.close())
+        await self.datapath.stop()
         if self._nflog is not None:
-            self._nflog.close()
-        await self.proxy.close()
-        await self.resolver.close()
+            self._nflog.close()  # after the loop that waited on it is gone
         if self.real and self.cfg is not None and not self.db.leases():
             with contextlib.suppress(HutchError):
                 await nft_apply.delete_table(self.cfg.tag)
@@ -189,10 +222,8 @@ class NetworkManager:
     # -- what the resolver, the proxy and the guest ask ----------------------------------
 
     def lookup(self, addr: IPv4Address) -> SandboxNetInfo | None:
-        sid = self._by_address.get(addr)
-        if sid is None:
-            return None
-        return SandboxNetInfo(sid, self._attached[sid].policy, self._peers(sid))
+        """The sandbox behind a guest address (called from the data path's thread)."""
+        return self._directory.get(addr)
 
     def guest_settings(self, sandbox_id: str) -> dict[str, str] | None:
         att = self._attached.get(sandbox_id)
@@ -246,6 +277,7 @@ class NetworkManager:
             self._remember(att)
             for nid in network_ids:
                 self.db.add_member(nid, sandbox_id)
+            self._publish()
             if network_ids:
                 await self.dataplane.set_networks(cfg, self._network_addresses())
 
@@ -265,11 +297,13 @@ class NetworkManager:
             if att is not None:
                 self._by_address.pop(att.block.guest, None)
                 self._by_tap.pop(att.tap, None)
+            self._publish()
+            if att is not None:
                 await self.dataplane.remove(cfg, att.dataplane_view())
             if had_networks:
                 await self.dataplane.set_networks(cfg, self._network_addresses())
         self.log.forget(sandbox_id)
-        self._nflog_counted.pop(sandbox_id, None)
+        self._learned_cache.forget(sandbox_id)
 
     def is_attached(self, sandbox_id: str) -> bool:
         return sandbox_id in self._attached
@@ -284,22 +318,27 @@ class NetworkManager:
         att = self._require(sandbox_id)
         async with self._lock:
             new = _Attached(att.sandbox_id, att.block, att.tap, policy)
+            self._learned_cache.invalidate(sandbox_id)  # the swap flushes the learned sets
             await self.dataplane.replace_policy(self._config(), new.dataplane_view())
             # Stored only once the host enforces it: a failure keeps the old rules.
             self.db.set_rules(sandbox_id, policy.texts())
             self._attached[sandbox_id] = new
+            self._publish()
         return self.egress_view(sandbox_id)
 
     def egress_view(self, sandbox_id: str) -> EgressView:
         policy = self.policy_of(sandbox_id)
+        # Decisions of the resolver and the proxy, plus what nft counts (its denials are
+        # in the log too, recorded without counting them twice).
         allowed, denied = self.log.counters(sandbox_id)
+        limited, unlogged = self.log.rate_limited(sandbox_id), 0
         nft = self._counters.get(sandbox_id)
-        # NFLOG denials are in the log too; the nft counter counts every one of them.
-        denied -= self._nflog_counted.get(sandbox_id, 0)
         if nft is not None:
             allowed += nft.allowed
             denied += nft.denied
-        return EgressView(policy.texts(), policy.mode, allowed, max(0, denied))
+            limited += nft.rate_limited
+            unlogged = nft.unlogged
+        return EgressView(policy.texts(), policy.mode, allowed, denied, limited, unlogged)
 
     def events(self, sandbox_id: str, limit: int) -> list[EgressEvent]:
         return self.log.events(sandbox_id, limit)
@@ -327,6 +366,7 @@ class NetworkManager:
     async def delete_network(self, id_or_name: str) -> None:
         row = self._network(id_or_name)
         self.db.delete_network(row.id)
+        self._publish()
         async with self._lock:
             await self.dataplane.set_networks(
                 self._config(), self._network_addresses(), removed=[row.id]
@@ -340,6 +380,7 @@ class NetworkManager:
             raise Conflict(f"sandbox {sandbox_id} is already on {len(current)} networks (the most)")
         async with self._lock:
             self.db.add_member(row.id, sandbox_id)
+            self._publish()
             await self.dataplane.set_networks(self._config(), self._network_addresses())
         return self._view(row)
 
@@ -349,6 +390,7 @@ class NetworkManager:
             raise NotFound(f"sandbox {sandbox_id} is not on network {row.id} ({row.name})")
         async with self._lock:
             self.db.remove_member(row.id, sandbox_id)
+            self._publish()
             await self.dataplane.set_networks(self._config(), self._network_addresses())
 
     def networks_of(self, sandbox_id: str) -> list[str]:
@@ -421,6 +463,14 @@ class NetworkManager:
             )
         return att
 
+    def _publish(self) -> None:
+        """Replace the data path's view of who is behind each address (one assignment:
+        its thread sees the old snapshot or the new one, never a half-made one)."""
+        self._directory = {
+            a.block.guest: SandboxNetInfo(sid, a.policy, self._peers(sid))
+            for sid, a in self._attached.items()
+        }
+
     def _remember(self, att: _Attached) -> None:
         self._attached[att.sandbox_id] = att
         self._by_address[att.block.guest] = att.sandbox_id
@@ -464,20 +514,44 @@ class NetworkManager:
         return is_forbidden_destination(addr, self.pool, self._host_addrs)
 
     async def _learned(self, sandbox_id: str, learned: Learned, ttl: int) -> None:
+        """Allow the resolved addresses (in the data path's loop, before the guest gets
+        the answer). Elements get ``ttl + SLACK_S``, so repeats within the slack need
+        no nft transaction (:mod:`hutch.net.learned`)."""
         if sandbox_id not in self._attached:
             return
-        items = [LearnedAddress(addr, port, ttl) for addr, port in learned]
+        generation = self._learned_cache.generation(sandbox_id)
+        fresh = self._learned_cache.fresh(sandbox_id, learned, ttl)
+        if not fresh:
+            return
+        timeout = ttl + SLACK_S
+        items = [LearnedAddress(addr, port, timeout) for addr, port in fresh]
         try:
             await self.dataplane.learned(self._config(), sandbox_id, items)
         except HutchError as exc:
             # The guest's connection will be refused: fail closed, but say why.
             log.warning("could not allow learned addresses for %s: %s", sandbox_id, exc)
+            return
+        self._learned_cache.remember(sandbox_id, generation, fresh, timeout)
 
     async def _poll_counters(self) -> None:
+        """In the data path's loop: the limiters' refusals every second and the nft
+        counters every _COUNTERS_EVERY_S become counts and summary lines."""
+        polled = 0.0
         while True:
-            with contextlib.suppress(HutchError):
-                self._counters = await self.dataplane.counters(self._config())
-            await asyncio.sleep(_COUNTERS_EVERY_S)
+            self._account_refusals()
+            if time.monotonic() - polled >= _COUNTERS_EVERY_S:
+                polled = time.monotonic()
+                with contextlib.suppress(HutchError):
+                    self._counters = await self.dataplane.counters(self._config())
+                    self.summaries.kernel(self._counters)
+            await asyncio.sleep(_REFUSALS_EVERY_S)
+
+    def _account_refusals(self) -> None:
+        self.summaries.take_refused(
+            [("dns", self.resolver.limiter), ("proxy", self.proxy.limiter)],
+            self.lookup,
+            _REFUSALS_EVERY_S,
+        )
 
     async def _read_nflog(self) -> None:
         assert self._nflog is not None
@@ -493,8 +567,9 @@ class NetworkManager:
             return
         if sid is None and packet.indev:
             sid = self._by_tap.get(packet.indev)
-        if sid is None:
-            return
+        if sid is None or sid not in self._attached:
+            return  # not ours, or deleted since (its log is gone; do not make a new one)
+        # The nft deny counter counts it already: logged, not counted again.
         self.log.record(
             EgressEvent(
                 time=packet.time,
@@ -506,9 +581,9 @@ class NetworkManager:
                 verdict="deny",
                 rule=None,
                 reason=_REASONS.get(reason, reason),
-            )
+            ),
+            count=False,
         )
-        self._nflog_counted[sid] = self._nflog_counted.get(sid, 0) + 1
 
 
 _REASONS = {

@@ -15,6 +15,10 @@ covers the destination) here. Per connection:
    connects to the first good address on the original port, replays the bytes read and
    pipes both ways with backpressure.
 
+Floods: with a ``limit``, each new connection first takes a token from its sender's
+bucket (:mod:`hutch.net.ratelimit`); without one it is closed at once, before a byte is
+read, and counted (the kernel drops SYNs past twice the rate, see :mod:`hutch.net.nft`).
+
 Denials: plain HTTP gets a 403 whose body says what was denied and why; TLS is closed.
 Every decision goes to the EgressLog. HTTP requests get ``Connection: close`` so a kept-
 alive connection cannot carry a second request for another name on the same address.
@@ -37,6 +41,7 @@ from typing import Literal, Protocol
 from hutch.errors import NetworkError
 from hutch.net.dns import SandboxDirectory, SandboxNet
 from hutch.net.egress_log import EgressLog
+from hutch.net.ratelimit import KeyedLimiter, Rate
 from hutch.net.rules import normalize_name
 from hutch.net.views import EgressEvent, Verdict
 
@@ -227,7 +232,8 @@ class _Denied(Exception):
 
 class EgressProxy:
     """See the module docstring. ``forbidden(addr)`` says an address must never be
-    connected to; ``original_port`` is replaceable for tests without nft."""
+    connected to; ``original_port`` is replaceable for tests without nft; ``limit`` is
+    the per-sender rate of new connections (None: unlimited)."""
 
     def __init__(
         self,
@@ -239,6 +245,7 @@ class EgressProxy:
         *,
         peek_timeout_s: float = 10,
         original_port: Callable[[socket.socket], int] = so_original_dst_port,
+        limit: Rate | None = None,
     ) -> None:
         self._directory = directory
         self._resolver = resolver
@@ -249,6 +256,7 @@ class EgressProxy:
         self._original_port = original_port
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self.limiter = KeyedLimiter(limit) if limit is not None else None
         self.port = 0
 
     async def start(self, host: str = "0.0.0.0", port: int = 0) -> int:
@@ -283,8 +291,11 @@ class EgressProxy:
             await close_writer(writer)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        if self.limiter is not None and peer and not self.limiter.allow(str(peer[0])):
+            return  # over the sender's rate: closed at once (counted by the limiter)
         try:
-            src = ip_address(writer.get_extra_info("peername")[0])
+            src = ip_address(peer[0])
         except (TypeError, ValueError, IndexError):
             return
         sandbox = self._directory.lookup(src) if isinstance(src, IPv4Address) else None
