@@ -27,7 +27,7 @@ from hutch.errors import HutchError
 from hutch.sdk import Client, EgressInfo
 from tests.e2e.conftest import _LIVE, Daemon, finalize_daemon
 from tests.netfake import FakeInternet, free_net_pool
-from tests.vm.netlab import Guest, gateway_of, make_guest, resolve, udp
+from tests.vm.netlab import Guest, gateway_of, make_guest, resolve, tcp, udp
 
 pytestmark = [
     pytest.mark.vm,
@@ -129,7 +129,7 @@ def settled(sb: Any, check: Any, timeout_s: float = 15.0) -> EgressInfo:
 
 
 def test_a_dns_flood_is_limited_and_the_neighbour_resolves_and_execs(
-    flooder: Guest, neighbour: Guest
+    flooder: Guest, neighbour: Guest, fakenet: FakeInternet
 ) -> None:
     gateway = gateway_of(flooder.sb)
     before = neighbour.sb.egress.get()
@@ -141,6 +141,9 @@ def test_a_dns_flood_is_limited_and_the_neighbour_resolves_and_execs(
         answer = neighbour.sb.exec(["true"], timeout_s=60)
         assert answer.exit_code == 0
         neighbour.expect({"resolve": (resolve("good.test"), True)})
+        # Port 2222 is not proxied: it works only through the address the resolver
+        # learned into nft (from the data path's thread) for good.test.
+        neighbour.expect({"tcp 2222 of good.test": (tcp(fakenet.web, 2222), True)})
         seen += 1
     assert seen >= 1
     result = flood_result(process)
