@@ -83,6 +83,8 @@ def test_egress_set_and_get(fake: FakeHutch, hutch: Any) -> None:
         "rules": "-",
         "allowed": "0",
         "denied": "0",
+        "rate_limited": "0",
+        "log_dropped": "0",
     }
     result = hutch("egress", "set", sb.id, "Good.Test", "198.18.0.0/15:80")
     assert result.exit_code == 0, result.stderr
@@ -92,13 +94,15 @@ def test_egress_set_and_get(fake: FakeHutch, hutch: Any) -> None:
         {"rules": ["Good.Test", "198.18.0.0/15:80"]},
     )
     assert inspect_rows(result.stdout)["rules"] == "good.test,198.18.0.0/15:80"
-    sb.allowed, sb.denied = 3, 1
+    sb.allowed, sb.denied, sb.rate_limited, sb.log_dropped = 3, 1, 7, 2
     data = json.loads(hutch("egress", "get", sb.id, "--json").stdout)
     assert data == {
         "rules": ["good.test", "198.18.0.0/15:80"],
         "mode": "rules",
         "allowed": 3,
         "denied": 1,
+        "rate_limited": 7,
+        "log_dropped": 2,
     }
     cleared = json.loads(hutch("egress", "set", sb.id, "--clear", "--json").stdout)
     assert (cleared["mode"], cleared["rules"]) == ("open", [])

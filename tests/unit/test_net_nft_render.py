@@ -9,6 +9,7 @@ from ipaddress import IPv4Address, IPv4Network
 
 import pytest
 
+from hutch.config import NetLimits
 from hutch.errors import InvalidArgument
 from hutch.net.nft import (
     KEEP_S,
@@ -102,9 +103,10 @@ def test_open_policy_accepts_with_counter_and_no_proxy() -> None:
     script = render_add_sandbox(CFG, sb([]))
     assert chain_rules(script, f"sb_{KEY}") == [
         f'ct mark set {mark([])} counter name "c_{KEY}_allow" accept',
-        f'counter name "c_{KEY}_deny" limit rate 20/second burst 40 packets log group 7 '
-        f'prefix "hab12 {SID} policy"',
-        "drop",
+        f'counter name "c_{KEY}_deny"',
+        "update @log_budget { iifname limit rate over 20/second burst 40 packets } "
+        f'counter name "c_{KEY}_nolog" drop',
+        f'log group 7 prefix "hab12 {SID} policy" drop',
     ]
     assert chain_rules(script, f"px_{KEY}") == []
     assert chain_rules(script, f"e_{KEY}") == [f"ct mark {mark([])} accept"]
@@ -118,9 +120,10 @@ def test_policy_mark_follows_the_rules_not_the_moment() -> None:
 
 def test_established_flows_pass_only_under_their_policys_mark() -> None:
     script = render_table(RulesetState(CFG, frozenset(), (sb(["good.test"]),)))
-    egress = script.split("chain egress {", 1)[1].split("}", 1)[0]
-    ingress = script.split("chain ingress {", 1)[1].split("}", 1)[0]
-    from_tap = script.split("chain from_tap {", 1)[1].split("}", 1)[0]
+    # (Whole chains: the log budget's rules hold braces of their own.)
+    egress = "\n".join(_table_chain(script, "egress"))
+    ingress = "\n".join(_table_chain(script, "ingress"))
+    from_tap = "\n".join(_table_chain(script, "from_tap"))
     assert "ct state established,related iifname vmap @est_vmap" in egress
     assert "ct state established,related accept" not in egress
     assert "ct state established,related oifname vmap @est_vmap" in ingress
@@ -133,7 +136,7 @@ def test_established_flows_pass_only_under_their_policys_mark() -> None:
 
 def test_deny_all_policy_only_drops() -> None:
     rules = chain_rules(render_add_sandbox(CFG, sb(["deny-all"])), f"sb_{KEY}")
-    assert rules[-1] == "drop"
+    assert rules[-1].endswith(" drop") and rules[-2].endswith(" drop")
     assert not any("accept" in r for r in rules)
 
 
@@ -160,16 +163,21 @@ def test_rules_policy_sets_and_proxy() -> None:
     rules = chain_rules(script, f"sb_{KEY}")
     m = mark(policy)
     assert rules[0] == f'ip daddr @a_{KEY}_ip ct mark set {m} counter name "c_{KEY}_allow" accept'
-    quic = rules.index("udp dport 443 drop")
-    assert 'prefix "hab12 ' + SID + ' quic"' in rules[quic - 1]
+    quic = rules.index(f'udp dport 443 log group 7 prefix "hab12 {SID} quic" drop')
+    # Counted, then past the sandbox's log budget counted as unlogged, else logged.
+    assert rules[quic - 2] == f'udp dport 443 counter name "c_{KEY}_deny"'
+    assert rules[quic - 1] == (
+        "udp dport 443 update @log_budget { iifname limit rate over 20/second burst 40 "
+        f'packets }} counter name "c_{KEY}_nolog" drop'
+    )
     # Explicit ip rules come before the QUIC drop; learned addresses after it.
-    assert quic > 1 and f"@a_{KEY}_dns " in rules[quic + 1]
+    assert quic - 2 > 1 and f"@a_{KEY}_dns " in rules[quic + 1]
     assert f"meta l4proto @tcp_udp ip daddr . th dport @a_{KEY}_dnsport" in rules[quic + 2]
     assert rules[quic + 3] == (
         f"ct state established,related ip daddr @a_{KEY}_keep ct mark set {m} accept"
     )
     assert f"th dport @a_{KEY}_keepport ct mark set {m} accept" in rules[quic + 4]
-    assert rules[-1] == "drop"
+    assert rules[-1] == f'log group 7 prefix "hab12 {SID} policy" drop'
     assert chain_rules(script, f"px_{KEY}") == [
         f"ip daddr @a_{KEY}_ip return",
         f"ip daddr . tcp dport @a_{KEY}_ipport return",
@@ -238,7 +246,7 @@ def test_remove_sandbox_is_idempotent_by_construction() -> None:
     assert lines.index('add element inet hutch_ab12 taps { "hab120123456789" }') < lines.index(
         'delete element inet hutch_ab12 taps { "hab120123456789" }'
     )
-    # Map elements go before the chains they jump to.
+    # Map elements go before the chains they jump to and the counters they name.
     assert lines.index('delete element inet hutch_ab12 sb_vmap { "hab120123456789" }') < (
         lines.index(f"delete chain inet hutch_ab12 sb_{KEY}")
     )
@@ -247,6 +255,73 @@ def test_remove_sandbox_is_idempotent_by_construction() -> None:
     )
     for name in ("keep", "keepport"):
         assert f"delete set inet hutch_ab12 a_{KEY}_{name}" in lines
+    for kind, obj in (("nolog", "nolog_ctr"), ("limit", "limit_ctr"), ("deny", "deny_ctr")):
+        added = lines.index(f"add counter inet hutch_ab12 c_{KEY}_{kind}")
+        unmapped = lines.index(f'delete element inet hutch_ab12 {obj} {{ "hab120123456789" }}')
+        assert added < unmapped < lines.index(f"delete counter inet hutch_ab12 c_{KEY}_{kind}")
+
+
+def _table_chain(script: str, chain: str) -> list[str]:
+    body = script.split(f"  chain {chain} {{\n", 1)[1].split("\n  }", 1)[0]
+    return [line.strip() for line in body.splitlines()]
+
+
+def test_every_denial_draws_on_its_sandboxs_log_budget() -> None:
+    """Issue 17.6: one budget per input interface, shared by every deny rule, instead of
+    a limit per rule that all sandboxes share; past it the denial is counted as unlogged
+    (and still dropped)."""
+    state = RulesetState(CFG, frozenset(), (sb(["good.test"]),))
+    script = render_table(state)
+    assert "set log_budget { type ifname; flags dynamic,timeout;" in script
+    budget = "update @log_budget { iifname limit rate over 20/second burst 40 packets }"
+    # No limit anywhere but in a per-interface meter: nothing shared between sandboxes.
+    limited = [line for line in script.splitlines() if "limit rate" in line]
+    assert limited and all("{ iifname limit rate over" in line for line in limited)
+    for chain in ("from_tap", "egress"):
+        rules = _table_chain(script, chain)
+        logs = [i for i, r in enumerate(rules) if " log group 7 " in f" {r}"]
+        assert logs, chain
+        for i in logs:
+            match = rules[i].split("log group")[0].strip()
+            assert rules[i].endswith(" drop"), rules[i]
+            # Right before: past the budget -> counted as unlogged, dropped; before that
+            # the count every denial gets.
+            assert rules[i - 1].startswith(f"{match} {budget}".strip()), rules[i - 1]
+            assert rules[i - 1].endswith(" drop")
+            assert rules[i - 2].startswith(match) and "counter" in rules[i - 2]
+            if "unregistered" not in rules[i]:
+                assert "@nolog_ctr" in rules[i - 1] and "@deny_ctr" in rules[i - 2]
+    # The sandbox's own denials (its policy, QUIC under name rules) use its budget too.
+    own = chain_rules(script, f"sb_{KEY}")
+    logs = [i for i, r in enumerate(own) if "log group 7" in r]
+    assert len(logs) == 2
+    for i in logs:
+        assert own[i - 1].endswith(f'{budget} counter name "c_{KEY}_nolog" drop'), own[i - 1]
+        assert own[i - 2].endswith(f'counter name "c_{KEY}_deny"'), own[i - 2]
+    assert 'add element inet hutch_ab12 nolog_ctr { "hab120123456789" : ' in script
+
+
+def test_resolver_and_proxy_have_kernel_ceilings_before_conntrack() -> None:
+    """Issue 17.5: past twice the daemon's limits a flood is dropped in the kernel, per
+    sandbox, before the established accept (a flood from one socket is established)."""
+    limits = NetLimits(dns_rate=50, dns_burst=70, proxy_conn_rate=30, proxy_conn_burst=40)
+    cfg = replace(CFG, limits=limits)
+    script = render_table(RulesetState(cfg, frozenset(), (sb([]),)))
+    rules = _table_chain(script, "from_tap")
+    dns = (
+        "udp dport 5353 ct status dnat update @dns_meter { iifname limit rate over "
+        "100/second burst 140 packets } counter name iifname map @limit_ctr drop"
+    )
+    conn = (
+        "tcp dport { 5353, 8443 } ct state new ct status dnat update @conn_meter { iifname "
+        "limit rate over 60/second burst 80 packets } counter name iifname map @limit_ctr drop"
+    )
+    established = rules.index("ct state established,related accept")
+    assert rules.index(dns) < established and rules.index(conn) < established
+    # ... but after the source checks (a spoofed packet must not use another's budget).
+    assert max(i for i, r in enumerate(rules) if "@tap_src" in r) < rules.index(dns)
+    assert 'add element inet hutch_ab12 limit_ctr { "hab120123456789" : ' in script
+    assert f"add counter inet hutch_ab12 c_{KEY}_limit" in script
 
 
 def test_networks() -> None:

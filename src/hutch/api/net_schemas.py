@@ -85,6 +85,15 @@ class Egress(_FromView):
     mode: Literal["open", "rules", "deny-all"]
     allowed: int = Field(description="Connections and DNS answers let through.")
     denied: int = Field(description="Connections and DNS queries refused.")
+    rate_limited: int = Field(
+        description="DNS queries and new proxy connections refused by the per-sandbox rate "
+        "limits (answered REFUSED, closed, or dropped by the kernel past twice the limit); "
+        "not in `denied`. The egress log has one summary line per second about them."
+    )
+    log_dropped: int = Field(
+        description="Of `denied`, packets past the sandbox's log budget: counted but not in "
+        "the egress log one by one (a summary line there says how many)."
+    )
 
     @classmethod
     def of(cls, view: object) -> Egress:

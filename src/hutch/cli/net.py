@@ -125,6 +125,8 @@ def _show_egress(info: EgressInfo, as_json: bool) -> None:
             ("rules", ",".join(info.rules) or "-"),
             ("allowed", str(info.allowed)),
             ("denied", str(info.denied)),
+            ("rate_limited", str(info.rate_limited)),
+            ("log_dropped", str(info.log_dropped)),
         ]
     )
 

@@ -29,6 +29,11 @@ class EgressView:
     mode: EgressMode
     allowed: int  # connections (and DNS answers) let through since the daemon started
     denied: int
+    # DNS queries and new proxy connections refused by the per-sandbox rate limits (by the
+    # daemon, or dropped by the kernel's ceiling); not in ``denied``.
+    rate_limited: int = 0
+    # Of ``denied``, packets past the sandbox's log budget: counted, not logged one by one.
+    log_dropped: int = 0
 
 
 @dataclass(frozen=True)

@@ -140,12 +140,15 @@ class NftDataplane:
 
 @dataclass
 class MemoryDataplane:
-    """The same calls, recorded in memory (component tests only: no taps, no nft)."""
+    """The same calls, recorded in memory (component tests only: no taps, no nft).
+    ``counter_values`` is what ``counters`` answers (tests set it)."""
 
     sandboxes: dict[str, SandboxNet] = field(default_factory=dict)
     networks: dict[str, list[IPv4Address]] = field(default_factory=dict)
     learned_items: dict[str, list[LearnedAddress]] = field(default_factory=dict)
     host_addrs: frozenset[IPv4Address] = frozenset()
+    learned_calls: int = 0
+    counter_values: dict[str, SandboxCounters] = field(default_factory=dict)
 
     async def install(
         self,
@@ -177,6 +180,7 @@ class MemoryDataplane:
         self, cfg: TableConfig, sandbox_id: str, items: Iterable[LearnedAddress]
     ) -> None:
         self.learned_items.setdefault(sandbox_id, []).extend(items)
+        self.learned_calls += 1
 
     async def set_networks(
         self,
@@ -187,4 +191,4 @@ class MemoryDataplane:
         self.networks = {k: list(v) for k, v in networks.items()}
 
     async def counters(self, cfg: TableConfig) -> dict[str, SandboxCounters]:
-        return {}
+        return {sid: c for sid, c in self.counter_values.items() if sid in self.sandboxes}

@@ -1,13 +1,27 @@
-"""What the resolver taught one sandbox's allow sets, remembered so a rule change keeps
-what the new rules still allow (pure; the manager owns one per sandbox).
+"""What the resolver taught one sandbox's learned allow sets, and until when (pure).
 
-nft forgets which name an address was learned for; a policy swap flushes the learned
-sets. :class:`LearnedNames` keeps (name, address) -> (end of its DNS TTL, end of its
-keep time) so that :meth:`LearnedNames.carry_over` can refill the new policy's sets:
-addresses of names the new rules still allow come back with what is left of their TTL
-(new connections) and of :data:`~hutch.net.nft.KEEP_S` (flows already open), on the
-ports the *new* rules give the name. Names the new rules do not allow are dropped, so
-their open flows fail the new policy's check and are cut.
+The nft sets ``a_<key>_dns``/``_dnsport`` (new connections, bound by the DNS TTL) and
+``a_<key>_keep``/``_keepport`` (open flows across rule changes) are filled from DNS
+answers. The kernel keeps only addresses and timeouts; two questions need more, and each
+has its memory here (one of each per sandbox, kept by :mod:`hutch.net.learning`):
+
+- :class:`LearnedElements` (issue 17.5): which elements the sets hold, until when. Every
+  allowed answer used to cost one ``nft -f -`` (a process, ~10 ms); a guest resolving
+  one allowed name in a loop had the host run nft hundreds of times a second. Elements
+  are added with :data:`SLACK_S` seconds more than the answer's TTL, and an answer whose
+  elements all stay for at least its TTL needs no nft at all: the guest can never cache
+  an answer past its element (the invariant :mod:`hutch.net.dns` keeps). Skipping such
+  answers also means a short TTL never cuts an element a longer one made.
+- :class:`LearnedNames` (issue 16): which *name* each address was learned for, so that a
+  rule change keeps what the new rules still allow. A policy swap flushes the learned
+  sets; :meth:`LearnedNames.carry_over` refills them: addresses of names the new rules
+  still allow come back with what is left of their element (new connections) and of
+  :data:`~hutch.net.nft.KEEP_S` (flows already open), on the ports the *new* rules give
+  the name. Names the new rules do not allow are left out, so their open flows fail the
+  new policy's check and are cut. After the swap, :meth:`LearnedElements.replaced`
+  makes the elements memory exactly what the swap wrote.
+
+Not thread-safe: both are used only from the data path's loop, under the sandbox's lock.
 """
 
 from __future__ import annotations
@@ -18,11 +32,53 @@ from ipaddress import IPv4Address
 from hutch.net.nft import KEEP_S, LearnedAddress
 from hutch.net.rules import EgressPolicy
 
-__all__ = ["MAX_REMEMBERED", "LearnedNames"]
+__all__ = ["MAX_ELEMENTS", "MAX_REMEMBERED", "SLACK_S", "LearnedElements", "LearnedNames"]
+
+#: Seconds an element outlives the TTL it was learned with: repeats of a name within
+#: this window cost no nft transaction.
+SLACK_S = 10
 
 #: (name, address) pairs remembered per sandbox; the oldest are forgotten first (their
 #: open flows would then be cut by the next rule change, never let through).
 MAX_REMEMBERED = 4096
+
+#: Elements tracked per sandbox before the expired ones are dropped.
+MAX_ELEMENTS = 4096
+
+#: An element of the sets new connections use: (address, port; None = any port).
+Element = tuple[IPv4Address, int | None]
+
+
+class LearnedElements:
+    """The elements of one sandbox's ``a_<key>_dns``/``_dnsport`` sets and when each
+    ends. Times are ``time.monotonic()`` seconds."""
+
+    def __init__(self) -> None:
+        self._ends: dict[Element, float] = {}
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    def stale(self, items: Iterable[Element], ttl: int, now: float) -> list[Element]:
+        """The items the sets do not hold for at least ``ttl`` more seconds (in order)."""
+        horizon = now + ttl
+        return [item for item in items if self._ends.get(item, 0.0) < horizon]
+
+    def added(self, items: Iterable[Element], timeout: int, now: float) -> None:
+        """``items`` were just written with ``timeout`` seconds."""
+        if len(self._ends) > MAX_ELEMENTS:  # very many names: drop what the kernel dropped
+            for key in [k for k, end in self._ends.items() if end <= now]:
+                del self._ends[key]
+        for item in items:
+            self._ends[item] = now + timeout
+
+    def replaced(self, written: Iterable[LearnedAddress], now: float) -> None:
+        """A policy swap flushed the sets and wrote exactly ``written`` (in this order: a
+        later element with the same key wins, as in nft)."""
+        self._ends = {}
+        for item in written:
+            if item.ttl is not None:
+                self._ends[(item.address, item.port)] = now + max(1, int(item.ttl))
 
 
 class LearnedNames:

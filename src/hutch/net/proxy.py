@@ -18,6 +18,10 @@ covers the destination) here. Per connection:
    port, and relays with backpressure: TLS both ways as is; HTTP exactly the one
    checked request, then only the answer (:mod:`hutch.net.http_relay`).
 
+Floods: with a ``limit``, each new connection first takes a token from its sender's
+bucket (:mod:`hutch.net.ratelimit`); without one it is closed at once, before a byte is
+read, and counted (the kernel drops SYNs past twice the rate, see :mod:`hutch.net.nft`).
+
 Denials: plain HTTP gets a 403 whose body says what was denied and why; TLS is closed.
 Every decision goes to the EgressLog. A rule change cuts relayed connections the new
 rules no longer allow (:meth:`EgressProxy.revalidate`).
@@ -43,6 +47,7 @@ from hutch.net.dns import SandboxDirectory, SandboxNet
 from hutch.net.egress_log import EgressLog
 from hutch.net.http_head import HeadError, RequestHead, parse_request_head
 from hutch.net.http_relay import relay_one_request
+from hutch.net.ratelimit import KeyedLimiter, Rate
 from hutch.net.rules import EgressPolicy, normalize_name
 from hutch.net.views import EgressEvent, Verdict
 
@@ -218,7 +223,8 @@ def still_allowed(policy: EgressPolicy, name: str, port: int) -> str | None:
 
 class EgressProxy:
     """See the module docstring. ``forbidden(addr)`` says why a name must not lead to an
-    address (None: it may); ``original_port`` is replaceable for tests without nft."""
+    address (None: it may); ``original_port`` is replaceable for tests without nft;
+    ``limit`` is the per-sender rate of new connections (None: unlimited)."""
 
     def __init__(
         self,
@@ -230,6 +236,7 @@ class EgressProxy:
         *,
         peek_timeout_s: float = 10,
         original_port: Callable[[socket.socket], int] = so_original_dst_port,
+        limit: Rate | None = None,
     ) -> None:
         self._directory = directory
         self._resolver = resolver
@@ -241,6 +248,7 @@ class EgressProxy:
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._relays: set[_Relay] = set()
+        self.limiter = KeyedLimiter(limit) if limit is not None else None
         self.port = 0
 
     async def start(self, host: str = "0.0.0.0", port: int = 0) -> int:
@@ -296,8 +304,11 @@ class EgressProxy:
             await close_writer(writer)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        if self.limiter is not None and peer and not self.limiter.allow(str(peer[0])):
+            return  # over the sender's rate: closed at once (counted by the limiter)
         try:
-            src = ip_address(writer.get_extra_info("peername")[0])
+            src = ip_address(peer[0])
         except (TypeError, ValueError, IndexError):
             return
         sandbox = self._directory.lookup(src) if isinstance(src, IPv4Address) else None
@@ -344,6 +355,18 @@ class EgressProxy:
         up_reader, up_writer = upstream
         relay = _Relay(sandbox, seen.name, port, seen.protocol, (writer, up_writer))
         self._relays.add(relay)
+        # The rules may have changed while this connection was decided: revalidate()
+        # cut what was registered then; this one meets the rules in force now.
+        now = self._directory.lookup(src) if isinstance(src, IPv4Address) else None
+        why = "the sandbox is gone" if now is None else still_allowed(now.policy, seen.name, port)
+        if why is not None:
+            self._relays.discard(relay)
+            self._event(
+                sandbox, str(addr), port, seen.protocol, seen.name, "deny", None,
+                f"open connection cut: the rules changed ({why})",
+            )  # fmt: skip
+            up_writer.transport.abort()
+            return
         try:
             if seen.request is not None:
                 body = raw[seen.request.consumed :]

@@ -110,13 +110,18 @@ class EgressInfo:
     ``mode``: ``"open"`` (no rules: everything but the always-denied set may leave),
     ``"rules"`` (only what a rule matches) or ``"deny-all"``. ``rules`` are the canonical
     texts (lower-case, punycode names). ``allowed``/``denied`` count connections and DNS
-    answers since the daemon started.
+    answers since the daemon started; ``rate_limited`` the DNS queries and new proxy
+    connections refused by the per-sandbox rate limits (not in ``denied``);
+    ``log_dropped`` the denials past the sandbox's log budget (counted in ``denied``, not
+    in the egress log one by one). A daemon that predates the last two gives 0.
     """
 
     rules: list[str]
     mode: str
     allowed: int
     denied: int
+    rate_limited: int = 0
+    log_dropped: int = 0
 
     @classmethod
     def from_dict(cls, obj: Any) -> EgressInfo:
@@ -126,6 +131,8 @@ class EgressInfo:
             mode=need(obj, "mode", str, w),
             allowed=need(obj, "allowed", int, w),
             denied=need(obj, "denied", int, w),
+            rate_limited=maybe(obj, "rate_limited", int, w) or 0,
+            log_dropped=maybe(obj, "log_dropped", int, w) or 0,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -134,6 +141,8 @@ class EgressInfo:
             "mode": self.mode,
             "allowed": self.allowed,
             "denied": self.denied,
+            "rate_limited": self.rate_limited,
+            "log_dropped": self.log_dropped,
         }
 
 

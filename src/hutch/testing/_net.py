@@ -219,6 +219,8 @@ class FakeNet:
             "mode": mode_of(sb.egress),
             "allowed": sb.allowed,
             "denied": sb.denied,
+            "rate_limited": sb.rate_limited,
+            "log_dropped": sb.log_dropped,
         }
 
     def _ports(self, sb: FakeSandbox, method: str, request: httpx.Request) -> httpx.Response:

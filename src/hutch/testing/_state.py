@@ -71,6 +71,8 @@ class FakeSandbox:
     #: What GET .../egress reports; tests set them.
     allowed: int = 0
     denied: int = 0
+    rate_limited: int = 0
+    log_dropped: int = 0
     #: GET .../egress/log answers these (API form, oldest first); tests append them.
     egress_events: list[dict[str, Any]] = field(default_factory=list)
     #: Exposed guest ports -> their API form.
