@@ -16,7 +16,7 @@ APT_PACKAGES := qemu-system-x86 qemu-utils mmdebstrap nftables busybox-static lz
 	ca-certificates procps
 
 .PHONY: help deps system-deps venv qemu-user image images up down restart check lint typecheck test \
-	test-fast openapi bench clean
+	test-fast openapi unasync bench clean
 
 help:
 	@echo "make up      install deps, build the base image, start hutchd on $(LISTEN)"
@@ -90,8 +90,9 @@ down:
 restart: down up
 
 lint: venv
-	$(BIN)/ruff check src tests bench guest_agent
-	$(BIN)/ruff format --check src tests bench guest_agent
+	$(BIN)/ruff check src tests bench guest_agent scripts
+	$(BIN)/ruff format --check src tests bench guest_agent scripts
+	$(BIN)/python scripts/unasync.py --check
 
 typecheck: venv
 	$(BIN)/mypy
@@ -105,6 +106,10 @@ test: deps lint typecheck images
 
 openapi: venv
 	$(BIN)/python -m hutch.api.openapi > openapi.json
+
+# The SDK's blocking shells (src/hutch/sdk/_sync/) are generated from its asyncio ones.
+unasync: venv
+	$(BIN)/python scripts/unasync.py
 
 bench: deps
 	HUTCH_STATE_DIR=$(STATE_DIR) $(BIN)/python -m bench

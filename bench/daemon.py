@@ -95,6 +95,12 @@ class PrivateDaemon:
         return f"http://127.0.0.1:{self.port}"
 
     @property
+    def pid(self) -> int | None:
+        """The daemon process (None when it is not running)."""
+        proc = self._proc
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    @property
     def markers(self) -> list[str]:
         return [str(self.state_dir), str(run_dir_of(self.state_dir))]
 
@@ -148,7 +154,8 @@ class PrivateDaemon:
                 )
             try:
                 answer = httpx.get(f"{self.base_url}/healthz", timeout=2.0, trust_env=False)
-                if answer.status_code == 200:
+                # "reconciling" until the VMs a restart found are checked.
+                if answer.status_code == 200 and answer.json().get("status") == "ok":
                     self.accel_in_use = answer.json().get("accel")
                     break
             except httpx.HTTPError:

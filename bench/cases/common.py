@@ -58,14 +58,19 @@ class BenchContext:
     def sandbox_params(self) -> dict[str, object]:
         return {"image": self.image, "vcpus": SANDBOX_VCPUS, "memory_mib": SANDBOX_MEMORY_MIB}
 
-    def side_daemon(self, name: str, env: Mapping[str, str]) -> SideDaemon:
+    def side_daemon(
+        self, name: str, env: Mapping[str, str], repo: Path | None = None
+    ) -> SideDaemon:
         """The side daemon ``name`` (started on first use with ``env`` added to its
         environment; later calls return it as it is). Its state is under
-        ``work_dir/name``, its images are the main daemon's."""
+        ``work_dir/name``, its images are the main daemon's; ``repo``: run the daemon
+        from that source tree instead of this one (before/after comparisons)."""
         if name in self.side:
             return self.side[name]
         main = self.daemon
-        daemon = PrivateDaemon(main.repo, self.work_dir / name, main.images_dir, main.accel, env)
+        daemon = PrivateDaemon(
+            repo or main.repo, self.work_dir / name, main.images_dir, main.accel, env
+        )
         daemon.start()
         self.log(f"  side daemon {name!r} ({dict(env)}) at {daemon.base_url}")
         self.side[name] = SideDaemon(daemon, daemon.client())

@@ -140,7 +140,9 @@ class Agent:
             elif op == "ping":
                 self.send(encode(END, f.sid, {"pong": True}))
             elif op not in self.ops:
-                self.send_error(f.sid, "invalid_argument", f"unknown operation {op!r}")
+                # Its own code, so the host need not read the message (an image older
+                # than the host meets ops it does not know).
+                self.send_error(f.sid, "unknown_operation", f"unknown operation {op!r}")
             else:
                 st = Stream(self, f.sid)
                 with self.streams_lock:

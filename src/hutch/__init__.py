@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from hutch.errors import (
     AgentVersionMismatch,
+    Busy,
     Capacity,
     Conflict,
     GuestError,
@@ -27,6 +28,7 @@ from hutch.errors import (
     StoreError,
     Timeout,
     Unauthorized,
+    Unavailable,
     UnknownImage,
     VmError,
 )
@@ -51,6 +53,7 @@ __all__ = [
     "AgentVersionMismatch",
     "ApiKeyMissing",
     "AsyncSandbox",
+    "Busy",
     "Capacity",
     "Conflict",
     "DaemonUnreachable",
@@ -75,6 +78,7 @@ __all__ = [
     "StoreError",
     "Timeout",
     "Unauthorized",
+    "Unavailable",
     "UnknownImage",
     "VmError",
     "__version__",

@@ -12,13 +12,19 @@ import os
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from hutch.contract.limits import DEFAULT_IMAGE
 from hutch.errors import InvalidArgument
 
 ACCEL_CHOICES = ("auto", "kvm", "tcg")
 DEFAULT_NET_POOL = ipaddress.IPv4Network("10.213.0.0/16")
 MAX_DISK_LAYERS_RANGE = (1, 32)
+_N = TypeVar("_N", int, float)
+#: Bytes of serial console kept per log file (console.log and console.log.1).
+CONSOLE_LOG_BYTES_RANGE = (64 << 10, 1 << 30)
+#: Seconds pause, snapshot and fork wait for calls in flight in the sandbox.
+LIFECYCLE_WAIT_S_RANGE = (0.0, 3600.0)
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,45 @@ class Limits:
         return self.max_memory_mib or host_memory_mib() * 3 // 4
 
 
+@dataclass(frozen=True)
+class NetLimits:
+    """Per-sandbox budgets of the data path. Every sandbox has its own: one that uses
+    up its budget (a flood) changes nothing for another. Rates are per second, bursts
+    how many may come at once after a quiet spell (token buckets).
+
+    - ``dns_rate``/``dns_burst``: queries to hutch's resolver (UDP and TCP). Past it a
+      query is answered REFUSED without being looked at; past twice it the kernel drops
+      the packets before they reach the daemon.
+    - ``proxy_conn_rate``/``proxy_conn_burst``: new connections to the SNI/Host proxy
+      (rules mode, ports 80/443). Past it a connection is closed at once; past twice it
+      the kernel drops the SYNs (new TCP connections to the resolver count there too).
+    - ``deny_log_rate``/``deny_log_burst``: denied packets logged one by one (NFLOG).
+      Past it denials are still dropped and counted, and the log says how many were
+      not logged.
+
+    The defaults are far above what a program resolving and connecting as it works
+    does (a build, a package install, a crawler); they stop floods.
+    """
+
+    dns_rate: int = 200
+    dns_burst: int = 400
+    proxy_conn_rate: int = 100
+    proxy_conn_burst: int = 200
+    deny_log_rate: int = 20
+    deny_log_burst: int = 40
+
+
+#: setting -> (accepted range, what it counts): the validation messages say both.
+NET_LIMIT_SETTINGS: dict[str, tuple[tuple[int, int], str]] = {
+    "dns_rate": ((1, 100_000), "DNS queries per second per sandbox"),
+    "dns_burst": ((1, 1_000_000), "DNS queries at once per sandbox"),
+    "proxy_conn_rate": ((1, 100_000), "new proxy connections per second per sandbox"),
+    "proxy_conn_burst": ((1, 1_000_000), "new proxy connections at once per sandbox"),
+    "deny_log_rate": ((1, 100_000), "denied packets logged per second per sandbox"),
+    "deny_log_burst": ((1, 1_000_000), "denied packets logged at once per sandbox"),
+}
+
+
 def host_memory_mib() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20)
 
@@ -44,7 +89,7 @@ class Settings:
     listen_host: str = "127.0.0.1"
     listen_port: int = 7070
     accel: str = "auto"
-    default_image: str = "base"
+    default_image: str = DEFAULT_IMAGE
     limits: Limits = field(default_factory=Limits)
     # Seconds to wait for a booting guest's agent before giving up.
     boot_timeout_s: float = 120.0
@@ -67,6 +112,14 @@ class Settings:
     # The unprivileged user QEMU runs as once set up (a daemon running as root only);
     # "root": QEMU keeps root (not advised: a QEMU escape would own the host).
     qemu_user: str = "hutch-qemu"
+    # Serial console kept per sandbox: console.log rotates into console.log.1 at this
+    # size, so at most twice this is on disk (hutch.vm.console).
+    console_log_bytes: int = 1 << 20
+    # How long pause, snapshot and fork wait for execs, file transfers and code runs in
+    # flight in the sandbox before they give up with 409 busy (naming what still runs).
+    lifecycle_wait_s: float = 30.0
+    # Per-sandbox rate limits of the resolver, the proxy and the denial log.
+    net_limits: NetLimits = field(default_factory=NetLimits)
     # Bytes an imported image may hold: the archive uploaded and the files its layers
     # write, each (a decompression bomb would otherwise fill the disk).
     max_image_bytes: int = 32 << 30
@@ -159,9 +212,26 @@ def parse_net_pool(value: str) -> ipaddress.IPv4Network:
     return pool
 
 
+def _number(values: dict[str, Any], key: str, kind: type[_N], source: str) -> _N:
+    try:
+        return kind(values[key])
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"{source}: {key}={values[key]!r} is not a number") from exc
+
+
+def _net_limit(source: str, key: str, value: Any) -> int:
+    (lo, hi), what = NET_LIMIT_SETTINGS[key]
+    env = _ENV_OF.get(key, key)
+    shown = env if source == "environment" else f"{source}: {key}"
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.isdigit() or not lo <= int(text) <= hi:
+        raise InvalidArgument(f"{shown}={value!r} is not valid; accepted: {lo}-{hi} ({what})")
+    return int(text)
+
+
 def _from_mapping(base: Settings, values: dict[str, Any], source: str) -> Settings:
-    known = {f.name for f in fields(Settings)} - {"images_dir_override", "limits"}
-    known |= {"listen", "max_sandboxes", "max_memory_mib", "images_dir"}
+    known = {f.name for f in fields(Settings)} - {"images_dir_override", "limits", "net_limits"}
+    known |= {"listen", "max_sandboxes", "max_memory_mib", "images_dir", *NET_LIMIT_SETTINGS}
     unknown = set(values) - known
     if unknown:
         raise InvalidArgument(
@@ -212,17 +282,37 @@ def _from_mapping(base: Settings, values: dict[str, Any], source: str) -> Settin
         if "qemu_user" in values:
             s = replace(s, qemu_user=str(values["qemu_user"]))
         if "max_image_bytes" in values:
-            s = replace(s, max_image_bytes=int(values["max_image_bytes"]))
+            s = replace(s, max_image_bytes=_number(values, "max_image_bytes", int, source))
             if s.max_image_bytes < 1 << 20:
                 raise InvalidArgument(f"{source}: max_image_bytes must be at least 1 MiB")
         if "boot_timeout_s" in values:
             s = replace(s, boot_timeout_s=float(values["boot_timeout_s"]))
+        if "console_log_bytes" in values:
+            s = replace(s, console_log_bytes=_number(values, "console_log_bytes", int, source))
+            lo, hi = CONSOLE_LOG_BYTES_RANGE
+            if not lo <= s.console_log_bytes <= hi:
+                raise InvalidArgument(
+                    f"{source}: console_log_bytes={s.console_log_bytes}; accepted: {lo}-{hi}"
+                )
+        if "lifecycle_wait_s" in values:
+            s = replace(s, lifecycle_wait_s=_number(values, "lifecycle_wait_s", float, source))
+            lo_s, hi_s = LIFECYCLE_WAIT_S_RANGE
+            if not lo_s <= s.lifecycle_wait_s <= hi_s:
+                raise InvalidArgument(
+                    f"{source}: lifecycle_wait_s={s.lifecycle_wait_s:g}; accepted: "
+                    f"{lo_s:g}-{hi_s:g} seconds"
+                )
         limits = s.limits
         if "max_sandboxes" in values:
             limits = replace(limits, max_sandboxes=int(values["max_sandboxes"]))
         if "max_memory_mib" in values:
             limits = replace(limits, max_memory_mib=int(values["max_memory_mib"]))
         s = replace(s, limits=limits)
+        net_limits = {
+            k: _net_limit(source, k, values[k]) for k in NET_LIMIT_SETTINGS if k in values
+        }
+        if net_limits:
+            s = replace(s, net_limits=replace(s.net_limits, **net_limits))
     except (TypeError, ValueError) as exc:
         raise InvalidArgument(f"{source}: {exc}") from exc
     if s.accel not in ACCEL_CHOICES:
@@ -246,8 +336,17 @@ _ENV = {
     "HUTCH_PORTS_BIND": "ports_bind",
     "HUTCH_MAX_DISK_LAYERS": "max_disk_layers",
     "HUTCH_QEMU_USER": "qemu_user",
+    "HUTCH_CONSOLE_LOG_BYTES": "console_log_bytes",
+    "HUTCH_LIFECYCLE_WAIT_S": "lifecycle_wait_s",
+    "HUTCH_DNS_RATE": "dns_rate",
+    "HUTCH_DNS_BURST": "dns_burst",
+    "HUTCH_PROXY_CONN_RATE": "proxy_conn_rate",
+    "HUTCH_PROXY_CONN_BURST": "proxy_conn_burst",
+    "HUTCH_DENY_LOG_RATE": "deny_log_rate",
+    "HUTCH_DENY_LOG_BURST": "deny_log_burst",
     "HUTCH_MAX_IMAGE_BYTES": "max_image_bytes",
 }
+_ENV_OF = {key: name for name, key in _ENV.items()}
 
 
 def load_settings(env: dict[str, str] | None = None) -> Settings:

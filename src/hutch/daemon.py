@@ -12,6 +12,7 @@ import uvicorn
 
 from hutch.api import create_app
 from hutch.api.auth import load_or_create_key
+from hutch.api.redact import RedactingFormatter
 from hutch.config import Settings
 from hutch.net.manager import NetworkManager
 from hutch.services.images import HostImages, LocalBootSets, LocalImages
@@ -23,12 +24,14 @@ from hutch.store.images import ImageStore
 log = logging.getLogger("hutch")
 
 
-def setup_logging(settings: Settings) -> None:
+def setup_logging(settings: Settings, secrets: tuple[str, ...] = ()) -> None:
+    """Log to ``logs/hutchd.log`` (rotated) and stderr, every line redacted: no query
+    string, API key (``secrets``, or any hutch-shaped key) or credential is written."""
     settings.logs_dir.mkdir(parents=True, exist_ok=True)
     handler = logging.handlers.RotatingFileHandler(
         settings.logs_dir / "hutchd.log", maxBytes=20 << 20, backupCount=3
     )
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    fmt = RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s", secrets=secrets)
     handler.setFormatter(fmt)
     console = logging.StreamHandler(sys.stderr)
     console.setFormatter(fmt)
@@ -38,10 +41,15 @@ def setup_logging(settings: Settings) -> None:
     root.addHandler(console)
 
 
-def build(settings: Settings) -> tuple[SandboxService, str]:
+def prepare_state_dir(settings: Settings) -> str:
+    """Create the state dir (0700) and return the API key (created on first start)."""
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(settings.state_dir, 0o700)
-    key = load_or_create_key(settings.api_key_path)
+    return load_or_create_key(settings.api_key_path)
+
+
+def build(settings: Settings) -> tuple[SandboxService, str]:
+    key = prepare_state_dir(settings)
     store = Store(settings.db_path)
 
     def name_of(sandbox_id: str) -> str | None:
@@ -89,5 +97,5 @@ async def serve(settings: Settings) -> None:
 
 def run(settings: Settings) -> None:
     """Run the daemon in the foreground until SIGINT/SIGTERM. Sandboxes keep running."""
-    setup_logging(settings)
+    setup_logging(settings, secrets=(prepare_state_dir(settings),))
     asyncio.run(serve(settings))

@@ -10,8 +10,10 @@ what they can do about it::
     ├── Unauthorized         missing or wrong API key               (401 unauthorized)
     ├── NotFound             no such sandbox, file, ...             (404 not_found)
     ├── Conflict             the resource is in the wrong state     (409 conflict)
-    │   └── StateError       ... with the state it is in and the states required
+    │   ├── StateError       ... with the state it is in and the states required
+    │   └── Busy             calls in flight kept a pause/snapshot/fork waiting (409 busy)
     ├── Capacity             the host is full                       (429/507 capacity)
+    ├── Unavailable          not ready yet; retry after a moment    (503 unavailable)
     ├── Timeout              an operation ran out of time           (504 timeout)
     ├── VmError              QEMU failed (carries argv and stderr)  (500 vm_error)
     ├── GuestError           the guest agent failed or refused      (502 guest_error)
@@ -23,7 +25,7 @@ what they can do about it::
     └── StoreError           the database failed                    (500 store_error)
 
 The REST layer maps each class to a status and a stable ``code`` in one table
-(``hutch.api.errors``); the SDK maps the codes back to these classes.
+(``hutch.contract.http_errors``); the SDK maps the codes back to these classes with it.
 """
 
 from __future__ import annotations
@@ -80,8 +82,26 @@ class StateError(Conflict):
         super().__init__(f"{message} ({hint})" if hint else message)
 
 
+class Busy(Conflict):
+    """A pause, snapshot or fork waited its bound for calls in flight in the sandbox
+    (execs, transfers, code runs) and they still run; the message names them."""
+
+    code = "busy"
+
+
 class Capacity(HutchError):
     code = "capacity"
+
+
+class Unavailable(HutchError):
+    """Not ready yet (a sandbox still being checked after a daemon restart); the same
+    request succeeds after ``retry_after_s`` seconds or so (HTTP ``Retry-After``)."""
+
+    code = "unavailable"
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class Timeout(HutchError):
@@ -143,7 +163,9 @@ ALL_ERRORS: tuple[type[HutchError], ...] = (
     NotFound,
     Conflict,
     StateError,
+    Busy,
     Capacity,
+    Unavailable,
     Timeout,
     VmError,
     GuestError,

@@ -1,33 +1,67 @@
-"""Pure value types shared by every layer. No I/O here."""
+"""Pure value types shared by every layer. No I/O here.
+
+The API's limits, names and words (ranges, id patterns, ``PauseMode``, ``NetworkMode``)
+are the contract's (:mod:`hutch.contract`); they are re-exported here for the daemon's
+modules that import them from ``hutch.models``.
+"""
 
 from __future__ import annotations
 
 import enum
-import re
 import secrets
 from dataclasses import dataclass, field
 
-from hutch.errors import InvalidArgument
+from hutch.contract.enums import NetworkMode, PauseMode
+from hutch.contract.limits import (
+    AUTO_DELETE_S_RANGE,
+    AUTO_PAUSE_S_RANGE,
+    DEFAULT_DISK_GIB,
+    DEFAULT_MEMORY_MIB,
+    DEFAULT_VCPUS,
+    DISK_GIB_RANGE,
+    FORK_COUNT_RANGE,
+    MEMORY_MIB_RANGE,
+    TIMEOUT_S_RANGE,
+    VCPUS_RANGE,
+)
+from hutch.contract.names import (
+    NAME_RE,
+    SANDBOX_ID_RE,
+    SNAPSHOT_ID_RE,
+    check_range,
+    validate_env,
+    validate_metadata,
+    validate_name,
+)
 
-VCPUS_RANGE = (1, 8)
-MEMORY_MIB_RANGE = (128, 16 * 1024)
-DISK_GIB_RANGE = (1, 60)
-TIMEOUT_S_RANGE = (1, 30 * 24 * 3600)
-
-SANDBOX_ID_RE = re.compile(r"^sb-[0-9a-f]{12}$")
-NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+__all__ = [
+    "AUTO_DELETE_S_RANGE",
+    "AUTO_PAUSE_S_RANGE",
+    "DISK_GIB_RANGE",
+    "FORK_COUNT_RANGE",
+    "MEMORY_MIB_RANGE",
+    "NAME_RE",
+    "SANDBOX_ID_RE",
+    "SNAPSHOT_ID_RE",
+    "TIMEOUT_S_RANGE",
+    "VCPUS_RANGE",
+    "NetworkMode",
+    "PauseMode",
+    "SandboxRecord",
+    "SandboxSpec",
+    "SandboxState",
+    "Shape",
+    "SnapshotRecord",
+    "new_sandbox_id",
+    "new_snapshot_id",
+    "validate_env",
+    "validate_metadata",
+    "validate_name",
+]
 
 
 def new_sandbox_id() -> str:
     return "sb-" + secrets.token_hex(6)
-
-
-class NetworkMode(enum.StrEnum):
-    """``default``: a tap, an address and NAT, filtered by egress rules.
-    ``none``: a NIC that leads nowhere."""
-
-    DEFAULT = "default"
-    NONE = "none"
 
 
 class SandboxState(enum.StrEnum):
@@ -49,73 +83,22 @@ class SandboxState(enum.StrEnum):
         return self not in (SandboxState.DESTROYED, SandboxState.FAILED)
 
 
-class PauseMode(enum.StrEnum):
-    #: CPU, memory and device state saved; processes continue after resume.
-    MEMORY = "memory"
-    #: Only the disk kept; the guest boots again on resume.
-    DISK = "disk"
-
-
-FORK_COUNT_RANGE = (1, 100)
-AUTO_PAUSE_S_RANGE = (60, 24 * 3600)
-AUTO_DELETE_S_RANGE = (60, 30 * 24 * 3600)
-SNAPSHOT_ID_RE = re.compile(r"^snap-[0-9a-f]{12}$")
-
-
 def new_snapshot_id() -> str:
     return "snap-" + secrets.token_hex(6)
-
-
-def _check_range(name: str, value: int, bounds: tuple[int, int], unit: str = "") -> None:
-    lo, hi = bounds
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise InvalidArgument(f"{name}={value!r} is out of range; accepted: {lo}-{hi}{unit}")
 
 
 @dataclass(frozen=True)
 class Shape:
     """How big a sandbox is. Validated on construction."""
 
-    vcpus: int = 1
-    memory_mib: int = 512
-    disk_gib: int = 4
+    vcpus: int = DEFAULT_VCPUS
+    memory_mib: int = DEFAULT_MEMORY_MIB
+    disk_gib: int = DEFAULT_DISK_GIB
 
     def __post_init__(self) -> None:
-        _check_range("vcpus", self.vcpus, VCPUS_RANGE)
-        _check_range("memory_mib", self.memory_mib, MEMORY_MIB_RANGE, " MiB")
-        _check_range("disk_gib", self.disk_gib, DISK_GIB_RANGE, " GiB")
-
-
-def validate_name(name: str) -> str:
-    if not NAME_RE.match(name):
-        raise InvalidArgument(
-            f"name={name!r} is not valid; use 1-63 lowercase letters, digits and '-', "
-            "starting and ending with a letter or digit"
-        )
-    return name
-
-
-def validate_metadata(metadata: dict[str, str]) -> dict[str, str]:
-    if len(metadata) > 64:
-        raise InvalidArgument("metadata has more than 64 keys")
-    for key, value in metadata.items():
-        if not isinstance(key, str) or not 1 <= len(key) <= 128:
-            raise InvalidArgument(f"metadata key {key!r} must be a string of 1-128 characters")
-        if not isinstance(value, str) or len(value) > 1024:
-            raise InvalidArgument(f"metadata[{key!r}] must be a string of at most 1024 characters")
-    return metadata
-
-
-def validate_env(env: dict[str, str]) -> dict[str, str]:
-    for key, value in env.items():
-        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
-            raise InvalidArgument(
-                f"env name {key!r} is not valid; use letters, digits and '_', not starting "
-                "with a digit"
-            )
-        if "\0" in value:
-            raise InvalidArgument(f"env[{key!r}] contains a NUL byte")
-    return env
+        check_range("vcpus", self.vcpus, VCPUS_RANGE)
+        check_range("memory_mib", self.memory_mib, MEMORY_MIB_RANGE, " MiB")
+        check_range("disk_gib", self.disk_gib, DISK_GIB_RANGE, " GiB")
 
 
 @dataclass(frozen=True)
@@ -133,22 +116,22 @@ class SandboxSpec:
     auto_delete_s: int | None = None
     snapshot_id: str | None = None
     network: NetworkMode = NetworkMode.DEFAULT
-    #: Egress rules (``hutch.net.rules``); None or [] = open egress.
+    #: Egress rules (``hutch.contract.egress``); None or [] = open egress.
     egress: list[str] | None = None
     #: Private networks (ids or names) to join at create.
     networks: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.auto_pause_s is not None:
-            _check_range("auto_pause_s", self.auto_pause_s, AUTO_PAUSE_S_RANGE, " seconds")
+            check_range("auto_pause_s", self.auto_pause_s, AUTO_PAUSE_S_RANGE, " seconds")
         if self.auto_delete_s is not None:
-            _check_range("auto_delete_s", self.auto_delete_s, AUTO_DELETE_S_RANGE, " seconds")
+            check_range("auto_delete_s", self.auto_delete_s, AUTO_DELETE_S_RANGE, " seconds")
         validate_env(self.env)
         validate_metadata(self.metadata)
         if self.name is not None:
             validate_name(self.name)
         if self.timeout_s is not None:
-            _check_range("timeout_s", self.timeout_s, TIMEOUT_S_RANGE, " seconds")
+            check_range("timeout_s", self.timeout_s, TIMEOUT_S_RANGE, " seconds")
 
 
 @dataclass

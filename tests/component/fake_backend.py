@@ -156,6 +156,9 @@ class FakeBackend:
         return self.root / "snapshots" / snapshot_id
 
     async def freeze_for_fork(self, runtime: FakeRuntime, snapshot_dir: Path) -> None:
+        # As the real freeze does, the agent connection goes (the parent's clone makes a
+        # new one): whatever still streamed through it is cut.
+        await runtime.agent.close()
         snapshot_dir.mkdir(parents=True)  # noqa: ASYNC240 - a test fake, instant
 
     async def start_clone(self, rec: SandboxRecord, snapshot_dir: Path) -> Any:
@@ -182,26 +185,36 @@ class FakeBackend:
     def discard_unfinished_templates(self) -> None:
         return None
 
-    async def recover_snapshot(self, sandbox_id: str, snapshot_dir: str) -> bool:
+    async def recover_snapshot(self, sandbox_id: str, snapshot_dir: str, *, clone: bool) -> bool:
         return await asyncio.to_thread(Path(snapshot_dir).exists)
 
-    def collect_snapshots(self, live_ids: set[str], keep: set[str] | None = None) -> list[str]:
-        return []
+    def snapshot_complete(self, snapshot_dir: Path) -> bool:
+        return snapshot_dir.is_dir()
 
-    def snapshot_users(
-        self, snapshot_dir: Path, live_ids: set[str], snapshots: dict[str, Path]
-    ) -> list[str]:
-        return sorted(i for i in live_ids if self.clone_of.get(i) == snapshot_dir)
+    def collect_snapshots(self, live_ids: set[str], keep: set[str]) -> list[str]:
+        """Snapshot directories nothing keeps and no live clone was started from."""
+        root = self.root / "snapshots"
+        if not root.is_dir():
+            return []
+        kept = {Path(k) for k in keep} | {self.clone_of[i] for i in live_ids if i in self.clone_of}
+        removed = []
+        for snap in root.iterdir():
+            if snap not in kept:
+                shutil.rmtree(snap, ignore_errors=True)
+                removed.append(snap.name)
+        return removed
 
     def snapshot_size(self, snapshot_dir: Path) -> int:
         return 4096
 
-    def remove_snapshot(self, snapshot_dir: Path) -> None:
-        shutil.rmtree(snapshot_dir, ignore_errors=True)
-
     async def adopt(self, rec: SandboxRecord) -> FakeRuntime | None:
         # A bubblewrap child dies with the test's daemon, so there is never anything to adopt.
         return None
+
+    async def kill_vm(self, sandbox_id: str) -> None:
+        runtime = self.procs.get(sandbox_id)
+        if runtime is not None:
+            await runtime.destroy()
 
     async def cleanup(self, sandbox_id: str) -> None:
         self.stopped.pop(sandbox_id, None)

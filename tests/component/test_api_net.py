@@ -122,6 +122,8 @@ async def test_create_with_egress_rules(api: httpx.AsyncClient) -> None:
         "mode": "rules",
         "allowed": 0,
         "denied": 0,
+        "rate_limited": 0,
+        "log_dropped": 0,
     }
 
 
@@ -143,7 +145,14 @@ async def test_create_with_a_bad_rule_creates_nothing(
 async def test_egress_put_get_and_bad_rules_keep_the_old(api: httpx.AsyncClient) -> None:
     sb = await create(api)
     url = f"/v1/sandboxes/{sb['id']}/egress"
-    assert (await api.get(url)).json() == {"rules": [], "mode": "open", "allowed": 0, "denied": 0}
+    assert (await api.get(url)).json() == {
+        "rules": [],
+        "mode": "open",
+        "allowed": 0,
+        "denied": 0,
+        "rate_limited": 0,
+        "log_dropped": 0,
+    }
     r = await api.put(url, json={"rules": ["good.test", "[2001:db8::1]:443"]})
     assert r.status_code == 200, r.text
     assert (r.json()["mode"], len(r.json()["rules"])) == ("rules", 2)

@@ -10,6 +10,7 @@ import pytest
 
 from hutch.errors import VmError
 from hutch.services.sandboxes import SandboxService
+from tests.component.conftest import API_KEY
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -60,6 +61,36 @@ async def test_auth(api: httpx.AsyncClient) -> None:
     assert r.status_code == 401 and r.json()["error"]["message"] == "wrong API key"
     r = await api.get("/healthz", headers={"Authorization": ""})
     assert r.status_code == 200 and r.json()["status"] == "ok"
+    lower = await api.get("/v1/sandboxes", headers={"Authorization": f"bearer {API_KEY}"})
+    assert lower.is_success  # the scheme is case-insensitive (RFC 9110), the key is not
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        f"Bearer  {API_KEY}",  # a space before the key is part of what was sent
+        f"Bearer \t{API_KEY}",
+        f"Bearer {API_KEY} x",
+        f"Bearer {API_KEY}\tx",
+        f"Bearer {API_KEY[:-1]}",
+        f"Bearer {API_KEY}x",
+        f"Basic {API_KEY}",
+        f"Bearer{API_KEY}",
+        API_KEY,
+    ],
+)
+async def test_the_key_is_compared_exactly(api: httpx.AsyncClient, header: str) -> None:
+    """Nothing is stripped or normalized: only `Bearer`, one space, the key. (Whitespace
+    around the whole header value is not part of it: HTTP removes it, RFC 9110 §5.5.)"""
+    r = await api.get("/v1/sandboxes", headers={"Authorization": header})
+    assert r.status_code == 401, r.text
+    assert r.json()["error"]["code"] == "unauthorized"
+    assert API_KEY not in r.text
+
+
+async def test_a_key_in_the_query_string_is_no_key(api: httpx.AsyncClient) -> None:
+    r = await api.get("/v1/sandboxes", params={"token": API_KEY}, headers={"Authorization": ""})
+    assert r.status_code == 401
 
 
 @pytest.mark.parametrize(

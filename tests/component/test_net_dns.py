@@ -23,6 +23,7 @@ import dns.rdatatype
 import dns.rrset
 import pytest
 
+from hutch.net.destinations import Forbidden
 from hutch.net.dns import Resolver, SandboxNetInfo
 from hutch.net.egress_log import EgressLog
 from hutch.net.rules import parse_policy
@@ -30,6 +31,7 @@ from hutch.net.rules import parse_policy
 RULES_SRC = "127.0.0.2"
 OPEN_SRC = "127.0.0.3"
 DENY_SRC = "127.0.0.4"
+CIDR_SRC = "127.0.0.5"
 UNKNOWN_SRC = "127.0.0.9"
 
 # name -> (ttl, [addresses]); "cname" entries point elsewhere
@@ -42,8 +44,17 @@ ZONE: dict[str, tuple[int, list[str]]] = {
     "xn--bcher-kva.test.": (300, ["198.18.0.30"]),
     "many.good.test.": (300, [f"198.18.1.{i}" for i in range(1, 120)]),
     "target.cdn.test.": (60, ["198.18.0.40"]),
+    # Issue 16: names under an allowed wildcard resolving where a name must never lead.
+    "lan.good.test.": (300, ["10.1.2.3"]),
+    "lan172.good.test.": (300, ["172.16.9.9"]),
+    "lan192.good.test.": (300, ["192.168.1.1"]),
+    "cgnat.good.test.": (300, ["100.64.0.1"]),
+    "class-e.good.test.": (300, ["240.0.0.1"]),
+    "loop.good.test.": (300, ["127.0.0.1"]),
+    "meta.good.test.": (300, ["169.254.169.254"]),
+    "mixed.good.test.": (300, ["10.1.2.3", "198.18.0.50"]),
 }
-CNAMES = {"alias.good.test.": "target.cdn.test."}
+CNAMES = {"alias.good.test.": "target.cdn.test.", "sneaky.good.test.": "lan.good.test."}
 BLACKHOLE = "slow.test."  # the fake upstream never answers it
 
 
@@ -162,11 +173,16 @@ async def env(upstream: FakeUpstream) -> AsyncIterator[Env]:
             IPv4Address(RULES_SRC): SandboxNetInfo("sb-rules", policy, PEERS),
             IPv4Address(OPEN_SRC): SandboxNetInfo("sb-open", parse_policy([])),
             IPv4Address(DENY_SRC): SandboxNetInfo("sb-deny", parse_policy(["deny-all"])),
+            IPv4Address(CIDR_SRC): SandboxNetInfo(
+                "sb-cidr", parse_policy(["*.good.test", "10.1.2.0/24:5432"])
+            ),
         }
     )
     learned: list[tuple[str, list[tuple[IPv4Address, int | None]], int]] = []
 
-    async def on_learned(sid: str, addrs: list[tuple[IPv4Address, int | None]], ttl: int) -> None:
+    async def on_learned(
+        sid: str, addrs: list[tuple[IPv4Address, int | None]], ttl: int, name: str
+    ) -> None:
         learned.append((sid, addrs, ttl))
 
     log = EgressLog()
@@ -325,7 +341,9 @@ async def test_private_network_peers_are_answered_locally(env: Env) -> None:
 
 
 async def test_learning_failure_fails_closed(env: Env) -> None:
-    async def broken(sid: str, addrs: list[tuple[IPv4Address, int | None]], ttl: int) -> None:
+    async def broken(
+        sid: str, addrs: list[tuple[IPv4Address, int | None]], ttl: int, name: str
+    ) -> None:
         raise RuntimeError("nft is gone")
 
     env.resolver._on_learned = broken
@@ -374,3 +392,73 @@ async def test_mutated_queries_never_crash_the_resolver(env: Env) -> None:
         reply = await env.resolver.handle(bytes(packet), RULES_SRC, tcp=False)
         assert reply is None or len(reply) >= 12
     assert a_addrs(await env.ask("good.test")) == ["198.18.0.10"]
+
+
+# -- issue 16: answers a name must never lead to --------------------------------------------
+
+
+async def test_private_and_always_denied_answers_are_removed_logged_never_learned(
+    env: Env,
+) -> None:
+    names = {
+        "lan.good.test": "private range 10.0.0.0/8",
+        "lan172.good.test": "private range 172.16.0.0/12",
+        "lan192.good.test": "private range 192.168.0.0/16",
+        "cgnat.good.test": "shared (CGNAT) range 100.64.0.0/10",
+        "class-e.good.test": "reserved range 240.0.0.0/4",
+        "loop.good.test": "loopback",
+        "meta.good.test": "link-local (cloud metadata)",
+    }
+    for name, why in names.items():
+        reply = await env.ask(name)
+        assert reply.rcode() == dns.rcode.NOERROR, name
+        assert a_addrs(reply) == [], name
+        event = env.log.events("sb-rules")[-1]
+        assert (event.verdict, event.name, event.protocol) == ("deny", name, "dns")
+        assert why in event.reason and "answered without" in event.reason, event.reason
+    assert env.learned == []
+    assert env.log.counters("sb-rules") == (0, len(names))
+
+
+async def test_a_cname_into_a_private_range_keeps_the_cname_only(env: Env) -> None:
+    reply = await env.ask("sneaky.good.test")
+    assert a_addrs(reply) == []
+    assert [rr.rdtype for rr in reply.answer] == [dns.rdatatype.CNAME]
+    assert env.learned == []
+    assert "10.1.2.3 (private range 10.0.0.0/8" in env.log.events("sb-rules")[-1].reason
+
+
+async def test_a_mixed_answer_keeps_and_learns_only_the_public_address(env: Env) -> None:
+    assert a_addrs(await env.ask("mixed.good.test")) == ["198.18.0.50"]
+    assert env.learned == [("sb-rules", [(IPv4Address("198.18.0.50"), None)], 300)]
+    verdicts = [e.verdict for e in env.log.events("sb-rules")]
+    assert verdicts == ["deny", "allow"]
+
+
+async def test_an_ip_rule_covering_a_private_answer_answers_it_without_learning(
+    env: Env,
+) -> None:
+    reply = await env.ask("lan.good.test", src=CIDR_SRC)
+    assert a_addrs(reply) == ["10.1.2.3"]
+    assert env.learned == []  # the ip rule (port 5432) is all the guest gets there
+    event = env.log.events("sb-cidr")[-1]
+    assert event.verdict == "allow" and "only as its ip/cidr rules allow" in event.reason
+    # Not covered: the same sandbox gets 240/4 and loopback removed.
+    assert a_addrs(await env.ask("class-e.good.test", src=CIDR_SRC)) == []
+    assert a_addrs(await env.ask("loop.good.test", src=CIDR_SRC)) == []
+
+
+async def test_the_forbidden_check_is_asked_for_every_answer(env: Env) -> None:
+    """The daemon's check also knows its pool and the host's addresses (asked of the
+    kernel when the answer comes): an address is judged when it is answered."""
+    host_now: set[IPv4Address] = set()
+
+    def forbidden(addr: IPv4Address) -> Forbidden | None:
+        return Forbidden("always", "the host's own address") if addr in host_now else None
+
+    env.resolver._forbidden = forbidden
+    assert a_addrs(await env.ask("good.test")) == ["198.18.0.10"]
+    host_now.add(IPv4Address("198.18.0.10"))
+    assert a_addrs(await env.ask("good.test")) == []
+    assert "the host's own address" in env.log.events("sb-rules")[-1].reason
+    assert len(env.learned) == 1

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from hutch.errors import NetworkError
+from hutch.net.destinations import Forbidden
 from hutch.net.dns import SandboxNetInfo
 from hutch.net.egress_log import EgressLog
 from hutch.net.proxy import EgressProxy, sniff
@@ -43,9 +44,13 @@ RESOLVE = {
 }
 
 
-def forbidden(addr: IPv4Address) -> bool:
+def forbidden(addr: IPv4Address) -> Forbidden | None:
     # Loopback is normally forbidden as a whole; here 127.0.0.20 plays the internet.
-    return addr == IPv4Address("127.0.0.1") or addr in IPv4Network("10.0.0.0/8")
+    if addr == IPv4Address("127.0.0.1"):
+        return Forbidden("always", "loopback")
+    if addr in IPv4Network("10.0.0.0/8"):
+        return Forbidden("private", "private range 10.0.0.0/8")
+    return None
 
 
 @dataclass
@@ -95,6 +100,46 @@ async def http_server(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
 
 
 @dataclass
+class Lenient:
+    """A keep-alive server as lenient as many real ones: a line ends at LF (a CR before
+    it is dropped), the first Connection header wins, HTTP/1.1 keeps the connection,
+    bodies by Content-Length or chunked. ``seen``: (method, target, host, body) served."""
+
+    seen: list[tuple[str, str, str | None, bytes]] = field(default_factory=list)
+    port: int = 0
+    ignore_close: bool = False  # like a careless server: keep-alive whatever is asked
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError, ValueError):
+            while line := await reader.readline():
+                method, target, version = line.decode("latin-1").rstrip("\r\n").split(" ")
+                headers: dict[str, str] = {}
+                while field_line := (await reader.readline()).rstrip(b"\r\n"):
+                    key, _, value = field_line.decode("latin-1").partition(":")
+                    headers.setdefault(key.strip().lower(), value.strip())
+                body = b""
+                if "content-length" in headers:
+                    body = await reader.readexactly(int(headers["content-length"]))
+                elif headers.get("transfer-encoding", "").lower() == "chunked":
+                    while size := int((await reader.readline()).split(b";")[0], 16):
+                        body += await reader.readexactly(size)
+                        await reader.readline()
+                    while (await reader.readline()).strip():
+                        pass
+                self.seen.append((method, target, headers.get("host"), body))
+                answer = f"{method} {target} {hashlib.sha256(body).hexdigest()}".encode()
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(answer))
+                writer.write(answer)
+                await writer.drain()
+                close = headers.get("connection", "").lower() == "close"
+                if (close and not self.ignore_close) or version != "HTTP/1.1":
+                    break
+        writer.close()
+        self.finished.set()
+
+
+@dataclass
 class Env:
     proxy: EgressProxy
     port: int
@@ -104,7 +149,16 @@ class Env:
     resolver: FakeResolver
     ca: ssl.SSLContext
     sni_seen: list[str | None]
+    lenient: Lenient
     dialled: int = 0
+
+    async def lenient_http(self, request: bytes, src: str = RULES_SRC) -> bytes:
+        """``request`` as is to the lenient keep-alive server, through the proxy."""
+        port, self.http_port = self.http_port, self.lenient.port
+        try:
+            return await self.http(request, src)
+        finally:
+            self.http_port = port
 
     async def http(self, request: bytes, src: str = RULES_SRC) -> bytes:
         self.dialled = self.http_port
@@ -175,6 +229,9 @@ async def env(cert: tuple[Path, Path]) -> AsyncIterator[Env]:
 
     http = await asyncio.start_server(http_server, SERVER, 0)
     https = await asyncio.start_server(tls_server, SERVER, 0, ssl=server_ctx)
+    lenient = Lenient()
+    keepalive = await asyncio.start_server(lenient.serve, SERVER, 0)
+    lenient.port = keepalive.sockets[0].getsockname()[1]
     http_port = http.sockets[0].getsockname()[1]
     https_port = https.sockets[0].getsockname()[1]
     directory = sandboxes(https_port)
@@ -186,11 +243,11 @@ async def env(cert: tuple[Path, Path]) -> AsyncIterator[Env]:
     )  # fmt: skip
     port = await proxy.start("127.0.0.1", 0)
     ca = ssl.create_default_context(cafile=str(crt))
-    env = Env(proxy, port, http_port, https_port, log, resolver, ca, sni_seen)
+    env = Env(proxy, port, http_port, https_port, log, resolver, ca, sni_seen, lenient)
     holder.append(env)
     yield env
     await proxy.close()
-    for server in (http, https):
+    for server in (http, https, keepalive):
         server.close()
         await server.wait_closed()
 
@@ -246,8 +303,9 @@ async def test_absolute_url_for_another_host_is_refused(env: Env) -> None:
     reply = await env.http(b"GET http://other.test/ HTTP/1.1\r\nHost: good.test\r\n\r\n")
     assert reply.startswith(b"HTTP/1.1 403")
     assert b"different hosts" in reply
-    connect = await env.http(b"CONNECT other.test:443 HTTP/1.1\r\nHost: good.test\r\n\r\n")
-    assert b"different hosts" in connect
+    # CONNECT would open a tunnel to any port of the named server: never relayed.
+    connect = await env.http(b"CONNECT good.test:443 HTTP/1.1\r\nHost: good.test\r\n\r\n")
+    assert connect.startswith(b"HTTP/1.1 403") and b"CONNECT" in connect
     # A URL in the query string of an origin-form target is not an absolute-form target.
     assert (await env.get("good.test", "/r?next=http://other.test/")).startswith(b"HTTP/1.1 200")
 
@@ -382,3 +440,178 @@ async def test_client_hello_dribbled_byte_by_byte_still_works(env: Env) -> None:
     writer.close()
     assert first[:1] == b"\x16"  # the real server's ServerHello came back
     assert env.sni_seen == ["good.test"]
+
+
+# -- issue 16: one checked request per connection, RFC 3986 authorities, live revalidation --
+
+
+async def test_bare_lf_or_cr_in_the_head_is_refused_before_anything_is_sent(env: Env) -> None:
+    smuggles = [
+        b"GET / HTTP/1.1\r\nHost: good.test\r\nX-A: 1\nConnection: keep-alive\r\n\r\n"
+        b"GET /smuggled HTTP/1.1\r\nHost: other.test\r\n\r\n",
+        b"GET / HTTP/1.1\n\r\nGET http://other.test/smuggled HTTP/1.1\r\nHost: good.test\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: good.test\r\nX-A: 1\rConnection: keep-alive\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: good.test\r\nX-A: \x00\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost : good.test\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: good.test\r\n folded\r\n\r\n",
+    ]
+    for request in smuggles:
+        reply = await env.lenient_http(request)
+        assert reply.startswith(b"HTTP/1.1 403"), (request, reply)
+        assert reply.count(b"HTTP/1.1 ") == 1
+    assert env.lenient.seen == []
+    reasons = [e.reason for e in env.log.events("sb-rules")]
+    assert sum("bare LF" in r for r in reasons) == 2 and any("bare CR" in r for r in reasons)
+    assert env.resolver.asked == []  # refused before any lookup
+
+
+async def test_a_connection_carries_exactly_the_one_checked_request(env: Env) -> None:
+    """Even to a server that ignores ``Connection: close``: a pipelined request after the
+    checked one is never sent (the client reads its answer, then closes)."""
+    env.lenient.ignore_close = True
+    env.dialled = env.lenient.port
+    reader, writer = await asyncio.open_connection("127.0.0.1", env.port, local_addr=(RULES_SRC, 0))
+    writer.write(
+        b"GET /first HTTP/1.1\r\nHost: good.test\r\nConnection: keep-alive\r\n\r\n"
+        b"GET /second HTTP/1.1\r\nHost: other.test\r\n\r\n"
+    )
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    assert head.startswith(b"HTTP/1.1 200")
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    assert (
+        await reader.readexactly(length) == b"GET /first " + hashlib.sha256().hexdigest().encode()
+    )
+    writer.write_eof()
+    assert await asyncio.wait_for(reader.read(), 10) == b""  # no second answer
+    writer.close()
+    await asyncio.wait_for(env.lenient.finished.wait(), 10)  # the server saw the end
+    assert [(m, t, h) for m, t, h, _ in env.lenient.seen] == [("GET", "/first", "good.test")]
+    env.lenient.ignore_close = False
+    # A body (by length or chunked) goes with its request; what follows it does not.
+    payload = b"x" * 70000
+    by_length = (
+        b"POST /upload HTTP/1.1\r\nHost: good.test\r\nContent-Length: %d\r\n\r\n" % len(payload)
+        + payload
+        + b"GET /third HTTP/1.1\r\nHost: other.test\r\n\r\n"
+    )
+    reply = await env.lenient_http(by_length)
+    assert reply.endswith(hashlib.sha256(payload).hexdigest().encode())
+    chunked = (
+        b"POST /chunks HTTP/1.1\r\nHost: good.test\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: t\r\n\r\n"
+        b"GET /fourth HTTP/1.1\r\nHost: other.test\r\n\r\n"
+    )
+    reply = await env.lenient_http(chunked)
+    assert reply.endswith(hashlib.sha256(b"hello world").hexdigest().encode())
+    assert [(t, b) for _, t, _, b in env.lenient.seen[1:]] == [
+        ("/upload", payload),
+        ("/chunks", b"hello world"),
+    ]
+
+
+async def test_ambiguous_framing_is_refused(env: Env) -> None:
+    cases = {
+        b"Content-Length: 5\r\nTransfer-Encoding: chunked": "both Content-Length",
+        b"Content-Length: 5\r\nContent-Length: 6": "more than one Content-Length",
+        b"Transfer-Encoding: gzip, chunked": "other than a single 'chunked'",
+        b"Content-Length: +5": "not a number",
+    }
+    for fields, why in cases.items():
+        request = b"POST / HTTP/1.1\r\nHost: good.test\r\n" + fields + b"\r\n\r\nhello"
+        reply = await env.lenient_http(request)
+        assert reply.startswith(b"HTTP/1.1 403") and why.encode() in reply, (fields, reply)
+    bad_chunk = (
+        b"POST / HTTP/1.1\r\nHost: good.test\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5\r\nhello\n0\r\n\r\n"
+    )
+    await env.lenient_http(bad_chunk)
+    assert "request body: chunked body" in env.log.events("sb-rules")[-1].reason
+    assert env.lenient.seen == []  # the server never got a complete request
+
+
+async def test_absolute_form_authority_follows_rfc_3986(env: Env) -> None:
+    def get(target: bytes) -> bytes:
+        return b"GET " + target + b" HTTP/1.1\r\nHost: good.test\r\n\r\n"
+
+    refused = {
+        b"http://other.test#@good.test/": "fragment",
+        b"http://other.test?@good.test/": "different hosts",
+        b"http://good.test@other.test/": "userinfo",
+        b"http://other.test/": "different hosts",
+        b"https://good.test/": "scheme",
+        b"http://good.test:8080/": "different hosts",
+        b"good.test/": "not origin-form",
+    }
+    for target, why in refused.items():
+        reply = await env.lenient_http(get(target))
+        assert reply.startswith(b"HTTP/1.1 403") and why.encode() in reply, (target, reply)
+    assert env.lenient.seen == []
+    for ok in (b"http://good.test/abs", b"HTTP://GOOD.TEST:80/abs?q=@other.test"):
+        assert (await env.lenient_http(get(ok))).startswith(b"HTTP/1.1 200"), ok
+    assert [t for _, t, _, _ in env.lenient.seen] == [
+        "http://good.test/abs",
+        "HTTP://GOOD.TEST:80/abs?q=@other.test",
+    ]
+
+
+async def test_revalidate_cuts_relayed_connections_the_new_rules_deny(env: Env) -> None:
+    env.dialled = env.https_port
+    reader, writer = await asyncio.open_connection(
+        "127.0.0.1", env.port, ssl=env.ca, server_hostname="good.test", local_addr=(RULES_SRC, 0)
+    )
+    assert await reader.readline() == b"hello good.test\n"
+
+    async def echo(text: bytes) -> bytes:
+        writer.write(text)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(100), 5)
+
+    assert await echo(b"before") == b"before"
+    # Another sandbox's rule change, or one that still allows good.test: nothing cut.
+    assert env.proxy.revalidate("sb-open", parse_policy(["deny-all"])) == 0
+    assert env.proxy.revalidate("sb-rules", parse_policy(["good.test", "x.test"])) == 0
+    assert env.proxy.revalidate("sb-rules", parse_policy([f"good.test:{env.https_port}"])) == 0
+    assert await echo(b"still") == b"still"
+    # The name stays, but not on the port this connection uses: cut.
+    assert env.proxy.revalidate("sb-rules", parse_policy(["good.test:1"])) == 1
+    with pytest.raises((ConnectionError, ssl.SSLError, asyncio.IncompleteReadError)):
+        data = await echo(b"after")
+        if not data:
+            raise ConnectionResetError("closed")
+    writer.close()
+    event = env.log.events("sb-rules")[-1]
+    assert (event.verdict, event.name, event.protocol) == ("deny", "good.test", "tls")
+    assert "rules changed" in event.reason and "no rule allows good.test on port" in event.reason
+    assert env.proxy.revalidate("sb-rules", parse_policy(["other.test"])) == 0  # gone already
+
+
+async def test_a_private_answer_is_used_only_under_an_ip_rule_covering_it(env: Env) -> None:
+    def private_server(addr: IPv4Address) -> Forbidden | None:
+        return Forbidden("private", "private range (here)") if addr == IPv4Address(SERVER) else None
+
+    directory = Directory(
+        {
+            IPv4Address(RULES_SRC): SandboxNetInfo("sb-a", parse_policy(["good.test"])),
+            IPv4Address(OPEN_SRC): SandboxNetInfo(
+                "sb-b", parse_policy(["good.test", f"{SERVER}/32:{env.http_port}"])
+            ),
+        }
+    )
+    proxy = EgressProxy(
+        directory, env.resolver, env.log, private_server,
+        original_port=lambda _sock: env.http_port,
+    )  # fmt: skip
+    port = await proxy.start("127.0.0.1", 0)
+    try:
+        request = b"GET / HTTP/1.1\r\nHost: good.test\r\n\r\n"
+        results = {}
+        for src in (RULES_SRC, OPEN_SRC):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(src, 0))
+            writer.write(request)
+            results[src] = await asyncio.wait_for(reader.read(), 10)
+            writer.close()
+    finally:
+        await proxy.close()
+    assert results[RULES_SRC].startswith(b"HTTP/1.1 403")
+    assert b"private range (here)" in results[RULES_SRC]
+    assert results[OPEN_SRC].startswith(b"HTTP/1.1 200")

@@ -263,13 +263,54 @@ async def test_pty_resize_signal_and_reattach(api: httpx.AsyncClient, sid: str) 
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 4409
 
 
+async def _refused(t: Term) -> str:
+    """The session ends with an unauthorized error frame and close code 4401."""
+    err = await t.control("error")
+    assert err["code"] == "unauthorized", err
+    with pytest.raises(ConnectionClosed) as closed:
+        while True:
+            await t.recv_one()
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 4401
+    assert API_KEY not in err["message"]
+    return str(err["message"])
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        {"type": "auth", "token": "hk_wrong"},
+        {"type": "auth", "token": API_KEY + " "},  # exact: no stripping
+        {"type": "auth", "token": API_KEY + "\t"},
+        {"type": "auth", "token": " " + API_KEY},
+        {"type": "auth"},
+        {"type": "resize", "rows": 3, "cols": 3},
+        "not json",
+    ],
+)
+async def test_pty_first_message_auth_is_exact(
+    api: httpx.AsyncClient, sid: str, first: object
+) -> None:
+    t = Term(await connect(_ws_url(api, sid, cmd="cat")))  # no header
+    await t.ws.send(first if isinstance(first, str) else json.dumps(first))
+    await _refused(t)
+
+
+async def test_pty_key_in_the_url_is_refused(api: httpx.AsyncClient, sid: str) -> None:
+    """?token= (taken by earlier versions) is refused, with or without a valid header:
+    a key in a URL ends up in logs, proxies and browser history."""
+    url = _ws_url(api, sid, cmd="cat", token=API_KEY)
+    message = await _refused(Term(await connect(url)))
+    assert "not accepted in the URL" in message and '{"type": "auth"' in message
+    await _refused(await _open(url))
+
+
 async def test_pty_close_auth_and_unknown(api: httpx.AsyncClient, sid: str) -> None:
     url = _ws_url(api, sid, cmd="cat")
-    ws = await connect(url)  # no key
-    t = Term(ws)
-    assert (await t.control("error"))["code"] == "unauthorized"
-    ws = await connect(url + f"&token={API_KEY}")
-    t = Term(ws)
+    ws = await connect(url, additional_headers={"Authorization": "Bearer hk_wrong"})
+    assert "wrong API key" in await _refused(Term(ws))
+    # No header: the first message carries the key (browsers cannot set headers).
+    t = Term(await connect(url))
+    await t.ws.send(json.dumps({"type": "auth", "token": API_KEY}))
     pty_id = (await t.control("ready"))["pty_id"]
     await t.type("typed\n")
     await t.expect(b"typed\r\ntyped\r\n")  # echo by the tty, then cat's copy

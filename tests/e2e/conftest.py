@@ -41,8 +41,8 @@ from hutch.sdk import Client
 REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "src"
 IMAGES_DIR = Path(os.environ.get("HUTCH_TEST_IMAGES_DIR") or REPO / "var" / "images").resolve()
-# Seconds a daemon has to answer /healthz after start (reconcile adopts running VMs first:
-# up to 10 s per VM whose agent does not answer).
+# Seconds a daemon has to answer /healthz with "ok" after start (it serves while reconcile
+# checks the VMs it finds, concurrently, up to ~5 s for one whose agent does not answer).
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
 
@@ -177,8 +177,10 @@ class Daemon:
 
     # -- lifecycle ----------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Start (or restart, on the same state dir and port) and wait for /healthz."""
+    def start(self, *, reconciled: bool = True) -> None:
+        """Start (or restart, on the same state dir and port) and wait for /healthz: until
+        it says "ok" (every sandbox found on the host checked), or with
+        ``reconciled=False`` until it answers at all (it may still say "reconciling")."""
         assert not self.running, "daemon already running"
         self.starts += 1
         self.stderr_path.parent.mkdir(parents=True, exist_ok=True)
@@ -199,7 +201,10 @@ class Daemon:
                     + tail(self.stderr_path)
                 )
             try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                answer = httpx.get(f"{self.url}/healthz", timeout=1)
+                if answer.status_code == 200 and (
+                    not reconciled or answer.json().get("status") == "ok"
+                ):
                     return
             except httpx.HTTPError:
                 pass
@@ -222,6 +227,18 @@ class Daemon:
                 self.proc.wait()
                 raise RuntimeError(f"hutchd ignored SIGTERM for {STOP_TIMEOUT_S} s") from None
         self.proc = None
+
+    def wait_exit(self, timeout_s: float) -> int | None:
+        """Wait for the daemon to exit on its own (e.g. at a crash point); its return code
+        (-9 for SIGKILL), or None if it is still running after ``timeout_s``."""
+        if self.proc is None:
+            return None
+        try:
+            code = self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+        self.proc = None
+        return code
 
     def kill9(self) -> None:
         """SIGKILL the daemon process only (its QEMU children are detached and live on)."""

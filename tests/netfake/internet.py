@@ -9,7 +9,10 @@ Topology (``k`` is a free /24 picked per instance so parallel runs never collide
           198.18.k.20  cdn2.test
           198.18.k.53  the DNS server hutch forwards to (HUTCH_DNS_UPSTREAM)
           198.18.k.99  a rogue resolver that answers anything
+          10.254.k.3   a "LAN" host (private address; the host routes this /32 here)
           2001:2:0:k::10  good.test (AAAA) / v6only.test
+    198.19.k.77    not configured anywhere: a test adds it to the host itself
+                   (``late_host``) to play an address that appears after hutchd started
 
 198.18.0.0/15 (RFC 2544) and 2001:2::/48 (RFC 5180) are benchmarking ranges: never routed
 anywhere real, and not "private" for hutch's DNS-rebinding check. Everything made here
@@ -67,8 +70,9 @@ class FakeInternetError(RuntimeError):
 @dataclass(frozen=True)
 class FakeEvent:
     """One thing that reached a fake server. ``kind``: ``dns`` (authoritative server),
-    ``rogue-dns``, ``http``, ``https``, ``doh``, ``tcp`` (banner ports), ``udp`` (echo),
-    ``tls-error``. ``fields``: what the server saw (qname/qtype, host/sni/local/peer...)."""
+    ``rogue-dns``, ``http``, ``https``, ``doh``, ``tcp`` (banner ports), ``tcp-echo``
+    (line echo), ``udp`` (echo), ``tls-error``. ``fields``: what the server saw
+    (qname/qtype, host/sni/local/peer...)."""
 
     kind: str
     time: float
@@ -203,6 +207,18 @@ class FakeInternet:
         return self._v4(99)
 
     @property
+    def private(self) -> str:
+        """A private (RFC 1918) address served in the netns: the "LAN" a sandbox must not
+        reach through a name rule. The host routes just this /32 to the netns."""
+        return f"10.254.{self.octet}.3"
+
+    @property
+    def late_host(self) -> str:
+        """An address configured nowhere by this class: a test puts it on a host
+        interface to play an address that appears after the daemon started."""
+        return f"198.19.{self.octet}.77"
+
+    @property
     def web6(self) -> str:
         return str(self.prefix6[0x10])
 
@@ -218,15 +234,28 @@ class FakeInternet:
         """What a daemon under test needs to use this internet."""
         return {"HUTCH_DNS_UPSTREAM": self.dns}
 
-    def zone(self) -> dict[str, dict[str, list[str]]]:
-        """The DNS data served (names lower-case, no trailing dot)."""
+    def zone(self) -> dict[str, Any]:
+        """The DNS data served (names lower-case, no trailing dot): ``a``, ``aaaa``,
+        ``txt`` (name -> values) and ``cname`` (name -> target name)."""
         a = {name: [addr] for name, addr in self.names.items()}
         # Names resolving into forbidden ranges, for DNS-rebinding checks.
         a["rebind.test"] = ["127.0.0.1"]
         a["private.test"] = ["10.1.2.3"]
         a["meta.test"] = ["169.254.169.254"]
+        # Names under good.test (a rule such as "*.good.test" allows them) resolving into
+        # every range a name must not open (issue 16): answered without those addresses.
+        k = self.octet
+        a["lan.good.test"] = [self.private]
+        a["lan172.good.test"] = [f"172.31.{k}.3"]
+        a["lan192.good.test"] = [f"192.168.{k}.3"]
+        a["cgnat.good.test"] = [f"100.64.{k}.3"]
+        a["class-e.good.test"] = [f"240.0.{k}.3"]
+        a["loop.good.test"] = ["127.0.0.1"]
+        a["mixed.good.test"] = [self.private, self.web]
+        a["late.good.test"] = [self.late_host]
         return {
             "a": a,
+            "cname": {"alias.good.test": "lan.good.test"},
             "aaaa": {"good.test": [self.web6], "v6only.test": [self.web6]},
             "txt": {"good.test": ["fakenet good"], "info.test": ["fakenet info"]},
         }
@@ -284,7 +313,10 @@ class FakeInternet:
             _run(*inside, "ip", "addr", "add", f"{self._v4(host)}/24", "dev", n)
         for host in (2, 0x10, 0x20):
             _run(*inside, "ip", "-6", "addr", "add", f"{self.prefix6[host]}/64", "dev", n, "nodad")
+        _run(*inside, "ip", "addr", "add", f"{self.private}/32", "dev", n)
         _run(*inside, "ip", "link", "set", n, "up")
+        # Only this /32 of 10/8 leads here (it goes with the veth when that is deleted).
+        _run("ip", "route", "add", f"{self.private}/32", "via", self._v4(2), "dev", h)
 
     def _start_servers(self) -> None:
         certs = make_certs(self.work_dir / "certs", list(WEB_NAMES))
@@ -298,7 +330,7 @@ class FakeInternet:
             "dns": self.dns,
             "rogue": self.rogue,
             "rogue_answer": self.web,
-            "udp_echo": [self.web, self.cdn, self.web6],
+            "udp_echo": [self.web, self.cdn, self.web6, self.private],
             "zone": self.zone(),
         }
         spec_path = self.work_dir / "spec.json"

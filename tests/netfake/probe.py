@@ -18,6 +18,15 @@ Ops and their fields (``timeout`` defaults to 4 s everywhere):
 - ``ipv6`` -> global IPv6 addresses of the guest (from /proc/net/if_inet6)
 - ``get`` addr, host, size -> bytes, seconds (``GET /bytes/size``: throughput)
 - ``latency`` addr, host, count, [sni] -> samples (seconds per connect + GET, timed here)
+- ``raw`` addr, [port=80], data (latin-1 text sent as is) -> statuses (every HTTP status
+  code in the reply, in order), reply (its start); ok when any response came back
+- ``hold`` label, addr, port, [sni] -> phases: one connection held open (a TCP line echo,
+  or TLS with ``sni`` carrying keep-alive HTTP/1.1 GETs) doing one exchange every
+  ``every`` s. Each exchange is tagged with the phase read from /root/hold-phase (the
+  test writes 1, 2, ... and "stop") and appended to /root/hold-<label>.log as
+  "<phase> ok|fail"; once an exchange fails the connection is not used again. A phase
+  starting with "pause" stops the exchanges (logged once as "<phase> paused"), so the
+  test can change something with no exchange in flight
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import socket
 import ssl
 import struct
@@ -260,6 +270,97 @@ def op_latency(c: dict[str, Any]) -> dict[str, Any]:
             return {"ok": False, "error": f"request failed: {result}", "samples": samples}
         samples.append(time.perf_counter() - t0)
     return {"ok": True, "samples": samples}
+
+
+_STATUS = re.compile(rb"HTTP/1\.[01] (\d{3}) ")
+HOLD_DIR = "/root"
+
+
+def op_raw(c: dict[str, Any]) -> dict[str, Any]:
+    reply = b""
+    timed_out = False
+    with socket.create_connection((c["addr"], c.get("port", 80)), timeout=c["timeout"]) as s:
+        s.sendall(c["data"].encode("latin-1"))
+        try:
+            while chunk := s.recv(65536):
+                reply += chunk
+        except TimeoutError:
+            timed_out = True  # a server holding the connection open: keep what came
+        except ConnectionResetError:
+            pass
+    statuses = [int(m) for m in _STATUS.findall(reply)]
+    return {
+        "ok": bool(statuses),
+        "statuses": statuses,
+        "timed_out": timed_out,
+        "reply": reply[:600].decode("latin-1"),
+    }
+
+
+def _hold_exchange(s: Any, c: dict[str, Any], n: int) -> bool:
+    if c.get("sni"):
+        s.sendall(f"GET /?n={n} HTTP/1.1\r\nHost: {c['sni']}\r\n\r\n".encode())
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            chunk = s.recv(4096)
+            if not chunk:
+                return False
+            buf += chunk
+        head, _, body = buf.partition(b"\r\n\r\n")
+        match = re.search(rb"(?i)content-length: *(\d+)", head)
+        want = int(match.group(1)) if match else 0
+        while len(body) < want:
+            chunk = s.recv(4096)
+            if not chunk:
+                return False
+            body += chunk
+        return head.startswith(b"HTTP/1.1 200")
+    line = f"tick {n}\n".encode()
+    s.sendall(line)
+    buf = b""
+    while not buf.endswith(b"\n"):
+        chunk = s.recv(100)
+        if not chunk:
+            return False
+        buf += chunk
+    return buf == line
+
+
+def op_hold(c: dict[str, Any]) -> dict[str, Any]:
+    phase_file = os.path.join(HOLD_DIR, "hold-phase")
+    log_path = os.path.join(HOLD_DIR, f"hold-{c['label']}.log")
+    raw = socket.create_connection((c["addr"], c["port"]), timeout=c["timeout"])
+    s: Any = raw
+    if c.get("sni"):
+        ctx = ssl.create_default_context(cafile=c.get("ca", CA))
+        s = ctx.wrap_socket(raw, server_hostname=c["sni"])
+    phases: dict[str, list[bool]] = {}
+    alive, n = True, 0
+    deadline = time.monotonic() + c.get("max_s", 300)
+    with s, open(log_path, "a", buffering=1) as log:
+        while time.monotonic() < deadline:
+            with open(phase_file) as f:
+                phase = f.read().strip()
+            if phase == "stop":
+                break
+            if phase.startswith("pause"):
+                if phase not in phases:
+                    phases[phase] = []
+                    log.write(f"{phase} paused\n")
+                time.sleep(0.05)
+                continue
+            ok = False
+            if alive:
+                try:
+                    ok = _hold_exchange(s, c, n)
+                except OSError:
+                    ok = False
+                alive = ok
+            phases.setdefault(phase, []).append(ok)
+            log.write(f"{phase} {'ok' if ok else 'fail'}\n")
+            n += 1
+            time.sleep(c.get("every", 0.2))
+    return {"ok": True, "phases": phases}
 
 
 OPS = {name[3:]: fn for name, fn in globals().items() if name.startswith("op_")}

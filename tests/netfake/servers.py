@@ -6,9 +6,15 @@
   ``GET /bytes/N`` sends N bytes (throughput); ``/dns-query`` is a DoH endpoint (RFC 8484
   GET ``?dns=`` and POST) answering from the zone.
 - DNS (UDP and TCP 53) on the resolver address: authoritative for ``*.test`` (A, AAAA,
-  TXT); NXDOMAIN for unknown ``.test`` names, REFUSED for the rest.
+  TXT, CNAME chased within the zone); NXDOMAIN for unknown ``.test`` names, REFUSED for
+  the rest.
 - A rogue resolver on another address that answers anything.
-- UDP echo on 7 (web addresses); banners on TCP 25 (SMTP-ish) and 2222 (SSH-ish).
+- HTTP answers in the request's own version: an HTTP/1.1 request keeps the connection
+  alive (pipelined requests are served in turn) unless it says ``Connection: close``;
+  like many real servers it also takes a bare LF as a line end.
+- UDP echo on 7 and 443 (web addresses; 443 plays QUIC); line echo on TCP 7 (for
+  connections held open across rule changes); banners on TCP 25 (SMTP-ish) and 2222
+  (SSH-ish).
 
 Every request or query that arrives is appended as one JSON line to the events file, so
 a test can prove what reached the internet and, more important, what never did.
@@ -32,6 +38,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import dns.flags
 import dns.message
+import dns.name
 import dns.rcode
 import dns.rdatatype
 import dns.rrset
@@ -68,6 +75,7 @@ class Zone:
         self.a: dict[str, list[str]] = spec["a"]
         self.aaaa: dict[str, list[str]] = spec["aaaa"]
         self.txt: dict[str, list[str]] = spec["txt"]
+        self.cname: dict[str, str] = spec.get("cname", {})
 
     def answer(self, query: dns.message.Message) -> dns.message.Message:
         reply = dns.message.make_response(query)
@@ -77,6 +85,13 @@ class Zone:
             return reply
         q = query.question[0]
         name = q.name.to_text().rstrip(".").lower()
+        owner = q.name
+        for _ in range(8):  # CNAME chain (inside the zone), then the target's records
+            target = self.cname.get(name)
+            if target is None:
+                break
+            reply.answer.append(dns.rrset.from_text(owner, 30, "IN", "CNAME", target + "."))
+            name, owner = target, dns.name.from_text(target)
         known = name in self.a or name in self.aaaa or name in self.txt
         if not known:
             reply.set_rcode(dns.rcode.NXDOMAIN if name.endswith(".test") else dns.rcode.REFUSED)
@@ -90,7 +105,7 @@ class Zone:
             values = []
         if values:
             reply.answer.append(
-                dns.rrset.from_text_list(q.name, 30, "IN", dns.rdatatype.to_text(q.rdtype), values)
+                dns.rrset.from_text_list(owner, 30, "IN", dns.rdatatype.to_text(q.rdtype), values)
             )
         return reply
 
@@ -197,6 +212,15 @@ class _DualStack:
 class _Web(BaseHTTPRequestHandler):
     server: _WebServer
     protocol_version = "HTTP/1.0"
+    timeout = 30  # an idle kept-alive connection is closed after this many seconds
+
+    def parse_request(self) -> bool:
+        # Answer in the client's version: HTTP/1.1 gets keep-alive and pipelining, as
+        # from a real server (the egress proxy must not rely on the server closing).
+        line: bytes = self.raw_requestline  # type: ignore[attr-defined]  # set by the base
+        version = line.rstrip(b"\r\n").rpartition(b" ")[2]
+        self.protocol_version = "HTTP/1.1" if version == b"HTTP/1.1" else "HTTP/1.0"
+        return super().parse_request()
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # the event log says everything that matters
@@ -326,6 +350,35 @@ class _BannerServer(_DualStack, socketserver.ThreadingTCPServer):
         super().__init__(("::", port), _Banner)
 
 
+class _LineEcho(socketserver.StreamRequestHandler):
+    """TCP 7: every line comes back until the client closes (held connections)."""
+
+    server: _LineEchoServer
+    timeout = 120
+
+    def handle(self) -> None:
+        sock: socket.socket = self.request
+        self.server.log.write(
+            "tcp-echo", port=sock.getsockname()[1], local=_plain(sock.getsockname()[0]),
+            peer=_plain(self.client_address[0]),
+        )  # fmt: skip
+        try:
+            for line in self.rfile:
+                self.wfile.write(line)
+                self.wfile.flush()
+        except OSError:
+            return
+
+
+class _LineEchoServer(_DualStack, socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, port: int, log: EventLog) -> None:
+        self.log = log
+        super().__init__(("::", port), _LineEcho)
+
+
 class _Echo(socketserver.BaseRequestHandler):
     server: _EchoServer
 
@@ -373,7 +426,8 @@ def serve(spec: dict[str, Any]) -> list[socketserver.BaseServer]:
         _WebServer(443, log, good, tls),
         _BannerServer(25, b"220 fakenet ESMTP ready\r\n", log),
         _BannerServer(2222, b"SSH-2.0-fakenet\r\n", log),
-        *(_EchoServer(addr, 7, log) for addr in spec["udp_echo"]),
+        _LineEchoServer(7, log),
+        *(_EchoServer(addr, port, log) for addr in spec["udp_echo"] for port in (7, 443)),
     ]
     for server in servers:
         threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -157,7 +157,7 @@ for line in sys.stdin:
 
 INTERNET_TCP = (80, 443, 25, 2222, 8080)
 ECHO_PORT = 7777
-INTERNET_UDP = (53, 9999)
+INTERNET_UDP = (53, 443, 9999)
 HOST_PORTS = {"dns": 5353, "proxy": 8443, "api": 7070}
 
 

@@ -10,7 +10,7 @@ from click.testing import CliRunner, Result
 
 from hutch.cli._env import CliEnv
 from hutch.cli.main import cli
-from hutch.sdk.testing import FakeHutch
+from hutch.testing import FakeHutch
 
 
 @pytest.fixture

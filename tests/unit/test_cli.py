@@ -19,7 +19,7 @@ from click.testing import CliRunner, Result
 from hutch.cli._env import CliEnv
 from hutch.cli.exec_cmd import exit_status
 from hutch.cli.main import cli
-from hutch.sdk.testing import FakeHutch, FakeRun
+from hutch.testing import FakeHutch, FakeRun
 
 
 @pytest.fixture
@@ -104,7 +104,7 @@ def test_create_usage_errors_exit_2(hutch: Hutch) -> None:
 def test_api_errors_print_error_and_exit_1(hutch: Hutch) -> None:
     result = hutch("create", "--image", "nope")
     assert result.exit_code == 1
-    assert result.stderr == "error: image 'nope' is not in the catalog\n"
+    assert result.stderr == "error: unknown image 'nope'; available: base, devbox\n"
     assert result.stdout == ""
 
 
@@ -142,7 +142,7 @@ def test_inspect(fake: FakeHutch, hutch: Hutch) -> None:
     missing = hutch("inspect", "sb-000000000999")
     assert (missing.exit_code, missing.stderr) == (
         1,
-        "error: sandbox sb-000000000999 does not exist\n",
+        "error: no sandbox sb-000000000999\n",
     )
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from hutch.sdk.testing import FakeHutch
+from hutch.testing import FakeHutch
 from tests.unit.conftest import inspect_rows, last
 
 
@@ -40,7 +40,7 @@ def test_pause_errors(fake: FakeHutch, hutch: Any) -> None:
     missing = hutch("pause", "sb-000000000999")
     assert (missing.exit_code, missing.stderr) == (
         1,
-        "error: sandbox sb-000000000999 does not exist\n",
+        "error: no sandbox sb-000000000999\n",
     )
 
 

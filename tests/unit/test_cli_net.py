@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hutch.sdk.testing import FakeHutch
+from hutch.testing import FakeHutch
 from tests.unit.conftest import inspect_rows, last
 
 EVENT = {
@@ -61,7 +61,7 @@ def test_create_network_none_and_plain_create(fake: FakeHutch, hutch: Any) -> No
     assert bad.exit_code == 2 and "'host' is not one of 'default', 'none'" in bad.stderr
     clash = hutch("create", "--network", "none", "--egress", "good.test")
     assert clash.exit_code == 1
-    assert clash.stderr.startswith("error: network 'none' has no egress rules")
+    assert clash.stderr.startswith('error: network "none" has no egress rules')
 
 
 def test_create_with_an_invalid_rule_fails_with_the_daemons_message(
@@ -83,6 +83,8 @@ def test_egress_set_and_get(fake: FakeHutch, hutch: Any) -> None:
         "rules": "-",
         "allowed": "0",
         "denied": "0",
+        "rate_limited": "0",
+        "log_dropped": "0",
     }
     result = hutch("egress", "set", sb.id, "Good.Test", "198.18.0.0/15:80")
     assert result.exit_code == 0, result.stderr
@@ -92,13 +94,15 @@ def test_egress_set_and_get(fake: FakeHutch, hutch: Any) -> None:
         {"rules": ["Good.Test", "198.18.0.0/15:80"]},
     )
     assert inspect_rows(result.stdout)["rules"] == "good.test,198.18.0.0/15:80"
-    sb.allowed, sb.denied = 3, 1
+    sb.allowed, sb.denied, sb.rate_limited, sb.log_dropped = 3, 1, 7, 2
     data = json.loads(hutch("egress", "get", sb.id, "--json").stdout)
     assert data == {
         "rules": ["good.test", "198.18.0.0/15:80"],
         "mode": "rules",
         "allowed": 3,
         "denied": 1,
+        "rate_limited": 7,
+        "log_dropped": 2,
     }
     cleared = json.loads(hutch("egress", "set", sb.id, "--clear", "--json").stdout)
     assert (cleared["mode"], cleared["rules"]) == ("open", [])
@@ -116,7 +120,7 @@ def test_egress_set_errors(fake: FakeHutch, hutch: Any) -> None:
     missing = hutch("egress", "get", "sb-000000000999")
     assert (missing.exit_code, missing.stderr) == (
         1,
-        "error: sandbox sb-000000000999 does not exist\n",
+        "error: no sandbox sb-000000000999\n",
     )
 
 
@@ -197,7 +201,10 @@ def test_port_expose_ls_close(fake: FakeHutch, hutch: Any) -> None:
     assert json.loads(hutch("port", "ls", sb.id, "--json").stdout)[1] == data
     closed = hutch("port", "close", sb.id, "8000", "7")
     assert closed.exit_code == 1 and closed.stdout == "8000\n"
-    assert closed.stderr == f"error: 7: port 7 of {sb.id} is not exposed\n"
+    assert closed.stderr == (
+        f"error: 7: port 7 of sandbox {sb.id} is not exposed; "
+        f"GET /v1/sandboxes/{sb.id}/ports lists those that are\n"
+    )
     assert list(sb.ports) == [9000]
 
 
@@ -205,7 +212,7 @@ def test_port_errors(fake: FakeHutch, hutch: Any) -> None:
     none = fake.add_sandbox(network="none")
     refused = hutch("port", "expose", none.id, "80")
     assert (
-        refused.exit_code == 1 and "has no network (created with network 'none')" in refused.stderr
+        refused.exit_code == 1 and 'has no network (created with network "none")' in refused.stderr
     )
     usage = hutch("port", "expose", none.id, "70000")
     assert usage.exit_code == 2 and "70000 is not in the range 1<=x<=65535" in usage.stderr
@@ -233,7 +240,7 @@ def test_network_create_ls_inspect_rm(fake: FakeHutch, hutch: Any) -> None:
     assert (shown["id"], shown["members"]) == ("net-000000000001", sb.id)
     removed = hutch("network", "rm", "team", "other")
     assert removed.exit_code == 1 and removed.stdout == "other\n"
-    assert f"error: team: network team (net-000000000001) is in use by {sb.id}" in (removed.stderr)
+    assert f"error: team: network net-000000000001 is in use by {sb.id}" in (removed.stderr)
     assert list(fake.net.networks) == ["net-000000000001"]
 
 
@@ -257,6 +264,6 @@ def test_network_create_errors(fake: FakeHutch, hutch: Any) -> None:
     assert bad.exit_code == 1 and bad.stderr.startswith("error: name='Team_A' is not valid")
     hutch("network", "create", "team")
     dup = hutch("network", "create", "team")
-    assert dup.exit_code == 1 and "exists already" in dup.stderr
+    assert dup.exit_code == 1 and "already exists" in dup.stderr
     missing = hutch("network", "inspect", "nope")
     assert missing.exit_code == 1 and "no network 'nope'" in missing.stderr

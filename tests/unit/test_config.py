@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from hutch.config import load_settings, parse_dns_upstream, parse_listen
+from hutch.config import NetLimits, load_settings, parse_dns_upstream, parse_listen
 from hutch.errors import InvalidArgument, VmError
 from hutch.vm.runas import qemu_uid, qemu_user
 
@@ -91,3 +91,71 @@ def test_qemu_user_is_checked_when_the_daemon_is_root(monkeypatch: pytest.Monkey
     assert qemu_uid(load_settings({"HUTCH_QEMU_USER": "no-such-qemu-user"})) is None
     monkeypatch.setattr("os.geteuid", lambda: 1000)
     assert qemu_user(load_settings({"HUTCH_QEMU_USER": "nobody"})) is None
+
+
+def test_console_log_bytes(tmp_path: Path) -> None:
+    env = {"HUTCH_STATE_DIR": str(tmp_path)}
+    assert load_settings(env).console_log_bytes == 1 << 20
+    assert load_settings({**env, "HUTCH_CONSOLE_LOG_BYTES": "262144"}).console_log_bytes == 262144
+    for bad in ("1000", str(2 << 30), "lots"):
+        with pytest.raises(InvalidArgument, match="console_log_bytes"):
+            load_settings({**env, "HUTCH_CONSOLE_LOG_BYTES": bad})
+
+
+def test_lifecycle_wait_s(tmp_path: Path) -> None:
+    env = {"HUTCH_STATE_DIR": str(tmp_path)}
+    assert load_settings(env).lifecycle_wait_s == 30.0
+    assert load_settings({**env, "HUTCH_LIFECYCLE_WAIT_S": "2.5"}).lifecycle_wait_s == 2.5
+    assert load_settings({**env, "HUTCH_LIFECYCLE_WAIT_S": "0"}).lifecycle_wait_s == 0.0
+    for bad in ("-1", "3601", "nan", "soon"):
+        with pytest.raises(InvalidArgument, match="lifecycle_wait_s"):
+            load_settings({**env, "HUTCH_LIFECYCLE_WAIT_S": bad})
+
+
+def test_net_limits_defaults_env_and_file(tmp_path: Path) -> None:
+    s = load_settings({"HUTCH_STATE_DIR": str(tmp_path)})
+    assert s.net_limits == NetLimits()
+    assert (s.net_limits.dns_rate, s.net_limits.dns_burst) == (200, 400)
+    assert (s.net_limits.deny_log_rate, s.net_limits.deny_log_burst) == (20, 40)
+    (tmp_path / "config.toml").write_text("dns_rate = 50\ndeny_log_burst = 7\n")
+    s = load_settings(
+        {
+            "HUTCH_STATE_DIR": str(tmp_path),
+            "HUTCH_DNS_BURST": "80",
+            "HUTCH_PROXY_CONN_RATE": "12",
+            "HUTCH_PROXY_CONN_BURST": "24",
+            "HUTCH_DENY_LOG_RATE": "3",
+            "HUTCH_DNS_RATE": "60",
+        }
+    )
+    assert s.net_limits == NetLimits(
+        dns_rate=60,
+        dns_burst=80,
+        proxy_conn_rate=12,
+        proxy_conn_burst=24,
+        deny_log_rate=3,
+        deny_log_burst=7,
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "value", "match"),
+    [
+        ("HUTCH_DNS_RATE", "0", r"HUTCH_DNS_RATE='0' is not valid; accepted: 1-100000 \(DNS"),
+        ("HUTCH_DNS_RATE", "fast", r"HUTCH_DNS_RATE='fast' is not valid; accepted: 1-100000"),
+        ("HUTCH_DNS_BURST", "-5", r"HUTCH_DNS_BURST='-5' .* 1-1000000 \(DNS queries at once"),
+        ("HUTCH_PROXY_CONN_RATE", "1.5", r"HUTCH_PROXY_CONN_RATE='1.5' .*new proxy connections"),
+        ("HUTCH_DENY_LOG_RATE", "100001", r"accepted: 1-100000 \(denied packets logged"),
+    ],
+)
+def test_bad_net_limits_name_the_setting_and_the_range(
+    tmp_path: Path, env: str, value: str, match: str
+) -> None:
+    with pytest.raises(InvalidArgument, match=match):
+        load_settings({"HUTCH_STATE_DIR": str(tmp_path), env: value})
+
+
+def test_bad_net_limit_in_the_file_names_the_file(tmp_path: Path) -> None:
+    (tmp_path / "config.toml").write_text("deny_log_burst = true\n")
+    with pytest.raises(InvalidArgument, match=r"config.toml: deny_log_burst=True is not valid"):
+        load_settings({"HUTCH_STATE_DIR": str(tmp_path)})

@@ -14,7 +14,7 @@ from hutch.integrations import openai_tools
 from hutch.integrations.langchain import LangChainMissing, hutch_tools
 from hutch.mcp.specs import TOOLS, TOOLS_BY_NAME
 from hutch.sdk import AsyncClient
-from hutch.sdk.testing import FakeHutch, FakeRun
+from hutch.testing import FakeHutch, FakeRun
 
 URL = "http://hutch.test"
 

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from hutch.errors import InvalidArgument, NotFound
+from hutch.sdk._contexts import ExecutionBuilder, RunDecoder
 from hutch.sdk._errors import ProtocolError
-from hutch.sdk._files_extra import WatchDecoder, extract_tar, tar_chunks
-from hutch.sdk._interpreter_types import ExecutionBuilder, RunDecoder
+from hutch.sdk._files import WatchDecoder
+from hutch.sdk._tar import extract_tar, tar_chunks
 
 AGENT_DIR = str(Path(__file__).resolve().parents[2] / "guest_agent")
 # The agent's modules, imported as the guest imports them (then off the path again).

@@ -33,7 +33,7 @@ from hutch.mcp.server import build_server, http_app
 from hutch.mcp.specs import TOOLS, TOOLS_BY_NAME
 from hutch.mcp.tools import HutchTools, ToolError
 from hutch.sdk import AsyncClient
-from hutch.sdk.testing import FakeHutch, FakeRun, FakeSandbox
+from hutch.testing import FakeHutch, FakeRun, FakeSandbox
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -224,7 +224,7 @@ async def test_errors_are_tool_errors_a_model_can_act_on(
     with pytest.raises(ToolError, match="vcpus=99 is out of range; accepted: 1-8"):
         await tools.call("create_sandbox", {"vcpus": 99})
     # What the daemon refuses comes back with its message.
-    with pytest.raises(ToolError, match="image 'nope' is not in the catalog") as info:
+    with pytest.raises(ToolError, match="unknown image 'nope'; available: base, devbox") as info:
         await tools.call("create_sandbox", {"image": "nope"})
     assert info.value.code == "unknown_image"
 
@@ -300,7 +300,7 @@ async def test_egress_tools_go_through_the_sdk_accessor(tools: HutchTools, fake:
     assert (await tools.call("set_egress", {"sandbox_id": sb.id, "rules": []})).data["mode"] == (
         "open"
     )
-    with pytest.raises(ToolError, match="deny-all' must be the only rule") as info:
+    with pytest.raises(ToolError, match='"deny-all" must be the only egress rule') as info:
         await tools.call("set_egress", {"sandbox_id": sb.id, "rules": ["deny-all", "x.org"]})
     assert info.value.code == "invalid_argument"
 

@@ -9,13 +9,16 @@ from ipaddress import IPv4Address, IPv4Network
 
 import pytest
 
+from hutch.config import NetLimits
 from hutch.errors import InvalidArgument
 from hutch.net.nft import (
+    KEEP_S,
     LearnedAddress,
     RulesetState,
     SandboxNet,
     TableConfig,
     network_key,
+    policy_mark,
     render_add_sandbox,
     render_host_addrs,
     render_learned,
@@ -92,20 +95,48 @@ def test_object_names_are_nft_safe() -> None:
         assert re.fullmatch(r"[a-z_][a-z0-9_]{0,63}", name), name
 
 
+def mark(rules: list[str]) -> str:
+    return f"{policy_mark(parse_policy(rules)):#010x}"
+
+
 def test_open_policy_accepts_with_counter_and_no_proxy() -> None:
     script = render_add_sandbox(CFG, sb([]))
     assert chain_rules(script, f"sb_{KEY}") == [
-        f'counter name "c_{KEY}_allow" accept',
-        f'counter name "c_{KEY}_deny" limit rate 20/second burst 40 packets log group 7 '
-        f'prefix "hab12 {SID} policy"',
-        "drop",
+        f'ct mark set {mark([])} counter name "c_{KEY}_allow" accept',
+        f'counter name "c_{KEY}_deny"',
+        "update @log_budget { iifname limit rate over 20/second burst 40 packets } "
+        f'counter name "c_{KEY}_nolog" drop',
+        f'log group 7 prefix "hab12 {SID} policy" drop',
     ]
     assert chain_rules(script, f"px_{KEY}") == []
+    assert chain_rules(script, f"e_{KEY}") == [f"ct mark {mark([])} accept"]
+
+
+def test_policy_mark_follows_the_rules_not_the_moment() -> None:
+    marks = {mark(r) for r in ([], ["deny-all"], ["good.test"], ["other.test"], ["1.2.3.4"])}
+    assert len(marks) == 5 and "0x00000000" not in marks
+    assert mark(["good.test", "1.2.3.4"]) == mark(["good.test", "1.2.3.4"])
+
+
+def test_established_flows_pass_only_under_their_policys_mark() -> None:
+    script = render_table(RulesetState(CFG, frozenset(), (sb(["good.test"]),)))
+    # (Whole chains: the log budget's rules hold braces of their own.)
+    egress = "\n".join(_table_chain(script, "egress"))
+    ingress = "\n".join(_table_chain(script, "ingress"))
+    from_tap = "\n".join(_table_chain(script, "from_tap"))
+    assert "ct state established,related iifname vmap @est_vmap" in egress
+    assert "ct state established,related accept" not in egress
+    assert "ct state established,related oifname vmap @est_vmap" in ingress
+    # Redirected DNS/proxy traffic and exposed ports: the host's own sockets.
+    assert "ct state established,related accept" in from_tap
+    # The spoof check still comes first.
+    assert egress.index("spoof") < egress.index("est_vmap")
+    assert f'"hab120123456789" : jump e_{KEY}' in script
 
 
 def test_deny_all_policy_only_drops() -> None:
     rules = chain_rules(render_add_sandbox(CFG, sb(["deny-all"])), f"sb_{KEY}")
-    assert rules[-1] == "drop"
+    assert rules[-1].endswith(" drop") and rules[-2].endswith(" drop")
     assert not any("accept" in r for r in rules)
 
 
@@ -130,9 +161,23 @@ def test_rules_policy_sets_and_proxy() -> None:
     )
     assert "2001:db8" not in script
     rules = chain_rules(script, f"sb_{KEY}")
-    assert rules[0] == f'ip daddr @a_{KEY}_ip counter name "c_{KEY}_allow" accept'
-    assert f"meta l4proto @tcp_udp ip daddr . th dport @a_{KEY}_dnsport" in rules[3]
-    assert rules[-1] == "drop"
+    m = mark(policy)
+    assert rules[0] == f'ip daddr @a_{KEY}_ip ct mark set {m} counter name "c_{KEY}_allow" accept'
+    quic = rules.index(f'udp dport 443 log group 7 prefix "hab12 {SID} quic" drop')
+    # Counted, then past the sandbox's log budget counted as unlogged, else logged.
+    assert rules[quic - 2] == f'udp dport 443 counter name "c_{KEY}_deny"'
+    assert rules[quic - 1] == (
+        "udp dport 443 update @log_budget { iifname limit rate over 20/second burst 40 "
+        f'packets }} counter name "c_{KEY}_nolog" drop'
+    )
+    # Explicit ip rules come before the QUIC drop; learned addresses after it.
+    assert quic - 2 > 1 and f"@a_{KEY}_dns " in rules[quic + 1]
+    assert f"meta l4proto @tcp_udp ip daddr . th dport @a_{KEY}_dnsport" in rules[quic + 2]
+    assert rules[quic + 3] == (
+        f"ct state established,related ip daddr @a_{KEY}_keep ct mark set {m} accept"
+    )
+    assert f"th dport @a_{KEY}_keepport ct mark set {m} accept" in rules[quic + 4]
+    assert rules[-1] == f'log group 7 prefix "hab12 {SID} policy" drop'
     assert chain_rules(script, f"px_{KEY}") == [
         f"ip daddr @a_{KEY}_ip return",
         f"ip daddr . tcp dport @a_{KEY}_ipport return",
@@ -145,14 +190,18 @@ def test_replace_policy_is_one_flush_and_refill() -> None:
         CFG, sb(["198.18.1.1"]), [LearnedAddress(IPv4Address("198.18.3.3"), None, 30)]
     )
     lines = script.splitlines()
-    assert lines[:6] == [
+    assert lines[:9] == [
         f"flush set inet hutch_ab12 a_{KEY}_ip",
         f"flush set inet hutch_ab12 a_{KEY}_ipport",
         f"flush set inet hutch_ab12 a_{KEY}_dns",
         f"flush set inet hutch_ab12 a_{KEY}_dnsport",
+        f"flush set inet hutch_ab12 a_{KEY}_keep",
+        f"flush set inet hutch_ab12 a_{KEY}_keepport",
         f"flush chain inet hutch_ab12 sb_{KEY}",
         f"flush chain inet hutch_ab12 px_{KEY}",
+        f"flush chain inet hutch_ab12 e_{KEY}",
     ]
+    assert f"add rule inet hutch_ab12 e_{KEY} ct mark {mark(['198.18.1.1'])} accept" in lines
     assert f"add element inet hutch_ab12 a_{KEY}_dns {{ 198.18.3.3 timeout 30s }}" in lines
     # Nothing of any other sandbox or the shared objects is touched.
     assert all(KEY in line for line in lines), script
@@ -164,16 +213,25 @@ def test_learned_refreshes_timeouts() -> None:
         SID,
         [
             LearnedAddress(IPv4Address("1.2.3.4"), None, 60),
-            LearnedAddress(IPv4Address("1.2.3.5"), 443, 0),
+            LearnedAddress(IPv4Address("1.2.3.5"), 443, 0, keep=0),
+            LearnedAddress(IPv4Address("1.2.3.6"), None, None, keep=90),
         ],
     )
+    t = "inet hutch_ab12"
     assert script.splitlines() == [
-        f"add element inet hutch_ab12 a_{KEY}_dns {{ 1.2.3.4 timeout 60s }}",
-        f"delete element inet hutch_ab12 a_{KEY}_dns {{ 1.2.3.4 }}",
-        f"add element inet hutch_ab12 a_{KEY}_dns {{ 1.2.3.4 timeout 60s }}",
-        f"add element inet hutch_ab12 a_{KEY}_dnsport {{ 1.2.3.5 . 443 timeout 1s }}",
-        f"delete element inet hutch_ab12 a_{KEY}_dnsport {{ 1.2.3.5 . 443 }}",
-        f"add element inet hutch_ab12 a_{KEY}_dnsport {{ 1.2.3.5 . 443 timeout 1s }}",
+        f"add element {t} a_{KEY}_dns {{ 1.2.3.4 timeout 60s }}",
+        f"delete element {t} a_{KEY}_dns {{ 1.2.3.4 }}",
+        f"add element {t} a_{KEY}_dns {{ 1.2.3.4 timeout 60s }}",
+        f"add element {t} a_{KEY}_keep {{ 1.2.3.4 timeout {KEEP_S}s }}",
+        f"delete element {t} a_{KEY}_keep {{ 1.2.3.4 }}",
+        f"add element {t} a_{KEY}_keep {{ 1.2.3.4 timeout {KEEP_S}s }}",
+        f"add element {t} a_{KEY}_dnsport {{ 1.2.3.5 . 443 timeout 1s }}",
+        f"delete element {t} a_{KEY}_dnsport {{ 1.2.3.5 . 443 }}",
+        f"add element {t} a_{KEY}_dnsport {{ 1.2.3.5 . 443 timeout 1s }}",
+        # Past its TTL: kept for established flows only.
+        f"add element {t} a_{KEY}_keep {{ 1.2.3.6 timeout 90s }}",
+        f"delete element {t} a_{KEY}_keep {{ 1.2.3.6 }}",
+        f"add element {t} a_{KEY}_keep {{ 1.2.3.6 timeout 90s }}",
     ]
     assert render_learned(CFG, SID, []) == ""
 
@@ -188,10 +246,82 @@ def test_remove_sandbox_is_idempotent_by_construction() -> None:
     assert lines.index('add element inet hutch_ab12 taps { "hab120123456789" }') < lines.index(
         'delete element inet hutch_ab12 taps { "hab120123456789" }'
     )
-    # Map elements go before the chains they jump to.
+    # Map elements go before the chains they jump to and the counters they name.
     assert lines.index('delete element inet hutch_ab12 sb_vmap { "hab120123456789" }') < (
         lines.index(f"delete chain inet hutch_ab12 sb_{KEY}")
     )
+    assert lines.index('delete element inet hutch_ab12 est_vmap { "hab120123456789" }') < (
+        lines.index(f"delete chain inet hutch_ab12 e_{KEY}")
+    )
+    for name in ("keep", "keepport"):
+        assert f"delete set inet hutch_ab12 a_{KEY}_{name}" in lines
+    for kind, obj in (("nolog", "nolog_ctr"), ("limit", "limit_ctr"), ("deny", "deny_ctr")):
+        added = lines.index(f"add counter inet hutch_ab12 c_{KEY}_{kind}")
+        unmapped = lines.index(f'delete element inet hutch_ab12 {obj} {{ "hab120123456789" }}')
+        assert added < unmapped < lines.index(f"delete counter inet hutch_ab12 c_{KEY}_{kind}")
+
+
+def _table_chain(script: str, chain: str) -> list[str]:
+    body = script.split(f"  chain {chain} {{\n", 1)[1].split("\n  }", 1)[0]
+    return [line.strip() for line in body.splitlines()]
+
+
+def test_every_denial_draws_on_its_sandboxs_log_budget() -> None:
+    """Issue 17.6: one budget per input interface, shared by every deny rule, instead of
+    a limit per rule that all sandboxes share; past it the denial is counted as unlogged
+    (and still dropped)."""
+    state = RulesetState(CFG, frozenset(), (sb(["good.test"]),))
+    script = render_table(state)
+    assert "set log_budget { type ifname; flags dynamic,timeout;" in script
+    budget = "update @log_budget { iifname limit rate over 20/second burst 40 packets }"
+    # No limit anywhere but in a per-interface meter: nothing shared between sandboxes.
+    limited = [line for line in script.splitlines() if "limit rate" in line]
+    assert limited and all("{ iifname limit rate over" in line for line in limited)
+    for chain in ("from_tap", "egress"):
+        rules = _table_chain(script, chain)
+        logs = [i for i, r in enumerate(rules) if " log group 7 " in f" {r}"]
+        assert logs, chain
+        for i in logs:
+            match = rules[i].split("log group")[0].strip()
+            assert rules[i].endswith(" drop"), rules[i]
+            # Right before: past the budget -> counted as unlogged, dropped; before that
+            # the count every denial gets.
+            assert rules[i - 1].startswith(f"{match} {budget}".strip()), rules[i - 1]
+            assert rules[i - 1].endswith(" drop")
+            assert rules[i - 2].startswith(match) and "counter" in rules[i - 2]
+            if "unregistered" not in rules[i]:
+                assert "@nolog_ctr" in rules[i - 1] and "@deny_ctr" in rules[i - 2]
+    # The sandbox's own denials (its policy, QUIC under name rules) use its budget too.
+    own = chain_rules(script, f"sb_{KEY}")
+    logs = [i for i, r in enumerate(own) if "log group 7" in r]
+    assert len(logs) == 2
+    for i in logs:
+        assert own[i - 1].endswith(f'{budget} counter name "c_{KEY}_nolog" drop'), own[i - 1]
+        assert own[i - 2].endswith(f'counter name "c_{KEY}_deny"'), own[i - 2]
+    assert 'add element inet hutch_ab12 nolog_ctr { "hab120123456789" : ' in script
+
+
+def test_resolver_and_proxy_have_kernel_ceilings_before_conntrack() -> None:
+    """Issue 17.5: past twice the daemon's limits a flood is dropped in the kernel, per
+    sandbox, before the established accept (a flood from one socket is established)."""
+    limits = NetLimits(dns_rate=50, dns_burst=70, proxy_conn_rate=30, proxy_conn_burst=40)
+    cfg = replace(CFG, limits=limits)
+    script = render_table(RulesetState(cfg, frozenset(), (sb([]),)))
+    rules = _table_chain(script, "from_tap")
+    dns = (
+        "udp dport 5353 ct status dnat update @dns_meter { iifname limit rate over "
+        "100/second burst 140 packets } counter name iifname map @limit_ctr drop"
+    )
+    conn = (
+        "tcp dport { 5353, 8443 } ct state new ct status dnat update @conn_meter { iifname "
+        "limit rate over 60/second burst 80 packets } counter name iifname map @limit_ctr drop"
+    )
+    established = rules.index("ct state established,related accept")
+    assert rules.index(dns) < established and rules.index(conn) < established
+    # ... but after the source checks (a spoofed packet must not use another's budget).
+    assert max(i for i, r in enumerate(rules) if "@tap_src" in r) < rules.index(dns)
+    assert 'add element inet hutch_ab12 limit_ctr { "hab120123456789" : ' in script
+    assert f"add counter inet hutch_ab12 c_{KEY}_limit" in script
 
 
 def test_networks() -> None:

@@ -1,4 +1,4 @@
-"""The sync SDK against the in-memory fake of the REST contract (hutch.sdk.testing)."""
+"""The sync SDK against the in-memory fake of the REST contract (hutch.testing)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from hutch.sdk import (
     ProtocolError,
     SandboxInfo,
 )
-from hutch.sdk.testing import FakeHutch, FakeRun
+from hutch.testing import FakeHutch, FakeRun
 
 
 @pytest.fixture
@@ -267,7 +267,7 @@ def test_write_rejects_bad_mode_and_source(sb: Sandbox) -> None:
 
 
 def test_create_errors_are_typed(fake: FakeHutch) -> None:
-    with pytest.raises(UnknownImage, match="'nope' is not in the catalog"):
+    with pytest.raises(UnknownImage, match="unknown image 'nope'"):
         Sandbox.create("nope", api_key=fake.api_key, transport=fake.transport)
     with pytest.raises(InvalidArgument, match="vcpus"):
         Sandbox.create(vcpus=99, api_key=fake.api_key, transport=fake.transport)
@@ -340,3 +340,24 @@ def test_health_needs_no_key(
         health = c.health()
     assert (health.status, health.version, health.accel) == ("ok", "0.1.0", "tcg")
     assert "authorization" not in fake.requests[-1].headers
+
+
+def test_a_download_cut_short_raises_instead_of_ending_early() -> None:
+    """The daemon aborts a download it cannot finish (tests/component/test_inflight.py);
+    the SDK turns the incomplete body into an error, never into fewer bytes."""
+    from hutch.sdk import DaemonUnreachable
+
+    class Cut(httpx.SyncByteStream):
+        def __iter__(self) -> Iterator[bytes]:
+            yield b"x" * 1000
+            raise httpx.RemoteProtocolError("incomplete chunked read")
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, stream=Cut())
+
+    with Client(api_key="k", transport=httpx.MockTransport(handler)) as c:
+        got = bytearray()
+        with pytest.raises(DaemonUnreachable, match="broke off before it was complete"):
+            for chunk in c.read_file_stream("sb-0123456789ab", "/root/f"):
+                got += chunk
+    assert len(got) == 1000

@@ -12,7 +12,7 @@ import pytest
 from hutch import AsyncSandbox
 from hutch.errors import NotFound, Timeout
 from hutch.sdk import AsyncClient, DaemonUnreachable, ExecExit, ExecOutput
-from hutch.sdk.testing import FakeHutch, FakeRun
+from hutch.testing import FakeHutch, FakeRun
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from hutch import errors
 from hutch.sdk import ApiKeyMissing, Client, Timeouts
 from hutch.sdk._config import resolve_config
 from hutch.sdk._errors import error_for, error_from_body
-from hutch.sdk.testing import FakeHutch
+from hutch.testing import FakeHutch
 
 
 def test_url_precedence() -> None:
@@ -32,6 +32,16 @@ def test_key_precedence(tmp_path: Path) -> None:
     assert resolve_config(env=env).api_key == "from-file"
     assert resolve_config(env={**env, "HUTCH_API_KEY": "from-env"}).api_key == "from-env"
     assert resolve_config(api_key="arg", env={**env, "HUTCH_API_KEY": "e"}).api_key == "arg"
+
+
+@pytest.mark.parametrize("key", ["k1 ", "k1\t", " k1", "k1\n"])
+def test_a_key_with_surrounding_whitespace_is_refused(key: str) -> None:
+    """The daemon compares keys exactly, and HTTP would drop whitespace around the
+    header value: such a key is refused before anything is sent."""
+    with pytest.raises(errors.InvalidArgument, match="HUTCH_API_KEY starts or ends"):
+        resolve_config(env={"HUTCH_API_KEY": key})
+    with pytest.raises(errors.InvalidArgument, match="api_key starts or ends"):
+        resolve_config(api_key=key, env={})
 
 
 def test_default_key_file_is_var_api_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -106,6 +116,7 @@ def test_every_code_maps_back_to_its_class(cls: type[errors.HutchError]) -> None
         (422, errors.InvalidArgument),
         (429, errors.Capacity),
         (507, errors.Capacity),
+        (503, errors.Unavailable),
         (504, errors.Timeout),
         (500, errors.HutchError),
         (502, errors.HutchError),

@@ -20,7 +20,7 @@ from hutch.sdk import (
     SandboxInfo,
     Timeouts,
 )
-from hutch.sdk.testing import FakeHutch
+from hutch.testing import FakeHutch
 
 
 @pytest.fixture

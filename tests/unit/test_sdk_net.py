@@ -1,5 +1,5 @@
 """Networking in the SDK (egress, ports, private networks, create fields), sync and async,
-against the fake REST contract (hutch.sdk.testing)."""
+against the fake REST contract (hutch.testing)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import hutch.sdk
-from hutch.errors import Conflict, InvalidArgument, NotFound, StateError
+from hutch.errors import Conflict, InvalidArgument, NotFound
 from hutch.sdk import (
     AsyncClient,
     AsyncSandbox,
@@ -24,7 +24,7 @@ from hutch.sdk import (
     SandboxInfo,
     SandboxNetInfo,
 )
-from hutch.sdk.testing import FakeHutch
+from hutch.testing import FakeHutch
 
 EVENT = {
     "time": "2026-11-30T03:00:01.500Z",
@@ -146,7 +146,7 @@ def test_an_invalid_rule_keeps_the_old_rules(fake: FakeHutch, sb: Sandbox) -> No
     sb.egress.set(["good.test"])
     with pytest.raises(InvalidArgument, match=r"egress rule 'good\.test:99999'"):
         sb.egress.set(["other.test", "good.test:99999"])
-    with pytest.raises(InvalidArgument, match="'deny-all' must be the only rule"):
+    with pytest.raises(InvalidArgument, match='"deny-all" must be the only egress rule'):
         sb.egress.set(["deny-all", "good.test"])
     assert sb.egress.get().rules == ["good.test"]
 
@@ -214,17 +214,20 @@ def test_ports_expose_list_close(fake: FakeHutch, sb: Sandbox) -> None:
         sb.ports.close(8000)
 
 
-def test_ports_refused_without_network_or_when_paused(
+def test_ports_refused_without_network_or_once_deleted(
     fake: FakeHutch, sb: Sandbox, conn: dict[str, Any]
 ) -> None:
     with Sandbox.create(network="none", **conn) as none:
-        with pytest.raises(Conflict, match="network 'none'"):
+        with pytest.raises(Conflict, match='network "none"'):
             none.ports.expose(80)
-        with pytest.raises(Conflict, match="network 'none'"):
+        with pytest.raises(Conflict, match='network "none"'):
             none.networks.join(fake.add_network("team").id)
+    # As in the daemon: a paused sandbox keeps its network, a deleted one gave it back.
     sb.pause()
-    with pytest.raises(StateError, match="is paused; this needs it to be running"):
-        sb.ports.expose(80)
+    assert sb.ports.expose(80).port == 80
+    sb.kill()
+    with pytest.raises(Conflict, match="has no network"):
+        sb.ports.expose(81)
 
 
 def test_port_arguments_are_checked_before_sending(fake: FakeHutch, sb: Sandbox) -> None:
@@ -248,7 +251,7 @@ def test_networks_create_list_get_delete(fake: FakeHutch, client: Client) -> Non
     assert net.created_at is not None
     assert client.networks.get("team-a") == net == client.networks.get(net.id)
     assert client.networks.list() == [net]
-    with pytest.raises(Conflict, match="exists already"):
+    with pytest.raises(Conflict, match="already exists"):
         client.networks.create("team-a")
     client.networks.delete("team-a")
     assert _last(fake) == ("DELETE", "/v1/networks/team-a", None)
@@ -360,7 +363,7 @@ async def test_async_egress_ports_networks(fake: FakeHutch, asb: AsyncSandbox) -
 
 
 async def test_async_create_with_network_fields(fake: FakeHutch, conn: dict[str, Any]) -> None:
-    with pytest.raises(InvalidArgument, match="network 'none' has no egress rules"):
+    with pytest.raises(InvalidArgument, match='network "none" has no egress rules'):
         await AsyncSandbox.create(network="none", egress=["deny-all"], **conn)
     sb = await AsyncSandbox.create(network="none", **conn)
     try:

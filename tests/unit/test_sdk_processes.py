@@ -43,7 +43,9 @@ def core() -> ClientCore:
 
 def test_requests_are_built_and_checked() -> None:
     calls = ProcessCalls(core())
-    req = calls.start("sb-1", "sleep 1", env={"A": "1"}, keep_stdin=True, timeout_s=5).request
+    req = calls.start(
+        "sb-1", "sleep 1", {"env": {"A": "1"}, "timeout_s": 5}, keep_stdin=True
+    ).request
     assert (req.method, req.url.path) == ("POST", "/v1/sandboxes/sb-1/processes")
     assert json.loads(req.content) == {
         "cmd": "sleep 1",
@@ -64,8 +66,8 @@ def test_requests_are_built_and_checked() -> None:
         lambda: calls.get("sb-1", 0),
         lambda: calls.output("sb-1", 42, offset=-1),
         lambda: calls.signal("sb-1", 42, 0),
-        lambda: calls.start("sb-1", []),
-        lambda: calls.start("sb-1", "x", timeout_s=0),
+        lambda: calls.start("sb-1", [], {}),
+        lambda: calls.start("sb-1", "x", {"timeout_s": 0}),
     ):
         with pytest.raises(InvalidArgument):
             bad()

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from hutch.errors import Conflict, StoreError
-from hutch.models import SandboxRecord, SandboxState, Shape
+from hutch.models import SandboxRecord, SandboxState, Shape, SnapshotRecord
 from hutch.store import Store
 from hutch.store.migrations import MIGRATIONS
 
@@ -100,3 +101,40 @@ def test_failed_write_changes_nothing(tmp_path: Path) -> None:
     with pytest.raises(Conflict):
         store.insert_sandbox(rec)  # same primary key
     assert store.list_sandboxes() == [rec]
+
+
+def test_a_snapshot_being_saved_is_unlisted_until_finished(tmp_path: Path) -> None:
+    store = Store(tmp_path / "h.db")
+    snap = SnapshotRecord(
+        id="snap-000000000001",
+        name="n",
+        sandbox_id="sb-000000000001",
+        image="base",
+        shape=Shape(1, 256, 4),
+        path=str(tmp_path / "snap-000000000001"),
+        size_bytes=0,
+        created_at=time.time(),
+    )
+    store.insert_snapshot(snap, ready=False)
+    assert store.list_snapshots() == [] and store.get_snapshot(snap.id) is None
+    assert store.list_snapshots(ready=False) == [snap] == store.list_snapshots(ready=None)
+    store.finish_snapshot(snap.id, 4096)
+    done = replace(snap, size_bytes=4096)
+    assert store.list_snapshots() == [done] and store.get_snapshot(snap.id) == done
+    assert store.list_snapshots(ready=False) == []
+
+
+def test_snapshots_from_before_migration_5_are_ready(tmp_path: Path) -> None:
+    db = sqlite3.connect(tmp_path / "h.db")
+    for version, script in enumerate(MIGRATIONS[:4], start=1):
+        db.executescript(script)
+        db.execute(f"PRAGMA user_version = {version}")
+    db.execute(
+        "INSERT INTO snapshots (id, name, sandbox_id, image, vcpus, memory_mib, disk_gib, "
+        "path, size_bytes, created_at) VALUES ('snap-000000000002', 'old', 'sb-000000000001', "
+        "'base', 1, 256, 4, '/x', 1, 1.0)"
+    )
+    db.commit()
+    db.close()
+    store = Store(tmp_path / "h.db")
+    assert [s.id for s in store.list_snapshots()] == ["snap-000000000002"]

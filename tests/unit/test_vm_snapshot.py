@@ -17,6 +17,7 @@ import pytest
 import xxhash
 
 from hutch.errors import InvalidArgument, SnapshotError
+from hutch.services.qemu_host import finish_template, read_config, template_complete, write_config
 from hutch.vm.argv import VmConfig, build_argv
 from hutch.vm.disk_chain import disk_chain, qcow2_backing_file
 from hutch.vm.snapshot import (
@@ -28,6 +29,7 @@ from hutch.vm.snapshot import (
     create_clone_disk,
     finish_interrupted_save,
     load_manifest,
+    move_disk,
     verify_snapshot,
 )
 from hutch.vm.snapshot_manifest import (
@@ -332,3 +334,35 @@ def test_format_1_manifests_with_sha256_still_verify(tmp_path: Path) -> None:
     (snap / MANIFEST_FILE).write_text(json.dumps(old))
     with pytest.raises(SnapshotError, match="accepted: xxh3_128, sha256"):
         verify_snapshot(snap, cfg)
+
+
+@pytest.mark.usefixtures("qemu_img")
+@pytest.mark.parametrize("cut", ["before_config", "after_config", "after_rename"])
+def test_a_freeze_cut_short_is_finished_from_where_it_stopped(tmp_path: Path, cut: str) -> None:
+    """finish_template (a fork's or snapshot's freeze: vm.json, then the disk taken in)
+    finishes from any step a killed daemon left, and the result is a complete template."""
+    cfg = _cfg(tmp_path)
+    snap = _fake_snapshot(tmp_path, cfg)
+    inside = snap / "disk.qcow2"
+    if cut != "before_config":
+        write_config(snap / "vm.json", cfg)
+    if cut == "after_rename":
+        cfg.disk.rename(inside)  # the manifest still names the sandbox's disk
+    assert not template_complete(snap)
+    finish_template(snap, cfg)
+    assert template_complete(snap)
+    assert load_manifest(snap).disk.path == str(inside.resolve()) and not cfg.disk.exists()
+    assert read_config(snap / "vm.json") == cfg
+    finish_template(snap, cfg)  # idempotent
+    assert template_complete(snap)
+
+
+@pytest.mark.usefixtures("qemu_img")
+def test_a_disk_move_refuses_a_disk_that_changed(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path)
+    snap = _fake_snapshot(tmp_path, cfg)
+    cfg.disk.rename(snap / "disk.qcow2")
+    with (snap / "disk.qcow2").open("ab") as f:
+        f.write(b"written after the snapshot")
+    with pytest.raises(SnapshotError, match="disk"):
+        move_disk(snap, snap / "disk.qcow2")

@@ -80,8 +80,8 @@ def tcp(addr: str, port: int) -> dict[str, Any]:
     return {"op": "tcp", "addr": addr, "port": port}
 
 
-def udp(addr: str) -> dict[str, Any]:
-    return {"op": "udp", "addr": addr}
+def udp(addr: str, port: int = 7) -> dict[str, Any]:
+    return {"op": "udp", "addr": addr, "port": port}
 
 
 def icmp(addr: str) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from hutch.errors import Conflict, SnapshotError
+from hutch.errors import SnapshotError
 from hutch.models import PauseMode, SandboxSpec, SandboxState, Shape
 from hutch.services.qemu_backend import QemuBackend
 from hutch.services.sandboxes import SandboxService
@@ -175,13 +175,10 @@ async def test_named_snapshot_starts_new_sandboxes(
     assert child.shape == service.get(parent).shape
     assert await ask_holder(service, child.id) == secret
     assert await run(service, child.id, ["hostname"]) != await run(service, parent, ["hostname"])
-    with pytest.raises(Conflict, match="still needed"):
-        await service.delete_snapshot(snap.id)
-    # A snapshot of the child is built on this one too.
+    # A snapshot of the child is built on this one too (snapshots delete in any order:
+    # tests/e2e/test_crash_points.py).
     grandchild_snap = await service.snapshot(child.id, "of-the-child")
     await service.delete(child.id)
-    with pytest.raises(Conflict, match=grandchild_snap.id):
-        await service.delete_snapshot(snap.id)
     await service.delete_snapshot(grandchild_snap.id)
     child = await service.create(SandboxSpec(image="base", snapshot_id=snap.id))
 

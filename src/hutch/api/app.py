@@ -38,7 +38,8 @@ def create_app(svc: SandboxService, api_key: str, *, manage_service: bool = True
         if importer is not None:
             importer.start()
         if manage_service:
-            await svc.start()
+            # The API serves while the VMs found on the host are checked.
+            await svc.start(background=True)
         try:
             yield
         finally:

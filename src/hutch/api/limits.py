@@ -5,10 +5,11 @@ from __future__ import annotations
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hutch.api.errors import error_body
+from hutch.contract.limits import JSON_BODY_MAX_BYTES
 
 # JSON bodies (exec stdin included) are parsed in memory, so they are capped. File uploads
 # stream to the guest and are not.
-MAX_JSON_BODY = 16 * 1024 * 1024
+MAX_JSON_BODY = JSON_BODY_MAX_BYTES
 
 
 class BodyLimit:

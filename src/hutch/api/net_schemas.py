@@ -12,6 +12,15 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hutch.contract.egress import RULE_FORMS
+from hutch.contract.limits import (
+    EGRESS_RULE_MAX_CHARS,
+    ID_MAX_CHARS,
+    MAX_EGRESS_RULES,
+    MAX_NETWORKS_PER_SANDBOX,
+    NAME_MAX_CHARS,
+    PORT_RANGE,
+)
 from hutch.models import NetworkMode
 
 __all__ = [
@@ -33,24 +42,18 @@ __all__ = [
     "SandboxNet",
 ]
 
-#: The rule parser (``hutch.net.rules``) refuses more; bounding the body here keeps a
-#: huge list from reaching it.
-MAX_EGRESS_RULES = 256
-MAX_NETWORKS_PER_SANDBOX = 16
-#: Longest rule text: a 253-character name plus ``:65535``, or a bracketed IPv6 CIDR.
-_MAX_RULE_CHARS = 300
-
+# The limits are the contract's (``hutch.contract.limits``); the rule grammar refuses more
+# than MAX_EGRESS_RULES too, and bounding the body here keeps a huge list from reaching it.
 EgressRuleText = Annotated[
     str,
     Field(
         min_length=1,
-        max_length=_MAX_RULE_CHARS,
-        description="`host`, `host:port`, `*.host`, `ip`, `ip:port`, `cidr`, `cidr:port` "
-        "(IPv6 as `[2001:db8::1]:443`), or `deny-all` alone.",
+        max_length=EGRESS_RULE_MAX_CHARS,
+        description=RULE_FORMS,
     ),
 ]
 #: A private network's id (``net-<12 hex>``) or its name.
-NetworkRef = Annotated[str, Field(min_length=1, max_length=64)]
+NetworkRef = Annotated[str, Field(min_length=1, max_length=ID_MAX_CHARS)]
 
 
 class _Strict(BaseModel):
@@ -82,6 +85,15 @@ class Egress(_FromView):
     mode: Literal["open", "rules", "deny-all"]
     allowed: int = Field(description="Connections and DNS answers let through.")
     denied: int = Field(description="Connections and DNS queries refused.")
+    rate_limited: int = Field(
+        description="DNS queries and new proxy connections refused by the per-sandbox rate "
+        "limits (answered REFUSED, closed, or dropped by the kernel past twice the limit); "
+        "not in `denied`. The egress log has one summary line per second about them."
+    )
+    log_dropped: int = Field(
+        description="Of `denied`, packets past the sandbox's log budget: counted but not in "
+        "the egress log one by one (a summary line there says how many)."
+    )
 
     @classmethod
     def of(cls, view: object) -> Egress:
@@ -127,7 +139,7 @@ class EgressLog(BaseModel):
 
 
 class PortRequest(_Strict):
-    port: Annotated[int, Field(ge=1, le=65535, strict=True)]
+    port: Annotated[int, Field(ge=PORT_RANGE[0], le=PORT_RANGE[1], strict=True)]
 
 
 class Port(_FromView):
@@ -150,7 +162,7 @@ class PortList(BaseModel):
 
 class NetworkRequest(_Strict):
     # The service checks the name's characters and says which are accepted.
-    name: Annotated[str, Field(min_length=1, max_length=63)]
+    name: Annotated[str, Field(min_length=1, max_length=NAME_MAX_CHARS)]
 
 
 class JoinNetwork(_Strict):

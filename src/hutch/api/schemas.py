@@ -8,21 +8,36 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from hutch.api.image_schemas import ImageConfigModel, ImageSourceModel
-from hutch.api.net_schemas import (
-    MAX_EGRESS_RULES,
-    MAX_NETWORKS_PER_SANDBOX,
-    EgressRuleText,
-    NetworkRef,
-    SandboxNet,
-)
-from hutch.models import (
+from hutch.api.net_schemas import EgressRuleText, NetworkRef, SandboxNet
+from hutch.contract.enums import DEFAULT_NETWORK_MODE, DEFAULT_PAUSE_MODE
+from hutch.contract.limits import (
     AUTO_DELETE_S_RANGE,
     AUTO_PAUSE_S_RANGE,
+    CMD_ARG_MAX_CHARS,
+    CMD_MAX_CHARS,
+    DEFAULT_DISK_GIB,
+    DEFAULT_FORK_COUNT,
+    DEFAULT_IMAGE,
+    DEFAULT_MEMORY_MIB,
+    DEFAULT_VCPUS,
     DISK_GIB_RANGE,
+    ENV_MAX_VARS,
+    EXEC_TIMEOUT_S_MAX,
     FORK_COUNT_RANGE,
+    ID_MAX_CHARS,
+    IMAGE_NAME_MAX_CHARS,
+    MAX_EGRESS_RULES,
+    MAX_NETWORKS_PER_SANDBOX,
     MEMORY_MIB_RANGE,
+    METADATA_MAX_KEYS,
+    NAME_MAX_CHARS,
+    PATH_MAX_CHARS,
+    STDIN_MAX_CHARS,
     TIMEOUT_S_RANGE,
+    USER_MAX_CHARS,
     VCPUS_RANGE,
+)
+from hutch.models import (
     NetworkMode,
     PauseMode,
     SandboxRecord,
@@ -30,7 +45,7 @@ from hutch.models import (
     SnapshotRecord,
 )
 
-MAX_EXEC_TIMEOUT_S = 24 * 3600
+MAX_EXEC_TIMEOUT_S = EXEC_TIMEOUT_S_MAX
 
 
 class Strict(BaseModel):
@@ -38,15 +53,17 @@ class Strict(BaseModel):
 
 
 class CreateSandbox(Strict):
-    image: Annotated[str, Field(min_length=1, max_length=64)] = "base"
-    vcpus: Annotated[int, Field(ge=VCPUS_RANGE[0], le=VCPUS_RANGE[1], strict=True)] = 1
+    image: Annotated[str, Field(min_length=1, max_length=IMAGE_NAME_MAX_CHARS)] = DEFAULT_IMAGE
+    vcpus: Annotated[int, Field(ge=VCPUS_RANGE[0], le=VCPUS_RANGE[1], strict=True)] = DEFAULT_VCPUS
     memory_mib: Annotated[
         int, Field(ge=MEMORY_MIB_RANGE[0], le=MEMORY_MIB_RANGE[1], strict=True)
-    ] = 512
-    disk_gib: Annotated[int, Field(ge=DISK_GIB_RANGE[0], le=DISK_GIB_RANGE[1], strict=True)] = 4
-    env: dict[str, str] = Field(default_factory=dict, max_length=256)
-    metadata: dict[str, str] = Field(default_factory=dict, max_length=64)
-    name: Annotated[str, Field(min_length=1, max_length=63)] | None = None
+    ] = DEFAULT_MEMORY_MIB
+    disk_gib: Annotated[int, Field(ge=DISK_GIB_RANGE[0], le=DISK_GIB_RANGE[1], strict=True)] = (
+        DEFAULT_DISK_GIB
+    )
+    env: dict[str, str] = Field(default_factory=dict, max_length=ENV_MAX_VARS)
+    metadata: dict[str, str] = Field(default_factory=dict, max_length=METADATA_MAX_KEYS)
+    name: Annotated[str, Field(min_length=1, max_length=NAME_MAX_CHARS)] | None = None
     timeout_s: (
         Annotated[int, Field(ge=TIMEOUT_S_RANGE[0], le=TIMEOUT_S_RANGE[1], strict=True)] | None
     ) = None
@@ -59,13 +76,13 @@ class CreateSandbox(Strict):
         Annotated[int, Field(ge=AUTO_DELETE_S_RANGE[0], le=AUTO_DELETE_S_RANGE[1], strict=True)]
         | None
     ) = None
-    snapshot: Annotated[str, Field(min_length=1, max_length=64)] | None = Field(
+    snapshot: Annotated[str, Field(min_length=1, max_length=ID_MAX_CHARS)] | None = Field(
         default=None,
         description="Start from this snapshot (its image and shape are used).",
     )
     # -- networking (issue 5; bodies in api/net_schemas.py) --
     network: NetworkMode = Field(
-        default=NetworkMode.DEFAULT,
+        default=DEFAULT_NETWORK_MODE,
         description="`default`: an address and NAT, filtered by `egress`; `none`: no network.",
     )
     egress: list[EgressRuleText] | None = Field(
@@ -179,27 +196,29 @@ class SnapshotList(BaseModel):
 
 
 class SnapshotRequest(Strict):
-    name: Annotated[str, Field(min_length=1, max_length=63)]
+    name: Annotated[str, Field(min_length=1, max_length=NAME_MAX_CHARS)]
 
 
 class PauseRequest(Strict):
-    mode: PauseMode = PauseMode.MEMORY
+    mode: PauseMode = DEFAULT_PAUSE_MODE
 
 
 class ForkRequest(Strict):
-    count: Annotated[int, Field(ge=FORK_COUNT_RANGE[0], le=FORK_COUNT_RANGE[1], strict=True)] = 1
+    count: Annotated[int, Field(ge=FORK_COUNT_RANGE[0], le=FORK_COUNT_RANGE[1], strict=True)] = (
+        DEFAULT_FORK_COUNT
+    )
 
 
 class ExecRequest(Strict):
     cmd: (
-        Annotated[list[Annotated[str, Field(max_length=65536)]], Field(min_length=1)]
-        | Annotated[str, Field(min_length=1, max_length=262144)]
+        Annotated[list[Annotated[str, Field(max_length=CMD_ARG_MAX_CHARS)]], Field(min_length=1)]
+        | Annotated[str, Field(min_length=1, max_length=CMD_MAX_CHARS)]
     )
-    env: dict[str, str] = Field(default_factory=dict, max_length=256)
-    cwd: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
-    user: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    env: dict[str, str] = Field(default_factory=dict, max_length=ENV_MAX_VARS)
+    cwd: Annotated[str, Field(min_length=1, max_length=PATH_MAX_CHARS)] | None = None
+    user: Annotated[str, Field(min_length=1, max_length=USER_MAX_CHARS)] | None = None
     timeout_s: Annotated[float, Field(gt=0, le=MAX_EXEC_TIMEOUT_S)] | None = None
-    stdin: Annotated[str, Field(max_length=8 * 1024 * 1024)] | None = None
+    stdin: Annotated[str, Field(max_length=STDIN_MAX_CHARS)] | None = None
     stream: bool = False
     background: bool = Field(
         default=False,
@@ -234,12 +253,12 @@ class WriteResult(BaseModel):
 
 
 class MkdirRequest(Strict):
-    path: Annotated[str, Field(min_length=1, max_length=4096)]
+    path: Annotated[str, Field(min_length=1, max_length=PATH_MAX_CHARS)]
 
 
 class RenameRequest(Strict):
-    source: Annotated[str, Field(min_length=1, max_length=4096)]
-    destination: Annotated[str, Field(min_length=1, max_length=4096)]
+    source: Annotated[str, Field(min_length=1, max_length=PATH_MAX_CHARS)]
+    destination: Annotated[str, Field(min_length=1, max_length=PATH_MAX_CHARS)]
 
 
 class Image(BaseModel):
@@ -262,9 +281,13 @@ class ImageList(BaseModel):
 
 
 class Health(BaseModel):
-    status: Literal["ok"]
+    #: "reconciling" while a restarted daemon still checks the VMs it found (it serves
+    #: meanwhile; those sandboxes answer 503 until checked), then "ok".
+    status: Literal["ok", "reconciling"]
     version: str
     accel: str
+    #: Sandboxes still being checked.
+    reconciling: int = 0
 
 
 class ErrorDetail(BaseModel):

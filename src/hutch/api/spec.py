@@ -17,11 +17,16 @@ ERROR_STATUSES = {
     "400": "Invalid argument (the message names the field and what is accepted)",
     "401": "Missing or wrong API key",
     "404": "No such sandbox, snapshot, network, process, context, file or port",
-    "409": "The sandbox is in the wrong state, or a name is taken",
+    "409": (
+        "The sandbox is in the wrong state, a name is taken, or calls in flight outlasted "
+        "the wait of a pause, snapshot or fork (code busy)"
+    ),
     "413": "Request body too large",
     "429": "The host is at capacity",
     "500": "Internal error (VM, image, store)",
     "502": "The guest agent failed",
+    "503": "Not ready yet: the sandbox is still being checked after a daemon restart "
+    "(see Retry-After)",
     "504": "The operation timed out",
 }
 

@@ -11,7 +11,8 @@ import click
 
 from hutch.cli._env import get_env, spinner
 from hutch.cli._output import print_json
-from hutch.models import FORK_COUNT_RANGE, PauseMode
+from hutch.contract.enums import DEFAULT_PAUSE_MODE, PauseMode
+from hutch.contract.limits import DEFAULT_FORK_COUNT, FORK_COUNT_RANGE
 from hutch.sdk import SandboxInfo
 
 __all__ = ["fork", "pause", "resume"]
@@ -29,7 +30,7 @@ def _report(info: SandboxInfo, as_json: bool) -> None:
 @click.option(
     "--mode",
     type=click.Choice([m.value for m in PauseMode]),
-    default=PauseMode.MEMORY.value,
+    default=DEFAULT_PAUSE_MODE.value,
     show_default=True,
     help="memory: processes carry on after resume; disk: keep only the disk (boots again).",
 )
@@ -59,7 +60,7 @@ def resume(sandbox_id: str, as_json: bool) -> None:
     "--count",
     "-n",
     type=click.IntRange(*FORK_COUNT_RANGE),
-    default=1,
+    default=DEFAULT_FORK_COUNT,
     show_default=True,
     help="How many children to make.",
 )

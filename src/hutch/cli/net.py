@@ -17,6 +17,8 @@ from rich.table import Table
 
 from hutch.cli._env import get_env, print_table
 from hutch.cli._output import print_json, when
+from hutch.contract.enums import DEFAULT_NETWORK_MODE, NetworkMode
+from hutch.contract.limits import DEFAULT_EGRESS_LOG_LIMIT, EGRESS_LOG_MAX, PORT_RANGE
 from hutch.errors import HutchError
 from hutch.sdk import Egress, EgressInfo, NetworkInfo, Ports, SandboxInfo, SandboxNetworks
 
@@ -56,8 +58,8 @@ def network_create_options(command: F) -> F:
         click.option(
             "--network",
             "network",
-            type=click.Choice(["default", "none"]),
-            default="default",
+            type=click.Choice([m.value for m in NetworkMode]),
+            default=DEFAULT_NETWORK_MODE.value,
             show_default=True,
             help="default: an address and NAT, filtered by --egress; none: no network.",
         ),
@@ -123,6 +125,8 @@ def _show_egress(info: EgressInfo, as_json: bool) -> None:
             ("rules", ",".join(info.rules) or "-"),
             ("allowed", str(info.allowed)),
             ("denied", str(info.denied)),
+            ("rate_limited", str(info.rate_limited)),
+            ("log_dropped", str(info.log_dropped)),
         ]
     )
 
@@ -144,7 +148,7 @@ def egress_get(sandbox_id: str, as_json: bool) -> None:
 @click.option("--clear", is_flag=True, help="Remove every rule (open egress).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def egress_set(sandbox_id: str, rules: tuple[str, ...], clear: bool, as_json: bool) -> None:
-    """Replace the rules of sandbox ID; new connections follow them at once.
+    """Replace the rules of sandbox ID; they apply at once, open connections included.
 
     RULE: host, host:port, *.host (subdomains, not the apex), ip, ip:port, cidr,
     cidr:port ([v6]:port for IPv6), or deny-all alone. An invalid rule rejects the
@@ -160,8 +164,8 @@ def egress_set(sandbox_id: str, rules: tuple[str, ...], clear: bool, as_json: bo
 @click.argument("sandbox_id", metavar="ID")
 @click.option(
     "--limit",
-    type=click.IntRange(1, 1000),
-    default=100,
+    type=click.IntRange(1, EGRESS_LOG_MAX),
+    default=DEFAULT_EGRESS_LOG_LIMIT,
     show_default=True,
     help="Show at most this many, the newest.",
 )
@@ -201,7 +205,7 @@ def port() -> None:
 
 @port.command("expose")
 @click.argument("sandbox_id", metavar="ID")
-@click.argument("guest_port", metavar="PORT", type=click.IntRange(1, 65535))
+@click.argument("guest_port", metavar="PORT", type=click.IntRange(*PORT_RANGE))
 @click.option("--json", "as_json", is_flag=True, help="Print the port as JSON.")
 def port_expose(sandbox_id: str, guest_port: int, as_json: bool) -> None:
     """Expose PORT of sandbox ID through a host-side proxy and print its URL."""
@@ -231,7 +235,9 @@ def port_ls(sandbox_id: str, as_json: bool) -> None:
 
 @port.command("close")
 @click.argument("sandbox_id", metavar="ID")
-@click.argument("ports", metavar="PORT...", nargs=-1, required=True, type=click.IntRange(1, 65535))
+@click.argument(
+    "ports", metavar="PORT...", nargs=-1, required=True, type=click.IntRange(*PORT_RANGE)
+)
 def port_close(sandbox_id: str, ports: tuple[int, ...]) -> None:
     """Stop forwarding ports of sandbox ID. Prints each closed; exit 1 if any was not."""
     accessor = Ports(get_env().client(), sandbox_id)

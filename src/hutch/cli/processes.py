@@ -13,8 +13,7 @@ from rich.table import Table
 
 from hutch.cli._env import get_env, print_table
 from hutch.cli._output import human_bytes, print_json, when
-from hutch.sdk import ProcessChunk, ProcessDropped, ProcessEnd, Processes
-from hutch.sdk._processes import ProcessInfo
+from hutch.sdk import ProcessChunk, ProcessDropped, ProcessEnd, Processes, ProcessInfo
 
 __all__ = ["kill", "logs", "process_json", "ps"]
 

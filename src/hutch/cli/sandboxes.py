@@ -8,8 +8,15 @@ from rich.table import Table
 from hutch.cli._env import get_env, print_table, spinner
 from hutch.cli._output import parse_pairs, print_json, when
 from hutch.cli.net import network_create_kwargs, network_create_options, network_rows
+from hutch.contract.limits import (
+    AUTO_DELETE_S_RANGE,
+    AUTO_PAUSE_S_RANGE,
+    DEFAULT_DISK_GIB,
+    DEFAULT_IMAGE,
+    DEFAULT_MEMORY_MIB,
+    DEFAULT_VCPUS,
+)
 from hutch.errors import HutchError
-from hutch.models import AUTO_DELETE_S_RANGE, AUTO_PAUSE_S_RANGE
 from hutch.sdk import SandboxInfo
 
 __all__ = ["create", "inspect", "ls", "rm", "state_label"]
@@ -45,13 +52,13 @@ def _refuse_shape_with_snapshot(ctx: click.Context) -> None:
 
 
 @click.command()
-@click.option("--image", default="base", show_default=True, help="Image to boot.")
-@click.option("--vcpus", type=int, default=1, show_default=True)
+@click.option("--image", default=DEFAULT_IMAGE, show_default=True, help="Image to boot.")
+@click.option("--vcpus", type=int, default=DEFAULT_VCPUS, show_default=True)
 @click.option(
     "--memory",
     "memory_mib",
     type=int,
-    default=512,
+    default=DEFAULT_MEMORY_MIB,
     show_default=True,
     metavar="MIB",
     help="Memory in MiB.",
@@ -60,7 +67,7 @@ def _refuse_shape_with_snapshot(ctx: click.Context) -> None:
     "--disk",
     "disk_gib",
     type=int,
-    default=4,
+    default=DEFAULT_DISK_GIB,
     show_default=True,
     metavar="GIB",
     help="Disk size in GiB.",

@@ -99,8 +99,8 @@ def inspect_snapshot(snapshot_id: str, as_json: bool) -> None:
 def rm_snapshots(snapshot_ids: tuple[str, ...]) -> None:
     """Delete snapshots. Prints each id removed; fails (exit 1) if any could not be.
 
-    A snapshot is kept while a live sandbox's disk is built on it: one started from it,
-    a fork of one, or the sandbox it was taken of. The error names them."""
+    Any order works: sandboxes and snapshots built on one run on and stay usable; its
+    space is freed once nothing is built on it any more."""
     client = get_env().client()
     failed = 0
     for snapshot_id in snapshot_ids:

@@ -1,14 +1,14 @@
-"""Shared by watch and contexts: JSON lines carried in DATA frames, and the agent error
-codes those operations add to :func:`hutch.guest.results.error_from_wire`."""
+"""Shared by watch, archives and contexts: JSON lines carried in DATA frames, and the error
+for a frame the operation did not expect."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from hutch.errors import Conflict, GuestError, HutchError
+from hutch.errors import GuestError, HutchError
 from hutch.guest._stream import StreamState
-from hutch.guest.protocol import Frame, FrameType
+from hutch.guest.protocol import Frame
 
 
 class JsonLines:
@@ -38,7 +38,5 @@ class JsonLines:
 
 def failure(state: StreamState, frame: Frame) -> HutchError:
     """The error for a frame that is not what the operation expected."""
-    if frame.type is FrameType.ERROR and frame.header.get("code") == "conflict":
-        return Conflict(str(frame.header.get("message", "conflict")))
     err = state.unexpected(frame)
     return err if isinstance(err, HutchError) else GuestError(str(err))

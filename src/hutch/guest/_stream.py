@@ -40,6 +40,8 @@ class StreamState:
         self._credit = asyncio.Event()
         self.done = False
         self.lost = False
+        #: Why the connection went, when the host ended it on purpose (a pause, a delete).
+        self.lost_reason: str | None = None
 
     # -- called by the reader task ------------------------------------------------------
     def deliver(self, frame: Frame) -> None:
@@ -54,8 +56,9 @@ class StreamState:
             self._credit.set()  # wake an uploader: there is no one to send to any more
         self._inbox.put_nowait(frame)
 
-    def connection_lost(self) -> None:
+    def connection_lost(self, reason: str | None = None) -> None:
         self.done = self.lost = True
+        self.lost_reason = reason
         self._credit.set()
         self._inbox.put_nowait(None)
 
@@ -68,7 +71,7 @@ class StreamState:
         frame = await self._inbox.get()
         if frame is None:
             self._inbox.put_nowait(None)  # later callers must see it too
-            raise GuestError(CLOSED_MESSAGE)
+            raise GuestError(self.lost_reason or CLOSED_MESSAGE)
         if frame.type is FrameType.DATA:
             grant = self._in.consumed()
             if grant and not self.done:
@@ -85,9 +88,11 @@ class StreamState:
             return frame.header
         raise self.unexpected(frame)
 
-    def unexpected(self, frame: Frame) -> Exception:
+    def unexpected(self, frame: Frame, feature: str | None = None) -> Exception:
+        """The error for a frame the request did not expect: the agent's ERROR mapped by
+        the contract's table (``feature``: see ``error_from_wire``), else GuestError."""
         if frame.type is FrameType.ERROR:
-            return error_from_wire(frame.header)
+            return error_from_wire(frame.header, feature)
         return GuestError(
             f"the guest agent broke protocol: unexpected {frame.type.name} on stream {self.sid}"
         )
@@ -118,7 +123,7 @@ class StreamState:
             self._credit.clear()
             await self._credit.wait()
         if self.lost:
-            raise GuestError(CLOSED_MESSAGE)
+            raise GuestError(self.lost_reason or CLOSED_MESSAGE)
         if self.done:
             return False
         self._out.consume()

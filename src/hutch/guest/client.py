@@ -206,6 +206,9 @@ class AgentClient:
         self._streams: dict[int, StreamState] = {}
         self._next_id = 1
         self._closed = asyncio.Event()
+        #: Set by whoever is about to end the connection on purpose (a pause, a delete):
+        #: calls it cuts fail with this message instead of "the VM may have stopped".
+        self.close_reason: str | None = None
         self._read_task = asyncio.create_task(self._read_loop(), name=f"agent-{socket_path}")
 
     # -- connecting ---------------------------------------------------------------------
@@ -362,7 +365,7 @@ class AgentClient:
             self._closed.set()
             streams, self._streams = list(self._streams.values()), {}
             for state in streams:
-                state.connection_lost()
+                state.connection_lost(self.close_reason)
             self._writer.close()
 
     def _dispatch(self, frame: Frame) -> None:
@@ -379,7 +382,7 @@ class AgentClient:
 
     def _send_nowait(self, frame: Frame) -> None:
         if self.closed:
-            raise GuestError(CLOSED_MESSAGE)
+            raise GuestError(self.close_reason or CLOSED_MESSAGE)
         self._writer.write(encode_frame(frame))
 
     async def _drain(self) -> None:
@@ -390,7 +393,7 @@ class AgentClient:
 
     def _open(self) -> StreamState:
         if self.closed:
-            raise GuestError(CLOSED_MESSAGE)
+            raise GuestError(self.close_reason or CLOSED_MESSAGE)
         while True:
             sid = self._next_id
             self._next_id = sid % MAX_STREAM_ID + 1

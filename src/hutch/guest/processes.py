@@ -13,7 +13,7 @@ from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from hutch.errors import Conflict, GuestError, InvalidArgument
+from hutch.errors import GuestError, InvalidArgument
 from hutch.guest._stream import StreamState
 from hutch.guest.client import AgentClient, command_header
 from hutch.guest.protocol import CHANNEL_STDERR, Frame, FrameType
@@ -85,18 +85,9 @@ class OutputEnd:
 
 
 def frame_error(state: StreamState, frame: Frame, feature: str) -> Exception:
-    """The hutch error for a frame that is not the expected one."""
-    if frame.type is FrameType.ERROR:
-        code = str(frame.header.get("code", ""))
-        message = str(frame.header.get("message", ""))
-        if code == "exited":
-            return Conflict(message)
-        if code == "invalid_argument" and message.startswith("unknown operation"):
-            return Conflict(
-                f"this sandbox's guest agent predates {feature}; create the sandbox from an "
-                "image built by this hutch (`hutch image build --force`)"
-            )
-    return state.unexpected(frame)
+    """The hutch error for a frame that is not the expected one; an agent too old for
+    ``feature`` gets a Conflict saying to rebuild the image."""
+    return state.unexpected(frame, feature)
 
 
 async def agent_call(agent: AgentClient, header: dict[str, Any], feature: str) -> dict[str, Any]:

@@ -77,8 +77,10 @@ Operations (REQUEST ``op``), and what the agent sends back:
   ctx_restart``: ``ops_watch.py``, ``ops_archive.py``, ``ops_contexts.py``.
 
 An entry is ``{name, path, type: file|dir|symlink|other, size, mode, mtime}``.
-Error codes: ``not_found exists not_a_directory is_a_directory not_empty
-permission_denied invalid_argument command_not_found io_error internal``.
+Error codes: ``not_found exists not_a_directory is_a_directory not_empty conflict exited
+permission_denied invalid_argument command_not_found unknown_operation io_error
+internal``; what each becomes on the host is listed once in
+:mod:`hutch.contract.agent_codes`.
 
 Flow control: every stream has a window of ``WINDOW`` DATA frames (of at most ``CHUNK``
 bytes) in each direction. A sender stops at zero credit; the receiver sends CREDIT as its

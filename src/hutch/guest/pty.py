@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from hutch.contract.limits import PTY_SIZE_RANGE
 from hutch.errors import GuestError, InvalidArgument
 from hutch.guest._stream import StreamState
 from hutch.guest.client import AgentClient
@@ -25,7 +26,7 @@ from hutch.guest.protocol import CHANNEL_DATA, FrameType
 __all__ = ["GuestPtys", "PtyEnd", "PtyInfo", "PtySession"]
 
 _FEATURE = "interactive terminals"
-SIZE_RANGE = (1, 1000)
+SIZE_RANGE = PTY_SIZE_RANGE
 
 
 @dataclass(frozen=True)

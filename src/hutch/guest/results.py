@@ -1,11 +1,13 @@
-"""Values the agent client returns, and the agent's error codes mapped to hutch errors."""
+"""Values the agent client returns, and the hutch error for an agent ERROR frame (the codes
+are the contract's: :mod:`hutch.contract.agent_codes`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from hutch.errors import Conflict, GuestError, HutchError, InvalidArgument, NotFound
+from hutch.contract.agent_codes import agent_error
+from hutch.errors import GuestError, HutchError
 
 __all__ = [
     "AgentInfo",
@@ -100,23 +102,9 @@ class ExecResult:
         return self.exit_code == 0
 
 
-_CODES: dict[str, type[HutchError]] = {
-    "not_found": NotFound,
-    "exists": Conflict,
-    "not_empty": Conflict,
-    "invalid_argument": InvalidArgument,
-    "not_a_directory": InvalidArgument,
-    "is_a_directory": InvalidArgument,
-    "command_not_found": InvalidArgument,
-    "permission_denied": InvalidArgument,
-}
-
-
-def error_from_wire(header: dict[str, Any]) -> HutchError:
-    """The hutch error for an agent ERROR frame (unknown codes become GuestError)."""
+def error_from_wire(header: dict[str, Any], feature: str | None = None) -> HutchError:
+    """The hutch error for an agent ERROR frame (unknown codes become GuestError);
+    ``feature``: see :func:`hutch.contract.agent_codes.agent_error`."""
     code = str(header.get("code", "internal"))
     message = str(header.get("message", "no message"))
-    cls = _CODES.get(code)
-    if cls is None:
-        return GuestError(f"the guest agent failed ({code}): {message}")
-    return cls(message)
+    return agent_error(code, message, feature)

@@ -15,13 +15,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hutch.models import (
+from hutch.contract.enums import DEFAULT_PAUSE_MODE, PauseMode
+from hutch.contract.limits import (
+    DEFAULT_DISK_GIB,
+    DEFAULT_FILE_MODE,
+    DEFAULT_FORK_COUNT,
+    DEFAULT_IMAGE,
+    DEFAULT_MEMORY_MIB,
+    DEFAULT_VCPUS,
     DISK_GIB_RANGE,
+    EGRESS_RULE_MAX_CHARS,
     FORK_COUNT_RANGE,
+    MAX_EGRESS_RULES,
     MEMORY_MIB_RANGE,
+    PATH_MAX_CHARS,
+    STDIN_MAX_CHARS,
     TIMEOUT_S_RANGE,
     VCPUS_RANGE,
 )
+from hutch.contract.names import NAME_PATTERN, SANDBOX_ID_PATTERN, SNAPSHOT_ID_PATTERN
 
 __all__ = [
     "DEFAULT_MAX_OUTPUT_CHARS",
@@ -40,8 +52,6 @@ DEFAULT_MAX_OUTPUT_CHARS = 20_000
 MAX_OUTPUT_CHARS = 1_000_000
 DEFAULT_READ_MAX_BYTES = 100_000
 MAX_READ_BYTES = 10 * 1024 * 1024
-#: Same bound as the REST API's egress body.
-MAX_EGRESS_RULES = 256
 
 SANDBOX_STATES = (
     "creating",
@@ -87,14 +97,14 @@ def _obj(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
 
 _SANDBOX_ID: dict[str, Any] = {
     "type": "string",
-    "pattern": r"^sb-[0-9a-f]{12}$",
+    "pattern": SANDBOX_ID_PATTERN,
     "description": "Sandbox id, as returned by create_sandbox or list_sandboxes "
     "(looks like sb-0123456789ab).",
 }
 _PATH: dict[str, Any] = {
     "type": "string",
     "minLength": 1,
-    "maxLength": 4096,
+    "maxLength": PATH_MAX_CHARS,
     "description": "Path in the sandbox: absolute, or relative to /root. "
     "Not under /proc, /sys or /dev.",
 }
@@ -126,16 +136,16 @@ CREATE_SANDBOX = ToolSpec(
             "image": {
                 "type": "string",
                 "pattern": r"^[a-z0-9][a-z0-9-]{0,62}$",
-                "default": "base",
+                "default": DEFAULT_IMAGE,
                 "description": "Disk image: `base` (Debian 12 with Python 3 and curl) "
                 "or `devbox` (base plus build tools).",
             },
-            "vcpus": _int(*VCPUS_RANGE, "Virtual CPUs.", 1),
-            "memory_mib": _int(*MEMORY_MIB_RANGE, "Memory in MiB.", 512),
-            "disk_gib": _int(*DISK_GIB_RANGE, "Disk size in GiB.", 4),
+            "vcpus": _int(*VCPUS_RANGE, "Virtual CPUs.", DEFAULT_VCPUS),
+            "memory_mib": _int(*MEMORY_MIB_RANGE, "Memory in MiB.", DEFAULT_MEMORY_MIB),
+            "disk_gib": _int(*DISK_GIB_RANGE, "Disk size in GiB.", DEFAULT_DISK_GIB),
             "name": {
                 "type": "string",
-                "pattern": r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
+                "pattern": NAME_PATTERN,
                 "description": "Optional unique name: 1-63 lowercase letters, digits, '-'.",
             },
             "env": {
@@ -154,7 +164,7 @@ CREATE_SANDBOX = ToolSpec(
             ),
             "snapshot": {
                 "type": "string",
-                "pattern": r"^snap-[0-9a-f]{12}$",
+                "pattern": SNAPSHOT_ID_PATTERN,
                 "description": "Start from this named snapshot (its image and size win).",
             },
         },
@@ -219,7 +229,7 @@ RUN_COMMAND = ToolSpec(
             "env": {**_STRING_MAP, "description": "Extra environment variables."},
             "stdin": {
                 "type": "string",
-                "maxLength": 10 * 1024 * 1024,
+                "maxLength": STDIN_MAX_CHARS,
                 "description": "Text sent to the command's standard input.",
             },
             "timeout_s": _int(
@@ -288,7 +298,7 @@ WRITE_FILE = ToolSpec(
             "mode": {
                 "type": "string",
                 "pattern": r"^0?[0-7]{3}$",
-                "default": "0644",
+                "default": format(DEFAULT_FILE_MODE, "04o"),
                 "description": "Permission bits in octal, e.g. 0644 or 0755.",
             },
         },
@@ -330,8 +340,8 @@ PAUSE_SANDBOX = ToolSpec(
             "sandbox_id": _SANDBOX_ID,
             "mode": {
                 "type": "string",
-                "enum": ["memory", "disk"],
-                "default": "memory",
+                "enum": [m.value for m in PauseMode],
+                "default": DEFAULT_PAUSE_MODE.value,
                 "description": "What to keep while paused.",
             },
         },
@@ -358,7 +368,7 @@ FORK_SANDBOX = ToolSpec(
     parameters=_obj(
         {
             "sandbox_id": _SANDBOX_ID,
-            "count": _int(*FORK_COUNT_RANGE, "How many copies.", 1),
+            "count": _int(*FORK_COUNT_RANGE, "How many copies.", DEFAULT_FORK_COUNT),
         },
         ["sandbox_id"],
     ),
@@ -385,7 +395,7 @@ SET_EGRESS = ToolSpec(
             "rules": {
                 "type": "array",
                 "maxItems": MAX_EGRESS_RULES,
-                "items": {"type": "string", "minLength": 1, "maxLength": 300},
+                "items": {"type": "string", "minLength": 1, "maxLength": EGRESS_RULE_MAX_CHARS},
                 "description": 'All rules ([] opens egress, ["deny-all"] closes it).',
             },
         },

@@ -9,7 +9,6 @@ never handed out, so the pool's network address never names a sandbox.
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import json
 import re
 from collections.abc import Iterable
@@ -20,6 +19,7 @@ from hutch.errors import Capacity, InvalidArgument, NetworkError
 
 __all__ = [
     "ALWAYS_DENIED_NETWORKS",
+    "PRIVATE_NETWORKS",
     "AddressPool",
     "Block",
     "host_addresses",
@@ -41,16 +41,17 @@ ALWAYS_DENIED_NETWORKS: tuple[IPv4Network, ...] = (
     IPv4Network("255.255.255.255/32"),
 )
 
-# Extra ranges a *name* must not resolve into (DNS rebinding): private and shared
-# address space, reserved 240/4. 198.18.0.0/15 (benchmarking) is deliberately allowed:
-# the test suites use it as their fake internet.
-_REBINDING_NETWORKS: tuple[IPv4Network, ...] = (
-    IPv4Network("10.0.0.0/8"),
-    IPv4Network("172.16.0.0/12"),
-    IPv4Network("192.168.0.0/16"),
-    IPv4Network("100.64.0.0/10"),
-    IPv4Network("240.0.0.0/4"),
-)
+# Ranges a *name* must not resolve into (DNS rebinding; only an explicit ip/cidr rule
+# opens them, see hutch.net.destinations): private and shared address space, reserved
+# 240/4, each with the words the egress log uses. 198.18.0.0/15 (benchmarking) is
+# deliberately allowed: the test suites use it as their fake internet.
+PRIVATE_NETWORKS: dict[IPv4Network, str] = {
+    IPv4Network("10.0.0.0/8"): "private range 10.0.0.0/8",
+    IPv4Network("172.16.0.0/12"): "private range 172.16.0.0/12",
+    IPv4Network("192.168.0.0/16"): "private range 192.168.0.0/16",
+    IPv4Network("100.64.0.0/10"): "shared (CGNAT) range 100.64.0.0/10",
+    IPv4Network("240.0.0.0/4"): "reserved range 240.0.0.0/4",
+}
 
 _SID_RE = re.compile(r"^sb-([0-9a-f]{12})$")
 _TAG_RE = re.compile(r"^[0-9a-f]{4}$")
@@ -193,22 +194,11 @@ def is_forbidden_destination(
 ) -> bool:
     """True when a name resolving to ``addr`` must be refused (DNS rebinding), or when
     ``addr`` is always denied: loopback, link-local (cloud metadata), private and CGNAT
-    ranges, multicast/broadcast, unspecified, the sandbox pool and the host's own
-    addresses. IPv6 is refused wholesale: the data path is IPv4 only.
+    ranges, reserved 240/4, multicast/broadcast, unspecified, the sandbox pool and the
+    host's own addresses (``host_addrs``). IPv6 is refused wholesale: the data path is
+    IPv4 only. :func:`hutch.net.destinations.classify_destination` says which and why.
     """
-    address = ipaddress.ip_address(addr) if isinstance(addr, str) else addr
-    if isinstance(address, IPv6Address):
-        mapped = address.ipv4_mapped
-        if mapped is None:
-            return True
-        address = mapped
-    if address.is_unspecified or address.is_loopback or address.is_link_local:
-        return True
-    if address.is_multicast or address.is_reserved:
-        return True
-    if any(address in net for net in (*ALWAYS_DENIED_NETWORKS, *_REBINDING_NETWORKS)):
-        return True
-    pool_net = pool.network if isinstance(pool, AddressPool) else pool
-    if pool_net is not None and address in pool_net:
-        return True
-    return address in set(host_addrs)
+    from hutch.net.destinations import classify_destination  # late: it imports this module
+
+    hosts = set(host_addrs)
+    return classify_destination(addr, pool, hosts.__contains__) is not None

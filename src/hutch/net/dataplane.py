@@ -22,6 +22,7 @@ from hutch.net.nft import (
     SandboxNet,
     TableConfig,
     render_add_sandbox,
+    render_host_addrs,
     render_learned,
     render_networks,
     render_remove_sandbox,
@@ -51,7 +52,15 @@ class Dataplane(Protocol):
 
     async def remove(self, cfg: TableConfig, sb: SandboxNet) -> None: ...
 
-    async def replace_policy(self, cfg: TableConfig, sb: SandboxNet) -> None: ...
+    async def replace_policy(
+        self, cfg: TableConfig, sb: SandboxNet, learned: Iterable[LearnedAddress] = ()
+    ) -> None:
+        """Swap ``sb``'s policy; its learned addresses become exactly ``learned``."""
+        ...
+
+    async def set_host_addrs(self, cfg: TableConfig, addrs: Iterable[IPv4Address]) -> None:
+        """The host's own addresses changed: make the table's set exactly ``addrs``."""
+        ...
 
     async def learned(
         self, cfg: TableConfig, sandbox_id: str, items: Iterable[LearnedAddress]
@@ -102,8 +111,13 @@ class NftDataplane:
         await nft_apply.apply(render_remove_sandbox(cfg, sb))
         await links.delete_tap(sb.tap)
 
-    async def replace_policy(self, cfg: TableConfig, sb: SandboxNet) -> None:
-        await nft_apply.apply(render_replace_policy(cfg, sb))
+    async def replace_policy(
+        self, cfg: TableConfig, sb: SandboxNet, learned: Iterable[LearnedAddress] = ()
+    ) -> None:
+        await nft_apply.apply(render_replace_policy(cfg, sb, learned))
+
+    async def set_host_addrs(self, cfg: TableConfig, addrs: Iterable[IPv4Address]) -> None:
+        await nft_apply.apply(render_host_addrs(cfg, addrs))
 
     async def learned(
         self, cfg: TableConfig, sandbox_id: str, items: Iterable[LearnedAddress]
@@ -126,11 +140,15 @@ class NftDataplane:
 
 @dataclass
 class MemoryDataplane:
-    """The same calls, recorded in memory (component tests only: no taps, no nft)."""
+    """The same calls, recorded in memory (component tests only: no taps, no nft).
+    ``counter_values`` is what ``counters`` answers (tests set it)."""
 
     sandboxes: dict[str, SandboxNet] = field(default_factory=dict)
     networks: dict[str, list[IPv4Address]] = field(default_factory=dict)
     learned_items: dict[str, list[LearnedAddress]] = field(default_factory=dict)
+    host_addrs: frozenset[IPv4Address] = frozenset()
+    learned_calls: int = 0
+    counter_values: dict[str, SandboxCounters] = field(default_factory=dict)
 
     async def install(
         self,
@@ -149,14 +167,20 @@ class MemoryDataplane:
         self.sandboxes.pop(sb.sandbox_id, None)
         self.learned_items.pop(sb.sandbox_id, None)
 
-    async def replace_policy(self, cfg: TableConfig, sb: SandboxNet) -> None:
+    async def replace_policy(
+        self, cfg: TableConfig, sb: SandboxNet, learned: Iterable[LearnedAddress] = ()
+    ) -> None:
         self.sandboxes[sb.sandbox_id] = sb
-        self.learned_items.pop(sb.sandbox_id, None)
+        self.learned_items[sb.sandbox_id] = list(learned)
+
+    async def set_host_addrs(self, cfg: TableConfig, addrs: Iterable[IPv4Address]) -> None:
+        self.host_addrs = frozenset(addrs)
 
     async def learned(
         self, cfg: TableConfig, sandbox_id: str, items: Iterable[LearnedAddress]
     ) -> None:
         self.learned_items.setdefault(sandbox_id, []).extend(items)
+        self.learned_calls += 1
 
     async def set_networks(
         self,
@@ -167,4 +191,4 @@ class MemoryDataplane:
         self.networks = {k: list(v) for k, v in networks.items()}
 
     async def counters(self, cfg: TableConfig) -> dict[str, SandboxCounters]:
-        return {}
+        return {sid: c for sid, c in self.counter_values.items() if sid in self.sandboxes}

@@ -1,4 +1,4 @@
-"""hutch's DNS resolver for sandboxes (UDP and TCP on one port, in the daemon's loop).
+"""hutch's DNS resolver for sandboxes (UDP and TCP on one port, in the data path's loop).
 
 nft redirects every packet a sandbox sends to port 53 here, so this is the only DNS a
 guest can reach. Per query, by the sandbox the source address belongs to:
@@ -11,12 +11,23 @@ guest can reach. Per query, by the sandbox the source address belongs to:
 - rules: only names a host/wildcard rule allows go upstream, and only as A (or CNAME)
   queries rebuilt by us, so nothing but an allowed name leaves the host. AAAA gets an
   empty NOERROR (guests are IPv4 only); every other type (TXT, ...) and every other
-  name gets NXDOMAIN without going upstream. The A addresses answered are handed to
-  ``on_learned`` (awaited *before* the guest sees the answer, so the nft allow set is
-  filled before the guest can connect) with their TTL clamped to 30 s - 1 h; answer TTLs
-  are capped to that so the guest does not cache past the nft element.
+  name gets NXDOMAIN without going upstream. Every A record of the answer (also those
+  behind a CNAME) is checked with ``forbidden`` (:mod:`hutch.net.destinations`):
+  loopback, link-local, the pool, the host's own addresses and private/CGNAT/240/4
+  ranges are removed from the answer and never learned (the removal is logged as a
+  denial); a private address one of the sandbox's ip/cidr rules covers stays in the
+  answer but is not learned either. The A addresses left are handed to ``on_learned``
+  (awaited *before* the guest sees the answer, so the nft allow set is filled before
+  the guest can connect) with their TTL clamped to 30 s - 1 h; answer TTLs are capped
+  to that so the guest does not cache past the nft element.
 
 Upstream failure or timeout gives SERVFAIL: the guest fails closed.
+
+Floods: with a ``limit``, each query first takes a token from its sender's bucket
+(:mod:`hutch.net.ratelimit`); without one it is answered REFUSED from its header and
+question alone (:func:`refused_reply`), before any parsing, and counted. A sender may
+also have at most :data:`MAX_INFLIGHT_PER_SOURCE` queries waiting for the upstream, so
+names that time out cannot use up the server's in-flight slots for everyone.
 """
 
 from __future__ import annotations
@@ -42,12 +53,15 @@ import dns.rdatatype
 import dns.rrset
 
 from hutch.errors import NetworkError
+from hutch.net.destinations import ForbiddenCheck, classify_destination, filter_answer
 from hutch.net.egress_log import EgressLog
+from hutch.net.ratelimit import KeyedLimiter, Rate
 from hutch.net.rules import EgressPolicy, normalize_name
 from hutch.net.views import EgressEvent, Verdict
 
 __all__ = [
     "INTERNAL_SUFFIX",
+    "MAX_INFLIGHT_PER_SOURCE",
     "PEER_TTL_S",
     "TTL_CAP_S",
     "TTL_FLOOR_S",
@@ -57,6 +71,7 @@ __all__ = [
     "SandboxDirectory",
     "SandboxNet",
     "SandboxNetInfo",
+    "refused_reply",
 ]
 
 log = logging.getLogger(__name__)
@@ -66,9 +81,12 @@ TTL_CAP_S = 3600
 PEER_TTL_S = 5
 INTERNAL_SUFFIX = "hutch.internal"
 _MAX_INFLIGHT = 512  # concurrent queries; beyond that UDP queries are dropped (flood guard)
+#: Queries one sender may have in flight (with a limit); past it: REFUSED, counted.
+MAX_INFLIGHT_PER_SOURCE = 64
 
 Learned = list[tuple[IPv4Address, int | None]]
-OnLearned = Callable[[str, Learned, int], Awaitable[None]]
+#: ``on_learned(sandbox_id, [(address, port | None)], ttl, name)``
+OnLearned = Callable[[str, Learned, int, str], Awaitable[None]]
 
 
 class SandboxNet(Protocol):
@@ -106,7 +124,10 @@ def clamp_ttl(ttl: int) -> int:
 
 class Resolver:
     """See the module docstring. ``upstream`` is (ip, port); ``timeout_s`` is per upstream
-    attempt, ``attempts`` UDP tries before SERVFAIL."""
+    attempt, ``attempts`` UDP tries before SERVFAIL. ``forbidden`` judges each answered
+    address (default: the fixed ranges only; the daemon adds its pool and the host);
+    ``limit`` the per-sender query rate (None: unlimited). ``limiter`` counts what it
+    refused (``take_refused``)."""
 
     def __init__(
         self,
@@ -117,17 +138,22 @@ class Resolver:
         *,
         timeout_s: float = 2.0,
         attempts: int = 2,
+        forbidden: ForbiddenCheck = classify_destination,
+        limit: Rate | None = None,
     ) -> None:
         self._directory = directory
         self._upstream = upstream
         self._log = log
         self._on_learned = on_learned
+        self._forbidden = forbidden
         self._timeout_s = timeout_s
         self._attempts = max(1, attempts)
         self._udp: asyncio.DatagramTransport | None = None
         self._tcp: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._cache: dict[str, tuple[float, list[tuple[IPv4Address, int]]]] = {}
+        self.limiter = KeyedLimiter(limit) if limit is not None else None
+        self._inflight: dict[str, int] = {}
         self.port = 0
 
     # ---- lifecycle -------------------------------------------------------------------
@@ -164,11 +190,36 @@ class Resolver:
     # ---- transports ------------------------------------------------------------------
 
     def _on_datagram(self, data: bytes, addr: tuple[str, int]) -> None:
+        source = addr[0]
+        if not self._admit(source):
+            reply = refused_reply(data)
+            if reply is not None and self._udp is not None:
+                self._udp.sendto(reply, addr)
+            return
         if len(self._tasks) >= _MAX_INFLIGHT:
             return
         task = asyncio.get_running_loop().create_task(self._answer_datagram(data, addr))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        if self.limiter is not None:
+            self._inflight[source] = self._inflight.get(source, 0) + 1
+            task.add_done_callback(lambda _t: self._done(source))
+
+    def _admit(self, source: str) -> bool:
+        """Whether ``source`` may have this query looked at (a token and a free slot)."""
+        if self.limiter is None:
+            return True
+        if self._inflight.get(source, 0) >= MAX_INFLIGHT_PER_SOURCE:
+            self.limiter.refuse(source)
+            return False
+        return self.limiter.allow(source)
+
+    def _done(self, source: str) -> None:
+        left = self._inflight.get(source, 1) - 1
+        if left > 0:
+            self._inflight[source] = left
+        else:
+            self._inflight.pop(source, None)
 
     async def _answer_datagram(self, data: bytes, addr: tuple[str, int]) -> None:
         try:
@@ -184,10 +235,14 @@ class Resolver:
         if task is not None:
             self._tasks.add(task)  # so close() cancels open TCP connections too
         peer = writer.get_extra_info("peername")
+
+        async def answer(query: bytes) -> bytes | None:
+            if self.limiter is not None and not self.limiter.allow(peer[0]):
+                return refused_reply(query)
+            return await self.handle(query, peer[0], tcp=True)
+
         try:
-            await serve_tcp_dns(
-                reader, writer, lambda q: self.handle(q, peer[0], tcp=True), self._timeout_s * 5
-            )
+            await serve_tcp_dns(reader, writer, answer, self._timeout_s * 5)
         finally:
             if task is not None:
                 self._tasks.discard(task)
@@ -291,23 +346,39 @@ class Resolver:
             return _reply(query, dns.rcode.SERVFAIL, tcp)
         response = dns.message.make_response(query, recursion_available=True)
         response.set_rcode(upstream.rcode())
-        addrs = _a_records(upstream)
-        ttl = clamp_ttl(min((t for _, t in addrs), default=TTL_FLOOR_S))
+        sorted_out = filter_answer(_a_records(upstream), sandbox.policy, self._forbidden)
+        answered = {a for a, _ in sorted_out.answer}
+        ttl = clamp_ttl(min((t for _, t in sorted_out.answer), default=TTL_FLOOR_S))
         for rrset in upstream.answer:
-            if rrset.rdtype in (dns.rdatatype.A, dns.rdatatype.CNAME):
-                copy = dns.rrset.from_rdata_list(rrset.name, min(rrset.ttl, ttl), list(rrset))
-                response.answer.append(copy)
-        if addrs:
+            if rrset.rdtype == dns.rdatatype.CNAME:
+                kept = list(rrset)
+            elif rrset.rdtype == dns.rdatatype.A:
+                kept = [rd for rd in rrset if IPv4Address(rd.address) in answered]
+            else:
+                continue
+            if kept:
+                response.answer.append(
+                    dns.rrset.from_rdata_list(rrset.name, min(rrset.ttl, ttl), kept)
+                )
+        if sorted_out.refused:
+            why = f"answered without {sorted_out.refusal()}"
+            self._event(sid, name, "deny", rule, why)
+        if sorted_out.learn:
             ports = sandbox.policy.name_ports(name)
-            learned: Learned = [(a, p) for a, _ in addrs for p in ports]
+            learned: Learned = [(a, p) for a, _ in sorted_out.learn for p in ports]
             try:
-                await self._on_learned(sid, learned, ttl)
+                await self._on_learned(sid, learned, ttl, name)
             except Exception as exc:  # the allow set is not filled: do not let it resolve
                 log.error("learning %s for %s failed: %s", name, sid, exc)
                 self._event(sid, name, "deny", rule, f"cannot add its addresses: {exc}")
                 return _reply(query, dns.rcode.SERVFAIL, tcp)
-        got = ", ".join(str(a) for a, _ in addrs) or dns.rcode.to_text(upstream.rcode())
-        self._event(sid, name, "allow", rule, f"resolved to {got} (allowed for {ttl}s)")
+        if sorted_out.answer or not sorted_out.refused:
+            got = ", ".join(str(a) for a, _ in sorted_out.answer)
+            got = got or dns.rcode.to_text(upstream.rcode())
+            learnt = {a for a, _ in sorted_out.learn}
+            via_ip = [str(a) for a, _ in sorted_out.answer if a not in learnt]
+            note = f"; {', '.join(via_ip)} only as its ip/cidr rules allow" if via_ip else ""
+            self._event(sid, name, "allow", rule, f"resolved to {got} (allowed for {ttl}s{note})")
         return _to_wire(response, query, tcp)
 
     # ---- upstream --------------------------------------------------------------------
@@ -384,6 +455,34 @@ def _to_wire(response: dns.message.Message, query: dns.message.Message, tcp: boo
     # UDP answers must fit what the guest can take; dnspython truncates and sets TC.
     limit = 65535 if tcp else max(512, query.payload if query.edns >= 0 else 512)
     return response.to_wire(max_size=limit, prefer_truncation=True)
+
+
+def refused_reply(wire: bytes) -> bytes | None:
+    """REFUSED for the query ``wire``, built from its header and first question only (a
+    reply must repeat the question or stub resolvers ignore it). None (drop) for a
+    response, or a packet whose question cannot be read without more work."""
+    if len(wire) < 12 or wire[2] & 0x80:
+        return None
+    qdcount = struct.unpack_from("!H", wire, 4)[0]
+    end = 12
+    if qdcount:
+        while True:
+            if end >= len(wire) or end > 12 + 255:
+                return None
+            length = wire[end]
+            if length == 0:
+                break
+            if length & 0xC0:  # compression in a question: not worth reading
+                return None
+            end += 1 + length
+        end += 1 + 4  # root label, type, class
+        if end > len(wire):
+            return None
+    flags = 0x8000 | (wire[2] & 0x79) << 8 | 0x80 | dns.rcode.REFUSED  # QR, opcode, RD, RA
+    return (
+        struct.pack("!HHHHHH", *struct.unpack_from("!H", wire), flags, min(qdcount, 1), 0, 0, 0)
+        + wire[12:end]
+    )
 
 
 def _formerr(wire: bytes) -> bytes | None:

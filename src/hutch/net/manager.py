@@ -1,7 +1,12 @@
 """Sandbox networking as one unit: address leases, egress policies, private networks and
-exposed ports, kept in the store and pushed to the dataplane (taps + nftables); the
-resolver, the SNI/Host proxy, the port forwarder and the NFLOG reader run in the daemon's
-event loop.
+exposed ports, kept in the store and pushed to the dataplane (taps + nftables). The
+resolver, the SNI/Host proxy, the NFLOG reader, the counter poll and the learned sets
+(:mod:`hutch.net.learning`: DNS learning and policy swaps) run in the data path's own
+thread and loop (:mod:`hutch.net.datapath`), so what guests send cannot slow the API's
+loop; the port forwarder (host clients, exposed by API calls) and the host-address
+watcher stay in the API's loop. What the data path asks about a sandbox (``lookup``) is
+answered from a snapshot that every change replaces whole; calls into the data path's
+objects go through ``Datapath.run``/``Datapath.call``, never directly.
 
 Everything is enforced on the host. While the daemon is down its nft table stays in
 place and its resolver and proxy ports are closed: sandboxes fail closed.
@@ -13,15 +18,16 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 import secrets
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Interface
 from pathlib import Path
 
 from hutch.config import Settings
+from hutch.contract.limits import MAX_NETWORKS_PER_SANDBOX
+from hutch.contract.names import NETWORK_ID_RE as _NETWORK_ID_RE
 from hutch.errors import Conflict, HutchError, InvalidArgument, NetworkError, NotFound
 from hutch.models import NAME_RE
 from hutch.net import links, nft_apply
@@ -30,19 +36,24 @@ from hutch.net.addressing import (
     Block,
     guest_mac,
     host_addresses,
-    is_forbidden_destination,
     tap_name,
     tap_prefix,
 )
+from hutch.net.datapath import Datapath
 from hutch.net.dataplane import Dataplane, NftDataplane
-from hutch.net.dns import INTERNAL_SUFFIX, Learned, Resolver, SandboxNetInfo
+from hutch.net.destinations import Forbidden, classify_destination
+from hutch.net.dns import INTERNAL_SUFFIX, Resolver, SandboxNetInfo
 from hutch.net.egress_log import EgressLog
+from hutch.net.host_addresses import HostAddressWatcher, is_host_address
 from hutch.net.inbound import PortForwarder
+from hutch.net.learning import Learner
 from hutch.net.nflog import LoggedPacket, NflogReader, split_prefix
-from hutch.net.nft import LearnedAddress, SandboxNet, TableConfig
+from hutch.net.nft import SandboxNet, TableConfig
 from hutch.net.nft_apply import SandboxCounters
 from hutch.net.proxy import EgressProxy
+from hutch.net.ratelimit import Rate
 from hutch.net.rules import EgressPolicy, parse_policy
+from hutch.net.summaries import Summaries
 from hutch.net.views import EgressEvent, EgressView, NetworkView, PortView
 from hutch.store.db import Store
 from hutch.store.net import NetStore, NetworkRow
@@ -52,10 +63,9 @@ __all__ = ["NetworkManager", "default_upstream"]
 
 log = logging.getLogger(__name__)
 
-_NETWORK_ID_RE = re.compile(r"^net-[0-9a-f]{12}$")
-#: Most private networks one sandbox may be on.
-MAX_NETWORKS_PER_SANDBOX = 16
 _COUNTERS_EVERY_S = 2.0
+#: How often the limiters' refusals become counts and summary lines.
+_REFUSALS_EVERY_S = 1.0
 
 
 def default_upstream(resolv_conf: Path = Path("/etc/resolv.conf")) -> tuple[str, int]:
@@ -74,6 +84,16 @@ def default_upstream(resolv_conf: Path = Path("/etc/resolv.conf")) -> tuple[str,
         resolv_conf,
     )
     return "127.0.0.1", 53
+
+
+@dataclass(frozen=True)
+class _Published:
+    """What the data path's thread reads of the sandboxes: made whole by _publish()
+    and never changed after (the next change publishes a new one)."""
+
+    by_address: Mapping[IPv4Address, SandboxNetInfo]
+    by_id: Mapping[str, SandboxNetInfo]
+    by_tap: Mapping[str, str]  # tap -> sandbox id
 
 
 @dataclass
@@ -108,18 +128,37 @@ class NetworkManager:
         self.log = EgressLog()
         self._names = names
         self._attached: dict[str, _Attached] = {}
-        self._by_address: dict[IPv4Address, str] = {}
-        self._by_tap: dict[str, str] = {}
         self._host_addrs: frozenset[IPv4Address] = frozenset()
+        # Host address events arrive in the API's loop; the data path reads the set
+        # (replaced whole) and asks the kernel at each check (_is_host).
+        self._host_watch = HostAddressWatcher(host_addresses, self._host_addrs_changed)
         self._counters: dict[str, SandboxCounters] = {}
-        self._nflog_counted: dict[str, int] = {}
+        # What the data path's thread reads: replaced whole by _publish(), never changed.
+        self._published = _Published({}, {}, {})
         self._lock = asyncio.Lock()
-        self._tasks: list[asyncio.Task[None]] = []
         self._nflog: NflogReader | None = None
-        self.resolver = Resolver(
-            self, settings.dns_upstream or default_upstream(), self.log, self._learned
+        self.datapath = Datapath()
+        lim = settings.net_limits
+        self.summaries = Summaries(self.log, lim)
+        # Lives in the data path's loop: reached only through self.datapath.
+        self.learner = Learner(
+            self.dataplane, self._config, self._published_policy, self._forbidden
         )
-        self.proxy = EgressProxy(self, self.resolver, self.log, self._forbidden)
+        self.resolver = Resolver(
+            self,
+            settings.dns_upstream or default_upstream(),
+            self.log,
+            self.learner.learn,
+            forbidden=self._forbidden,
+            limit=Rate(lim.dns_rate, lim.dns_burst),
+        )
+        self.proxy = EgressProxy(
+            self,
+            self.resolver,
+            self.log,
+            self._forbidden,
+            limit=Rate(lim.proxy_conn_rate, lim.proxy_conn_burst),
+        )
         self.forwarder = PortForwarder(settings.ports_bind)
         self.cfg: TableConfig | None = None
 
@@ -128,8 +167,19 @@ class NetworkManager:
     async def start(self, live_ids: Collection[str]) -> None:
         """Bring the host in line with the store: leases of sandboxes not in ``live_ids``
         are dropped, taps and the table rebuilt, exposed ports listened on again."""
-        dns_port = await self.resolver.start()
-        proxy_port = await self.proxy.start()
+        self.datapath.start()
+        try:
+            await self._start(live_ids)
+        except BaseException:
+            await self.datapath.run(self.proxy.close())
+            await self.datapath.run(self.resolver.close())
+            await self.datapath.stop()
+            await self._host_watch.close()
+            raise
+
+    async def _start(self, live_ids: Collection[str]) -> None:
+        dns_port = await self.datapath.run(self.resolver.start())
+        proxy_port = await self.datapath.run(self.proxy.start())
         group = 1000 + int(self.settings.daemon_tag, 16) % 30000
         self.cfg = TableConfig(
             tag=self.settings.daemon_tag,
@@ -138,25 +188,27 @@ class NetworkManager:
             proxy_port=proxy_port,
             nflog_group=group,
             vmm_uid=qemu_uid(self.settings) if self.real else None,
+            limits=self.settings.net_limits,
         )
         if self.real:
-            self._host_addrs = await host_addresses()
+            # Subscribed to address events before the first read: no change is missed.
+            self._host_addrs = await self._host_watch.start()
             await self._check_pool_is_ours()
         live = set(live_ids)
         for sid in set(self.db.leases()) - live:
             self.db.forget_sandbox(sid)
         for sid, lease in self.db.leases().items():
-            self._remember(
-                _Attached(
-                    sid, self.pool.block(lease.block), lease.tap, parse_policy(self.db.rules(sid))
-                )
+            self._attached[sid] = _Attached(
+                sid, self.pool.block(lease.block), lease.tap, parse_policy(self.db.rules(sid))
             )
-        await self.dataplane.install(
-            self.cfg,
-            [a.dataplane_view() for a in self._attached.values()],
-            {sid: a.block for sid, a in self._attached.items()},
-            self._network_addresses(),
-        )
+        async with self._lock:  # a host address change waits for the table to exist
+            self._publish()
+            await self.dataplane.install(
+                self.cfg,
+                [a.dataplane_view() for a in self._attached.values()],
+                {sid: a.block for sid, a in self._attached.items()},
+                self._network_addresses(),
+            )
         for sid, guest_port, _old in self.db.ports():
             if sid in self._attached:
                 try:
@@ -167,20 +219,19 @@ class NetworkManager:
                         await self._expose(sid, guest_port)
         if self.real:
             self._nflog = NflogReader(group)
-            self._tasks.append(asyncio.create_task(self._read_nflog(), name="hutch-nflog"))
-        self._tasks.append(asyncio.create_task(self._poll_counters(), name="hutch-counters"))
+            self.datapath.spawn(self._read_nflog, "hutch-nflog")
+        self.datapath.spawn(self._poll_counters, "hutch-counters")
 
     async def close(self) -> None:
         """Stop the servers and readers. With sandboxes left, the nft table and taps
         stay (their traffic fails closed until a restart); with none, the table goes."""
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks.clear()
+        if self.datapath.thread is not None:
+            await self.datapath.run(self.proxy.close())
+            await self.datapath.run(self.resolver.close())
+        await self.datapath.stop()
         if self._nflog is not None:
-            self._nflog.close()
-        await self.proxy.close()
-        await self.resolver.close()
+            self._nflog.close()  # after the loop that waited on it is gone
+        await self._host_watch.close()
         if self.real and self.cfg is not None and not self.db.leases():
             with contextlib.suppress(HutchError):
                 await nft_apply.delete_table(self.cfg.tag)
@@ -189,10 +240,8 @@ class NetworkManager:
     # -- what the resolver, the proxy and the guest ask ----------------------------------
 
     def lookup(self, addr: IPv4Address) -> SandboxNetInfo | None:
-        sid = self._by_address.get(addr)
-        if sid is None:
-            return None
-        return SandboxNetInfo(sid, self._attached[sid].policy, self._peers(sid))
+        """The sandbox behind a guest address (called from the data path's thread)."""
+        return self._published.by_address.get(addr)
 
     def guest_settings(self, sandbox_id: str) -> dict[str, str] | None:
         att = self._attached.get(sandbox_id)
@@ -243,9 +292,10 @@ class NetworkManager:
                 with contextlib.suppress(Exception):
                     await self.dataplane.remove(cfg, att.dataplane_view())
                 raise
-            self._remember(att)
+            self._attached[sandbox_id] = att
             for nid in network_ids:
                 self.db.add_member(nid, sandbox_id)
+            self._publish()
             if network_ids:
                 await self.dataplane.set_networks(cfg, self._network_addresses())
 
@@ -262,14 +312,16 @@ class NetworkManager:
                 att = _Attached(
                     sandbox_id, self.pool.block(lease.block), lease.tap, EgressPolicy.open()
                 )
+            self._publish()
             if att is not None:
-                self._by_address.pop(att.block.guest, None)
-                self._by_tap.pop(att.tap, None)
                 await self.dataplane.remove(cfg, att.dataplane_view())
             if had_networks:
                 await self.dataplane.set_networks(cfg, self._network_addresses())
         self.log.forget(sandbox_id)
-        self._nflog_counted.pop(sandbox_id, None)
+        if self.datapath.thread is not None:
+            await self.datapath.call(self.learner.forget, sandbox_id)
+        else:
+            self.learner.forget(sandbox_id)
 
     def is_attached(self, sandbox_id: str) -> bool:
         return sandbox_id in self._attached
@@ -281,25 +333,37 @@ class NetworkManager:
         return att.policy if att else parse_policy(self.db.rules(sandbox_id))
 
     async def set_policy(self, sandbox_id: str, policy: EgressPolicy) -> EgressView:
+        """Swap the rules live. What the new rules no longer allow stops at once: the
+        nft flows of older rules are checked again on their next packet (see
+        :mod:`hutch.net.nft`) and the proxy cuts the connections it relays for names
+        no longer allowed; addresses learned for names still allowed are carried over."""
         att = self._require(sandbox_id)
         async with self._lock:
             new = _Attached(att.sandbox_id, att.block, att.tap, policy)
-            await self.dataplane.replace_policy(self._config(), new.dataplane_view())
+            # In the data path's loop, ordered against its learnings (hutch.net.learning).
+            await self.datapath.run(self.learner.swap(new.dataplane_view(), policy))
             # Stored only once the host enforces it: a failure keeps the old rules.
             self.db.set_rules(sandbox_id, policy.texts())
             self._attached[sandbox_id] = new
+            self._publish()
+            # After the publish: a connection decided under the old rules and registered
+            # after this cut meets the new rules when it registers (see the proxy).
+            await self.datapath.call(self.proxy.revalidate, sandbox_id, policy)
         return self.egress_view(sandbox_id)
 
     def egress_view(self, sandbox_id: str) -> EgressView:
         policy = self.policy_of(sandbox_id)
+        # Decisions of the resolver and the proxy, plus what nft counts (its denials are
+        # in the log too, recorded without counting them twice).
         allowed, denied = self.log.counters(sandbox_id)
+        limited, unlogged = self.log.rate_limited(sandbox_id), 0
         nft = self._counters.get(sandbox_id)
-        # NFLOG denials are in the log too; the nft counter counts every one of them.
-        denied -= self._nflog_counted.get(sandbox_id, 0)
         if nft is not None:
             allowed += nft.allowed
             denied += nft.denied
-        return EgressView(policy.texts(), policy.mode, allowed, max(0, denied))
+            limited += nft.rate_limited
+            unlogged = nft.unlogged
+        return EgressView(policy.texts(), policy.mode, allowed, denied, limited, unlogged)
 
     def events(self, sandbox_id: str, limit: int) -> list[EgressEvent]:
         return self.log.events(sandbox_id, limit)
@@ -326,8 +390,9 @@ class NetworkManager:
 
     async def delete_network(self, id_or_name: str) -> None:
         row = self._network(id_or_name)
-        self.db.delete_network(row.id)
         async with self._lock:
+            self.db.delete_network(row.id)
+            self._publish()
             await self.dataplane.set_networks(
                 self._config(), self._network_addresses(), removed=[row.id]
             )
@@ -340,6 +405,7 @@ class NetworkManager:
             raise Conflict(f"sandbox {sandbox_id} is already on {len(current)} networks (the most)")
         async with self._lock:
             self.db.add_member(row.id, sandbox_id)
+            self._publish()
             await self.dataplane.set_networks(self._config(), self._network_addresses())
         return self._view(row)
 
@@ -349,6 +415,7 @@ class NetworkManager:
             raise NotFound(f"sandbox {sandbox_id} is not on network {row.id} ({row.name})")
         async with self._lock:
             self.db.remove_member(row.id, sandbox_id)
+            self._publish()
             await self.dataplane.set_networks(self._config(), self._network_addresses())
 
     def networks_of(self, sandbox_id: str) -> list[str]:
@@ -421,10 +488,23 @@ class NetworkManager:
             )
         return att
 
-    def _remember(self, att: _Attached) -> None:
-        self._attached[att.sandbox_id] = att
-        self._by_address[att.block.guest] = att.sandbox_id
-        self._by_tap[att.tap] = att.sandbox_id
+    def _publish(self) -> None:
+        """Replace the data path's view of the sandboxes (one assignment: its thread sees
+        the old snapshot or the new one, never a half-made one). Called under _lock, so
+        snapshots are published in the order the changes were made."""
+        infos = {
+            sid: SandboxNetInfo(sid, a.policy, self._peers(sid))
+            for sid, a in self._attached.items()
+        }
+        self._published = _Published(
+            by_address={a.block.guest: infos[sid] for sid, a in self._attached.items()},
+            by_id=infos,
+            by_tap={a.tap: sid for sid, a in self._attached.items()},
+        )
+
+    def _published_policy(self, sandbox_id: str) -> EgressPolicy | None:
+        info = self._published.by_id.get(sandbox_id)
+        return info.policy if info is not None else None
 
     def _network(self, id_or_name: str) -> NetworkRow:
         row = self.db.network(id_or_name) if isinstance(id_or_name, str) else None
@@ -460,24 +540,40 @@ class NetworkManager:
         shown = f"[{host}]" if ":" in host else host
         return PortView(guest, host, host_port, f"http://{shown}:{host_port}")
 
-    def _forbidden(self, addr: IPv4Address) -> bool:
-        return is_forbidden_destination(addr, self.pool, self._host_addrs)
+    def _is_host(self, addr: IPv4Address) -> bool:
+        """The host's own address: in the last set read, or (asked of the kernel now) an
+        address that appeared since."""
+        return addr in self._host_addrs or is_host_address(addr)
 
-    async def _learned(self, sandbox_id: str, learned: Learned, ttl: int) -> None:
-        if sandbox_id not in self._attached:
-            return
-        items = [LearnedAddress(addr, port, ttl) for addr, port in learned]
-        try:
-            await self.dataplane.learned(self._config(), sandbox_id, items)
-        except HutchError as exc:
-            # The guest's connection will be refused: fail closed, but say why.
-            log.warning("could not allow learned addresses for %s: %s", sandbox_id, exc)
+    def _forbidden(self, addr: IPv4Address) -> Forbidden | None:
+        """Why a name must not lead to ``addr`` (called from the data path's thread)."""
+        return classify_destination(addr, self.pool, self._is_host)
+
+    async def _host_addrs_changed(self, addrs: frozenset[IPv4Address]) -> None:
+        async with self._lock:
+            if self.cfg is not None:
+                await self.dataplane.set_host_addrs(self.cfg, addrs)
+            self._host_addrs = addrs  # replaced whole: the data path's thread reads it
 
     async def _poll_counters(self) -> None:
+        """In the data path's loop: the limiters' refusals every second and the nft
+        counters every _COUNTERS_EVERY_S become counts and summary lines."""
+        polled = 0.0
         while True:
-            with contextlib.suppress(HutchError):
-                self._counters = await self.dataplane.counters(self._config())
-            await asyncio.sleep(_COUNTERS_EVERY_S)
+            self._account_refusals()
+            if time.monotonic() - polled >= _COUNTERS_EVERY_S:
+                polled = time.monotonic()
+                with contextlib.suppress(HutchError):
+                    self._counters = await self.dataplane.counters(self._config())
+                    self.summaries.kernel(self._counters)
+            await asyncio.sleep(_REFUSALS_EVERY_S)
+
+    def _account_refusals(self) -> None:
+        self.summaries.take_refused(
+            [("dns", self.resolver.limiter), ("proxy", self.proxy.limiter)],
+            self.lookup,
+            _REFUSALS_EVERY_S,
+        )
 
     async def _read_nflog(self) -> None:
         assert self._nflog is not None
@@ -491,10 +587,12 @@ class NetworkManager:
         tag, sid, reason = split_prefix(packet.prefix)
         if tag != f"h{self.settings.daemon_tag}":
             return
+        published = self._published
         if sid is None and packet.indev:
-            sid = self._by_tap.get(packet.indev)
-        if sid is None:
-            return
+            sid = published.by_tap.get(packet.indev)
+        if sid is None or sid not in published.by_id:
+            return  # not ours, or deleted since (its log is gone; do not make a new one)
+        # The nft deny counter counts it already: logged, not counted again.
         self.log.record(
             EgressEvent(
                 time=packet.time,
@@ -506,9 +604,9 @@ class NetworkManager:
                 verdict="deny",
                 rule=None,
                 reason=_REASONS.get(reason, reason),
-            )
+            ),
+            count=False,
         )
-        self._nflog_counted[sid] = self._nflog_counted.get(sid, 0) + 1
 
 
 _REASONS = {
@@ -521,4 +619,8 @@ _REASONS = {
     "multicast": "always denied: multicast or broadcast",
     "smtp": "always denied: SMTP (tcp port 25)",
     "policy": "no egress rule allows this destination",
+    "quic": (
+        "udp 443 (QUIC): under rules only an ip/cidr rule opens it (QUIC's server name "
+        "is not checked); HTTPS over TCP works"
+    ),
 }

@@ -8,32 +8,58 @@ One table per daemon, ``inet hutch_<tag>``; every change is one script = one ato
                              (the filter chains decide those): iifname vmap @px_vmap
     px_<key>                 rules mode: tcp 80/443 -> proxy port unless an ip/cidr rule
   input (filter)             iifname "h<tag>*" -> from_tap: unregistered, IPv6, spoofed
-                             dropped; established ok; redirected DNS/proxy ok; rest dropped
+                             dropped; DNS packets / new proxy connections past the
+                             sandbox's kernel ceiling dropped; established ok;
+                             redirected DNS/proxy ok; rest dropped
   forward (filter)           iifname "h<tag>*" -> egress; oifname "h<tag>*" -> ingress
     egress                   unregistered / IPv6 / spoofed (iifname . ip saddr) dropped,
-                             established ok, jump peers, then host / link-local / sandbox
-                             pool / multicast / tcp 25 dropped; iifname vmap @sb_vmap
+                             established flows of the current policy ok (est_vmap), jump
+                             peers, then host / link-local / sandbox pool / multicast /
+                             tcp 25 dropped; iifname vmap @sb_vmap
+    e_<key>                  ct mark <policy mark> accept (else back to the caller)
     sb_<key>                 the policy only: open accept | deny-all drop | rules: the
-                             a_<key>_* sets accept, else drop (small: a swap is cheap)
+                             a_<key>_* sets accept, udp 443 (QUIC) to learned addresses
+                             dropped, else drop (small: a swap is cheap); every accept
+                             sets the flow's ct mark to the policy mark
     peers                    ip saddr @net_<nid> ip daddr @net_<nid> accept (per network)
-    ingress                  to a tap: established ok, rest dropped (inbound is closed)
+    ingress                  to a tap: established flows of the current policy ok
+                             (est_vmap), rest dropped (inbound is closed)
   postrouting (nat, srcnat)  ip saddr @pool oifname != @taps masquerade
 
 ``<key>`` is the sandbox id's 12 hex digits, ``<nid>`` the network id's. Every denial is
-logged to NFLOG group ``nflog_group`` (rate-limited per rule) with prefix
-``h<tag> <who> <reason>`` (reasons: :data:`DENY_REASONS`). ``<who>`` is the sandbox id in
-its own chain (reason ``policy``) and ``-`` in the shared chains, where the packet's indev
-(the tap) names the sandbox. Named counters ``c_<key>_allow`` (new connections its policy
-accepted; peer, DNS and proxy traffic not included) and ``c_<key>_deny`` (packets dropped
-for any reason, shared rules included via the ``deny_ctr`` map) are read back by
-:func:`hutch.net.nft_apply.read_counters`.
+logged to NFLOG group ``nflog_group`` with prefix ``h<tag> <who> <reason>`` (reasons:
+:data:`DENY_REASONS`), within a log budget *per sandbox* (``log_budget``: one token
+bucket per input interface, shared by every deny rule), so one sandbox's flood cannot use
+up another's entries. ``<who>`` is the sandbox id in its own chain (reasons ``policy``,
+``quic``) and ``-`` in the shared chains, where the packet's indev (the tap) names the
+sandbox.
+
+Named counters per sandbox, read back by :func:`hutch.net.nft_apply.read_counters`:
+``c_<key>_allow`` (new connections its policy accepted, and flows it checked again after
+a rule change; peer, DNS and proxy traffic not included), ``c_<key>_deny`` (packets
+dropped for any reason, shared rules included via the ``deny_ctr`` map),
+``c_<key>_nolog`` (of those, the ones past the log budget: not logged one by one) and
+``c_<key>_limit`` (DNS packets and new resolver/proxy connections dropped past the kernel
+ceiling, :data:`KERNEL_CEILING` times the daemon's limits; not denials, so not in
+``deny``).
 
 Ordering matters: the source check comes before any conntrack accept, so a guest cannot
 inject packets into another sandbox's flows by spoofing its peer's address.
+
+Rule changes reach open connections: the policy chain marks every flow it accepts with
+:func:`policy_mark` (a digest of the rule list) and an established flow passes without
+a policy check only while its mark is the current one (``e_<key>``). After a swap, the
+next packet of an older flow goes through the new policy: accepted (and re-marked), or
+dropped and logged. So that a change does not cut flows the new rules still allow, a
+flow to an address learned for a name is also accepted while the name stays allowed,
+for :data:`KEEP_S` after the name was resolved (``a_<key>_keep``/``_keepport``, checked
+for established flows only; new connections need the TTL-bound ``a_<key>_dns`` sets).
+The mark is the conntrack mark: hutch owns it for flows forwarded from its taps.
 """
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -41,17 +67,21 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network
 from typing import Literal, Protocol
 
+from hutch.config import NetLimits
 from hutch.errors import InvalidArgument
 from hutch.net.addressing import sandbox_key, tap_prefix
 
 __all__ = [
     "DENY_REASONS",
+    "KEEP_S",
+    "KERNEL_CEILING",
     "LearnedAddress",
     "PolicyLike",
     "RulesetState",
     "SandboxNet",
     "TableConfig",
     "network_key",
+    "policy_mark",
     "render_add_sandbox",
     "render_host_addrs",
     "render_learned",
@@ -73,10 +103,18 @@ DENY_REASONS = (
     "multicast",  # multicast, broadcast, 0.0.0.0/8
     "smtp",  # tcp port 25
     "policy",  # the sandbox's egress policy does not allow it
+    "quic",  # udp 443 in rules mode without an ip/cidr rule for it (no SNI check)
 )
 
-# Denials are logged at most this often per rule (the counters still count every one).
-LOG_RATE = "limit rate 20/second burst 40 packets"
+#: Seconds an address learned for a name keeps its established flows alive across rule
+#: changes that still allow the name (its DNS TTL only bounds new connections).
+KEEP_S = 86400
+
+#: The kernel drops a sandbox's DNS packets and new resolver/proxy connections past this
+#: many times the daemon's limits (``NetLimits``): between 1x and this, the daemon answers
+#: (REFUSED, or a closed connection) so a client fails fast; past it a flood costs the
+#: daemon nothing.
+KERNEL_CEILING = 2
 
 _NID_RE = re.compile(r"^net-([0-9a-f]{12})$")
 _LINK_LOCAL = (IPv4Network("169.254.0.0/16"),)
@@ -98,6 +136,8 @@ class PolicyLike(Protocol):
 
     def ip_port_networks(self) -> list[tuple[IPv4Network, int]]: ...
 
+    def texts(self) -> list[str]: ...
+
 
 @dataclass(frozen=True)
 class TableConfig:
@@ -112,6 +152,8 @@ class TableConfig:
     # needs none (its NIC is a tap, its channels unix sockets); a QEMU that escaped its
     # guest must not get the network its guest's rules deny. None: no such rule.
     vmm_uid: int | None = None
+    # Per-sandbox log budget and the kernel ceilings (KERNEL_CEILING x these).
+    limits: NetLimits = field(default_factory=NetLimits)
 
     def __post_init__(self) -> None:
         tap_prefix(self.tag)  # validates the tag
@@ -144,12 +186,15 @@ class SandboxNet:
 
 @dataclass(frozen=True)
 class LearnedAddress:
-    """An address hutch's resolver answered for an allowed name, for ``ttl`` seconds.
+    """An address hutch's resolver answered for an allowed name: new connections to it
+    for ``ttl`` seconds (None: no more new ones, e.g. carried over past its TTL), its
+    established flows across rule changes for ``keep`` seconds (0: not kept).
     ``port`` None: the name's rule allows any port; else only that port (tcp and udp)."""
 
     address: IPv4Address
     port: int | None
-    ttl: int
+    ttl: int | None
+    keep: int = KEEP_S
 
 
 @dataclass(frozen=True)
@@ -166,6 +211,15 @@ class RulesetState:
 def table_name(tag: str) -> str:
     tap_prefix(tag)  # validates
     return f"hutch_{tag}"
+
+
+def policy_mark(policy: PolicyLike) -> int:
+    """The conntrack mark of flows a policy accepted: 32 bits of a digest of its rules
+    (never 0, the mark of flows nobody marked). The same rules give the same mark, so a
+    daemon restart or a change back to earlier rules does not disturb their flows."""
+    text = "\n".join([policy.mode, *policy.texts()])
+    mark = int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big")
+    return mark or 1
 
 
 def network_key(network_id: str) -> str:
@@ -204,18 +258,60 @@ def _net_ports(pairs: Iterable[tuple[IPv4Network, int]]) -> list[str]:
     return [f"{n} . {port}" for port in sorted(by_port) for n in _nets(by_port[port])]
 
 
-def _deny(cfg: TableConfig, match: str, who: str, reason: str, counter: str) -> list[str]:
-    """Two rules: count and log (rate-limited, so it cannot flood), then drop. The drop
-    stands alone so that nothing the first rule does (a counter-map miss) can skip it."""
+def _deny(
+    cfg: TableConfig,
+    match: str,
+    who: str,
+    reason: str,
+    counter: str,
+    unlogged: str | None = None,
+) -> list[str]:
+    """Three rules: count; past the interface's log budget, count as unlogged and drop;
+    else log and drop. The count stands alone so that a counter-map miss (which ends a
+    rule) can only skip counting, and each of the other two ends in its own drop (a miss
+    in the second falls through to the third, which drops too). ``unlogged``: the
+    counter of denials past the budget (default: the tap's, for the shared rules)."""
     prefix = _q(f"h{cfg.tag} {who} {reason}")
+    lim = cfg.limits
+    if unlogged is None:
+        unlogged = _TAP_NOLOG if counter == _TAP_DENY else ""
+    budget = (
+        f"update @log_budget {{ iifname limit rate over {lim.deny_log_rate}/second "
+        f"burst {lim.deny_log_burst} packets }}"
+    )
     return [
-        f"{match} {counter} {LOG_RATE} log group {cfg.nflog_group} prefix {prefix}".strip(),
-        f"{match} drop".strip(),
+        f"{match} {counter}".strip(),
+        f"{match} {budget} {unlogged} drop".replace("  ", " ").strip(),
+        f"{match} log group {cfg.nflog_group} prefix {prefix} drop".strip(),
     ]
 
 
-# The per-sandbox deny counter, found by the input interface (shared rules).
+# A sandbox's sets, in the order they are flushed and deleted.
+_SETS = ("ip", "ipport", "dns", "dnsport", "keep", "keepport")
+# Its named counters, in the order they are deleted.
+_COUNTERS = ("allow", "deny", "nolog", "limit")
+
+# The per-sandbox counters, found by the input interface (shared rules).
 _TAP_DENY = "counter name iifname map @deny_ctr"
+_TAP_NOLOG = "counter name iifname map @nolog_ctr"
+_TAP_LIMITED = "counter name iifname map @limit_ctr"
+# Dynamic sets: one token bucket per input interface, forgotten after a minute unused.
+_METER = "type ifname; flags dynamic,timeout; timeout 60s; size 65536;"
+
+
+def _ceilings(cfg: TableConfig) -> list[str]:
+    """Kernel ceilings per sandbox (before the conntrack accept: a flood from one socket
+    is "established" after the first answer). A flood past them is dropped here, counted
+    in the sandbox's ``limit`` counter, and never costs the daemon a wakeup."""
+    lim, k = cfg.limits, KERNEL_CEILING
+    dns = f"{k * lim.dns_rate}/second burst {k * lim.dns_burst} packets"
+    conn = f"{k * lim.proxy_conn_rate}/second burst {k * lim.proxy_conn_burst} packets"
+    return [
+        f"udp dport {cfg.dns_port} ct status dnat "
+        f"update @dns_meter {{ iifname limit rate over {dns} }} {_TAP_LIMITED} drop",
+        f"tcp dport {{ {cfg.dns_port}, {cfg.proxy_port} }} ct state new ct status dnat "
+        f"update @conn_meter {{ iifname limit rate over {conn} }} {_TAP_LIMITED} drop",
+    ]
 
 
 def _add_element(cfg: TableConfig, obj: str, items: Sequence[str]) -> str:
@@ -229,12 +325,17 @@ def _sb_names(key: str) -> dict[str, str]:
     return {
         "chain": f"sb_{key}",
         "px": f"px_{key}",
+        "est": f"e_{key}",
         "ip": f"a_{key}_ip",
         "ipport": f"a_{key}_ipport",
         "dns": f"a_{key}_dns",
         "dnsport": f"a_{key}_dnsport",
+        "keep": f"a_{key}_keep",
+        "keepport": f"a_{key}_keepport",
         "allow": f"c_{key}_allow",
         "deny": f"c_{key}_deny",
+        "nolog": f"c_{key}_nolog",
+        "limit": f"c_{key}_limit",
     }
 
 
@@ -245,10 +346,15 @@ def _sb_set_decls(cfg: TableConfig, key: str) -> list[str]:
         f"add set inet {t} {n['ipport']} {{ type ipv4_addr . inet_service; flags interval; }}",
         f"add set inet {t} {n['dns']} {{ type ipv4_addr; flags timeout; }}",
         f"add set inet {t} {n['dnsport']} {{ type ipv4_addr . inet_service; flags timeout; }}",
+        f"add set inet {t} {n['keep']} {{ type ipv4_addr; flags timeout; }}",
+        f"add set inet {t} {n['keepport']} {{ type ipv4_addr . inet_service; flags timeout; }}",
         f"add counter inet {t} {n['allow']}",
         f"add counter inet {t} {n['deny']}",
+        f"add counter inet {t} {n['nolog']}",
+        f"add counter inet {t} {n['limit']}",
         f"add chain inet {t} {n['chain']}",
         f"add chain inet {t} {n['px']}",
+        f"add chain inet {t} {n['est']}",
     ]
 
 
@@ -267,8 +373,13 @@ def _sb_fill(cfg: TableConfig, sb: SandboxNet) -> list[str]:
 
     # The checks every sandbox shares (spoofing, always-denied destinations) ran in the
     # egress chain already; this chain holds only the policy, so a policy swap is small.
+    # Every accept marks the flow with this policy (established flows skip the policy
+    # only while their mark is current: e_<key>).
     sid, deny = sb.sandbox_id, f"counter name {_q(n['deny'])}"
-    allow = f"counter name {_q(n['allow'])} accept"
+    nolog = f"counter name {_q(n['nolog'])}"  # its denials past the log budget
+    mark = f"{policy_mark(policy):#010x}"
+    allow = f"ct mark set {mark} counter name {_q(n['allow'])} accept"
+    keep = f"ct mark set {mark} accept"
     rules: list[str] = []
     if policy.mode == "open":
         rules.append(allow)
@@ -277,10 +388,20 @@ def _sb_fill(cfg: TableConfig, sb: SandboxNet) -> list[str]:
         # port sets only apply to TCP and UDP.
         rules.append(f"ip daddr @{n['ip']} {allow}")
         rules.append(f"meta l4proto @tcp_udp ip daddr . th dport @{n['ipport']} {allow}")
+        # QUIC carries its server name where the proxy does not look: UDP 443 goes only
+        # where an ip/cidr rule (above) allows it, never to an address learned for a
+        # name (below); clients fall back to TCP 443, whose SNI the proxy checks.
+        rules += _deny(cfg, "udp dport 443", sid, "quic", deny, nolog)
         rules.append(f"ip daddr @{n['dns']} {allow}")
         rules.append(f"meta l4proto @tcp_udp ip daddr . th dport @{n['dnsport']} {allow}")
-    rules += _deny(cfg, "", sid, "policy", deny)
+        established = "ct state established,related"
+        rules.append(f"{established} ip daddr @{n['keep']} {keep}")
+        rules.append(
+            f"{established} meta l4proto @tcp_udp ip daddr . th dport @{n['keepport']} {keep}"
+        )
+    rules += _deny(cfg, "", sid, "policy", deny, nolog)
     lines += [f"add rule inet {t} {n['chain']} {r}" for r in rules]
+    lines.append(f"add rule inet {t} {n['est']} ct mark {mark} accept")
 
     if policy.mode == "rules":
         # Web traffic goes through the proxy, which checks SNI/Host against the rules and
@@ -301,7 +422,10 @@ def _sb_elements(sb: SandboxNet) -> list[tuple[str, str]]:
         ("tap_src", f"{tap} . {sb.guest}"),
         ("sb_vmap", f"{tap} : jump {n['chain']}"),
         ("px_vmap", f"{tap} : jump {n['px']}"),
+        ("est_vmap", f"{tap} : jump {n['est']}"),
         ("deny_ctr", f"{tap} : {_q(n['deny'])}"),
+        ("nolog_ctr", f"{tap} : {_q(n['nolog'])}"),
+        ("limit_ctr", f"{tap} : {_q(n['limit'])}"),
     ]
 
 
@@ -320,14 +444,19 @@ def _skeleton(cfg: TableConfig, host_addrs: Iterable[IPv4Address]) -> str:
     # Shared checks first, in this order: the tap must be registered (else no counter
     # exists for it), IPv4 only, source must be the sandbox's own address (before any
     # conntrack accept, so a guest cannot inject into another sandbox's flows).
-    guard = [
+    checks = [
         *_deny(cfg, "iifname != @taps", "-", "unregistered", "counter"),
         *_deny(cfg, "meta nfproto ipv6", "-", "ipv6", _TAP_DENY),
         *_deny(cfg, "iifname . ip saddr != @tap_src", "-", "spoof", _TAP_DENY),
-        "ct state established,related accept",
     ]
     from_tap = [
-        *guard,
+        *checks,
+        # Before the conntrack accept: a flood from one socket is established after its
+        # first answer, and must still meet the ceiling.
+        *_ceilings(cfg),
+        # Replies of the host's own connections (exposed ports) and of redirected DNS
+        # and proxy traffic: the resolver and the proxy apply rule changes themselves.
+        "ct state established,related accept",
         # Only connections nft redirected reach the resolver and proxy: a guest cannot
         # address them (or anything else on the host) directly.
         f"ct status dnat udp dport {cfg.dns_port} accept",
@@ -335,7 +464,10 @@ def _skeleton(cfg: TableConfig, host_addrs: Iterable[IPv4Address]) -> str:
         *_deny(cfg, "", "-", "host", _TAP_DENY),
     ]
     egress = [
-        *guard,
+        *checks,
+        # An established flow goes on only under the policy that accepted it (its mark);
+        # older ones fall through to the checks below, as a new connection would.
+        "ct state established,related iifname vmap @est_vmap",
         # Members of a shared private network reach each other whatever their policies.
         "jump peers",
         *_deny(cfg, "ip daddr @host_addrs", "-", "host", _TAP_DENY),
@@ -365,7 +497,13 @@ def _skeleton(cfg: TableConfig, host_addrs: Iterable[IPv4Address]) -> str:
   set web_ports {{ type inet_service; elements = {{ 80, 443 }} }}
   map sb_vmap {{ type ifname : verdict; }}
   map px_vmap {{ type ifname : verdict; }}
+  map est_vmap {{ type ifname : verdict; }}
   map deny_ctr {{ type ifname : counter; }}
+  map nolog_ctr {{ type ifname : counter; }}
+  map limit_ctr {{ type ifname : counter; }}
+  set log_budget {{ {_METER} }}
+  set dns_meter {{ {_METER} }}
+  set conn_meter {{ {_METER} }}
   chain peers {{
   }}
   chain from_tap {{
@@ -376,7 +514,7 @@ def _skeleton(cfg: TableConfig, host_addrs: Iterable[IPv4Address]) -> str:
   }}
   chain ingress {{
     meta nfproto ipv6 drop
-    ct state established,related accept
+    ct state established,related oifname vmap @est_vmap
     counter drop
   }}
   chain prerouting {{
@@ -449,6 +587,7 @@ def render_add_sandbox(cfg: TableConfig, sb: SandboxNet) -> str:
     lines += [
         f"flush chain inet {cfg.table} {n['chain']}",
         f"flush chain inet {cfg.table} {n['px']}",
+        f"flush chain inet {cfg.table} {n['est']}",
         f"flush set inet {cfg.table} {n['ip']}",
         f"flush set inet {cfg.table} {n['ipport']}",
     ]
@@ -466,17 +605,22 @@ def render_remove_sandbox(cfg: TableConfig, sb: SandboxNet) -> str:
     tap = _q(sb.tap)
     lines += [
         f"delete element inet {t} deny_ctr {{ {tap} }}",
+        f"delete element inet {t} nolog_ctr {{ {tap} }}",
+        f"delete element inet {t} limit_ctr {{ {tap} }}",
+        f"delete element inet {t} est_vmap {{ {tap} }}",
         f"delete element inet {t} px_vmap {{ {tap} }}",
         f"delete element inet {t} sb_vmap {{ {tap} }}",
         f"delete element inet {t} tap_src {{ {tap} . {sb.guest} }}",
         f"delete element inet {t} taps {{ {tap} }}",
         f"flush chain inet {t} {n['chain']}",
         f"flush chain inet {t} {n['px']}",
+        f"flush chain inet {t} {n['est']}",
         f"delete chain inet {t} {n['chain']}",
         f"delete chain inet {t} {n['px']}",
+        f"delete chain inet {t} {n['est']}",
     ]
-    lines += [f"delete set inet {t} {n[k]}" for k in ("ip", "ipport", "dns", "dnsport")]
-    lines += [f"delete counter inet {t} {n[k]}" for k in ("allow", "deny")]
+    lines += [f"delete set inet {t} {n[k]}" for k in _SETS]
+    lines += [f"delete counter inet {t} {n[k]}" for k in _COUNTERS]
     return "\n".join(lines) + "\n"
 
 
@@ -485,33 +629,38 @@ def render_replace_policy(
 ) -> str:
     """Swap one sandbox's policy: flush and refill its sets and chains in one transaction.
 
-    DNS-learned addresses are flushed too (the old policy's names may no longer be
-    allowed); pass those still allowed in ``learned`` to keep them.
+    DNS-learned addresses (and the kept ones) are flushed too (the old policy's names
+    may no longer be allowed); pass those still allowed in ``learned`` to keep them.
+    The new policy's mark makes established flows of the old one pass its check again.
     """
     t, n = cfg.table, _sb_names(sb.key)
-    lines = [f"flush set inet {t} {n[k]}" for k in ("ip", "ipport", "dns", "dnsport")]
-    lines += [f"flush chain inet {t} {n['chain']}", f"flush chain inet {t} {n['px']}"]
+    lines = [f"flush set inet {t} {n[k]}" for k in _SETS]
+    lines += [f"flush chain inet {t} {n[k]}" for k in ("chain", "px", "est")]
     lines += _sb_fill(cfg, sb)
     return "\n".join(lines) + "\n" + render_learned(cfg, sb.sandbox_id, learned)
 
 
 def render_learned(cfg: TableConfig, sandbox_id: str, learned: Iterable[LearnedAddress]) -> str:
-    """Add DNS-learned addresses with their timeout. An address already present gets its
+    """Add DNS-learned addresses with their timeouts (``ttl`` in the sets new connections
+    use, ``keep`` in those established flows use). An address already present gets its
     timeout refreshed (add, delete, add: the first add makes the delete safe)."""
     n = _sb_names(sandbox_key(sandbox_id))
     lines: list[str] = []
     for item in learned:
         if item.port is None:
-            obj, elem = n["dns"], str(item.address)
+            objs, elem = (n["dns"], n["keep"]), str(item.address)
         else:
-            obj, elem = n["dnsport"], f"{item.address} . {item.port}"
-        ttl = max(1, int(item.ttl))
-        base = f"inet {cfg.table} {obj} {{ {elem}"
-        lines += [
-            f"add element {base} timeout {ttl}s }}",
-            f"delete element {base} }}",
-            f"add element {base} timeout {ttl}s }}",
-        ]
+            objs, elem = (n["dnsport"], n["keepport"]), f"{item.address} . {item.port}"
+        for obj, seconds in zip(objs, (item.ttl, item.keep), strict=True):
+            if seconds is None or (obj in (n["keep"], n["keepport"]) and seconds <= 0):
+                continue
+            timeout = max(1, int(seconds))
+            base = f"inet {cfg.table} {obj} {{ {elem}"
+            lines += [
+                f"add element {base} timeout {timeout}s }}",
+                f"delete element {base} }}",
+                f"add element {base} timeout {timeout}s }}",
+            ]
     return "\n".join(lines) + ("\n" if lines else "")
 
 

@@ -25,14 +25,16 @@ __all__ = [
     "table_exists",
 ]
 
-_COUNTER_RE = re.compile(r"^c_([0-9a-f]{12})_(allow|deny)$")
+_COUNTER_RE = re.compile(r"^c_([0-9a-f]{12})_(allow|deny|nolog|limit)$")
 _LOCATION_RE = re.compile(r"^/dev/stdin:(\d+):")
 
 
 @dataclass(frozen=True)
 class SandboxCounters:
-    allowed: int  # new connections the policy accepted
+    allowed: int  # connections the policy accepted (re-checked after a rule change: again)
     denied: int  # packets dropped (any reason)
+    unlogged: int = 0  # of the denied, those past the sandbox's log budget (no NFLOG entry)
+    rate_limited: int = 0  # DNS packets / new resolver+proxy connections past the ceiling
 
 
 def _failing_lines(script: str, stderr: str) -> str:
@@ -101,7 +103,12 @@ async def read_counters(tag: str, netns: str | None = None) -> dict[str, Sandbox
                 counter.get("packets", 0)
             )
     return {
-        sid: SandboxCounters(allowed=v.get("allow", 0), denied=v.get("deny", 0))
+        sid: SandboxCounters(
+            allowed=v.get("allow", 0),
+            denied=v.get("deny", 0),
+            unlogged=v.get("nolog", 0),
+            rate_limited=v.get("limit", 0),
+        )
         for sid, v in found.items()
     }
 

@@ -7,17 +7,24 @@ covers the destination) here. Per connection:
 2. the port the guest dialled comes from ``SO_ORIGINAL_DST``;
 3. the first bytes are read (with a timeout) and parsed: a TLS ClientHello's SNI (records
    may arrive split over many reads; no SNI, or an encrypted ClientHello, is refused) or
-   an HTTP/1.x request's Host header (port stripped; absent, repeated or contradicted by
-   an absolute URL is refused);
+   an HTTP/1.x request head, strictly (:mod:`hutch.net.http_head`: bare CR/LF, control
+   bytes, CONNECT, a Host that is absent, repeated or contradicted by an absolute URL
+   parsed per RFC 3986 are refused);
 4. the name is checked with ``policy.match_name(name, port)``;
 5. the host resolves the name *itself* (the guest's idea of the address is never used),
-   drops forbidden answers (loopback, private, link-local, the host: DNS rebinding),
-   connects to the first good address on the original port, replays the bytes read and
-   pipes both ways with backpressure.
+   drops forbidden answers (loopback, link-local, the host's own addresses asked of the
+   kernel now, private ranges unless an ip/cidr rule covers them: DNS rebinding, see
+   :mod:`hutch.net.destinations`), connects to the first good address on the original
+   port, and relays with backpressure: TLS both ways as is; HTTP exactly the one
+   checked request, then only the answer (:mod:`hutch.net.http_relay`).
+
+Floods: with a ``limit``, each new connection first takes a token from its sender's
+bucket (:mod:`hutch.net.ratelimit`); without one it is closed at once, before a byte is
+read, and counted (the kernel drops SYNs past twice the rate, see :mod:`hutch.net.nft`).
 
 Denials: plain HTTP gets a 403 whose body says what was denied and why; TLS is closed.
-Every decision goes to the EgressLog. HTTP requests get ``Connection: close`` so a kept-
-alive connection cannot carry a second request for another name on the same address.
+Every decision goes to the EgressLog. A rule change cuts relayed connections the new
+rules no longer allow (:meth:`EgressProxy.revalidate`).
 """
 
 from __future__ import annotations
@@ -35,9 +42,13 @@ from ipaddress import IPv4Address, ip_address
 from typing import Literal, Protocol
 
 from hutch.errors import NetworkError
+from hutch.net.destinations import ForbiddenCheck, opened_by_ip_rule
 from hutch.net.dns import SandboxDirectory, SandboxNet
 from hutch.net.egress_log import EgressLog
-from hutch.net.rules import normalize_name
+from hutch.net.http_head import HeadError, RequestHead, parse_request_head
+from hutch.net.http_relay import relay_one_request
+from hutch.net.ratelimit import KeyedLimiter, Rate
+from hutch.net.rules import EgressPolicy, normalize_name
 from hutch.net.views import EgressEvent, Verdict
 
 __all__ = [
@@ -53,12 +64,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SO_ORIGINAL_DST = 80  # linux/netfilter_ipv4.h, at level SOL_IP (0)
-MAX_HTTP_HEAD = 16 * 1024
 MAX_TLS_HELLO = 64 * 1024
 MAX_PEEK = MAX_TLS_HELLO + 1024
 _EXT_SERVER_NAME = 0
 _EXT_ECH = 0xFE0D
-_REQUEST_LINE = re.compile(rb"^([A-Z]{1,16}) (\S+) HTTP/1\.[01]$")
 _METHOD_START = re.compile(rb"^[A-Z]{1,16}( |$)")
 
 
@@ -78,12 +87,14 @@ def so_original_dst_port(sock: socket.socket) -> int:
 @dataclass(frozen=True)
 class Sniffed:
     """What the first bytes say: the protocol, the name, or why there is none.
-    ``head`` is what to send upstream instead of the bytes read (HTTP rewrites)."""
+    ``head`` is what to send upstream instead of the bytes read (HTTP rewrites);
+    ``request`` the checked HTTP request (its body follows ``request.consumed``)."""
 
     protocol: Literal["tls", "http", "unknown"]
     name: str | None
     error: str | None = None
     head: bytes | None = None
+    request: RequestHead | None = None
 
 
 def sniff(buf: bytes) -> Sniffed | None:
@@ -170,50 +181,13 @@ def _server_names(data: bytes) -> list[str]:
 
 
 def _sniff_http(buf: bytes) -> Sniffed | None:
-    end = buf.find(b"\r\n\r\n")
-    if end < 0:
-        if len(buf) > MAX_HTTP_HEAD:
-            return Sniffed("http", None, "HTTP request headers are too large")
+    try:
+        request = parse_request_head(buf)
+    except HeadError as exc:
+        return Sniffed("http", None, str(exc))
+    if request is None:
         return None
-    lines = buf[:end].split(b"\r\n")
-    match = _REQUEST_LINE.match(lines[0])
-    if match is None:
-        return Sniffed("http", None, "malformed HTTP request line")
-    hosts: list[str] = []
-    kept: list[bytes] = [lines[0]]
-    for line in lines[1:]:
-        if line[:1] in (b" ", b"\t") or b":" not in line:
-            return Sniffed("http", None, "malformed HTTP header line")
-        key, _, value = line.partition(b":")
-        lower = key.strip().lower()
-        if lower == b"host":
-            hosts.append(value.strip().decode("latin-1"))
-        if lower not in (b"connection", b"proxy-connection", b"keep-alive"):
-            kept.append(line)
-    if not hosts:
-        return Sniffed("http", None, "HTTP request has no Host header")
-    if len(hosts) > 1:
-        return Sniffed("http", None, "HTTP request has more than one Host header")
-    name = _strip_port(hosts[0])
-    target = match.group(2).decode("latin-1")
-    # absolute-form (http://host/...): servers prefer it over Host, so both must agree;
-    # same for CONNECT's authority-form (a forward proxy at an allowed name).
-    authority = None
-    if not target.startswith("/") and "://" in target:
-        authority = target.split("://", 1)[1].split("/", 1)[0].rpartition("@")[2]
-    elif match.group(1) == b"CONNECT":
-        authority = target
-    if authority is not None and normalize_name(_strip_port(authority)) != normalize_name(name):
-        return Sniffed("http", name, "request URL and Host header name different hosts")
-    kept.append(b"Connection: close")
-    head = b"\r\n".join(kept) + b"\r\n\r\n" + buf[end + 4 :]
-    return Sniffed("http", name, None, head)
-
-
-def _strip_port(host: str) -> str:
-    if host.startswith("["):
-        return host.split("]", 1)[0] + "]"
-    return host.rsplit(":", 1)[0] if ":" in host else host
+    return Sniffed("http", request.host.host, None, request.head, request)
 
 
 # ---- the proxy --------------------------------------------------------------------------
@@ -225,20 +199,44 @@ class _Denied(Exception):
         self.reason, self.rule = reason, rule
 
 
+@dataclass(eq=False)
+class _Relay:
+    """A connection being relayed, for :meth:`EgressProxy.revalidate`."""
+
+    sandbox: SandboxNet
+    name: str
+    port: int
+    protocol: str
+    writers: tuple[asyncio.StreamWriter, asyncio.StreamWriter]
+
+
+def still_allowed(policy: EgressPolicy, name: str, port: int) -> str | None:
+    """None when ``policy`` allows ``name`` on ``port`` through the proxy; else why not."""
+    if policy.mode == "open":
+        return None
+    if policy.mode == "deny-all":
+        return "egress is now deny-all"
+    if policy.match_name(name, port) is None:
+        return f"no rule allows {name} on port {port} any more"
+    return None
+
+
 class EgressProxy:
-    """See the module docstring. ``forbidden(addr)`` says an address must never be
-    connected to; ``original_port`` is replaceable for tests without nft."""
+    """See the module docstring. ``forbidden(addr)`` says why a name must not lead to an
+    address (None: it may); ``original_port`` is replaceable for tests without nft;
+    ``limit`` is the per-sender rate of new connections (None: unlimited)."""
 
     def __init__(
         self,
         directory: SandboxDirectory,
         resolver: NameResolver,
         log: EgressLog,
-        forbidden: Callable[[IPv4Address], bool],
+        forbidden: ForbiddenCheck,
         connect_timeout_s: float = 10,
         *,
         peek_timeout_s: float = 10,
         original_port: Callable[[socket.socket], int] = so_original_dst_port,
+        limit: Rate | None = None,
     ) -> None:
         self._directory = directory
         self._resolver = resolver
@@ -249,6 +247,8 @@ class EgressProxy:
         self._original_port = original_port
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._relays: set[_Relay] = set()
+        self.limiter = KeyedLimiter(limit) if limit is not None else None
         self.port = 0
 
     async def start(self, host: str = "0.0.0.0", port: int = 0) -> int:
@@ -269,6 +269,27 @@ class EgressProxy:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
+    def revalidate(self, sandbox_id: str, policy: EgressPolicy) -> int:
+        """The rules of ``sandbox_id`` are now ``policy``: cut every connection relayed for
+        it that ``policy`` does not allow (both sides closed at once, each logged).
+        Returns how many were cut."""
+        cut = 0
+        for relay in list(self._relays):
+            if relay.sandbox.sandbox_id != sandbox_id:
+                continue
+            why = still_allowed(policy, relay.name, relay.port)
+            if why is None:
+                continue
+            self._relays.discard(relay)
+            for writer in relay.writers:
+                writer.transport.abort()
+            cut += 1
+            self._event(
+                relay.sandbox, relay.name, relay.port, relay.protocol, relay.name,
+                "deny", None, f"open connection cut: the rules changed ({why})",
+            )  # fmt: skip
+        return cut
+
     async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         if task is not None:
@@ -283,8 +304,11 @@ class EgressProxy:
             await close_writer(writer)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        if self.limiter is not None and peer and not self.limiter.allow(str(peer[0])):
+            return  # over the sender's rate: closed at once (counted by the limiter)
         try:
-            src = ip_address(writer.get_extra_info("peername")[0])
+            src = ip_address(peer[0])
         except (TypeError, ValueError, IndexError):
             return
         sandbox = self._directory.lookup(src) if isinstance(src, IPv4Address) else None
@@ -329,10 +353,33 @@ class EgressProxy:
             "allowed by rule" if rule else "open egress",
         )
         up_reader, up_writer = upstream
+        relay = _Relay(sandbox, seen.name, port, seen.protocol, (writer, up_writer))
+        self._relays.add(relay)
+        # The rules may have changed while this connection was decided: revalidate()
+        # cut what was registered then; this one meets the rules in force now.
+        now = self._directory.lookup(src) if isinstance(src, IPv4Address) else None
+        why = "the sandbox is gone" if now is None else still_allowed(now.policy, seen.name, port)
+        if why is not None:
+            self._relays.discard(relay)
+            self._event(
+                sandbox, str(addr), port, seen.protocol, seen.name, "deny", None,
+                f"open connection cut: the rules changed ({why})",
+            )  # fmt: skip
+            up_writer.transport.abort()
+            return
         try:
-            up_writer.write(seen.head if seen.head is not None else raw)
-            await pipe_both(reader, writer, up_reader, up_writer)
+            if seen.request is not None:
+                body = raw[seen.request.consumed :]
+                cut = await relay_one_request(
+                    reader, writer, up_reader, up_writer, seen.request, body
+                )
+                if cut is not None:
+                    self._event(sandbox, str(addr), port, "http", seen.name, "deny", rule, cut)
+            else:
+                up_writer.write(raw)
+                await pipe_both(reader, writer, up_reader, up_writer)
         finally:
+            self._relays.discard(relay)
             await close_writer(up_writer)
 
     async def _peek(self, reader: asyncio.StreamReader) -> tuple[Sniffed, bytes]:
@@ -371,10 +418,16 @@ class EgressProxy:
             raise _Denied(f"cannot resolve {name}: {exc}", rule_text) from exc
         if not addrs:
             raise _Denied(f"{name} has no IPv4 address", rule_text)
-        good = [a for a in addrs if not self._forbidden(a)]
+        verdicts = [(a, self._forbidden(a)) for a in addrs]
+        good = [
+            a
+            for a, why in verdicts
+            if why is None or (why.kind == "private" and opened_by_ip_rule(policy, a, port))
+        ]
         if not good:
             bad = ", ".join(str(a) for a in addrs)
-            raise _Denied(f"{name} resolves only to forbidden addresses ({bad})", rule_text)
+            whys = "; ".join(f"{a} is {why.why}" for a, why in verdicts if why is not None)
+            raise _Denied(f"{name} resolves only to forbidden addresses ({bad}): {whys}", rule_text)
         errors: list[str] = []
         for addr in good:
             try:

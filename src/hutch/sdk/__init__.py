@@ -1,75 +1,62 @@
 """hutch's Python SDK: ``Sandbox`` / ``AsyncSandbox`` handles over the REST API v1.
 
-Layout (after httpx): ``_core`` builds requests and reads answers without I/O;
-``_client``/``_async_client`` send them (sync/asyncio); ``_sandbox``/``_async_sandbox``
-are the E2B-style handles on top (create, exec, files, pause/resume/fork, named
-snapshots, kill); ``_net`` adds egress rules, exposed ports and private networks
-(``sb.egress``, ``sb.ports``, ``sb.networks``, ``client.networks``).
-``_processes`` runs commands detached (``sb.processes``) and ``_pty`` opens interactive
-terminals over a WebSocket (``sb.pty``).
-Configuration: ``_config`` (URL, key, timeouts).
+A client only (it imports the contract, never the daemon's code). Layout, after httpx:
+
+- a sans-IO core: ``_core`` (request plumbing, failures) and one module per resource that
+  builds its requests, reads its answers and holds its value types: ``_sandboxes``
+  (create, lifecycle, snapshots, images), ``_exec``, ``_files`` (+ ``_tar``),
+  ``_processes``, ``_contexts`` (code interpreter), ``_net`` (egress, ports, networks),
+  ``_pty`` (terminals); ``_streams`` decodes streamed bodies. The create and command
+  fields are the contract's (``hutch.contract.requests``), declared once.
+- the shells that do I/O: ``_async/``, written by hand, and ``_sync/``, generated from it
+  by ``scripts/unasync.py`` (a test fails when it is stale); where the two must differ,
+  ``_io_async``/``_io_sync``.
+
+Configuration: ``_config`` (URL, key, timeouts). The in-memory fake for tests is
+:mod:`hutch.testing`.
 """
 
 from __future__ import annotations
 
-from hutch.models import PauseMode
-from hutch.sdk._async_client import AsyncClient, AsyncResponseStream
-from hutch.sdk._async_sandbox import AsyncFiles, AsyncSandbox
-from hutch.sdk._client import Client, ResponseStream
+from hutch.contract.enums import PauseMode
+from hutch.sdk._async.client import AsyncClient, AsyncResponseStream
+from hutch.sdk._async.contexts import AsyncContext, AsyncContexts
+from hutch.sdk._async.files import AsyncFiles, AsyncFileWatcher
+from hutch.sdk._async.net import AsyncEgress, AsyncNetworks, AsyncPorts, AsyncSandboxNetworks
+from hutch.sdk._async.processes import AsyncProcess, AsyncProcesses
+from hutch.sdk._async.pty import AsyncPty, AsyncTerminal
+from hutch.sdk._async.sandbox import AsyncSandbox
 from hutch.sdk._config import DEFAULT_URL, Timeouts
+from hutch.sdk._contexts import ContextInfo, Execution, ExecutionError, Result
 from hutch.sdk._errors import ApiKeyMissing, ClientClosed, DaemonUnreachable, ProtocolError
-from hutch.sdk._files_extra import ArchiveWritten, AsyncFileWatcher, FileWatcher, WatchEvent
+from hutch.sdk._exec import ExecEvent, ExecExit, ExecOutput, ExecResult
+from hutch.sdk._files import ArchiveWritten, FileEntry, WatchEvent, WrittenFile
 from hutch.sdk._images import ImageProgress
-from hutch.sdk._interpreter import (
-    AsyncContext,
-    AsyncContexts,
-    Context,
-    ContextInfo,
-    Contexts,
-    Execution,
-    ExecutionError,
-    Result,
-)
-from hutch.sdk._net import (
-    AsyncEgress,
-    AsyncNetworks,
-    AsyncPorts,
-    AsyncSandboxNetworks,
-    Egress,
-    Networks,
-    Ports,
-    SandboxNetworks,
-)
-from hutch.sdk._net_args import NetworkModeArg
-from hutch.sdk._net_types import EgressEvent, EgressInfo, NetworkInfo, PortInfo
+from hutch.sdk._net import EgressEvent, EgressInfo, NetworkInfo, NetworkModeArg, PortInfo
 from hutch.sdk._processes import (
-    AsyncProcess,
-    AsyncProcesses,
-    Process,
     ProcessChunk,
     ProcessDropped,
     ProcessEnd,
-    Processes,
     ProcessEvent,
     ProcessInfo,
     ProcessOutput,
 )
-from hutch.sdk._pty import AsyncPty, AsyncTerminal, Pty, PtyInfo, Terminal
-from hutch.sdk._sandbox import Files, Sandbox
-from hutch.sdk._types import (
-    ExecEvent,
-    ExecExit,
-    ExecOutput,
-    ExecResult,
-    FileEntry,
+from hutch.sdk._pty import PtyInfo
+from hutch.sdk._sandboxes import (
     Health,
     ImageInfo,
     PauseModeArg,
     SandboxInfo,
     SandboxNetInfo,
     SnapshotInfo,
-    WrittenFile,
 )
+from hutch.sdk._sync.client import Client, ResponseStream
+from hutch.sdk._sync.contexts import Context, Contexts
+from hutch.sdk._sync.files import Files, FileWatcher
+from hutch.sdk._sync.net import Egress, Networks, Ports, SandboxNetworks
+from hutch.sdk._sync.processes import Process, Processes
+from hutch.sdk._sync.pty import Pty, Terminal
+from hutch.sdk._sync.sandbox import Sandbox
 from hutch.version import __version__
 
 __all__ = [

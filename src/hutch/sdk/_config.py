@@ -102,10 +102,19 @@ def resolve_config(
             f"(example: {DEFAULT_URL}); check the base_url argument or HUTCH_URL"
         )
     key_file = Path(env.get("HUTCH_STATE_DIR") or "./var") / "api-key"
-    key = api_key or env.get("HUTCH_API_KEY") or _read_key_file(key_file)
+    given = api_key or env.get("HUTCH_API_KEY")
+    if given and given != given.strip():
+        # HTTP drops whitespace around a header value, so sending it would not send
+        # the key as given; the daemon compares keys exactly.
+        source = "api_key" if api_key else "HUTCH_API_KEY"
+        raise InvalidArgument(
+            f"the API key in {source} starts or ends with whitespace; API keys have none "
+            "(copy it from the key file again, without the trailing newline)"
+        )
+    key = given or _read_key_file(key_file)
     return ClientConfig(
         base_url=url,
-        api_key=key.strip() if key else None,
+        api_key=key or None,
         key_file=key_file,
         timeouts=Timeouts.coerce(timeouts),
     )

@@ -1,4 +1,5 @@
-"""Errors only a client can hit, and the map from API error codes back to classes.
+"""Errors only a client can hit, and reading an API error answer back into its class
+(with the contract's table, :mod:`hutch.contract.http_errors`).
 
 The server-side hierarchy lives in :mod:`hutch.errors`; the classes here join it so one
 ``except HutchError`` still catches everything::
@@ -16,17 +17,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hutch.errors import (
-    ALL_ERRORS,
-    Capacity,
-    Conflict,
-    HutchError,
-    InvalidArgument,
-    NotFound,
-    StateError,
-    Timeout,
-    Unauthorized,
-)
+from hutch.contract.http_errors import error_for
+from hutch.errors import HutchError, Unauthorized
 
 __all__ = [
     "ApiKeyMissing",
@@ -60,34 +52,6 @@ class ProtocolError(HutchError):
     """The daemon's answer does not follow the API contract (version skew, proxy, ...)."""
 
     code = "protocol_error"
-
-
-_BY_CODE: dict[str, type[HutchError]] = {cls.code: cls for cls in ALL_ERRORS}
-_BY_STATUS: dict[int, type[HutchError]] = {
-    400: InvalidArgument,
-    401: Unauthorized,
-    404: NotFound,
-    409: Conflict,
-    # FastAPI's own request validation answers 422 when a route does not remap it.
-    422: InvalidArgument,
-    429: Capacity,
-    507: Capacity,
-    504: Timeout,
-}
-
-
-def error_for(code: str | None, status: int | None, message: str) -> HutchError:
-    """Build the exception for an API error: by ``code`` first, else by HTTP status."""
-    cls = _BY_CODE.get(code or "") or _BY_STATUS.get(status or 0) or HutchError
-    if cls is StateError:
-        # StateError's constructor composes its own message from parts the wire format
-        # does not carry; keep the server's message verbatim instead.
-        state_exc = StateError.__new__(StateError)
-        HutchError.__init__(state_exc, message)
-        state_exc.state = ""
-        state_exc.required = ()
-        return state_exc
-    return cls(message)
 
 
 def error_from_body(status: int, body: bytes) -> HutchError:

@@ -1,5 +1,6 @@
 """Importing, pulling and deleting images: the sans-IO part (requests, the NDJSON
-progress decoder, archives made from OCI layout directories), shared by both shells.
+progress decoder, archives made from OCI layout directories), shared by both shells
+(``_async/client.py`` and the ``_sync`` one generated from it).
 
 An import or pull is sent with ``progress=true``: the daemon answers NDJSON progress
 lines, then one ``image`` line (the result) or one ``error`` line (raised as the same
@@ -21,17 +22,17 @@ from urllib.parse import quote
 import httpx
 
 from hutch.errors import InvalidArgument
+from hutch.sdk._core import Call, ClientCore, nothing
 from hutch.sdk._errors import ProtocolError, error_for
-from hutch.sdk._types import ImageInfo
+from hutch.sdk._sandboxes import ImageInfo
 
 __all__ = [
+    "ImageCalls",
     "ImageProgress",
     "ImageProgressDecoder",
     "ProgressCallback",
     "archive_chunks",
-    "delete_image_request",
-    "import_image_request",
-    "pull_image_request",
+    "filename_of",
 ]
 
 _CHUNK = 1 << 20
@@ -119,52 +120,48 @@ def _params(name: str | None, start: bool) -> list[tuple[str, str]]:
     return params
 
 
-def import_image_request(
-    build: Callable[..., httpx.Request],
-    name: str,
-    content: Any,
-    *,
-    start: bool = False,
-    filename: str | None = None,
-) -> httpx.Request:
-    """``build`` is :meth:`ClientCore.request`. No read timeout: a big image can take
-    a while between progress lines (writing its filesystem)."""
-    req: httpx.Request = build(
-        "POST", "/v1/images", params=_params(name, start), content=content, read_timeout=None
-    )
-    req.headers["Content-Type"] = "application/x-tar"
-    if filename:
-        req.headers["X-Hutch-Filename"] = filename
-    return req
+class ImageCalls:
+    """Builds the image import, pull and delete requests. No I/O. No read timeout on
+    imports: a big image can take a while between progress lines (its filesystem)."""
 
+    def __init__(self, core: ClientCore) -> None:
+        self.core = core
 
-def pull_image_request(
-    build: Callable[..., httpx.Request],
-    name: str,
-    ref: str,
-    *,
-    username: str | None = None,
-    password: str | None = None,
-    token: str | None = None,
-    start: bool = False,
-) -> httpx.Request:
-    if (username is None) != (password is None):
-        raise InvalidArgument("give both username and password, or neither")
-    body: dict[str, Any] = {"name": name, "ref": ref, "start": start}
-    for key, value in (("username", username), ("password", password), ("token", token)):
-        if value is not None:
-            body[key] = value
-    req: httpx.Request = build(
-        "POST", "/v1/images", params=_params(None, False), json_body=body, read_timeout=None
-    )
-    return req
+    def import_request(
+        self, name: str, content: Any, *, start: bool = False, filename: str | None = None
+    ) -> httpx.Request:
+        req = self.core.request(
+            "POST", "/v1/images", params=_params(name, start), content=content, read_timeout=None
+        )
+        req.headers["Content-Type"] = "application/x-tar"
+        if filename:
+            req.headers["X-Hutch-Filename"] = filename
+        return req
 
+    def pull_request(
+        self,
+        name: str,
+        ref: str,
+        *,
+        username: str | None = None,
+        password: str | None = None,
+        token: str | None = None,
+        start: bool = False,
+    ) -> httpx.Request:
+        if (username is None) != (password is None):
+            raise InvalidArgument("give both username and password, or neither")
+        body: dict[str, Any] = {"name": name, "ref": ref, "start": start}
+        for key, value in (("username", username), ("password", password), ("token", token)):
+            if value is not None:
+                body[key] = value
+        return self.core.request(
+            "POST", "/v1/images", params=_params(None, False), json_body=body, read_timeout=None
+        )
 
-def delete_image_request(build: Callable[..., httpx.Request], name: str) -> httpx.Request:
-    if not name:
-        raise InvalidArgument("image name must be a non-empty string")
-    req: httpx.Request = build("DELETE", f"/v1/images/{quote(name, safe='')}")
-    return req
+    def delete(self, name: str) -> Call[None]:
+        if not isinstance(name, str) or not name:
+            raise InvalidArgument("image name must be a non-empty string")
+        return Call(self.core.request("DELETE", f"/v1/images/{quote(name, safe='')}"), nothing)
 
 
 class _Sink(io.RawIOBase):
@@ -221,3 +218,10 @@ def archive_chunks(source: str | os.PathLike[str] | bytes | Iterable[bytes]) -> 
             raise InvalidArgument(f"{path} is not a file or directory")
         return _file_chunks(path)
     return source
+
+
+def filename_of(source: object) -> str | None:
+    """The name the daemon records for an archive given as a path."""
+    if isinstance(source, str | os.PathLike):
+        return os.path.basename(os.fspath(source))
+    return None

@@ -1,48 +1,250 @@
-"""Networking in the SDK: egress rules, exposed ports, private networks.
+"""Networking in the SDK, sans-IO: egress rules, exposed ports, private networks.
 
-One sans-IO core (:class:`NetCalls`: builds each request on a :class:`ClientCore` and
-says how to read the answer) and two thin shells that only send: the blocking accessors
-(``sb.egress``, ``sb.ports``, ``sb.networks``, ``client.networks``) and their asyncio
-twins (``Async*``). Arguments are checked here, before anything is sent.
+:class:`NetCalls` builds each request on a :class:`ClientCore` and says how to read the
+answer; the ``check_*`` functions check arguments before anything is sent (the create
+fields use them too); the value types are what the calls return. The shells
+(``sb.egress``, ``sb.ports``, ``sb.networks``, ``client.networks``) are in
+``_async/net.py`` and, generated from it, ``_sync/net.py``.
 """
 
 from __future__ import annotations
 
-import builtins
 from collections.abc import Sequence
-from typing import Protocol, TypeVar
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
 from urllib.parse import quote
 
-from hutch.errors import InvalidArgument
-from hutch.models import validate_name
-from hutch.sdk._core import Call, ClientCore, _json, _list_of, _nothing
-from hutch.sdk._net_args import (
+from hutch.contract.egress import parse_rules
+from hutch.contract.enums import NetworkMode
+from hutch.contract.limits import (
+    DEFAULT_EGRESS_LOG_LIMIT,
     EGRESS_LOG_MAX,
     MAX_EGRESS_RULES,
-    NetworkModeArg,
-    check_log_limit,
-    check_port,
-    check_ref,
-    check_rules,
+    PORT_RANGE,
 )
-from hutch.sdk._net_types import EgressEvent, EgressInfo, NetworkInfo, PortInfo
+from hutch.contract.names import validate_name
+from hutch.errors import InvalidArgument
+from hutch.sdk._core import Call, ClientCore, list_of, nothing, one
+from hutch.sdk._values import iso, maybe, moment, need, strings
 
 __all__ = [
     "EGRESS_LOG_MAX",
     "MAX_EGRESS_RULES",
-    "AsyncEgress",
-    "AsyncNetworks",
-    "AsyncPorts",
-    "AsyncSandboxNetworks",
-    "Egress",
+    "EgressEvent",
+    "EgressInfo",
     "NetCalls",
+    "NetworkInfo",
     "NetworkModeArg",
-    "Networks",
-    "Ports",
-    "SandboxNetworks",
+    "PortInfo",
+    "check_log_limit",
+    "check_port",
+    "check_ref",
+    "check_rules",
+    "network_mode",
 ]
 
-T = TypeVar("T")
+#: What ``create(network=...)`` takes.
+NetworkModeArg = NetworkMode | Literal["default", "none"]
+
+
+# -- checks before sending ------------------------------------------------------------
+
+
+def check_rules(rules: Sequence[str]) -> list[str]:
+    # A bare string is a sequence too: set("good.test") would send one rule per letter.
+    if isinstance(rules, str | bytes) or not isinstance(rules, Sequence):
+        raise InvalidArgument(
+            f"egress rules must be a list of strings such as ['good.test', '*.good.test:443'], "
+            f"got {rules!r}"
+        )
+    texts = list(rules)
+    bad = [r for r in texts if not isinstance(r, str) or not r.strip()]
+    if bad:
+        raise InvalidArgument(f"egress rule {bad[0]!r} is not a non-empty string")
+    if len(texts) > MAX_EGRESS_RULES:
+        raise InvalidArgument(
+            f"{len(texts)} egress rules; at most {MAX_EGRESS_RULES} are accepted "
+            "(use a wildcard or a CIDR to cover several)"
+        )
+    # The daemon's own grammar: a bad rule is named exactly as the daemon would, unsent.
+    # The texts go as written; the daemon stores the canonical form.
+    parse_rules(texts)
+    return texts
+
+
+def check_port(port: int) -> int:
+    lo, hi = PORT_RANGE
+    if isinstance(port, bool) or not isinstance(port, int) or not lo <= port <= hi:
+        raise InvalidArgument(f"port={port!r} is not a TCP port; accepted: {lo}-{hi}")
+    return port
+
+
+def check_ref(value: str, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidArgument(f"{what} must be a network id (net-...) or name, got {value!r}")
+    return value
+
+
+def network_mode(mode: str) -> NetworkMode:
+    try:
+        return NetworkMode(mode)
+    except ValueError:
+        choices = ", ".join(repr(m.value) for m in NetworkMode)
+        raise InvalidArgument(f"network={mode!r} is not one of {choices}") from None
+
+
+def check_log_limit(limit: int) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= EGRESS_LOG_MAX:
+        raise InvalidArgument(f"limit={limit!r} is out of range; accepted: 1-{EGRESS_LOG_MAX}")
+    return limit
+
+
+# -- values ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EgressInfo:
+    """A sandbox's egress rules as the daemon enforces them.
+
+    ``mode``: ``"open"`` (no rules: everything but the always-denied set may leave),
+    ``"rules"`` (only what a rule matches) or ``"deny-all"``. ``rules`` are the canonical
+    texts (lower-case, punycode names). ``allowed``/``denied`` count connections and DNS
+    answers since the daemon started; ``rate_limited`` the DNS queries and new proxy
+    connections refused by the per-sandbox rate limits (not in ``denied``);
+    ``log_dropped`` the denials past the sandbox's log budget (counted in ``denied``, not
+    in the egress log one by one). A daemon that predates the last two gives 0.
+    """
+
+    rules: list[str]
+    mode: str
+    allowed: int
+    denied: int
+    rate_limited: int = 0
+    log_dropped: int = 0
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> EgressInfo:
+        w = "egress"
+        return cls(
+            rules=strings(obj, "rules", w),
+            mode=need(obj, "mode", str, w),
+            allowed=need(obj, "allowed", int, w),
+            denied=need(obj, "denied", int, w),
+            rate_limited=maybe(obj, "rate_limited", int, w) or 0,
+            log_dropped=maybe(obj, "log_dropped", int, w) or 0,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rules": list(self.rules),
+            "mode": self.mode,
+            "allowed": self.allowed,
+            "denied": self.denied,
+            "rate_limited": self.rate_limited,
+            "log_dropped": self.log_dropped,
+        }
+
+
+@dataclass(frozen=True)
+class EgressEvent:
+    """One egress decision. ``destination`` is an IP address (or, for DNS, the name
+    asked for); ``name`` the host name when known (SNI, Host, DNS); ``verdict``
+    ``"allow"`` or ``"deny"``; ``rule`` the matching rule (None: no rule matched);
+    ``reason`` says why in words."""
+
+    time: datetime | None
+    sandbox_id: str
+    destination: str
+    port: int | None
+    protocol: str
+    name: str | None
+    verdict: str
+    rule: str | None
+    reason: str
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> EgressEvent:
+        w = "egress event"
+        return cls(
+            time=moment(obj, "time", w),
+            sandbox_id=need(obj, "sandbox_id", str, w),
+            destination=need(obj, "destination", str, w),
+            port=maybe(obj, "port", int, w),
+            protocol=need(obj, "protocol", str, w),
+            name=maybe(obj, "name", str, w),
+            verdict=need(obj, "verdict", str, w),
+            rule=maybe(obj, "rule", str, w),
+            reason=need(obj, "reason", str, w),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "time": iso(self.time),
+            "sandbox_id": self.sandbox_id,
+            "destination": self.destination,
+            "port": self.port,
+            "protocol": self.protocol,
+            "name": self.name,
+            "verdict": self.verdict,
+            "rule": self.rule,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True)
+class PortInfo:
+    """An exposed guest ``port``, reachable at ``host``:``host_port`` (``url``)."""
+
+    port: int
+    host: str
+    host_port: int
+    url: str
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> PortInfo:
+        w = "port"
+        return cls(
+            port=need(obj, "port", int, w),
+            host=need(obj, "host", str, w),
+            host_port=need(obj, "host_port", int, w),
+            url=need(obj, "url", str, w),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"port": self.port, "host": self.host, "host_port": self.host_port, "url": self.url}
+
+
+@dataclass(frozen=True)
+class NetworkInfo:
+    """A private network: ``id`` (``net-<12 hex>``), its unique ``name`` and the ids of
+    the sandboxes on it (``members``)."""
+
+    id: str
+    name: str
+    created_at: datetime | None
+    members: list[str]
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> NetworkInfo:
+        w = "network"
+        return cls(
+            id=need(obj, "id", str, w),
+            name=need(obj, "name", str, w),
+            created_at=moment(obj, "created_at", w),
+            members=strings(obj, "members", w),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "created_at": iso(self.created_at),
+            "members": list(self.members),
+        }
+
+
+# -- requests -------------------------------------------------------------------------
 
 
 class NetCalls:
@@ -52,40 +254,42 @@ class NetCalls:
         self.core = core
 
     def _sandbox(self, sandbox_id: str, suffix: str) -> str:
-        return self.core._sandbox_path(sandbox_id, suffix)
+        return self.core.sandbox_path(sandbox_id, suffix)
 
     # -- egress -----------------------------------------------------------------------
 
     def egress_get(self, sandbox_id: str) -> Call[EgressInfo]:
         req = self.core.request("GET", self._sandbox(sandbox_id, "/egress"))
-        return Call(req, lambda r: EgressInfo.from_dict(_json(r)))
+        return Call(req, one(EgressInfo.from_dict))
 
     def egress_set(self, sandbox_id: str, rules: Sequence[str]) -> Call[EgressInfo]:
         body = {"rules": check_rules(rules)}
         req = self.core.request("PUT", self._sandbox(sandbox_id, "/egress"), json_body=body)
-        return Call(req, lambda r: EgressInfo.from_dict(_json(r)))
+        return Call(req, one(EgressInfo.from_dict))
 
-    def egress_log(self, sandbox_id: str, limit: int = 100) -> Call[list[EgressEvent]]:
+    def egress_log(
+        self, sandbox_id: str, limit: int = DEFAULT_EGRESS_LOG_LIMIT
+    ) -> Call[list[EgressEvent]]:
         check_log_limit(limit)
         req = self.core.request(
             "GET", self._sandbox(sandbox_id, "/egress/log"), params=[("limit", str(limit))]
         )
-        return Call(req, _list_of("events", EgressEvent.from_dict))
+        return Call(req, list_of("events", EgressEvent.from_dict))
 
     # -- ports ------------------------------------------------------------------------
 
     def expose_port(self, sandbox_id: str, port: int) -> Call[PortInfo]:
         body = {"port": check_port(port)}
         req = self.core.request("POST", self._sandbox(sandbox_id, "/ports"), json_body=body)
-        return Call(req, lambda r: PortInfo.from_dict(_json(r)))
+        return Call(req, one(PortInfo.from_dict))
 
     def list_ports(self, sandbox_id: str) -> Call[list[PortInfo]]:
         req = self.core.request("GET", self._sandbox(sandbox_id, "/ports"))
-        return Call(req, _list_of("ports", PortInfo.from_dict))
+        return Call(req, list_of("ports", PortInfo.from_dict))
 
     def close_port(self, sandbox_id: str, port: int) -> Call[None]:
         path = self._sandbox(sandbox_id, f"/ports/{check_port(port)}")
-        return Call(self.core.request("DELETE", path), _nothing)
+        return Call(self.core.request("DELETE", path), nothing)
 
     # -- private networks -------------------------------------------------------------
 
@@ -97,215 +301,25 @@ class NetCalls:
             raise InvalidArgument(f"network name must be a string, got {name!r}")
         body = {"name": validate_name(name)}
         req = self.core.request("POST", "/v1/networks", json_body=body)
-        return Call(req, lambda r: NetworkInfo.from_dict(_json(r)))
+        return Call(req, one(NetworkInfo.from_dict))
 
     def list_networks(self) -> Call[list[NetworkInfo]]:
         req = self.core.request("GET", "/v1/networks")
-        return Call(req, _list_of("networks", NetworkInfo.from_dict))
+        return Call(req, list_of("networks", NetworkInfo.from_dict))
 
     def get_network(self, network: str) -> Call[NetworkInfo]:
         req = self.core.request("GET", self._network_path(network))
-        return Call(req, lambda r: NetworkInfo.from_dict(_json(r)))
+        return Call(req, one(NetworkInfo.from_dict))
 
     def delete_network(self, network: str) -> Call[None]:
-        return Call(self.core.request("DELETE", self._network_path(network)), _nothing)
+        return Call(self.core.request("DELETE", self._network_path(network)), nothing)
 
     def join_network(self, sandbox_id: str, network: str) -> Call[NetworkInfo]:
         body = {"network": check_ref(network, "network")}
         req = self.core.request("POST", self._sandbox(sandbox_id, "/networks"), json_body=body)
-        return Call(req, lambda r: NetworkInfo.from_dict(_json(r)))
+        return Call(req, one(NetworkInfo.from_dict))
 
     def leave_network(self, sandbox_id: str, network: str) -> Call[None]:
         ref = quote(check_ref(network, "network"), safe="")
         path = self._sandbox(sandbox_id, f"/networks/{ref}")
-        return Call(self.core.request("DELETE", path), _nothing)
-
-
-# -- the shells -----------------------------------------------------------------------
-
-
-class _Sync(Protocol):
-    core: ClientCore
-
-    def call(self, call: Call[T]) -> T: ...
-
-
-class _Async(Protocol):
-    core: ClientCore
-
-    async def call(self, call: Call[T]) -> T: ...
-
-
-class Egress:
-    """``sb.egress``: the sandbox's outbound rules, enforced on the host.
-
-    No rules: open egress (except the always-denied set: cloud metadata, the host,
-    other sandboxes, SMTP). Any rule: only what a rule matches leaves. ``["deny-all"]``:
-    nothing does. Rule forms: ``host``, ``host:port``, ``*.host`` (subdomains, not the
-    apex), ``ip``, ``ip:port``, ``cidr``, ``cidr:port``; IPv6 as ``[2001:db8::1]:443``.
-    """
-
-    def __init__(self, client: _Sync, sandbox_id: str) -> None:
-        self._client = client
-        self._calls = NetCalls(client.core)
-        self._id = sandbox_id
-
-    def get(self) -> EgressInfo:
-        return self._client.call(self._calls.egress_get(self._id))
-
-    def set(self, rules: Sequence[str]) -> EgressInfo:
-        """Replace every rule at once; new connections follow them immediately. An
-        invalid rule raises ``InvalidArgument`` naming it, and the old rules stay."""
-        return self._client.call(self._calls.egress_set(self._id, rules))
-
-    def clear(self) -> EgressInfo:
-        """Remove every rule: open egress again."""
-        return self.set([])
-
-    def log(self, limit: int = 100) -> builtins.list[EgressEvent]:
-        """The newest ``limit`` (1-1000) egress decisions, oldest first."""
-        return self._client.call(self._calls.egress_log(self._id, limit))
-
-
-class Ports:
-    """``sb.ports``: guest ports reachable from the host (inbound is closed otherwise)."""
-
-    def __init__(self, client: _Sync, sandbox_id: str) -> None:
-        self._client = client
-        self._calls = NetCalls(client.core)
-        self._id = sandbox_id
-
-    def expose(self, port: int) -> PortInfo:
-        """Forward guest ``port`` through a host-side proxy; ``.url`` says where.
-        ``Conflict`` if the sandbox has network ``none`` or is not running."""
-        return self._client.call(self._calls.expose_port(self._id, port))
-
-    def list(self) -> builtins.list[PortInfo]:
-        return self._client.call(self._calls.list_ports(self._id))
-
-    def close(self, port: int) -> None:
-        """Stop forwarding ``port``; ``NotFound`` if it is not exposed."""
-        self._client.call(self._calls.close_port(self._id, port))
-
-
-class SandboxNetworks:
-    """``sb.networks``: the private networks this sandbox is on."""
-
-    def __init__(self, client: _Sync, sandbox_id: str) -> None:
-        self._client = client
-        self._calls = NetCalls(client.core)
-        self._id = sandbox_id
-
-    def join(self, network: str) -> NetworkInfo:
-        """Join a network (id or name); its members then reach this sandbox by name."""
-        return self._client.call(self._calls.join_network(self._id, network))
-
-    def leave(self, network: str) -> None:
-        self._client.call(self._calls.leave_network(self._id, network))
-
-    def list(self) -> builtins.list[str]:
-        """Ids of the networks the sandbox is on, as the daemon reports now."""
-        info = self._client.call(self._client.core.get_sandbox(self._id))
-        return builtins.list(info.network.networks) if info.network else []
-
-
-class Networks:
-    """``client.networks``: private networks on the daemon. Sandboxes on one network
-    reach each other by sandbox name; different networks stay apart."""
-
-    def __init__(self, client: _Sync) -> None:
-        self._client = client
-        self._calls = NetCalls(client.core)
-
-    def create(self, name: str) -> NetworkInfo:
-        """A new empty network; ``Conflict`` if ``name`` is taken."""
-        return self._client.call(self._calls.create_network(name))
-
-    def list(self) -> builtins.list[NetworkInfo]:
-        return self._client.call(self._calls.list_networks())
-
-    def get(self, network: str) -> NetworkInfo:
-        """By id (``net-...``) or name; ``NotFound`` if there is none."""
-        return self._client.call(self._calls.get_network(network))
-
-    def delete(self, network: str) -> None:
-        """``Conflict`` while sandboxes are on it (the message names them)."""
-        self._client.call(self._calls.delete_network(network))
-
-
-class AsyncEgress:
-    """``sb.egress`` of an ``AsyncSandbox``; see :class:`Egress`."""
-
-    def __init__(self, client: _Async, sandbox_id: str) -> None:
-        self._client = client
-        self._calls = NetCalls(client.core)
-        self._id = sandbox_id
-
-    async def get(self) -> EgressInfo:
-        return await self._client.call(self._calls.egress_get(self._id))
-
-    async def set(self, rules: Sequence[str]) -> EgressInfo:
-        return await self._client.call(self._calls.egress_set(self._id, rules))
-
-    async def clear(self) -> EgressInfo:
-        return await self.set([])
-
-    async def log(self, limit: int = 100) -> builtins.list[EgressEvent]:
-        return await self._client.call(self._calls.egress_log(self._id, limit))
-
-
-class AsyncPorts:
-    """``sb.ports`` of an ``AsyncSandbox``; see :class:`Ports`."""
-
-    def __init__(self, client: _Async, sandbox_id: str) -> None:
-        self._client = client
-        self._calls = NetCalls(client.core)
-        self._id = sandbox_id
-
-    async def expose(self, port: int) -> PortInfo:
-        return await self._client.call(self._calls.expose_port(self._id, port))
-
-    async def list(self) -> builtins.list[PortInfo]:
-        return await self._client.call(self._calls.list_ports(self._id))
-
-    async def close(self, port: int) -> None:
-        await self._client.call(self._calls.close_port(self._id, port))
-
-
-class AsyncSandboxNetworks:
-    """``sb.networks`` of an ``AsyncSandbox``; see :class:`SandboxNetworks`."""
-
-    def __init__(self, client: _Async, sandbox_id: str) -> None:
-        self._client = client
-        self._calls = NetCalls(client.core)
-        self._id = sandbox_id
-
-    async def join(self, network: str) -> NetworkInfo:
-        return await self._client.call(self._calls.join_network(self._id, network))
-
-    async def leave(self, network: str) -> None:
-        await self._client.call(self._calls.leave_network(self._id, network))
-
-    async def list(self) -> builtins.list[str]:
-        info = await self._client.call(self._client.core.get_sandbox(self._id))
-        return builtins.list(info.network.networks) if info.network else []
-
-
-class AsyncNetworks:
-    """``client.networks`` of an ``AsyncClient``; see :class:`Networks`."""
-
-    def __init__(self, client: _Async) -> None:
-        self._client = client
-        self._calls = NetCalls(client.core)
-
-    async def create(self, name: str) -> NetworkInfo:
-        return await self._client.call(self._calls.create_network(name))
-
-    async def list(self) -> builtins.list[NetworkInfo]:
-        return await self._client.call(self._calls.list_networks())
-
-    async def get(self, network: str) -> NetworkInfo:
-        return await self._client.call(self._calls.get_network(network))
-
-    async def delete(self, network: str) -> None:
-        await self._client.call(self._calls.delete_network(network))
+        return Call(self.core.request("DELETE", path), nothing)

@@ -45,10 +45,14 @@ class VmBackend(Protocol):
         """
 
     async def adopt(self, rec: SandboxRecord) -> Runtime | None:
-        """Reattach to a sandbox left running by an earlier daemon; None if it is gone."""
+        """Reattach to a sandbox left running by an earlier daemon; None if it is gone
+        (or was only half restored: then it is ended, and its snapshot left whole)."""
 
     async def cleanup(self, sandbox_id: str) -> None:
         """Remove every trace of a sandbox (process, sockets, disk). Idempotent."""
+
+    async def kill_vm(self, sandbox_id: str) -> None:
+        """End the sandbox's VM process if one is left (its files stay). Idempotent."""
 
     def leftover_ids(self) -> set[str]:
         """Sandbox ids that still have a process or files on this host."""
@@ -60,7 +64,8 @@ class VmBackend(Protocol):
         """
 
     async def resume(self, rec: SandboxRecord, resume_from: str | None, *, clone: bool) -> Runtime:
-        """Start a paused sandbox from its snapshot (or boot its disk)."""
+        """Start a paused sandbox from its snapshot (or boot its disk); ``clone``: as one
+        more clone of the frozen snapshot ``resume_from``."""
 
     def pause_dir(self, sandbox_id: str) -> Path:
         """Where a memory-mode pause of this sandbox is saved."""
@@ -86,20 +91,17 @@ class VmBackend(Protocol):
     def discard_unfinished_templates(self) -> None:
         """Remove template builds a stopped daemon left half done."""
 
-    async def recover_snapshot(self, sandbox_id: str, snapshot_dir: str) -> bool:
+    async def recover_snapshot(self, sandbox_id: str, snapshot_dir: str, *, clone: bool) -> bool:
         """A restorable snapshot (complete and not consumed) is there, once a save that
-        the daemon's death cut short is finished (the sandbox's VM is ended first)."""
+        the daemon's death cut short is finished (the sandbox's VM is ended first); with
+        ``clone`` (a fork or named snapshot) once its freeze is finished too."""
 
-    def collect_snapshots(self, live_ids: set[str], keep: set[str] | None = None) -> list[str]:
-        """Remove snapshots no live sandbox depends on (except those in ``keep``)."""
+    def snapshot_complete(self, snapshot_dir: Path) -> bool:
+        """The frozen snapshot has everything a clone of it needs."""
 
-    def snapshot_users(
-        self, snapshot_dir: Path, live_ids: set[str], snapshots: dict[str, Path]
-    ) -> list[str]:
-        """Live sandboxes and other snapshots whose disks are built on this snapshot."""
+    def collect_snapshots(self, live_ids: set[str], keep: set[str]) -> list[str]:
+        """Remove snapshots nothing reaches: not in ``keep`` (kept whole) and not under
+        any live sandbox's or kept snapshot's disk."""
 
     def snapshot_size(self, snapshot_dir: Path) -> int:
         """Bytes the snapshot holds on disk."""
-
-    def remove_snapshot(self, snapshot_dir: Path) -> None:
-        """Delete the snapshot's files."""

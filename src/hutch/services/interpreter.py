@@ -23,6 +23,7 @@ from hutch.guest.contexts import (
     start_run,
 )
 from hutch.services.image_defaults import merged
+from hutch.services.inflight import Work
 from hutch.services.sandboxes import SandboxService
 
 __all__ = ["ContextInfo", "ContextRun", "InterpreterService", "RunEnd"]
@@ -107,14 +108,20 @@ class InterpreterService:
         return info
 
     async def run(
-        self, sandbox_id: str, context_id: str, code: str, *, timeout_s: float | None = None
+        self,
+        sandbox_id: str,
+        context_id: str,
+        code: str,
+        *,
+        timeout_s: float | None = None,
+        work: Work | None = None,
     ) -> ContextRun:
         """Start running ``code``; iterate the run's outputs. The caller brackets the
-        whole run with ``sandboxes.activity(sandbox_id)``."""
+        whole run with ``work`` (``sandboxes.begin_work``; ended once the run is read)."""
         self._check_id(sandbox_id, context_id)
         if not isinstance(code, str):
             raise InvalidArgument("code must be a string of Python source")
-        runtime = await self.sandboxes.ready(sandbox_id)
+        runtime = await self.sandboxes.ready(sandbox_id, work)
         run: ContextRun = await self._agent_call(
             sandbox_id, context_id, start_run(runtime.agent, context_id, code, timeout_s=timeout_s)
         )

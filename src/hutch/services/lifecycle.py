@@ -1,5 +1,11 @@
 """Pause, resume, fork and named snapshots of sandboxes; mixed into
-:class:`hutch.services.sandboxes.SandboxService` (which owns the state used here)."""
+:class:`hutch.services.sandboxes.SandboxService` (which owns the state used here).
+
+Pause, snapshot and fork first quiesce the sandbox (:mod:`hutch.services.inflight`):
+new calls wait, and calls in flight are waited for up to ``Settings.lifecycle_wait_s``
+(then :class:`~hutch.errors.Busy`), so none is cut. Resume needs no quiescing (a paused
+sandbox has nothing in flight); delete cuts what runs, and the cut calls say so.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +19,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hutch.errors import Conflict, HutchError, InvalidArgument, NotFound, StateError
+from hutch.config import Settings
+from hutch.crashpoints import crash_point
+from hutch.errors import Busy, HutchError, InvalidArgument, NotFound, StateError
 from hutch.models import (
     FORK_COUNT_RANGE,
     SNAPSHOT_ID_RE,
@@ -27,8 +35,8 @@ from hutch.models import (
     validate_name,
 )
 from hutch.services.backend import Runtime, VmBackend
+from hutch.services.inflight import InFlight
 from hutch.store import Store
-from hutch.store.db import LIVE_STATES
 
 if TYPE_CHECKING:
     from hutch.net.manager import NetworkManager
@@ -42,8 +50,10 @@ FORK_PARALLELISM = 4
 
 
 class LifecycleMixin:
+    settings: Settings
     store: Store
     backend: VmBackend
+    inflight: InFlight
     net: NetworkManager | None
     clock: Callable[[], float]
     _runtimes: dict[str, Runtime]
@@ -71,18 +81,56 @@ class LifecycleMixin:
 
         async def _run_image_start(self, rec: SandboxRecord, runtime: Runtime) -> None: ...
 
+        def _collect_snapshots(self) -> None: ...
+
     # -- pause / resume / fork ---------------------------------------------------------
 
-    async def pause(self, sandbox_id: str, mode: PauseMode = PauseMode.MEMORY) -> SandboxRecord:
+    def _quiesced(
+        self, sandbox_id: str, action: str, wait_s: float | None = None
+    ) -> contextlib.AbstractAsyncContextManager[None]:
+        wait = self.settings.lifecycle_wait_s if wait_s is None else wait_s
+        return self.inflight.quiesce(sandbox_id, action, wait)
+
+    async def pause(
+        self,
+        sandbox_id: str,
+        mode: PauseMode = PauseMode.MEMORY,
+        *,
+        only_if: Callable[[SandboxRecord], bool] | None = None,
+    ) -> SandboxRecord:
+        """Pause once the calls in flight are over (Busy if they outlast the wait).
+
+        ``only_if`` (auto-pause): pause only if it holds for the sandbox once quiesced
+        and nothing is in flight, without waiting; otherwise leave it running.
+        """
         rec = self.get(sandbox_id)
         async with self._lock(sandbox_id):
-            return await self._pause_locked(self.get(rec.id), mode)
+            try:
+                async with self._quiesced(sandbox_id, "pause", 0.0 if only_if else None):
+                    rec = self.get(rec.id)
+                    if only_if is not None and not (
+                        rec.state is SandboxState.RUNNING and only_if(rec)
+                    ):
+                        return rec
+                    return await self._pause_locked(rec, mode)
+            except Busy:
+                if only_if is None:
+                    raise
+                return self.get(rec.id)
 
     async def _pause_locked(self, rec: SandboxRecord, mode: PauseMode) -> SandboxRecord:
         if rec.state is not SandboxState.RUNNING or rec.id not in self._runtimes:
             raise StateError(f"sandbox {rec.id}", str(rec.state), ["running"])
         runtime = self._runtimes[rec.id]
         self._stop_watching(rec.id)
+        # Only open-ended streams are left (terminals, followed output, watches): they
+        # end with this message; what they read keeps running in the guest.
+        runtime.agent.close_reason = (
+            f"sandbox {rec.id} was paused (memory): this stream ended, but what runs in "
+            "the guest keeps running; attach or read again after resume"
+            if mode is PauseMode.MEMORY
+            else f"sandbox {rec.id} was paused (disk): the guest was shut down"
+        )
         planned = str(self.backend.pause_dir(rec.id)) if mode is PauseMode.MEMORY else None
         self.store.update_sandbox(
             rec.id,
@@ -91,6 +139,7 @@ class LifecycleMixin:
             resume_from=planned,
             resume_clone=False,
         )
+        crash_point("pause.row")
         try:
             resume_from = await self.backend.pause(runtime, mode)
         except BaseException:
@@ -124,6 +173,7 @@ class LifecycleMixin:
         async with self._create_gate:
             self._check_capacity(rec.shape.memory_mib, extra_sandboxes=0)
             self.store.update_sandbox(rec.id, state=SandboxState.RESUMING)
+        crash_point("resume.row")
         try:
             runtime = await self.backend.resume(rec, rec.resume_from, clone=rec.resume_clone)
         except BaseException:
@@ -156,15 +206,18 @@ class LifecycleMixin:
         lo, hi = FORK_COUNT_RANGE
         if isinstance(count, bool) or not isinstance(count, int) or not lo <= count <= hi:
             raise InvalidArgument(f"count={count!r} is out of range; accepted: {lo}-{hi}")
-        async with self._running_as_it_was(sandbox_id) as parent:
+        async with self._running_as_it_was(sandbox_id, "fork") as parent:
             return await self._fork_locked(parent, count)
 
     @contextlib.asynccontextmanager
-    async def _running_as_it_was(self, sandbox_id: str) -> AsyncIterator[SandboxRecord]:
-        """Hold the sandbox's lock with it running; a paused one is resumed for the block
-        and paused again after it, so the caller leaves it as it was."""
+    async def _running_as_it_was(
+        self, sandbox_id: str, action: str
+    ) -> AsyncIterator[SandboxRecord]:
+        """Hold the sandbox's lock with it running and quiesced (nothing in flight, new
+        calls waiting); a paused one is resumed for the block and paused again after it,
+        so the caller leaves it as it was."""
         self.get(sandbox_id)
-        async with self._lock(sandbox_id):
+        async with self._lock(sandbox_id), self._quiesced(sandbox_id, action):
             rec = self.get(sandbox_id)
             was_paused = rec.state is SandboxState.PAUSED
             if was_paused:
@@ -200,6 +253,7 @@ class LifecycleMixin:
                 )
                 self.store.insert_sandbox(child)
                 children.append(child)
+        crash_point("fork.rows")
         snapshot_dir = self.backend.fork_dir("fork-" + secrets.token_hex(6))
         try:
             await self._freeze_parent(parent, snapshot_dir)
@@ -207,6 +261,7 @@ class LifecycleMixin:
             for child in children:
                 self._finish(child.id, SandboxState.FAILED, f"fork failed: {exc}")
             raise
+        crash_point("fork.parent")
         gate = asyncio.Semaphore(FORK_PARALLELISM)
 
         async def start(child: SandboxRecord) -> SandboxRecord | BaseException:
@@ -240,6 +295,10 @@ class LifecycleMixin:
         the snapshot) and the error is raised."""
         runtime = self._runtimes[parent.id]
         self._stop_watching(parent.id)
+        runtime.agent.close_reason = (
+            f"sandbox {parent.id} was frozen for a fork or snapshot: this stream ended, but "
+            "what runs in the guest keeps running; attach or read again"
+        )
         self.store.update_sandbox(
             parent.id,
             state=SandboxState.PAUSING,
@@ -266,12 +325,15 @@ class LifecycleMixin:
 
     async def snapshot(self, sandbox_id: str, name: str) -> SnapshotRecord:
         """Save the sandbox's memory, devices and disk under ``name``. The sandbox is
-        paused for the moment of the save and then runs on (or stays paused)."""
+        paused for the moment of the save and then runs on (or stays paused).
+
+        The snapshot's row is written (not ready: unlisted) before any of its files, so
+        a daemon killed during the save finds it and finishes or drops it.
+        """
         validate_name(name)
-        async with self._running_as_it_was(sandbox_id) as parent:
+        async with self._running_as_it_was(sandbox_id, "snapshot") as parent:
             snap_id = new_snapshot_id()
             snapshot_dir = self.backend.fork_dir(snap_id)
-            await self._freeze_parent(parent, snapshot_dir)
             snap = SnapshotRecord(
                 id=snap_id,
                 name=name,
@@ -279,10 +341,22 @@ class LifecycleMixin:
                 image=parent.image,
                 shape=parent.shape,
                 path=str(snapshot_dir),
-                size_bytes=await asyncio.to_thread(self.backend.snapshot_size, snapshot_dir),
+                size_bytes=0,
                 created_at=time.time(),
             )
-            self.store.insert_snapshot(snap)
+            self.store.insert_snapshot(snap, ready=False)
+            crash_point("snapshot.row")
+            try:
+                await self._freeze_parent(parent, snapshot_dir)
+            except BaseException:
+                # Its files, if any, go with collection (unless the parent is paused on them).
+                self.store.delete_snapshot(snap_id)
+                raise
+            crash_point("snapshot.frozen")
+            snap = replace(
+                snap, size_bytes=await asyncio.to_thread(self.backend.snapshot_size, snapshot_dir)
+            )
+            self.store.finish_snapshot(snap_id, snap.size_bytes)
         return snap
 
     def get_snapshot(self, snapshot_id: str) -> SnapshotRecord:
@@ -295,14 +369,9 @@ class LifecycleMixin:
         return self.store.list_snapshots()
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
-        snap = self.get_snapshot(snapshot_id)
-        live = {r.id for r in self.store.list_sandboxes(states=LIVE_STATES)}
-        others = {s.id: Path(s.path) for s in self.store.list_snapshots()}
-        users = self.backend.snapshot_users(Path(snap.path), live, others)
-        if users:
-            raise Conflict(
-                f"snapshot {snapshot_id} is still needed by {', '.join(users)}: their disks "
-                "are built on it; delete them first"
-            )
+        """Delete the snapshot, in any order with the sandboxes and snapshots built on
+        it: it is no longer listed nor restorable at once; its files go now, or, while
+        another disk is built on its disk, when the last of those goes."""
+        self.get_snapshot(snapshot_id)
         self.store.delete_snapshot(snapshot_id)
-        await asyncio.to_thread(self.backend.remove_snapshot, Path(snap.path))
+        self._collect_snapshots()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from hutch.contract.limits import EGRESS_LOG_MAX
 from hutch.errors import NetworkError
 from hutch.models import NetworkMode, SandboxRecord, SandboxSpec
 from hutch.net.rules import EgressPolicy, parse_policy
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 __all__ = ["NetPlan", "NetworkingMixin"]
 
 #: Most egress log events one request returns.
-MAX_LOG_LIMIT = 1000
+MAX_LOG_LIMIT = EGRESS_LOG_MAX
 
 
 class NetPlan:
@@ -115,11 +116,12 @@ class NetworkingMixin:
         self.get(sandbox_id)
         await self._netman().leave(sandbox_id, id_or_name)
 
-    def sandbox_net(self, sandbox_id: str) -> SandboxNetView:
-        rec = self.get(sandbox_id)
+    def sandbox_net(self, rec: SandboxRecord) -> SandboxNetView:
+        """The network block of ``rec`` (a record already read: listing works while a
+        sandbox is still being checked after a restart)."""
         if self.net is None or rec.network is NetworkMode.NONE:
             return SandboxNetView(rec.network, None, [])
-        address = self.net.address_of(sandbox_id)
+        address = self.net.address_of(rec.id)
         return SandboxNetView(
-            rec.network, str(address) if address else None, self.net.networks_of(sandbox_id)
+            rec.network, str(address) if address else None, self.net.networks_of(rec.id)
         )

@@ -29,13 +29,32 @@ class PoliciesMixin:
 
         async def delete(self, sandbox_id: str) -> None: ...
 
-        async def pause(self, sandbox_id: str, mode: PauseMode = ...) -> SandboxRecord: ...
+        async def pause(
+            self,
+            sandbox_id: str,
+            mode: PauseMode = ...,
+            *,
+            only_if: Callable[[SandboxRecord], bool] | None = None,
+        ) -> SandboxRecord: ...
 
     def _idle_for(self, rec: SandboxRecord, now: float) -> float:
         if self._busy.get(rec.id, 0) > 0:
             return 0.0
         since = self._last_active.get(rec.id) or rec.started_at or rec.created_at
         return now - since
+
+    async def _auto_pause(self, sandbox_id: str) -> None:
+        """Pause an idle sandbox, checking again once it is quiesced: a call that started
+        since the check above (or waits at the gate) keeps it running."""
+
+        def still_idle(rec: SandboxRecord) -> bool:
+            return bool(rec.auto_pause_s) and self._idle_for(rec, self.clock()) >= (
+                rec.auto_pause_s or 0
+            )
+
+        rec = await self.pause(sandbox_id, PauseMode.MEMORY, only_if=still_idle)
+        if rec.state is SandboxState.PAUSED:
+            log.info("sandbox %s idle for %ss; paused", sandbox_id, rec.auto_pause_s)
 
     async def _reap_expired(self) -> None:
         while True:
@@ -52,8 +71,7 @@ class PoliciesMixin:
                     log.info("sandbox %s reached timeout_s=%s; deleting", rec.id, rec.timeout_s)
                     await self.delete(rec.id)
                 elif rec.auto_pause_s and self._idle_for(rec, now) >= rec.auto_pause_s:
-                    log.info("sandbox %s idle for %ss; pausing", rec.id, rec.auto_pause_s)
-                    await self.pause(rec.id, PauseMode.MEMORY)
+                    await self._auto_pause(rec.id)
             except HutchError as exc:
                 log.error("lifecycle policy on sandbox %s failed: %s", rec.id, exc)
         for rec in self.store.list_sandboxes(states=[SandboxState.PAUSED]):

@@ -18,6 +18,7 @@ from hutch.errors import Conflict, InvalidArgument
 from hutch.guest.processes import GuestProcesses, OutputStream, ProcessInfo
 from hutch.guest.pty import GuestPtys, PtyInfo, PtySession
 from hutch.services.image_defaults import merged
+from hutch.services.inflight import describe_command
 from hutch.services.sandboxes import SandboxService
 
 __all__ = ["OutputStream", "ProcessInfo", "ProcessService", "PtyInfo", "PtySession"]
@@ -58,8 +59,9 @@ class ProcessService:
         pipe open for :meth:`write_stdin` (else it is closed after ``stdin``, or the
         process reads /dev/null)."""
         env, cwd, user = self._defaults(sandbox_id, env, cwd, user)
-        with self.sandboxes.activity(sandbox_id):
-            procs = await self._procs(sandbox_id)
+        what = "background " + describe_command(cmd)
+        with self.sandboxes.work(sandbox_id, what) as work:
+            procs = GuestProcesses((await self.sandboxes.ready(sandbox_id, work)).agent)
             pipe = keep_stdin or stdin is not None
             if isinstance(cmd, str):
                 info = await procs.start(
@@ -98,8 +100,9 @@ class ProcessService:
     async def write_stdin(
         self, sandbox_id: str, pid: int, data: bytes, *, eof: bool = False
     ) -> ProcessInfo:
-        with self.sandboxes.activity(sandbox_id):
-            return await (await self._procs(sandbox_id)).write_stdin(pid, data, eof=eof)
+        with self.sandboxes.work(sandbox_id, f"stdin of process {pid}") as work:
+            procs = GuestProcesses((await self.sandboxes.ready(sandbox_id, work)).agent)
+            return await procs.write_stdin(pid, data, eof=eof)
 
     async def signal(self, sandbox_id: str, pid: int, signum: int) -> ProcessInfo:
         procs = await self._procs(sandbox_id)

@@ -21,10 +21,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hutch.config import Settings
+from hutch.crashpoints import crash_point
 from hutch.errors import GuestError, HutchError, NotFound, Timeout, VmError
 from hutch.guest.client import AgentClient, GuestIdentity
 from hutch.images.build import ImageArtifacts
-from hutch.models import SANDBOX_ID_RE, NetworkMode, PauseMode, SandboxRecord, Shape
+from hutch.models import (
+    SANDBOX_ID_RE,
+    NetworkMode,
+    PauseMode,
+    SandboxRecord,
+    SandboxState,
+    Shape,
+)
 from hutch.net.addressing import tap_name
 from hutch.services.qemu_host import (
     SandboxPaths,
@@ -33,17 +41,21 @@ from hutch.services.qemu_host import (
     kill_verified,
     publish_template,
     read_config,
+    save_written,
     tail,
+    template_complete,
     write_config,
 )
 from hutch.storage.overlay import create_overlay
 from hutch.vm.accel import detect_accel, host_tsc_khz
 from hutch.vm.argv import VmConfig
+from hutch.vm.console import console_tail
 from hutch.vm.disk_chain import compact_if_deep, disk_chain
 from hutch.vm.process import QemuVm
 from hutch.vm.runas import qemu_user
 from hutch.vm.snapshot import (
     CONSUMED_MARKER,
+    FROZEN_MARKER,
     MANIFEST_FILE,
     create_clone_disk,
     finish_interrupted_save,
@@ -53,6 +65,11 @@ from hutch.vm.snapshot import (
 )
 
 log = logging.getLogger(__name__)
+
+#: Seconds a restarted daemon waits for the agent of a running VM it adopts. A live
+#: agent answers hello in milliseconds; VMs are checked concurrently, so this bounds the
+#: whole check, and the API serves meanwhile (ARCHITECTURE.md, "Crash safety").
+ADOPT_AGENT_TIMEOUT_S = 5.0
 
 
 class QemuRuntime:
@@ -71,7 +88,7 @@ class QemuRuntime:
         await self.vm.kill()
 
     def console_tail(self, max_bytes: int = 4096) -> str:
-        return tail(self.paths.console_log, max_bytes)
+        return console_tail(self.paths.console_log, max_bytes)
 
     async def cont(self) -> None:
         if await self.vm.query_status() != "running":
@@ -131,6 +148,7 @@ class QemuBackend:
             nic=True,
             run_as=self.run_as,
             runtime_disk=image.runtime_disk,
+            console_log_bytes=self.settings.console_log_bytes,
         )
 
     async def start(self, rec: SandboxRecord, image: ImageArtifacts) -> QemuRuntime:
@@ -178,6 +196,7 @@ class QemuBackend:
                 await runtime.agent.run(["sync"], timeout_s=30)
             await runtime.agent.close()
             await runtime.vm.kill(grace_s=10.0)
+            crash_point("pause.disk_quit")
             return None
         dest = self.pause_dir(runtime.sandbox_id)
         await asyncio.to_thread(shutil.rmtree, dest, True)
@@ -192,12 +211,26 @@ class QemuBackend:
     async def resume(
         self, rec: SandboxRecord, resume_from: str | None, *, clone: bool
     ) -> QemuRuntime:
-        """Start a paused sandbox again: restore its memory, or boot its disk."""
+        """Start a paused sandbox again: restore its memory, or boot its disk.
+
+        ``clone``: the sandbox is paused on a frozen fork or snapshot directory (a fork
+        or snapshot that could not bring it back, or was cut short by a daemon stop);
+        it comes back as one more clone of it, on a fresh overlay.
+        """
+        if clone and resume_from is not None:
+            return await self.start_clone(rec, Path(resume_from))
         p = self.paths(rec.id)
         cfg = read_config(p.vm_json)
         if cfg is None:
             raise VmError(f"sandbox {rec.id} has no VM configuration at {p.vm_json}")
-        cfg = dataclasses.replace(cfg, run_as=self.run_as)
+        # incoming=False: a vm.json recorded from a restored VM's config (before that was
+        # cleared) must not make a disk-mode boot wait for a migration stream forever.
+        cfg = dataclasses.replace(
+            cfg,
+            run_as=self.run_as,
+            console_log_bytes=self.settings.console_log_bytes,
+            incoming=False,
+        )
         p.run.mkdir(parents=True, exist_ok=True, mode=0o700)
         if resume_from is None:
             vm, agent = await self._boot(cfg, p, rec.name or rec.id)
@@ -208,9 +241,11 @@ class QemuBackend:
             except BaseException:
                 await vm.kill()
                 raise
+        crash_point("resume.agent")
         if resume_from is not None and not clone:
             # The consumed pause snapshot can never be restored again: free its space.
             await asyncio.to_thread(shutil.rmtree, resume_from, True)
+        crash_point("resume.cleaned")
         return await self._running(rec, vm, agent)
 
     async def freeze_for_fork(self, runtime: QemuRuntime, snapshot_dir: Path) -> None:
@@ -225,7 +260,11 @@ class QemuBackend:
         except BaseException:
             runtime.agent = await self._connect_agent(runtime.vm, runtime.paths)
             raise
-        await asyncio.to_thread(finish_template, snapshot_dir, runtime.vm.cfg)
+        # The running VM's config says incoming=True if it was itself restored; the
+        # snapshot records the machine, which restore() starts -incoming anyway.
+        cfg = dataclasses.replace(runtime.vm.cfg, incoming=False)
+        await asyncio.to_thread(finish_template, snapshot_dir, cfg)
+        crash_point("freeze.done")
 
     async def start_clone(self, rec: SandboxRecord, snapshot_dir: Path) -> QemuRuntime:
         """Start ``rec`` as a copy-on-write clone of the frozen ``snapshot_dir``.
@@ -250,6 +289,8 @@ class QemuBackend:
         cfg = dataclasses.replace(
             template_cfg,
             run_as=self.run_as,
+            console_log_bytes=self.settings.console_log_bytes,
+            incoming=False,
             name=rec.id,
             disk=p.disk,
             qmp_socket=p.qmp_socket,
@@ -261,6 +302,7 @@ class QemuBackend:
             tap=self.tap_of(rec) if template_cfg.nic else None,
         )
         write_config(p.vm_json, cfg)
+        crash_point("clone.disk")
         vm = await restore(cfg, snapshot_dir, clone=True)
         try:
             agent = await self._connect_agent(vm, p, hostname=rec.name or rec.id)
@@ -346,58 +388,68 @@ class QemuBackend:
             for d in run_root.glob("tpl-*"):
                 shutil.rmtree(d, ignore_errors=True)
 
-    async def recover_snapshot(self, sandbox_id: str, snapshot_dir: str) -> bool:
+    async def recover_snapshot(self, sandbox_id: str, snapshot_dir: str, *, clone: bool) -> bool:
         d = Path(snapshot_dir)
+        p = self.paths(sandbox_id)
         if not (d / MANIFEST_FILE).is_file():
             # A save cut short after QEMU was told to end: make sure it has, then
             # finish the save the way it would have finished.
-            await asyncio.to_thread(
-                kill_verified, self.paths(sandbox_id).pidfile, str(self.paths(sandbox_id).run)
-            )
+            await asyncio.to_thread(kill_verified, p.pidfile, str(p.run))
             if await asyncio.to_thread(finish_interrupted_save, d):
                 log.info("sandbox %s: finished the interrupted save in %s", sandbox_id, d)
-        return (d / MANIFEST_FILE).is_file() and not (d / CONSUMED_MARKER).exists()
+        if not (d / MANIFEST_FILE).is_file():
+            return False
+        if clone:
+            # A fork or named snapshot cut short after its save: finish the freeze
+            # (vm.json, then the disk taken in) as freeze_for_fork would have. Until the
+            # disk has moved, the sandbox's own vm.json is the snapshot's configuration.
+            source = read_config(d / "vm.json") or read_config(p.vm_json)
+            if source is None:
+                log.warning("sandbox %s: %s has no VM configuration to finish", sandbox_id, d)
+                return False
+            try:
+                await asyncio.to_thread(finish_template, d, source)
+            except (OSError, HutchError) as exc:
+                log.warning("sandbox %s: cannot finish the snapshot %s: %s", sandbox_id, d, exc)
+                return False
+        return not (d / CONSUMED_MARKER).exists()
 
-    def snapshot_users(
-        self, snapshot_dir: Path, live_ids: set[str], snapshots: dict[str, Path]
-    ) -> list[str]:
-        """Live sandboxes and other snapshots whose disk chain includes this snapshot's."""
-        disk = (snapshot_dir / "disk.qcow2").resolve()
-        users = [i for i in live_ids if disk in self._disks_used_by({i})]
-        users += [
-            snap_id
-            for snap_id, other in snapshots.items()
-            if other.resolve() != snapshot_dir.resolve()
-            and disk in self._chain(other / "disk.qcow2")
-        ]
-        return sorted(users)
+    def snapshot_complete(self, snapshot_dir: Path) -> bool:
+        return template_complete(snapshot_dir)
 
     def snapshot_size(self, snapshot_dir: Path) -> int:
         """Bytes the snapshot holds on disk (allocated, not apparent: disks are sparse)."""
         return sum(f.stat().st_blocks * 512 for f in snapshot_dir.rglob("*") if f.is_file())
 
-    def remove_snapshot(self, snapshot_dir: Path) -> None:
-        shutil.rmtree(snapshot_dir, ignore_errors=True)
+    def collect_snapshots(self, live_ids: set[str], keep: set[str]) -> list[str]:
+        """Remove the snapshot directories nothing reaches; return their names.
 
-    def collect_snapshots(self, live_ids: set[str], keep: set[str] | None = None) -> list[str]:
-        """Remove fork snapshots no live sandbox's disk chain uses (named ones in ``keep``
-        stay); return what went."""
+        Reached: a directory in ``keep`` (a snapshot row, ready or being saved; a live
+        sandbox's ``resume_from``), and every qcow2 layer under a live sandbox's disk,
+        its pause snapshot's disk or a kept directory's disk. A chain that cannot be read
+        stops the collection (nothing is removed on a guess).
+        """
         root = self.settings.state_dir / "snapshots"
         if not root.is_dir():
             return []
-        used = self._disks_used_by(live_ids)
-        for kept in keep or set():
-            used |= self._chain(Path(kept) / "disk.qcow2")
+        kept = {Path(k).resolve() for k in keep}
+        try:
+            used = self._disks_used_by(live_ids)
+            for d in kept:
+                used |= self._chain(d / "disk.qcow2")
+        except HutchError as exc:
+            log.warning("snapshot collection skipped: %s", exc)
+            return []
         removed = []
         for snap in root.iterdir():
-            if (snap / "disk.qcow2").resolve() in used:
+            if snap.resolve() in kept or (snap / "disk.qcow2").resolve() in used:
                 continue
             shutil.rmtree(snap, ignore_errors=True)
             removed.append(snap.name)
         return removed
 
     def _chain(self, disk: Path | None) -> set[Path]:
-        return set(disk_chain(disk)[0]) if disk is not None else set()
+        return {p.resolve() for p in disk_chain(disk)[0]} if disk is not None else set()
 
     def _disks_used_by(self, live_ids: set[str]) -> set[Path]:
         used: set[Path] = set()
@@ -437,7 +489,7 @@ class QemuBackend:
         with contextlib.suppress(BaseException):
             await connect
         raise VmError(
-            "the VM stopped while booting; console tail:\n" + tail(p.console_log, 3000),
+            "the VM stopped while booting; console tail:\n" + console_tail(p.console_log, 3000),
             stderr=tail(p.qemu_log, 2000),
         )
 
@@ -449,11 +501,34 @@ class QemuBackend:
         vm = await QemuVm.adopt(cfg)
         if vm is None:
             return None
+        try:
+            status = await vm.query_status()
+        except HutchError as exc:
+            log.warning("sandbox %s: cannot query its VM's status: %s", rec.id, exc)
+            status = "unknown"
+        if status == "inmigrate":
+            # A restore cut short before its state loaded: the guest has not run from
+            # the snapshot, which stays whole (restore consumes it only before ``cont``).
+            # Waiting for an agent that cannot answer would only delay the restart.
+            log.info("sandbox %s: its restore had not loaded; ended the VM", rec.id)
+            await vm.kill(grace_s=0)
+            return None
+        if rec.state is SandboxState.PAUSING and save_written(rec.resume_from):
+            # A save cut short after its state was written and hashed, with QEMU not yet
+            # ended (or ending): ending it now lets reconcile finish the pause (or fork,
+            # or snapshot) as it would have finished.
+            log.info("sandbox %s: its save was written; ending the VM to finish it", rec.id)
+            await vm.kill()
+            return None
+        # The VM runs on, so what was being saved of it, or the pause snapshot it was
+        # restored from, can never be restored: removed before the guest runs again
+        # (a restore of it later would pair that memory with a disk that moved on).
+        await asyncio.to_thread(self._discard_stale_saves, rec)
         await _undo_interrupted_pause(vm)
         try:
             agent = await AgentClient.connect(
                 p.agent_socket,
-                timeout_s=10.0,
+                timeout_s=ADOPT_AGENT_TIMEOUT_S,
                 identity=identity_of(rec.id, rec.name or rec.id, self.guest_network(rec.id)),
             )
         except (GuestError, Timeout) as exc:
@@ -462,19 +537,27 @@ class QemuBackend:
             return None
         return QemuRuntime(rec.id, vm, agent, p)
 
+    def _discard_stale_saves(self, rec: SandboxRecord) -> None:
+        shutil.rmtree(self.pause_dir(rec.id), ignore_errors=True)
+        snapshots = (self.settings.state_dir / "snapshots").resolve()
+        if rec.state is SandboxState.PAUSING and rec.resume_from is not None:
+            target = Path(rec.resume_from).resolve()
+            # Only a fork or snapshot directory of this very save (never a frozen one:
+            # a save in progress has not ended QEMU, so nothing was restored from it).
+            if target.parent == snapshots and not (target / FROZEN_MARKER).exists():
+                shutil.rmtree(target, ignore_errors=True)
+
+    async def kill_vm(self, sandbox_id: str) -> None:
+        """SIGKILL the sandbox's QEMU, if its pidfile still names one of ours (checked
+        against /proc, also with a pidfile and no vm.json: a crash between the two)."""
+        p = self.paths(sandbox_id)
+        await asyncio.to_thread(kill_verified, p.pidfile, str(p.run))
+
     async def cleanup(self, sandbox_id: str) -> None:
         p = self.paths(sandbox_id)
-        cfg = read_config(p.vm_json)
-        if cfg is not None:
-            try:
-                vm = await QemuVm.adopt(cfg)
-            except HutchError:
-                vm = None
-            if vm is not None:
-                await vm.kill()
-        # A pidfile without vm.json (crash between the two writes) still names a process
-        # that must not outlive its sandbox; kill_verified checks it really is ours.
-        kill_verified(p.pidfile, str(p.run))
+        # Everything of the sandbox goes, so QEMU is SIGKILLed rather than asked to quit:
+        # one that does not answer QMP must not hold up a restart.
+        await self.kill_vm(sandbox_id)
         await asyncio.to_thread(shutil.rmtree, p.run, True)
         await asyncio.to_thread(shutil.rmtree, p.state, True)
 

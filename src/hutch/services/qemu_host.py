@@ -17,8 +17,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from hutch.crashpoints import crash_point
+from hutch.errors import HutchError
 from hutch.vm.argv import VmConfig
 from hutch.vm.snapshot import MANIFEST_FILE, load_manifest, move_disk
+from hutch.vm.snapshot_pending import PENDING_FILE
 
 __all__ = [
     "SandboxPaths",
@@ -27,7 +30,9 @@ __all__ = [
     "kill_verified",
     "publish_template",
     "read_config",
+    "save_written",
     "tail",
+    "template_complete",
     "write_config",
 ]
 
@@ -92,11 +97,41 @@ def tail(path: Path, max_bytes: int) -> str:
 
 
 def finish_template(snapshot_dir: Path, cfg: VmConfig) -> None:
-    """Make a saved snapshot a template: take its disk in and record its VM config."""
+    """Make a saved snapshot a template: record its VM config, then take its disk in.
+
+    Idempotent, in an order a crash can resume from: ``vm.json`` first (``cfg`` is the
+    sandbox's own, which stays in its directory until the disk has moved), then the disk
+    (``move_disk`` finishes a move cut short). A ``vm.json`` already there is kept.
+    """
+    if not (snapshot_dir / "vm.json").is_file():
+        write_config(snapshot_dir / "vm.json", cfg)
+        crash_point("freeze.config")
     manifest = load_manifest(snapshot_dir)
     if Path(manifest.disk.path) != (snapshot_dir / "disk.qcow2").resolve():
         move_disk(snapshot_dir, snapshot_dir / "disk.qcow2")
-    write_config(snapshot_dir / "vm.json", cfg)
+
+
+def template_complete(snapshot_dir: Path) -> bool:
+    """A frozen fork, named snapshot or template with everything a clone needs:
+    manifest, vm.json and its disk inside, unchanged since the save."""
+    try:
+        manifest = load_manifest(snapshot_dir)
+    except HutchError:
+        return False
+    disk = snapshot_dir / "disk.qcow2"
+    return (
+        (snapshot_dir / "vm.json").is_file()
+        and Path(manifest.disk.path) == disk.resolve()
+        and manifest.disk.changed(disk) is None
+    )
+
+
+def save_written(snapshot_dir: str | None) -> bool:
+    """The save into ``snapshot_dir`` got as far as its pending record (or further)."""
+    if snapshot_dir is None:
+        return False
+    d = Path(snapshot_dir)
+    return (d / PENDING_FILE).is_file() or (d / MANIFEST_FILE).is_file()
 
 
 def publish_template(snapshot_dir: Path, final: Path) -> None:

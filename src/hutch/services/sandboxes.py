@@ -13,7 +13,8 @@ A fork pauses the parent into a frozen snapshot, then restores the parent and ev
 child from it as copy-on-write clones (``start_clone``).
 
 Every transition is written before the side effect it announces, so a daemon killed at
-any point finds, on restart, a row that tells it what to finish (see ``reconcile``).
+any point finds, on restart, a row that tells it what to finish (see ``reconcile`` and
+ARCHITECTURE.md, "Crash safety").
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import replace
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hutch.config import Settings
-from hutch.errors import Capacity, Conflict, HutchError, NotFound
+from hutch.errors import Capacity, Conflict, HutchError, NotFound, Unavailable
 from hutch.guest.client import ExecStream
 from hutch.guest.results import FileEntry
 from hutch.images.build import ImageArtifacts
@@ -48,6 +50,7 @@ from hutch.services.backend import Runtime, VmBackend
 from hutch.services.guest_ops import GuestOpsMixin
 from hutch.services.image_defaults import run_start_command
 from hutch.services.images import ImageDefaults, ImageSource, ImageView, resolve
+from hutch.services.inflight import InFlight
 from hutch.services.lifecycle import LifecycleMixin
 from hutch.services.networking import NetPlan, NetworkingMixin
 from hutch.services.policies import PoliciesMixin
@@ -61,6 +64,9 @@ if TYPE_CHECKING:
 __all__ = ["ExecStream", "FileEntry", "SandboxService"]
 
 log = logging.getLogger(__name__)
+
+#: Sandboxes a restarted daemon checks at once (each mostly waits on its VM's sockets).
+RECONCILE_PARALLELISM = 16
 
 
 class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMixin):
@@ -95,23 +101,57 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
             network=NetworkMode.DEFAULT if net is not None else NetworkMode.NONE,
         )
         self._reaper: asyncio.Task[None] | None = None
+        # Reconcile after a start: the sandboxes still being checked answer 503.
+        self._reconciling: set[str] = set()
+        self._reconcile_task: asyncio.Task[None] | None = None
+        self.reconciled = False
+        # Snapshot directories an operation is about to clone (kept from collection).
+        self._snapshot_holds: Counter[str] = Counter()
         # Idle tracking for auto_pause_s: in memory, since after a restart every sandbox
         # counts as freshly active (never paused early).
         self.clock: Callable[[], float] = time.time
         self._last_active: dict[str, float] = {}
         self._busy: dict[str, int] = {}
+        # Calls in flight per sandbox, which pause, snapshot and fork wait for.
+        self.inflight = InFlight()
 
     # -- daemon lifecycle --------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def start(self, *, background: bool = False) -> None:
+        """Reconcile with the host, then start the warm pool and the reaper.
+
+        ``background`` (the daemon): return once the quick part is done and check the
+        VMs found on the host in a task, so the API serves meanwhile (``reconciled``
+        False, the sandboxes still being checked answer 503); else wait for all of it.
+        """
         if self.net is not None:
             # Before adoption: adopted guests are told their network again.
             await self.net.start({r.id for r in self.store.list_sandboxes(states=LIVE_STATES)})
-        await self.reconcile()
+        plan = await self._reconcile_host()
+        if background:
+            self._reconcile_task = asyncio.create_task(
+                self._after_start(plan), name="hutch-reconcile"
+            )
+        else:
+            await self._after_start(plan)
+
+    async def _after_start(self, plan: _ReconcilePlan) -> None:
+        try:
+            await self._reconcile_rows(plan)
+        except Exception:
+            log.exception("reconcile failed; a restart retries it")
+        finally:
+            self._reconciling.clear()
+            self.reconciled = True
         default = self.image_source.find(self.settings.default_image)
         if default is not None:
             self.pool.refill(default)
         self._reaper = asyncio.create_task(self._reap_expired(), name="hutch-reaper")
+
+    @property
+    def reconciling(self) -> int:
+        """Sandboxes still being checked after the start."""
+        return len(self._reconciling)
 
     async def close(self) -> None:
         """Stop background work and drop agent connections. VMs keep running (pooled
@@ -119,7 +159,12 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
         await self.pool.close()
         tasks = [
             t
-            for t in (self._reaper, *self._monitors.values(), *self._template_tasks.values())
+            for t in (
+                self._reconcile_task,
+                self._reaper,
+                *self._monitors.values(),
+                *self._template_tasks.values(),
+            )
             if t is not None
         ]
         for task in tasks:
@@ -134,64 +179,116 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
             await self.net.close()
 
     async def reconcile(self) -> None:
-        """Make the database and the host agree after a start or crash.
+        """Make the database and the host agree after a start or crash (all of it; the
+        daemon runs the second half in the background, see ``start``).
 
-        Live rows whose VM still runs are adopted; the rest are cleaned and marked
-        failed (or destroyed, if a delete was under way). Processes and files on the host
-        that no live row owns are removed.
+        Live rows whose VM still runs are adopted; the rest are finished as their row
+        says (a save cut short: paused) or cleaned and marked failed (or destroyed, if a
+        delete was under way). Snapshots whose save was cut short are finished or
+        dropped; processes and files on the host that no live row owns are removed.
         """
+        await self._reconcile_rows(await self._reconcile_host())
+
+    async def _reconcile_host(self) -> _ReconcilePlan:
+        """The quick half, before the API serves: half-built templates and leftovers of
+        sandboxes with no live row go; the rows to check are marked as being checked."""
         self.backend.discard_unfinished_templates()
+        # Listed before the rows are read: a sandbox's row is written before its files.
+        leftovers = self.backend.leftover_ids()
         live = self.store.list_sandboxes(states=LIVE_STATES)
-        for rec in live:
-            if rec.state is SandboxState.PAUSED:
-                continue
-            runtime: Runtime | None = None
-            if rec.state is not SandboxState.STOPPING:
-                try:
-                    runtime = await self.backend.adopt(rec)
-                except HutchError as exc:
-                    log.warning("could not adopt %s: %s", rec.id, exc)
-            if runtime is not None:
-                self._attach(rec.id, runtime)
-                if rec.state is SandboxState.CREATING:
-                    self._mark_running(rec)
-                elif rec.state is not SandboxState.RUNNING:
-                    # A pause that had not finished (the VM still runs) or a resume that
-                    # had: either way the VM is running now.
-                    with contextlib.suppress(HutchError):
-                        await runtime.cont()
-                    self._set_running_after_resume(rec.id)
-                log.info("adopted running sandbox %s", rec.id)
-                continue
-            if rec.state in (SandboxState.PAUSING, SandboxState.RESUMING) and (
-                rec.resume_from is not None
-                and await self.backend.recover_snapshot(rec.id, rec.resume_from)
-            ):
-                self.store.update_sandbox(rec.id, state=SandboxState.PAUSED)
-                log.info("sandbox %s recovered as paused", rec.id)
-                continue
-            if rec.state is SandboxState.RESUMING and rec.pause_mode is PauseMode.DISK:
-                self.store.update_sandbox(rec.id, state=SandboxState.PAUSED)
-                continue
-            await self.backend.cleanup(rec.id)
-            await self._release_network(rec.id)
-            if rec.state is SandboxState.STOPPING:
-                self._finish(rec.id, SandboxState.DESTROYED)
-            else:
-                self._finish(
-                    rec.id, SandboxState.FAILED, "the VM was gone when the daemon restarted"
-                )
-        owned = {rec.id for rec in self.store.list_sandboxes(states=LIVE_STATES)}
-        for orphan in self.backend.leftover_ids() - owned:
+        for orphan in sorted(leftovers - {rec.id for rec in live}):
             log.info("removing leftovers of sandbox %s", orphan)
             await self.backend.cleanup(orphan)
+        rows = [rec for rec in live if rec.state is not SandboxState.PAUSED]
+        self._reconciling = {rec.id for rec in rows}
+        # Read now: a snapshot started after this point is not a leftover.
+        return _ReconcilePlan(rows, self.store.list_snapshots(ready=False))
+
+    async def _reconcile_rows(self, plan: _ReconcilePlan) -> None:
+        """Check every row concurrently (a slow VM holds up only itself), then finish
+        the snapshots cut short and collect what nothing reaches any more."""
+        gate = asyncio.Semaphore(RECONCILE_PARALLELISM)
+
+        async def check(rec: SandboxRecord) -> None:
+            async with gate, self._lock(rec.id):
+                try:
+                    await self._reconcile_one(rec)
+                except Exception:
+                    log.exception("could not reconcile sandbox %s; a restart retries", rec.id)
+                finally:
+                    self._reconciling.discard(rec.id)
+
+        await asyncio.gather(*(check(rec) for rec in plan.rows))
+        for snap in plan.unfinished_snapshots:
+            if await asyncio.to_thread(self.backend.snapshot_complete, Path(snap.path)):
+                size = await asyncio.to_thread(self.backend.snapshot_size, Path(snap.path))
+                self.store.finish_snapshot(snap.id, size)
+                log.info("snapshot %s (%s): finished the save cut short", snap.id, snap.name)
+            else:
+                self.store.delete_snapshot(snap.id)
+                log.info("snapshot %s (%s): its save was cut short; dropped", snap.id, snap.name)
         self._collect_snapshots()
+
+    async def _reconcile_one(self, rec: SandboxRecord) -> None:
+        runtime: Runtime | None = None
+        if rec.state is not SandboxState.STOPPING:
+            try:
+                runtime = await self.backend.adopt(rec)
+            except HutchError as exc:
+                log.warning("could not adopt %s: %s", rec.id, exc)
+        if runtime is not None:
+            self._attach(rec.id, runtime)
+            if rec.state is SandboxState.CREATING:
+                self._mark_running(rec)
+            elif rec.state is not SandboxState.RUNNING:
+                # A pause that had not finished (the VM still runs) or a resume that
+                # had: either way the VM is running now.
+                with contextlib.suppress(HutchError):
+                    await runtime.cont()
+                self._set_running_after_resume(rec.id)
+            log.info("adopted running sandbox %s", rec.id)
+            return
+        # Not adopted: a QEMU still there (one that did not answer) must be gone before
+        # the row can say paused, or a resume would start a second one on the same disk.
+        await self.backend.kill_vm(rec.id)
+        if rec.state in (SandboxState.PAUSING, SandboxState.RESUMING) and (
+            rec.resume_from is not None
+            and await self.backend.recover_snapshot(rec.id, rec.resume_from, clone=rec.resume_clone)
+        ):
+            self.store.update_sandbox(rec.id, state=SandboxState.PAUSED)
+            log.info("sandbox %s recovered as paused", rec.id)
+            return
+        if (
+            rec.state in (SandboxState.PAUSING, SandboxState.RESUMING)
+            and rec.pause_mode is PauseMode.DISK
+        ):
+            # Disk mode keeps only the disk (synced by the guest before QEMU ended, and
+            # untouched by a boot that had not got its agent up): paused, boots again.
+            self.store.update_sandbox(rec.id, state=SandboxState.PAUSED)
+            return
+        await self.backend.cleanup(rec.id)
+        await self._release_network(rec.id)
+        if rec.state is SandboxState.STOPPING:
+            self._finish(rec.id, SandboxState.DESTROYED)
+        elif rec.state is SandboxState.CREATING:
+            self._finish(
+                rec.id,
+                SandboxState.FAILED,
+                "the daemon stopped before the sandbox had started; create (or fork) again",
+            )
+        else:
+            self._finish(rec.id, SandboxState.FAILED, "the VM was gone when the daemon restarted")
 
     # -- queries -----------------------------------------------------------------------
 
     def get(self, sandbox_id: str) -> SandboxRecord:
         if not SANDBOX_ID_RE.match(sandbox_id):
             raise NotFound(f"sandbox id {sandbox_id!r} is malformed; ids look like sb-0123456789ab")
+        if sandbox_id in self._reconciling:
+            raise Unavailable(
+                f"sandbox {sandbox_id} is still being checked after the daemon restarted; "
+                "retry in a moment"
+            )
         rec = self.store.get_sandbox(sandbox_id)
         if rec is None:
             raise NotFound(f"no sandbox {sandbox_id}")
@@ -272,7 +369,12 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
                         # The pooled guest took its id as hostname; a name replaces it.
                         await self.backend.retake_identity(runtime, rec)
                 elif source is not None:
-                    runtime = await self.backend.start_clone(rec, Path(source.path))
+                    # Checked and held with no await in between: a delete of the
+                    # snapshot either came first (refused here) or keeps its files.
+                    if self.store.get_snapshot(source.id) is None:
+                        raise NotFound(f"snapshot {source.id} was deleted during the create")
+                    with self._holding(source.path):
+                        runtime = await self.backend.start_clone(rec, Path(source.path))
                 elif template is not None:
                     runtime = await self.backend.start_clone(rec, template)
                 else:
@@ -315,6 +417,8 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
         self._stop_watching(sandbox_id)
         runtime = self._runtimes.pop(sandbox_id, None)
         if runtime is not None:
+            # Streams still open end with this, not with "the VM may have stopped".
+            runtime.agent.close_reason = f"sandbox {sandbox_id} was deleted while this call ran"
             await runtime.destroy()
         await self.backend.cleanup(sandbox_id)
         await self._release_network(sandbox_id)
@@ -387,10 +491,28 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
             monitor.cancel()
 
     def _collect_snapshots(self) -> None:
-        live = {r.id for r in self.store.list_sandboxes(states=LIVE_STATES)}
-        named = {snap.path for snap in self.store.list_snapshots()}
-        for name in self.backend.collect_snapshots(live, named):
-            log.info("removed snapshot %s: no sandbox uses it any more", name)
+        """Remove the snapshot directories nothing reaches any more. Synchronous on
+        purpose: no step of another operation runs between reading the references and
+        removing, and each operation writes its reference (a snapshot row, ``resume_from``,
+        a hold) before it creates the directory."""
+        live = self.store.list_sandboxes(states=LIVE_STATES)
+        keep = {snap.path for snap in self.store.list_snapshots(ready=None)}
+        keep |= {rec.resume_from for rec in live if rec.resume_from is not None}
+        keep |= set(self._snapshot_holds)
+        for name in self.backend.collect_snapshots({rec.id for rec in live}, keep):
+            log.info("removed snapshot %s: nothing is built on it any more", name)
+
+    @contextlib.contextmanager
+    def _holding(self, snapshot_path: str) -> Iterator[None]:
+        """Keep ``snapshot_path`` from collection while a clone of it is being made (its
+        overlay, which then keeps it, does not exist yet)."""
+        self._snapshot_holds[snapshot_path] += 1
+        try:
+            yield
+        finally:
+            self._snapshot_holds[snapshot_path] -= 1
+            if self._snapshot_holds[snapshot_path] <= 0:
+                del self._snapshot_holds[snapshot_path]
 
     def _lock(self, sandbox_id: str) -> asyncio.Lock:
         return self._locks.setdefault(sandbox_id, asyncio.Lock())
@@ -406,6 +528,7 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
     def _finish(self, sandbox_id: str, state: SandboxState, error: str | None = None) -> None:
         self.store.update_sandbox(sandbox_id, state=state, ended_at=time.time(), error=error)
         self._locks.pop(sandbox_id, None)
+        self.inflight.forget(sandbox_id)
 
     def _attach(self, sandbox_id: str, runtime: Runtime) -> None:
         self._runtimes[sandbox_id] = runtime
@@ -429,3 +552,12 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
             # A failed sandbox is never deleted again: its tap and address go now.
             await self._release_network(sandbox_id)
             self._finish(sandbox_id, SandboxState.FAILED, "the VM stopped unexpectedly")
+
+
+@dataclass(frozen=True)
+class _ReconcilePlan:
+    """What the quick half of reconcile leaves to the second: the rows to check and the
+    snapshots whose save was under way when the daemon stopped."""
+
+    rows: list[SandboxRecord]
+    unfinished_snapshots: list[SnapshotRecord]

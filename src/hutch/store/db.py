@@ -161,27 +161,41 @@ class Store:
 
     # -- snapshots ----------------------------------------------------------------------
 
-    def insert_snapshot(self, snap: SnapshotRecord) -> None:
+    def insert_snapshot(self, snap: SnapshotRecord, *, ready: bool = True) -> None:
+        """``ready=False``: the snapshot is being saved; it is not listed nor found until
+        :meth:`finish_snapshot` (its row is the intent a restarted daemon finishes)."""
         with self._tx() as db:
             db.execute(
                 "INSERT INTO snapshots (id, name, sandbox_id, image, vcpus, memory_mib, "
-                "disk_gib, path, size_bytes, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "disk_gib, path, size_bytes, created_at, ready) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (snap.id, snap.name, snap.sandbox_id, snap.image, snap.shape.vcpus,
                  snap.shape.memory_mib, snap.shape.disk_gib, snap.path, snap.size_bytes,
-                 snap.created_at),
+                 snap.created_at, int(ready)),
             )  # fmt: skip
 
+    def finish_snapshot(self, snapshot_id: str, size_bytes: int) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE snapshots SET ready = 1, size_bytes = ? WHERE id = ?",
+                (size_bytes, snapshot_id),
+            )
+
     def get_snapshot(self, snapshot_id: str) -> SnapshotRecord | None:
+        """A ready snapshot (one still being saved is not found)."""
         with self._lock:
             row = self._db.execute(
-                f"SELECT {_SNAPSHOT_COLUMNS} FROM snapshots WHERE id = ?", (snapshot_id,)
+                f"SELECT {_SNAPSHOT_COLUMNS} FROM snapshots WHERE id = ? AND ready = 1",
+                (snapshot_id,),
             ).fetchone()
         return _snapshot_from_row(row) if row else None
 
-    def list_snapshots(self) -> list[SnapshotRecord]:
+    def list_snapshots(self, *, ready: bool | None = True) -> list[SnapshotRecord]:
+        """Ready snapshots; ``ready=False``: those being saved; ``None``: all."""
+        where = "" if ready is None else f" WHERE ready = {int(ready)}"
         with self._lock:
             rows = self._db.execute(
-                f"SELECT {_SNAPSHOT_COLUMNS} FROM snapshots ORDER BY created_at, id"
+                f"SELECT {_SNAPSHOT_COLUMNS} FROM snapshots{where} ORDER BY created_at, id"
             ).fetchall()
         return [_snapshot_from_row(r) for r in rows]
 

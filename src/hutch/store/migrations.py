@@ -88,7 +88,12 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (sandbox_id, guest_port)
     );
     """,
-    # 5: imported (OCI) images. ``project`` is '' for global images until projects
+    # 5: a named snapshot's row is written before its files (ready = 0 while it is saved),
+    # so a daemon killed during the save finds it (crash safety, ARCHITECTURE.md)
+    """
+    ALTER TABLE snapshots ADD COLUMN ready INTEGER NOT NULL DEFAULT 1;
+    """,
+    # 6: imported (OCI) images. ``project`` is '' for global images until projects
     # exist; the key is (project, name) so that per-project images need no rebuild.
     """
     CREATE TABLE images (

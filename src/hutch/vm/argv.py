@@ -12,6 +12,7 @@ from pathlib import Path
 
 from hutch.errors import InvalidArgument
 from hutch.models import MEMORY_MIB_RANGE, VCPUS_RANGE
+from hutch.vm.console import DEFAULT_LOG_BYTES, MIN_LOG_BYTES, console_fifo
 
 __all__ = [
     "AGENT_PORT_NAME",
@@ -67,6 +68,10 @@ class VmConfig:
     file: the fast snapshot path, see ``hutch.vm.snapshot``) or MAP_PRIVATE
     (copy-on-write over a frozen template file: clones). ``incoming`` adds
     ``-incoming defer``: QEMU starts paused and waits for ``migrate-incoming``.
+
+    ``console_log``: where the daemon keeps the serial console, rotated at
+    ``console_log_bytes`` (``hutch.vm.console``); QEMU itself writes into the FIFO
+    beside it (``console.out``), never into the log.
     """
 
     name: str
@@ -99,6 +104,8 @@ class VmConfig:
     #: A second, read-only raw disk with the guest agent's own runtime (imported OCI
     #: images, see ``hutch.images.agent_runtime``), found by the guest by its serial.
     runtime_disk: Path | None = None
+    #: Bytes of serial console kept per log file (``console.log`` and ``.1``).
+    console_log_bytes: int = DEFAULT_LOG_BYTES
 
 
 def _opt(path: Path) -> str:
@@ -138,6 +145,14 @@ def _validate(cfg: VmConfig) -> None:
         raise InvalidArgument(f"runtime_disk {str(cfg.runtime_disk)!r} must be an absolute path")
     if cfg.run_as is not None and not _USER_RE.match(cfg.run_as):
         raise InvalidArgument(f"run_as {cfg.run_as!r} is not a user name")
+    if (
+        isinstance(cfg.console_log_bytes, bool)
+        or not isinstance(cfg.console_log_bytes, int)
+        or cfg.console_log_bytes < MIN_LOG_BYTES
+    ):
+        raise InvalidArgument(
+            f"console_log_bytes={cfg.console_log_bytes!r}; give at least {MIN_LOG_BYTES}"
+        )
 
 
 def guest_cmdline(cfg: VmConfig) -> str:
@@ -244,8 +259,11 @@ def build_argv(cfg: VmConfig, qemu_binary: str = "qemu-system-x86_64") -> list[s
         "-device",
         "virtio-rng-device,rng=rng0",
         *nic,
+        # The console goes into a FIFO pair (console.in/.out) the daemon drains into a
+        # capped, rotated log; QEMU opens them read-write, so a daemon that is down
+        # never makes its writes fail (hutch.vm.console).
         "-chardev",
-        f"file,id=console,path={_opt(cfg.console_log)}",
+        f"pipe,id=console,path={_opt(console_fifo(cfg.console_log))}",
         "-serial",
         "chardev:console",
         "-chardev",

@@ -2,8 +2,10 @@
 
 QEMU runs detached from the daemon (own session, no inherited fds, output to
 ``qemu.log``), so a daemon restart or SIGKILL leaves guests running; a new daemon
-re-attaches with :meth:`QemuVm.adopt`. Process liveness is tracked through a pidfd,
-which also works for a process that is not our child and can never name a reused pid.
+re-attaches with :meth:`QemuVm.adopt`. The serial console goes through a FIFO that a
+:class:`~hutch.vm.console.ConsolePump` of the VM drains into a capped, rotated log.
+Process liveness is tracked through a pidfd, which also works for a process that is not
+our child and can never name a reused pid.
 
 States (``VmState``)::
 
@@ -29,6 +31,7 @@ from qemu.qmp import QMPError as _QMPError
 
 from hutch.errors import StateError, VmError
 from hutch.vm.argv import VmConfig, build_argv
+from hutch.vm.console import ConsolePump
 
 __all__ = ["QemuVm", "VmState"]
 
@@ -87,8 +90,10 @@ class QemuVm:
         pid: int,
         pidfd: int,
         proc: subprocess.Popen[bytes] | None,
+        console: ConsolePump | None = None,
     ) -> None:
         self.cfg = cfg
+        self._console = console
         self.argv = argv
         self._pid = pid
         self._pidfd: int | None = pidfd
@@ -115,6 +120,11 @@ class QemuVm:
         argv = build_argv(cfg)
         for stale in (cfg.qmp_socket, cfg.agent_socket, cfg.pidfile):
             _unlink(stale)
+        # Before QEMU starts: it opens the console FIFOs the pump creates.
+        try:
+            console = ConsolePump.for_launch(cfg.console_log, cfg.console_log_bytes)
+        except OSError as exc:
+            raise VmError(f"cannot set up the console of {cfg.name}: {exc}", argv=argv) from exc
         try:
             with cfg.qemu_log.open("wb") as out:
                 # Popen, not asyncio's subprocess: we reap through the pidfd ourselves
@@ -131,9 +141,10 @@ class QemuVm:
                     start_new_session=True,
                 )
         except OSError as exc:
+            console.close()
             raise VmError(f"cannot start QEMU: {exc}", argv=argv) from exc
         pidfd = os.pidfd_open(proc.pid)
-        vm = cls(cfg, argv, proc.pid, pidfd, proc)
+        vm = cls(cfg, argv, proc.pid, pidfd, proc, console)
         started = time.monotonic()
         try:
             await vm._connect_qmp(ready_timeout_s)
@@ -175,11 +186,17 @@ class QemuVm:
         if not _cmdline_names(pid, str(cfg.qmp_socket)) or _pidfd_exited(pidfd):
             os.close(pidfd)
             return None
-        vm = cls(cfg, build_argv(cfg), pid, pidfd, None)
+        try:
+            console = ConsolePump.for_adopt(cfg.console_log, cfg.console_log_bytes)
+        except OSError as exc:
+            log.warning("vm %s: its console is not logged: %s", cfg.name, exc)
+            console = None
+        vm = cls(cfg, build_argv(cfg), pid, pidfd, None, console)
         try:
             await vm._connect_qmp(connect_timeout_s)
         except VmError:
             vm._close_fds()
+            vm._close_console()
             raise
         return vm
 
@@ -305,6 +322,7 @@ class QemuVm:
         await self._disconnect_qmp()
         self._close_fds()
         if not self.is_alive():
+            self._close_console()
             for path in (self.cfg.qmp_socket, self.cfg.agent_socket, self.cfg.pidfile):
                 _unlink(path)
 
@@ -331,8 +349,14 @@ class QemuVm:
             os.close(self._pidfd)
             self._pidfd = None
 
+    def _close_console(self) -> None:
+        console, self._console = self._console, None
+        if console is not None:
+            console.close()
+
     def _on_exit(self) -> None:
-        """pidfd readable: QEMU is gone. Reap our child and record why."""
+        """pidfd readable: QEMU is gone. Reap our child and record why; the console is
+        drained first, so whoever learns of the exit finds the guest's last output."""
         if self._exited.is_set():
             return
         if self._proc is not None:
@@ -348,6 +372,7 @@ class QemuVm:
             reason = "exited (not our child: status unknown)"
         if self.exit_reason is None:
             self.exit_reason = reason
+        self._close_console()
         self._state = VmState.EXITED
         if self._pidfd is not None:
             with contextlib.suppress(ValueError, RuntimeError):

@@ -11,7 +11,8 @@ A snapshot directory holds::
                     ``memory-backend-file,share=on`` on this very file, so nothing was
                     copied at pause time; QEMU skipped it (``x-ignore-shared``).
     manifest.json   written last: its presence means the snapshot is complete.
-    consumed        marker: a non-clone restore took the snapshot over.
+    consumed        marker: a non-clone restore took the snapshot over (the guest was
+                    about to run from it).
     frozen          marker: clones may be running on it.
 
 What is frozen when
@@ -24,7 +25,12 @@ What is frozen when
 * ``restore(clone=False)`` (resume) *consumes* the snapshot: it writes ``consumed``, gives
   ``memory.ram`` back to the VM (renamed to ``cfg.memory_file``, mapped ``share=on``) and
   runs on the same disk. The guest then changes both, so the snapshot cannot be
-  restored again; a frozen snapshot refuses this.
+  restored again; a frozen snapshot refuses this. ``consumed`` is written at the last
+  moment before the guest runs (just before ``cont``): until then a QEMU that has only
+  loaded the stream has written nothing (its disk stays inactive), so a restore cut
+  short before that point - a daemon killed, a QEMU gone - leaves the snapshot whole
+  and restorable. (A ram_in_file resume moves ``memory.ram`` before QEMU starts, so it
+  is consumed from that moment.)
 * ``restore(clone=True)`` (fork) *freezes* the snapshot: ``frozen`` is written and
   ``memory.ram``, ``state.mig`` and the disk are made read-only (mode 0444). Every clone
   maps ``memory.ram`` ``share=off`` (copy-on-write: a clone's writes stay in its own
@@ -66,6 +72,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from hutch.crashpoints import crash_point
 from hutch.errors import SnapshotError, VmError
 from hutch.vm.argv import VmConfig
 from hutch.vm.disk_chain import qcow2_backing_file, stop_disk_jobs
@@ -199,6 +206,7 @@ async def save_snapshot(
             await vm.qmp("stop")
             stopped_here = True
         timings["stop"] = _ms(t)
+        crash_point("save.stopped")
         t = time.perf_counter()
         await _set_migration(vm, ignore_shared=ram_in_file)
         await vm.qmp("migrate-set-parameters", **{"max-bandwidth": _MAX_BANDWIDTH})
@@ -226,6 +234,7 @@ async def save_snapshot(
                 await vm.qmp("cont")
         raise
     os.close(fd)
+    crash_point("save.migrated")
     memory_source = cfg.memory_file if ram_in_file else None
     pending = SnapshotManifest(
         format=MANIFEST_FORMAT,
@@ -243,14 +252,17 @@ async def save_snapshot(
         timings_ms=timings,
     )
     write_pending(dest_dir, pending, memory_source)
+    crash_point("save.pending")
     # The guest is stopped and its state saved: QEMU goes (quit flushes and closes the
     # disk, whose block layer the migration already inactivated).
     t = time.perf_counter()
     await vm.kill()
     timings["quit"] = _ms(t)
+    crash_point("save.quit")
     # Recorded before the manifest is written (finishing takes a millisecond or two).
     timings["total"] = _ms(t_all)
     manifest = await asyncio.to_thread(finish_save, dest_dir, pending, memory_source, fsync=fsync)
+    crash_point("save.manifest")
     log.info(
         "vm %s: snapshot %s (%d bytes of state, ram_in_file=%s) in %.1f ms",
         cfg.name,
@@ -280,15 +292,21 @@ def move_disk(snapshot_dir: Path, new_path: Path) -> SnapshotManifest:
 
     A fork takes the parent's disk into the snapshot directory so that the frozen disk
     outlives the parent. Only allowed before anything restored from the snapshot.
+    Idempotent: a move cut short between the rename and the manifest's update (the disk
+    is at ``new_path`` with its recorded size and mtime, which a rename keeps) is
+    recorded now.
     """
     manifest = load_manifest(snapshot_dir)
     if (snapshot_dir / CONSUMED_MARKER).exists() or (snapshot_dir / FROZEN_MARKER).exists():
         raise SnapshotError(f"snapshot {snapshot_dir} is in use; its disk cannot move")
     old = Path(manifest.disk.path)
-    why = manifest.disk.changed(old)
-    if why:
-        raise SnapshotError(f"snapshot {snapshot_dir}: disk: {why}")
-    os.rename(old, new_path)
+    renamed = not old.exists() and manifest.disk.changed(new_path) is None
+    if not renamed:
+        why = manifest.disk.changed(old)
+        if why:
+            raise SnapshotError(f"snapshot {snapshot_dir}: disk: {why}")
+        os.rename(old, new_path)
+        crash_point("freeze.disk_moved")
     moved = dataclasses.replace(
         manifest, disk=dataclasses.replace(manifest.disk, path=str(new_path.resolve()))
     )
@@ -472,8 +490,6 @@ async def restore(
                 run_cfg = dataclasses.replace(run_cfg, memory_shared=True)
         elif clone:
             _freeze(snapshot_dir, manifest)
-        else:
-            _consume(snapshot_dir)
         if not clone and manifest.ram_in_file and cfg.memory_file is not None:
             os.chmod(cfg.memory_file, 0o600)
         t = time.perf_counter()
@@ -485,13 +501,19 @@ async def restore(
                 f"snapshot {snapshot_dir} was taken with QEMU {manifest.qemu_version!r}; "
                 f"this host runs {version!r}. Cold-boot the sandbox instead"
             )
+        crash_point("restore.launched")
         t = time.perf_counter()
         await _set_migration(vm, ignore_shared=manifest.ram_in_file)
         await vm.send_fd(_FD_NAME, fd)
         await vm.qmp("migrate-incoming", uri=f"fd:{_FD_NAME}")
         await _wait_migration(vm, f"restoring VM {cfg.name}", timeout_s)
         load_ms = _ms(t)
+        crash_point("restore.loaded")
+        if not clone and not manifest.ram_in_file:
+            # The point of no return: from here on the guest changes the disk.
+            _consume(snapshot_dir)
         await vm.qmp("cont")
+        crash_point("restore.running")
     except BaseException as exc:
         if vm is not None:
             await vm.kill(grace_s=0)

@@ -11,18 +11,23 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
 from hutch.api.deps import files_extra
+from hutch.api.streaming import TrackedStream
+from hutch.contract.limits import ARCHIVE_MAX_BYTES, PATH_MAX_CHARS
 from hutch.errors import InvalidArgument
 from hutch.services.files_extra import FilesExtraService
 
 router = APIRouter(prefix="/v1/sandboxes", tags=["files"])
 Service = Annotated[FilesExtraService, Depends(files_extra)]
 PathParam = Annotated[
-    str, Query(min_length=1, max_length=4096, description="Directory: absolute or under /root.")
+    str,
+    Query(
+        min_length=1, max_length=PATH_MAX_CHARS, description="Directory: absolute or under /root."
+    ),
 ]
 
 #: An upload larger than this is refused while it streams (the sandbox disk is the real
 #: bound; this keeps one request from filling the host's pipes for hours).
-MAX_ARCHIVE_BYTES = 8 * 1024**3
+MAX_ARCHIVE_BYTES = ARCHIVE_MAX_BYTES
 
 
 class ArchiveResult(BaseModel):
@@ -39,23 +44,35 @@ class ArchiveResult(BaseModel):
 async def download_archive(sandbox_id: str, path: PathParam, svc: Service) -> StreamingResponse:
     """The directory's content as an uncompressed tar stream (names relative to it;
     symlinks stored as links; sockets and devices skipped)."""
-    chunks = await svc.read_archive(sandbox_id, path)
-    # Pull the first chunk now so that a missing directory is a 404, not a broken stream.
+    sandboxes = svc.sandboxes
+    work = sandboxes.begin_work(sandbox_id, f"archive download {path}")
     try:
-        first = await anext(chunks)
-    except StopAsyncIteration:
-        first = b""
+        chunks = await svc.read_archive(sandbox_id, path, work)
+        # Pull the first chunk now so that a missing directory is a 404, not a broken
+        # stream.
+        try:
+            first = await anext(chunks)
+        except StopAsyncIteration:
+            first = b""
+    except BaseException:
+        sandboxes.end_work(work)
+        raise
 
     async def body() -> AsyncIterator[bytes]:
-        with svc.sandboxes.activity(sandbox_id):
+        try:
             if first:
                 yield first
             async for chunk in chunks:
                 yield chunk
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
 
     name = posixpath.basename(path.rstrip("/")) or "root"
-    return StreamingResponse(
+    # A tar the daemon cannot finish aborts the connection (never a clean, short end).
+    return TrackedStream(
         body(),
+        on_close=lambda: sandboxes.end_work(work),
+        what=f"archive download of {path} from {sandbox_id}",
         media_type="application/x-tar",
         headers={"Content-Disposition": f'attachment; filename="{name}.tar"'},
     )

@@ -12,23 +12,31 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from hutch.api.deps import interpreter
+from hutch.api.streaming import TrackedStream
+from hutch.contract.limits import (
+    CODE_MAX_CHARS,
+    COLLECTED_RUN_MAX_BYTES,
+    ENV_MAX_VARS,
+    PATH_MAX_CHARS,
+    RUN_TIMEOUT_S_MAX,
+)
 from hutch.errors import HutchError
 from hutch.services.interpreter import ContextInfo, ContextRun, InterpreterService
 
 router = APIRouter(prefix="/v1/sandboxes", tags=["contexts"])
 Service = Annotated[InterpreterService, Depends(interpreter)]
 
-MAX_RUN_TIMEOUT_S = 24 * 3600
+MAX_RUN_TIMEOUT_S = RUN_TIMEOUT_S_MAX
 #: A collected (non-streamed) run is held in the daemon's memory; past this, outputs are
 #: dropped and a note says so. Stream (``?stream=1``) for more.
-MAX_COLLECTED_BYTES = 64 * 1024 * 1024
+MAX_COLLECTED_BYTES = COLLECTED_RUN_MAX_BYTES
 
 
 class CreateContext(BaseModel):
     model_config = ConfigDict(extra="forbid")
     language: Literal["python"] = "python"
-    cwd: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
-    env: dict[str, str] = Field(default_factory=dict, max_length=256)
+    cwd: Annotated[str, Field(min_length=1, max_length=PATH_MAX_CHARS)] | None = None
+    env: dict[str, str] = Field(default_factory=dict, max_length=ENV_MAX_VARS)
 
 
 class Context(BaseModel):
@@ -47,7 +55,7 @@ class ContextList(BaseModel):
 
 class RunRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    code: Annotated[str, Field(max_length=4 * 1024 * 1024)]
+    code: Annotated[str, Field(max_length=CODE_MAX_CHARS)]
     timeout_s: Annotated[float, Field(gt=0, le=MAX_RUN_TIMEOUT_S)] | None = None
 
 
@@ -138,20 +146,25 @@ async def run_code(
     request). Runs in one context are queued. With ``stream=1`` each output is a JSON
     line, then ``{"type": "end", "status", "duration_ms"}``."""
     sandboxes = svc.sandboxes
-    sandboxes.begin_activity(sandbox_id)
+    work = sandboxes.begin_work(sandbox_id, f"code run in {context_id}")
     handed_over = False
     try:
-        run = await svc.run(sandbox_id, context_id, body.code, timeout_s=body.timeout_s)
+        run = await svc.run(sandbox_id, context_id, body.code, timeout_s=body.timeout_s, work=work)
         if stream:
             handed_over = True
-            return StreamingResponse(
-                _ndjson(run, lambda: sandboxes.end_activity(sandbox_id)),
+            return TrackedStream(
+                _ndjson(run),
+                on_close=lambda: sandboxes.end_work(work),
+                what=f"code run stream of {sandbox_id}",
                 media_type="application/x-ndjson",
             )
-        return await _collect(run)
+        try:
+            return await _collect(run)
+        finally:
+            run.close()
     finally:
         if not handed_over:
-            sandboxes.end_activity(sandbox_id)
+            sandboxes.end_work(work)
 
 
 async def _collect(run: ContextRun) -> RunResult:
@@ -198,7 +211,7 @@ def _status(value: str) -> Any:
     return value if value in ("ok", "error", "interrupted", "timeout") else "error"
 
 
-async def _ndjson(run: ContextRun, on_end: Any) -> AsyncIterator[bytes]:
+async def _ndjson(run: ContextRun) -> AsyncIterator[bytes]:
     def line(obj: dict[str, Any]) -> bytes:
         return json.dumps(obj).encode() + b"\n"
 
@@ -217,4 +230,3 @@ async def _ndjson(run: ContextRun, on_end: Any) -> AsyncIterator[bytes]:
         yield line({"type": "error", "code": exc.code, "message": exc.message})
     finally:
         run.close()
-        on_end()

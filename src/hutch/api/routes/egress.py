@@ -8,15 +8,13 @@ from fastapi import APIRouter, Depends, Query
 
 from hutch.api.deps import service
 from hutch.api.net_schemas import Egress, EgressEvent, EgressLog, EgressRules
+from hutch.contract.limits import DEFAULT_EGRESS_LOG_LIMIT, EGRESS_LOG_MAX
 from hutch.services.sandboxes import SandboxService
 
 __all__ = ["EGRESS_LOG_MAX", "router"]
 
 router = APIRouter(prefix="/v1/sandboxes/{sandbox_id}/egress", tags=["network"])
 Service = Annotated[SandboxService, Depends(service)]
-
-#: The service keeps the last 1000 decisions per sandbox.
-EGRESS_LOG_MAX = 1000
 
 
 @router.get("", response_model=Egress)
@@ -28,8 +26,9 @@ async def get_egress(sandbox_id: str, svc: Service) -> Egress:
 
 @router.put("", response_model=Egress)
 async def set_egress(sandbox_id: str, body: EgressRules, svc: Service) -> Egress:
-    """Replace the rules; new connections follow them at once (no restart). An invalid
-    rule rejects the whole list (400 naming the rule) and the previous rules stay."""
+    """Replace the rules; they apply at once (no restart), to open connections too: those
+    the new rules no longer allow are cut. An invalid rule rejects the whole list (400
+    naming the rule) and the previous rules stay."""
     return Egress.of(await svc.egress_set(sandbox_id, list(body.rules)))
 
 
@@ -39,7 +38,7 @@ async def egress_log(
     svc: Service,
     limit: Annotated[
         int, Query(ge=1, le=EGRESS_LOG_MAX, description="At most this many, the newest.")
-    ] = 100,
+    ] = DEFAULT_EGRESS_LOG_LIMIT,
 ) -> EgressLog:
     """Recent egress decisions (DNS answers, proxied connections, packet denials)."""
     return EgressLog(events=[EgressEvent.of(e) for e in svc.egress_log(sandbox_id, limit)])

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import codecs
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import APIRouter, Depends
@@ -11,7 +11,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from hutch.api.deps import processes, service
 from hutch.api.routes.processes import ProcessModel, process_model
 from hutch.api.schemas import ExecRequest, ExecResult
+from hutch.api.streaming import TrackedStream
+from hutch.contract.limits import COLLECTED_EXEC_MAX_BYTES
 from hutch.errors import HutchError, InvalidArgument, Timeout
+from hutch.services.inflight import describe_command
 from hutch.services.processes import ProcessService
 from hutch.services.sandboxes import ExecStream, SandboxService
 
@@ -21,7 +24,7 @@ Procs = Annotated[ProcessService, Depends(processes)]
 
 # A non-streamed result is held in the daemon's memory; past this it is cut (the command
 # keeps running to its end). Stream for more.
-MAX_COLLECTED_BYTES = 16 * 1024 * 1024
+MAX_COLLECTED_BYTES = COLLECTED_EXEC_MAX_BYTES
 TRUNCATION_NOTE = "\n[hutch: output truncated at 16 MiB; use stream=true for all of it]\n"
 
 
@@ -53,7 +56,9 @@ async def exec_command(
             timeout_s=body.timeout_s,
         )
         return JSONResponse(process_model(info).model_dump(mode="json"), status_code=201)
-    svc.begin_activity(sandbox_id)
+    # In flight (pause/snapshot/fork wait for it) and busy (no auto-pause) until the
+    # last byte of the answer is out.
+    work = svc.begin_work(sandbox_id, describe_command(body.cmd))
     handed_over = False
     try:
         stream = await svc.exec(
@@ -64,16 +69,20 @@ async def exec_command(
             user=body.user,
             stdin=body.stdin.encode() if body.stdin is not None else None,
             timeout_s=body.timeout_s,
+            work=work,
         )
         if body.stream:
-            # The sandbox stays busy (not idle for auto_pause_s) until the stream ends.
-            events = _ndjson_events(stream, body.timeout_s, lambda: svc.end_activity(sandbox_id))
             handed_over = True
-            return StreamingResponse(events, media_type="application/x-ndjson")
+            return TrackedStream(
+                _events(stream, body.timeout_s),
+                on_close=lambda: svc.end_work(work),
+                what=f"exec stream of {sandbox_id}",
+                media_type="application/x-ndjson",
+            )
         return await _collect(stream, body.timeout_s)
     finally:
         if not handed_over:
-            svc.end_activity(sandbox_id)
+            svc.end_work(work)
 
 
 async def _collect(stream: ExecStream, timeout_s: float | None) -> ExecResult:
@@ -103,17 +112,9 @@ async def _collect(stream: ExecStream, timeout_s: float | None) -> ExecResult:
     )
 
 
-async def _ndjson_events(
-    stream: ExecStream, timeout_s: float | None, on_end: Callable[[], None]
-) -> AsyncIterator[bytes]:
-    try:
-        async for line in _events(stream, timeout_s):
-            yield line
-    finally:
-        on_end()
-
-
 async def _events(stream: ExecStream, timeout_s: float | None) -> AsyncIterator[bytes]:
+    """NDJSON events; whatever ends the command's output, the last line says how (an
+    ``exit``, or an ``error`` the SDK raises): the stream never just stops."""
     # Incremental decoders: a chunk boundary may split a multi-byte UTF-8 character.
     decoders = {
         "stdout": codecs.getincrementaldecoder("utf-8")("replace"),

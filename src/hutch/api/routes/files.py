@@ -9,14 +9,18 @@ from fastapi.responses import StreamingResponse
 
 from hutch.api.deps import service
 from hutch.api.schemas import FileEntry, FileList, MkdirRequest, RenameRequest, WriteResult
+from hutch.api.streaming import TrackedStream
+from hutch.contract.limits import DEFAULT_FILE_MODE, PATH_MAX_CHARS
 from hutch.errors import InvalidArgument
 from hutch.services.sandboxes import FileEntry as GuestFileEntry
 from hutch.services.sandboxes import SandboxService
 
 router = APIRouter(prefix="/v1/sandboxes", tags=["files"])
 Service = Annotated[SandboxService, Depends(service)]
+_DEFAULT_MODE = format(DEFAULT_FILE_MODE, "04o")
 PathParam = Annotated[
-    str, Query(min_length=1, max_length=4096, description="Absolute, or relative to /root.")
+    str,
+    Query(min_length=1, max_length=PATH_MAX_CHARS, description="Absolute, or relative to /root."),
 ]
 
 
@@ -47,10 +51,12 @@ async def write_file(
     path: PathParam,
     request: Request,
     svc: Service,
-    mode: Annotated[str, Query(pattern=r"^[0-7]{3,4}$")] = "0644",
+    mode: Annotated[str, Query(pattern=r"^[0-7]{3,4}$")] = _DEFAULT_MODE,
 ) -> WriteResult:
-    with svc.activity(sandbox_id):
-        written = await svc.write_file(sandbox_id, path, request.stream(), mode=parse_mode(mode))
+    with svc.work(sandbox_id, f"file upload {path}") as work:
+        written = await svc.write_file(
+            sandbox_id, path, request.stream(), mode=parse_mode(mode), work=work
+        )
     return WriteResult(path=written.path, size=written.size)
 
 
@@ -60,21 +66,36 @@ async def write_file(
     responses={200: {"content": {"application/octet-stream": {}}}},
 )
 async def read_file(sandbox_id: str, path: PathParam, svc: Service) -> StreamingResponse:
-    chunks = await svc.read_file(sandbox_id, path)
-    # Pull the first chunk now so that a missing file is a 404, not a broken stream.
+    """The file's bytes. A download the daemon cannot finish (the sandbox was deleted or
+    its VM died half way) is aborted, never ended cleanly short: the client sees an
+    incomplete chunked body. Pause, snapshot and fork wait for it to finish."""
+    work = svc.begin_work(sandbox_id, f"file download {path}")
     try:
-        first = await anext(chunks)
-    except StopAsyncIteration:
-        first = b""
+        chunks = await svc.read_file(sandbox_id, path, work=work)
+        # Pull the first chunk now so that a missing file is a 404, not a broken stream.
+        try:
+            first = await anext(chunks)
+        except StopAsyncIteration:
+            first = b""
+    except BaseException:
+        svc.end_work(work)
+        raise
 
     async def body() -> AsyncIterator[bytes]:
-        with svc.activity(sandbox_id):
+        try:
             if first:
                 yield first
             async for chunk in chunks:
                 yield chunk
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
 
-    return StreamingResponse(body(), media_type="application/octet-stream")
+    return TrackedStream(
+        body(),
+        on_close=lambda: svc.end_work(work),
+        what=f"download of {path} from {sandbox_id}",
+        media_type="application/octet-stream",
+    )
 
 
 @router.get("/{sandbox_id}/files/list", response_model=FileList)

@@ -22,4 +22,9 @@ async def list_images(svc: Annotated[SandboxService, Depends(service)]) -> Image
 @health_router.get("/healthz", response_model=Health)
 async def healthz(request: Request) -> Health:
     svc: SandboxService = request.app.state.service
-    return Health(status="ok", version=__version__, accel=svc.backend.accel)
+    return Health(
+        status="ok" if svc.reconciled else "reconciling",
+        version=__version__,
+        accel=svc.backend.accel,
+        reconciling=svc.reconciling,
+    )

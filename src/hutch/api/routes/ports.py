@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Path, Response
 
 from hutch.api.deps import service
 from hutch.api.net_schemas import Port, PortList, PortRequest
+from hutch.contract.limits import PORT_RANGE
 from hutch.services.sandboxes import SandboxService
 
 __all__ = ["router"]
@@ -31,7 +32,7 @@ async def list_ports(sandbox_id: str, svc: Service) -> PortList:
 
 @router.delete("/{port}", status_code=204, response_class=Response)
 async def close_port(
-    sandbox_id: str, port: Annotated[int, Path(ge=1, le=65535)], svc: Service
+    sandbox_id: str, port: Annotated[int, Path(ge=PORT_RANGE[0], le=PORT_RANGE[1])], svc: Service
 ) -> Response:
     """Stop forwarding the port (404 if it is not exposed)."""
     await svc.close_port(sandbox_id, port)

@@ -19,6 +19,15 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from hutch.api.deps import processes
+from hutch.contract.limits import (
+    CMD_ARG_MAX_CHARS,
+    CMD_MAX_CHARS,
+    ENV_MAX_VARS,
+    PATH_MAX_CHARS,
+    PROCESS_TIMEOUT_S_MAX,
+    STDIN_MAX_CHARS,
+    USER_MAX_CHARS,
+)
 from hutch.errors import HutchError, InvalidArgument
 from hutch.services.processes import ProcessInfo, ProcessService
 
@@ -26,7 +35,7 @@ __all__ = ["ProcessModel", "parse_signal", "process_model", "router"]
 
 router = APIRouter(prefix="/v1/sandboxes", tags=["processes"])
 Procs = Annotated[ProcessService, Depends(processes)]
-MAX_TIMEOUT_S = 7 * 24 * 3600
+MAX_TIMEOUT_S = PROCESS_TIMEOUT_S_MAX
 
 
 class _Strict(BaseModel):
@@ -35,16 +44,16 @@ class _Strict(BaseModel):
 
 class StartProcess(_Strict):
     cmd: (
-        Annotated[list[Annotated[str, Field(max_length=65536)]], Field(min_length=1)]
-        | Annotated[str, Field(min_length=1, max_length=262144)]
+        Annotated[list[Annotated[str, Field(max_length=CMD_ARG_MAX_CHARS)]], Field(min_length=1)]
+        | Annotated[str, Field(min_length=1, max_length=CMD_MAX_CHARS)]
     ) = Field(description="argv list (run directly) or a string (run with /bin/sh -c)")
-    env: dict[str, str] = Field(default_factory=dict, max_length=256)
-    cwd: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
-    user: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    env: dict[str, str] = Field(default_factory=dict, max_length=ENV_MAX_VARS)
+    cwd: Annotated[str, Field(min_length=1, max_length=PATH_MAX_CHARS)] | None = None
+    user: Annotated[str, Field(min_length=1, max_length=USER_MAX_CHARS)] | None = None
     timeout_s: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S)] | None = Field(
         default=None, description="Kill it after this long; no deadline when absent"
     )
-    stdin: Annotated[str, Field(max_length=8 * 1024 * 1024)] | None = Field(
+    stdin: Annotated[str, Field(max_length=STDIN_MAX_CHARS)] | None = Field(
         default=None, description="Written to its stdin at start"
     )
     keep_stdin: bool = Field(

@@ -2,8 +2,11 @@
 
 Query: ``rows``, ``cols``, ``term``, ``cmd`` (a shell command; default a login shell), or
 ``pty_id`` to reattach to a terminal whose connection dropped (its scrollback is replayed
-first). Auth: the API key as ``Authorization: Bearer <key>``, or ``?token=<key>`` for
-clients that cannot set headers (browsers).
+first). Auth: the API key as ``Authorization: Bearer <key>``; clients that cannot set
+headers (browsers) send no header and make their first message the text frame
+``{"type": "auth", "token": "<key>"}`` (within 10 s). The key is never accepted in the
+URL: ``?token=`` (which earlier versions took) is refused with 4401, since a URL ends up
+in access logs, proxies and browser history.
 
 Frames: binary = terminal bytes, both ways. Text = JSON control. From the client:
 ``{"type": "resize", "rows", "cols"}``, ``{"type": "signal", "signal": 2}`` (to the
@@ -22,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-import hmac
 import json
 import logging
 from typing import Annotated, Any, Literal
@@ -31,9 +33,17 @@ from fastapi import APIRouter, Depends, Query, WebSocket
 from pydantic import BaseModel
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
+from hutch.api.auth import check_bearer, check_key
 from hutch.api.deps import processes
 from hutch.api.errors import status_for
 from hutch.api.routes.processes import parse_signal
+from hutch.contract.limits import (
+    DEFAULT_PTY_COLS,
+    DEFAULT_PTY_ROWS,
+    DEFAULT_TERM,
+    PTY_CMD_MAX_CHARS,
+    TERM_MAX_CHARS,
+)
 from hutch.errors import HutchError, InvalidArgument, Unauthorized
 from hutch.services.processes import ProcessService, PtyInfo, PtySession
 
@@ -43,6 +53,13 @@ log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v1/sandboxes", tags=["pty"])
 Procs = Annotated[ProcessService, Depends(processes)]
+
+#: Seconds a client without an Authorization header has to send its auth message.
+AUTH_TIMEOUT_S = 10.0
+AUTH_MESSAGE_HINT = (
+    "send 'Authorization: Bearer <key>', or (browsers) no header and the first message "
+    '{"type": "auth", "token": "<key>"}; the key is in <state_dir>/api-key'
+)
 
 
 class PtyModel(BaseModel):
@@ -91,7 +108,7 @@ async def close_pty(sandbox_id: str, pty_id: str, procs: Procs) -> PtyModel:
 
 
 def ws_router(api_key: str) -> APIRouter:
-    """The WebSocket route; it checks the API key itself (header or ``?token=``)."""
+    """The WebSocket route; it checks the API key itself (header or first message)."""
     key = api_key.encode()
     ws = APIRouter(prefix="/v1/sandboxes", tags=["pty"])
 
@@ -100,16 +117,16 @@ def ws_router(api_key: str) -> APIRouter:
         websocket: WebSocket,
         sandbox_id: str,
         procs: Procs,
-        rows: Annotated[int, Query()] = 24,
-        cols: Annotated[int, Query()] = 80,
-        term: Annotated[str, Query(max_length=64)] = "xterm-256color",
-        cmd: Annotated[str | None, Query(max_length=65536)] = None,
+        rows: Annotated[int, Query()] = DEFAULT_PTY_ROWS,
+        cols: Annotated[int, Query()] = DEFAULT_PTY_COLS,
+        term: Annotated[str, Query(max_length=TERM_MAX_CHARS)] = DEFAULT_TERM,
+        cmd: Annotated[str | None, Query(max_length=PTY_CMD_MAX_CHARS)] = None,
         pty_id: Annotated[str | None, Query(max_length=64)] = None,
-        token: Annotated[str | None, Query()] = None,
     ) -> None:
         await websocket.accept()
         try:
-            _check_key(websocket, token, key)
+            if not await _authenticate(websocket, key):
+                return  # the client left before authenticating
             if pty_id is not None:
                 session = await procs.attach_pty(sandbox_id, pty_id)
             else:
@@ -123,16 +140,35 @@ def ws_router(api_key: str) -> APIRouter:
     return ws
 
 
-def _check_key(websocket: WebSocket, token: str | None, key: bytes) -> None:
-    scheme, _, value = websocket.headers.get("authorization", "").partition(" ")
-    given = value.strip() if scheme.lower() == "bearer" and value else (token or "")
-    if not given:
+async def _authenticate(websocket: WebSocket, key: bytes) -> bool:
+    """Check the key from the Authorization header, else from the first message. False
+    when the client disconnected first; raises Unauthorized (never echoing what was sent)."""
+    if "token" in websocket.query_params:
         raise Unauthorized(
-            "missing API key: send 'Authorization: Bearer <key>' or ?token=<key> (the key "
-            "is in <state_dir>/api-key)"
+            "the API key is not accepted in the URL (?token=): URLs end up in logs, proxies "
+            "and browser history; " + AUTH_MESSAGE_HINT
         )
-    if not hmac.compare_digest(given.encode(), key):
-        raise Unauthorized("wrong API key")
+    header = websocket.headers.get("authorization")
+    if header is not None:
+        check_bearer(header, key)
+        return True
+    try:
+        message = await asyncio.wait_for(websocket.receive(), AUTH_TIMEOUT_S)
+    except TimeoutError:
+        raise Unauthorized(
+            f"no API key within {AUTH_TIMEOUT_S:g} s: " + AUTH_MESSAGE_HINT
+        ) from None
+    if message["type"] == "websocket.disconnect":
+        return False
+    token = None
+    with contextlib.suppress(ValueError, TypeError):
+        obj = json.loads(message.get("text") or "")
+        if isinstance(obj, dict) and obj.get("type") == "auth":
+            token = obj.get("token")
+    if not isinstance(token, str) or not token:
+        raise Unauthorized("missing API key: " + AUTH_MESSAGE_HINT)
+    check_key(token, key)
+    return True
 
 
 async def _send_json(websocket: WebSocket, obj: dict[str, Any]) -> None:

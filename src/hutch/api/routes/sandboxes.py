@@ -16,8 +16,10 @@ from hutch.api.schemas import (
     SnapshotList,
     SnapshotRequest,
 )
+from hutch.contract.enums import DEFAULT_PAUSE_MODE
+from hutch.contract.limits import DEFAULT_FORK_COUNT
 from hutch.errors import InvalidArgument
-from hutch.models import PauseMode, SandboxRecord, SandboxSpec, SandboxState, Shape
+from hutch.models import SandboxRecord, SandboxSpec, SandboxState, Shape
 from hutch.services.sandboxes import SandboxService
 
 router = APIRouter(prefix="/v1/sandboxes", tags=["sandboxes"])
@@ -26,7 +28,7 @@ Service = Annotated[SandboxService, Depends(service)]
 
 def _view(svc: SandboxService, rec: SandboxRecord) -> Sandbox:
     """The sandbox as the API shows it, with its network block."""
-    return Sandbox.of(rec, SandboxNet.of(svc.sandbox_net(rec.id)))
+    return Sandbox.of(rec, SandboxNet.of(svc.sandbox_net(rec)))
 
 
 @router.post("", status_code=201, response_model=Sandbox)
@@ -81,7 +83,7 @@ async def delete_sandbox(sandbox_id: str, svc: Service) -> Response:
 @router.post("/{sandbox_id}/pause", response_model=Sandbox)
 async def pause_sandbox(sandbox_id: str, svc: Service, body: PauseRequest | None = None) -> Sandbox:
     """Pause: `memory` keeps processes where they are; `disk` keeps only the disk."""
-    mode = body.mode if body else PauseMode.MEMORY
+    mode = body.mode if body else DEFAULT_PAUSE_MODE
     return _view(svc, await svc.pause(sandbox_id, mode))
 
 
@@ -95,7 +97,7 @@ async def fork_sandbox(
     sandbox_id: str, svc: Service, body: ForkRequest | None = None
 ) -> SandboxList:
     """New sandboxes, each a copy-on-write clone of this one (memory, processes, disk)."""
-    count = body.count if body else 1
+    count = body.count if body else DEFAULT_FORK_COUNT
     return SandboxList(sandboxes=[_view(svc, r) for r in await svc.fork(sandbox_id, count)])
 
 

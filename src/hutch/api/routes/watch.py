@@ -11,12 +11,13 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.responses import StreamingResponse
 
 from hutch.api.deps import files_extra
+from hutch.contract.limits import PATH_MAX_CHARS, WATCH_S_MAX
 from hutch.errors import HutchError
 from hutch.services.files_extra import FilesExtraService, FileWatch
 
 router = APIRouter(prefix="/v1/sandboxes", tags=["files"])
 Service = Annotated[FilesExtraService, Depends(files_extra)]
-MAX_WATCH_S = 7 * 24 * 3600
+MAX_WATCH_S = WATCH_S_MAX
 
 
 def _line(obj: dict[str, Any]) -> bytes:
@@ -32,7 +33,7 @@ async def watch_files(
     sandbox_id: str,
     svc: Service,
     path: Annotated[
-        str, Query(min_length=1, max_length=4096, description="Directory to watch.")
+        str, Query(min_length=1, max_length=PATH_MAX_CHARS, description="Directory to watch.")
     ] = "/root",
     recursive: bool = True,
     timeout_s: Annotated[

@@ -1,0 +1,77 @@
+"""The result views the REST layer renders: what the networking use cases return to the
+API, MCP and CLI layers (pure data; the REST schemas read them by attribute)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from hutch.contract.egress import EgressMode
+from hutch.contract.enums import NetworkMode
+
+__all__ = [
+    "EgressEvent",
+    "EgressMode",
+    "EgressView",
+    "NetworkMode",
+    "NetworkView",
+    "PortView",
+    "SandboxNetView",
+    "Verdict",
+]
+
+Verdict = Literal["allow", "deny"]
+
+
+@dataclass(frozen=True)
+class EgressView:
+    rules: list[str]
+    mode: EgressMode
+    allowed: int  # connections (and DNS answers) let through since the daemon started
+    denied: int
+    # DNS queries and new proxy connections refused by the per-sandbox rate limits (by the
+    # daemon, or dropped by the kernel's ceiling); not in ``denied``.
+    rate_limited: int = 0
+    # Of ``denied``, packets past the sandbox's log budget: counted, not logged one by one.
+    log_dropped: int = 0
+
+
+@dataclass(frozen=True)
+class EgressEvent:
+    """One egress decision. ``rule`` is the matching rule's text (None: no rule matched);
+    ``reason`` says why in words (e.g. "no rule allows this name", "always denied: SMTP")."""
+
+    time: float  # UNIX epoch seconds
+    sandbox_id: str
+    destination: str  # an IP address, or the name asked for (DNS)
+    port: int | None
+    protocol: str  # "tcp", "udp", "icmp", "dns", "http", "tls", ...
+    name: str | None
+    verdict: Verdict
+    rule: str | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class PortView:
+    port: int  # the guest port
+    host: str  # the host address it is reachable on
+    host_port: int
+    url: str  # http://host:host_port
+
+
+@dataclass(frozen=True)
+class NetworkView:
+    id: str  # net-<12 hex>
+    name: str
+    created_at: float
+    members: list[str] = field(default_factory=list)  # sandbox ids
+
+
+@dataclass(frozen=True)
+class SandboxNetView:
+    """The network part of a sandbox as the API shows it."""
+
+    mode: NetworkMode
+    address: str | None  # the guest's IPv4 address; None with mode none
+    networks: list[str] = field(default_factory=list)  # private network ids

@@ -1,0 +1,116 @@
+# Generated from src/hutch/sdk/_async/net.py by scripts/unasync.py: do not edit.
+"""The networking shells: ``sb.egress``, ``sb.ports``, ``sb.networks`` and
+``client.networks``. Requests are built and answers read by :class:`NetCalls`."""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from hutch.contract.limits import DEFAULT_EGRESS_LOG_LIMIT
+from hutch.sdk._net import EgressEvent, EgressInfo, NetCalls, NetworkInfo, PortInfo
+
+if TYPE_CHECKING:
+    from hutch.sdk._sync.client import Client
+
+__all__ = ["Egress", "Networks", "Ports", "SandboxNetworks"]
+
+
+class Egress:
+    """``sb.egress``: the sandbox's outbound rules, enforced on the host.
+
+    No rules: open egress (except the always-denied set: cloud metadata, the host,
+    other sandboxes, SMTP). Any rule: only what a rule matches leaves. ``["deny-all"]``:
+    nothing does. Rule forms: ``host``, ``host:port``, ``*.host`` (subdomains, not the
+    apex), ``ip``, ``ip:port``, ``cidr``, ``cidr:port``; IPv6 as ``[2001:db8::1]:443``.
+    """
+
+    def __init__(self, client: Client, sandbox_id: str) -> None:
+        self._client = client
+        self._calls = NetCalls(client.core)
+        self._id = sandbox_id
+
+    def get(self) -> EgressInfo:
+        return self._client.call(self._calls.egress_get(self._id))
+
+    def set(self, rules: Sequence[str]) -> EgressInfo:
+        """Replace every rule at once; they apply immediately, also to open connections
+        (those no longer allowed are cut). An invalid rule raises ``InvalidArgument``
+        naming it, and the old rules stay."""
+        return self._client.call(self._calls.egress_set(self._id, rules))
+
+    def clear(self) -> EgressInfo:
+        """Remove every rule: open egress again."""
+        return self.set([])
+
+    def log(self, limit: int = DEFAULT_EGRESS_LOG_LIMIT) -> builtins.list[EgressEvent]:
+        """The newest ``limit`` (1-1000) egress decisions, oldest first."""
+        return self._client.call(self._calls.egress_log(self._id, limit))
+
+
+class Ports:
+    """``sb.ports``: guest ports reachable from the host (inbound is closed otherwise)."""
+
+    def __init__(self, client: Client, sandbox_id: str) -> None:
+        self._client = client
+        self._calls = NetCalls(client.core)
+        self._id = sandbox_id
+
+    def expose(self, port: int) -> PortInfo:
+        """Forward guest ``port`` through a host-side proxy; ``.url`` says where.
+        ``Conflict`` if the sandbox has network ``none`` or was deleted (a paused one
+        keeps its network: the port answers once it runs again)."""
+        return self._client.call(self._calls.expose_port(self._id, port))
+
+    def list(self) -> builtins.list[PortInfo]:
+        return self._client.call(self._calls.list_ports(self._id))
+
+    def close(self, port: int) -> None:
+        """Stop forwarding ``port``; ``NotFound`` if it is not exposed."""
+        self._client.call(self._calls.close_port(self._id, port))
+
+
+class SandboxNetworks:
+    """``sb.networks``: the private networks this sandbox is on."""
+
+    def __init__(self, client: Client, sandbox_id: str) -> None:
+        self._client = client
+        self._calls = NetCalls(client.core)
+        self._id = sandbox_id
+
+    def join(self, network: str) -> NetworkInfo:
+        """Join a network (id or name); its members then reach this sandbox by name."""
+        return self._client.call(self._calls.join_network(self._id, network))
+
+    def leave(self, network: str) -> None:
+        self._client.call(self._calls.leave_network(self._id, network))
+
+    def list(self) -> builtins.list[str]:
+        """Ids of the networks the sandbox is on, as the daemon reports now."""
+        info = self._client.get_sandbox(self._id)
+        return builtins.list(info.network.networks) if info.network else []
+
+
+class Networks:
+    """``client.networks``: private networks on the daemon. Sandboxes on one network
+    reach each other by sandbox name; different networks stay apart."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+        self._calls = NetCalls(client.core)
+
+    def create(self, name: str) -> NetworkInfo:
+        """A new empty network; ``Conflict`` if ``name`` is taken."""
+        return self._client.call(self._calls.create_network(name))
+
+    def list(self) -> builtins.list[NetworkInfo]:
+        return self._client.call(self._calls.list_networks())
+
+    def get(self, network: str) -> NetworkInfo:
+        """By id (``net-...``) or name; ``NotFound`` if there is none."""
+        return self._client.call(self._calls.get_network(network))
+
+    def delete(self, network: str) -> None:
+        """``Conflict`` while sandboxes are on it (the message names them)."""
+        self._client.call(self._calls.delete_network(network))
