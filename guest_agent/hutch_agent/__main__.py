@@ -8,7 +8,7 @@ import os
 import sys
 import time
 
-from hutch_agent import AGENT_VERSION, PROTOCOL_VERSION
+from hutch_agent import AGENT_VERSION, PROTOCOL_VERSION, runtime
 from hutch_agent.core import Agent
 from hutch_agent.system import exec_with_fast_copies
 from hutch_agent.transport import DeviceTransport, UnixTransport, find_port
@@ -24,7 +24,13 @@ def main(argv: list[str] | None = None) -> None:
         metavar="PATH",
         help="tests only: serve a unix socket; clock and RNG left alone",
     )
+    parser.add_argument(
+        "--runtime",
+        metavar="DIR",
+        help="hutch's own runtime is mounted at DIR (an imported image; see runtime.py)",
+    )
     args = parser.parse_args(argv)
+    runtime.configure(args.runtime)
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="hutch-agent: %(levelname)s %(message)s"
     )
@@ -44,6 +50,8 @@ def main(argv: list[str] | None = None) -> None:
     log.info(
         "agent %s (protocol %d.%d) ready, pid %d", AGENT_VERSION, *PROTOCOL_VERSION, os.getpid()
     )
+    if not args.listen_unix:
+        runtime.start_boot_tasks()
     Agent(transport, vm_mode=not args.listen_unix).run()
 
 

@@ -4,7 +4,6 @@ directory tree and a parser for the kernel's event records."""
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 import struct
@@ -54,7 +53,9 @@ _libc: ctypes.CDLL | None = None
 def _lib() -> ctypes.CDLL:
     global _libc
     if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        # The process's own namespace (libc is in it): find_library would run the
+        # image's ldconfig, which on a musl image names a libc this process cannot use.
+        _libc = ctypes.CDLL(None, use_errno=True)
         _libc.inotify_init1.argtypes = [ctypes.c_int]
         _libc.inotify_init1.restype = ctypes.c_int
         _libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]

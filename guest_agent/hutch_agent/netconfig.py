@@ -13,6 +13,8 @@ import re
 import subprocess
 from typing import Any
 
+from hutch_agent import runtime
+
 log = logging.getLogger("hutch-agent")
 
 RESOLV_CONF = "/etc/resolv.conf"
@@ -65,7 +67,7 @@ def apply_network(net: Any) -> None:
         ]
     try:
         subprocess.run(
-            ["ip", "-batch", "-"],
+            [*runtime.ip_command(), "-batch", "-"],
             input="\n".join(commands) + "\n",
             text=True,
             check=True,

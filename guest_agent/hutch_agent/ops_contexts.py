@@ -32,12 +32,11 @@ import secrets
 import select
 import signal
 import subprocess
-import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from hutch_agent import HOME
+from hutch_agent import HOME, runtime
 from hutch_agent.errors import AgentError
 from hutch_agent.framing import CHUNK, DATA, REPLY
 from hutch_agent.ops import Op
@@ -85,7 +84,7 @@ class Context:
             # The kernel learns its pipes' fd numbers from argv; fds 1 and 2 stay plain
             # stdout/stderr for the user's code and its children.
             proc = subprocess.Popen(
-                [sys.executable or "python3", "-I", KERNEL, str(req_r), str(msg_w)],
+                [runtime.python_command(), "-I", KERNEL, str(req_r), str(msg_w)],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -94,9 +93,15 @@ class Context:
                 pass_fds=(req_r, msg_w),
                 start_new_session=True,
             )
-        except BaseException:
+        except BaseException as exc:
             for fd in (req_w, msg_r):
                 os.close(fd)
+            if isinstance(exc, FileNotFoundError) and exc.filename == runtime.python_command():
+                raise AgentError(
+                    "command_not_found",
+                    "the code interpreter runs the image's own python3, and this image "
+                    f"has none on PATH ({env.get('PATH')})",
+                ) from exc
             raise
         finally:
             os.close(req_r)
@@ -368,7 +373,7 @@ def op_create(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any]:
             "invalid_argument",
             f"language {language!r} is not supported; supported: {', '.join(LANGUAGES)}",
         )
-    cwd = h.get("cwd") or HOME
+    cwd = h.get("cwd") or (HOME if os.path.isdir(HOME) else "/")  # a bare image: no /root
     if not isinstance(cwd, str) or not os.path.isdir(cwd):
         raise AgentError("not_found", f"working directory {cwd!r} does not exist in the sandbox")
     env = h.get("env") or {}

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import grp
 import os
 import pwd
 import subprocess
@@ -12,16 +13,52 @@ from hutch_agent import HOME
 from hutch_agent.errors import AgentError
 
 
-def resolve_user(user: Any) -> pwd.struct_passwd:
+def _passwd(name: str, uid: int, gid: int, home: str) -> pwd.struct_passwd:
+    return pwd.struct_passwd((name, "x", uid, gid, "", home, "/bin/sh"))
+
+
+def _lookup_user(user: str) -> pwd.struct_passwd | None:
+    """A passwd entry by name or uid. An image without /etc/passwd (distroless, a
+    bare busybox) still has root and numeric uids, as container runtimes allow."""
     try:
-        if user is None:
-            return pwd.getpwuid(0)
-        if isinstance(user, int) or (isinstance(user, str) and user.isdigit()):
+        if user.isdigit():
             return pwd.getpwuid(int(user))
-        if isinstance(user, str):
-            return pwd.getpwnam(user)
+        return pwd.getpwnam(user)
     except (KeyError, ValueError, OverflowError):  # unknown, NUL byte, uid too big
         pass
+    if user in ("0", "root"):
+        return _passwd("root", 0, 0, HOME)
+    if user.isdigit() and int(user) < 2**32 - 1:
+        return _passwd(user, int(user), int(user), "/")
+    return None
+
+
+def _lookup_group(group: str) -> int | None:
+    try:
+        return int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
+    except (KeyError, ValueError, OverflowError):
+        return None
+
+
+def resolve_user(user: Any) -> pwd.struct_passwd:
+    """``user``: None (root), a uid, a name, or ``user:group`` with either half a name
+    or a number (the OCI ``User`` syntax)."""
+    if user is None:
+        user = "0"
+    if isinstance(user, int) and not isinstance(user, bool):
+        user = str(user)
+    if isinstance(user, str) and user:
+        name, _, group = user.partition(":")
+        entry = _lookup_user(name) if name else None
+        if entry is not None and group:
+            gid = _lookup_group(group)
+            if gid is None or gid >= 2**32 - 1:
+                raise AgentError(
+                    "invalid_argument", f"group {group!r} does not exist in the sandbox"
+                )
+            entry = pwd.struct_passwd((*entry[:3], gid, *entry[4:]))
+        if entry is not None:
+            return entry
     raise AgentError("invalid_argument", f"user {user!r} does not exist in the sandbox")
 
 
@@ -54,19 +91,26 @@ def spawn_args(h: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
     ):
         raise AgentError("invalid_argument", "env must map names to strings")
     env.update(extra)
-    cwd = h.get("cwd") or (HOME if user.pw_uid == 0 else user.pw_dir)
+    cwd = h.get("cwd")
+    if not cwd:
+        # An image may lack the home directory (a bare busybox has no /root).
+        cwd = HOME if user.pw_uid == 0 else user.pw_dir
+        cwd = cwd if os.path.isdir(cwd) else "/"
     if not isinstance(cwd, str) or not os.path.isdir(cwd):
         raise AgentError("not_found", f"working directory {cwd!r} does not exist in the sandbox")
     kw: dict[str, Any] = {"env": env, "cwd": cwd}
-    if user.pw_uid != os.geteuid():
+    if (user.pw_uid, user.pw_gid) != (os.geteuid(), os.getegid()):
         if os.geteuid() != 0:
             raise AgentError("permission_denied", "the agent cannot switch users")
-        kw.update(
-            user=user.pw_uid,
-            group=user.pw_gid,
-            extra_groups=os.getgrouplist(user.pw_name, user.pw_gid),
-        )
+        kw.update(user=user.pw_uid, group=user.pw_gid, extra_groups=_groups(user))
     return argv, kw
+
+
+def _groups(user: pwd.struct_passwd) -> list[int]:
+    try:
+        return os.getgrouplist(user.pw_name, user.pw_gid)
+    except OSError:
+        return [user.pw_gid]
 
 
 def popen(argv: list[str], **kw: Any) -> subprocess.Popen[bytes]:

@@ -6,9 +6,10 @@ import fcntl
 import logging
 import os
 import struct
-import sys
 import time
 from typing import Any
+
+from hutch_agent import runtime
 
 log = logging.getLogger("hutch-agent")
 
@@ -85,7 +86,8 @@ def exec_with_fast_copies() -> None:
         return
     if not tcg:
         return
+    program, argv = runtime.self_argv()
     try:
-        os.execve(sys.executable, sys.orig_argv, {**os.environ, "GLIBC_TUNABLES": TCG_TUNABLES})
+        os.execve(program, argv, {**os.environ, "GLIBC_TUNABLES": TCG_TUNABLES})
     except OSError as exc:
         log.warning("could not re-exec with faster memory copies: %s", exc)

@@ -120,6 +120,9 @@ class Settings:
     lifecycle_wait_s: float = 30.0
     # Per-sandbox rate limits of the resolver, the proxy and the denial log.
     net_limits: NetLimits = field(default_factory=NetLimits)
+    # Bytes an imported image may hold: the archive uploaded and the files its layers
+    # write, each (a decompression bomb would otherwise fill the disk).
+    max_image_bytes: int = 32 << 30
 
     @property
     def db_path(self) -> Path:
@@ -278,6 +281,10 @@ def _from_mapping(base: Settings, values: dict[str, Any], source: str) -> Settin
                 )
         if "qemu_user" in values:
             s = replace(s, qemu_user=str(values["qemu_user"]))
+        if "max_image_bytes" in values:
+            s = replace(s, max_image_bytes=_number(values, "max_image_bytes", int, source))
+            if s.max_image_bytes < 1 << 20:
+                raise InvalidArgument(f"{source}: max_image_bytes must be at least 1 MiB")
         if "boot_timeout_s" in values:
             s = replace(s, boot_timeout_s=float(values["boot_timeout_s"]))
         if "console_log_bytes" in values:
@@ -337,6 +344,7 @@ _ENV = {
     "HUTCH_PROXY_CONN_BURST": "proxy_conn_burst",
     "HUTCH_DENY_LOG_RATE": "deny_log_rate",
     "HUTCH_DENY_LOG_BURST": "deny_log_burst",
+    "HUTCH_MAX_IMAGE_BYTES": "max_image_bytes",
 }
 _ENV_OF = {key: name for name, key in _ENV.items()}
 

@@ -15,10 +15,11 @@ from hutch.api.auth import load_or_create_key
 from hutch.api.redact import RedactingFormatter
 from hutch.config import Settings
 from hutch.net.manager import NetworkManager
-from hutch.services.images import LocalImages
+from hutch.services.images import HostImages, LocalBootSets, LocalImages
 from hutch.services.qemu_backend import QemuBackend
 from hutch.services.sandboxes import SandboxService
 from hutch.store import Store
+from hutch.store.images import ImageStore
 
 log = logging.getLogger("hutch")
 
@@ -62,7 +63,12 @@ def build(settings: Settings) -> tuple[SandboxService, str]:
         # Taps and nftables need root: without it every sandbox gets network "none".
         log.warning("hutchd is not running as root: sandboxes get no network (network none)")
     backend = QemuBackend(settings, guest_network=net.guest_settings if net else None)
-    images = LocalImages(settings.images_dir)
+    images = HostImages(
+        LocalImages(settings.images_dir),
+        ImageStore(store),
+        settings.images_dir,
+        LocalBootSets(settings.images_dir),
+    )
     return SandboxService(settings, store, backend, images, net=net), key
 
 

@@ -5,7 +5,8 @@ what they can do about it::
 
     HutchError
     ├── InvalidArgument      bad input; change the request          (400 invalid_argument)
-    │   └── UnknownImage     no such image                          (400 unknown_image)
+    │   ├── UnknownImage     no such image                          (400 unknown_image)
+    │   └── InvalidImage     an OCI image or archive is unusable    (400 invalid_image)
     ├── Unauthorized         missing or wrong API key               (401 unauthorized)
     ├── NotFound             no such sandbox, file, ...             (404 not_found)
     ├── Conflict             the resource is in the wrong state     (409 conflict)
@@ -18,6 +19,7 @@ what they can do about it::
     ├── GuestError           the guest agent failed or refused      (502 guest_error)
     │   └── AgentVersionMismatch                                    (502 agent_version)
     ├── ImageBuildError      an image cannot be built               (500 image_build)
+    ├── RegistryError        a registry failed or cannot be reached (502 registry_error)
     ├── NetworkError         taps, nftables, DNS                    (500 network_error)
     ├── SnapshotError        snapshot files missing or corrupt      (500 snapshot_error)
     └── StoreError           the database failed                    (500 store_error)
@@ -47,6 +49,13 @@ class InvalidArgument(HutchError):
 
 class UnknownImage(InvalidArgument):
     code = "unknown_image"
+
+
+class InvalidImage(InvalidArgument):
+    """An OCI image, archive or layer that hutch refuses: a digest that does not match,
+    another architecture, a path escaping the root, a truncated archive, ..."""
+
+    code = "invalid_image"
 
 
 class Unauthorized(HutchError):
@@ -127,6 +136,12 @@ class ImageBuildError(HutchError):
     code = "image_build"
 
 
+class RegistryError(HutchError):
+    """A registry answered with an error hutch cannot act on, or cannot be reached."""
+
+    code = "registry_error"
+
+
 class NetworkError(HutchError):
     code = "network_error"
 
@@ -143,6 +158,7 @@ ALL_ERRORS: tuple[type[HutchError], ...] = (
     HutchError,
     InvalidArgument,
     UnknownImage,
+    InvalidImage,
     Unauthorized,
     NotFound,
     Conflict,
@@ -155,6 +171,7 @@ ALL_ERRORS: tuple[type[HutchError], ...] = (
     GuestError,
     AgentVersionMismatch,
     ImageBuildError,
+    RegistryError,
     NetworkError,
     SnapshotError,
     StoreError,

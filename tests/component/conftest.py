@@ -17,7 +17,7 @@ import uvicorn
 from hutch.api import create_app
 from hutch.config import Limits, Settings
 from hutch.images.build import ImageArtifacts
-from hutch.services.images import ImageView
+from hutch.services.images import ImageDefaults, ImageView
 from hutch.services.sandboxes import SandboxService
 from hutch.store import Store
 from tests.component.fake_backend import FakeBackend
@@ -48,6 +48,9 @@ class FakeImages:
 
     def names(self) -> list[str]:
         return ["base", "devbox"]
+
+    def defaults(self, name: str) -> ImageDefaults:
+        return ImageDefaults()
 
     def list(self) -> list[ImageView]:
         return [

@@ -282,7 +282,9 @@ def test_cp_errors(fake: FakeHutch, hutch: Hutch, tmp_path: Path) -> None:
 
 def test_images(hutch: Hutch) -> None:
     lines = hutch("images").stdout.splitlines()
-    assert lines[0].split() == ["NAME", "BUILT", "SIZE", "DIGEST", "KERNEL", "DESCRIPTION"]
+    assert lines[0].split() == [
+        "NAME", "BUILT", "SIZE", "DIGEST", "KERNEL", "SOURCE", "DESCRIPTION"
+    ]  # fmt: skip
     assert lines[1].split()[:3] == ["base", "yes", "1.0"]
     data = json.loads(hutch("images", "--json").stdout)
     assert [i["name"] for i in data] == ["base", "devbox"]
@@ -293,6 +295,10 @@ def test_images(hutch: Hutch) -> None:
         "digest": None,
         "size_bytes": None,
         "kernel_release": None,
+        "source": {"type": "builtin"},
+        "config": None,
+        "start": False,
+        "created_at": None,
     }
 
 

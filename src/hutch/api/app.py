@@ -14,12 +14,14 @@ from hutch.api.auth import BearerAuth
 from hutch.api.limits import BodyLimit
 from hutch.api.routes import archive as archive_routes
 from hutch.api.routes import contexts as context_routes
-from hutch.api.routes import egress, files, meta, networks, ports, sandboxes
+from hutch.api.routes import egress, files, images, meta, networks, ports, sandboxes
 from hutch.api.routes import exec as exec_routes
 from hutch.api.routes import processes as process_routes
 from hutch.api.routes import pty as pty_routes
 from hutch.api.routes import watch as watch_routes
 from hutch.errors import HutchError
+from hutch.services.image_import import ImageImporter
+from hutch.services.images import HostImages
 from hutch.services.processes import ProcessService
 from hutch.services.sandboxes import SandboxService
 from hutch.version import __version__
@@ -28,8 +30,13 @@ from hutch.version import __version__
 def create_app(svc: SandboxService, api_key: str, *, manage_service: bool = True) -> FastAPI:
     """Build the app. With ``manage_service`` the app starts and closes ``svc``."""
 
+    source = getattr(svc, "image_source", None)  # None: only the spec is wanted
+    importer = ImageImporter(svc.settings, source, svc) if isinstance(source, HostImages) else None
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if importer is not None:
+            importer.start()
         if manage_service:
             # The API serves while the VMs found on the host are checked.
             await svc.start(background=True)
@@ -47,9 +54,11 @@ def create_app(svc: SandboxService, api_key: str, *, manage_service: bool = True
     )
     app.state.service = svc
     app.state.processes = ProcessService(svc)
+    app.state.importer = importer
     auth = [Depends(BearerAuth(api_key))]
     app.include_router(meta.health_router)
     app.include_router(meta.router, dependencies=auth)
+    app.include_router(images.router, dependencies=auth)
     app.include_router(sandboxes.router, dependencies=auth)
     app.include_router(sandboxes.snapshots_router, dependencies=auth)
     app.include_router(exec_routes.router, dependencies=auth)

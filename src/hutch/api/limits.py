@@ -57,7 +57,17 @@ class BodyLimit:
 def _is_upload(scope: Scope) -> bool:
     path = str(scope.get("path", ""))
     # File and archive uploads stream to the guest; the archive route bounds its own size.
-    return bool(scope.get("method") == "PUT" and path.endswith(("/files", "/files/archive")))
+    if scope.get("method") == "PUT" and path.endswith(("/files", "/files/archive")):
+        return True
+    # Image archives stream to disk, capped by HUTCH_MAX_IMAGE_BYTES (routes/images.py).
+    return bool(scope.get("method") == "POST" and path == "/v1/images" and not _is_json(scope))
+
+
+def _is_json(scope: Scope) -> bool:
+    for name, value in scope.get("headers", []):
+        if name == b"content-type":
+            return bool(value.split(b";")[0].strip().lower() == b"application/json")
+    return False
 
 
 async def _reject(send: Send, limit: int) -> None:

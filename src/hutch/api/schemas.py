@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hutch.api.image_schemas import ImageConfigModel, ImageSourceModel
 from hutch.api.net_schemas import EgressRuleText, NetworkRef, SandboxNet
 from hutch.contract.enums import DEFAULT_NETWORK_MODE, DEFAULT_PAUSE_MODE
 from hutch.contract.limits import (
@@ -267,6 +268,12 @@ class Image(BaseModel):
     digest: str | None
     size_bytes: int | None
     kernel_release: str | None
+    source: ImageSourceModel = Field(
+        default_factory=lambda: ImageSourceModel.model_validate({"type": "builtin"})
+    )
+    config: ImageConfigModel | None = None
+    start: bool = False
+    created_at: dt.datetime | None = None
 
 
 class ImageList(BaseModel):

@@ -23,6 +23,7 @@ __all__ = [
 # Most specific first: the first matching class wins.
 STATUS_BY_ERROR: tuple[tuple[type[e.HutchError], int], ...] = (
     (e.UnknownImage, 400),
+    (e.InvalidImage, 400),
     (e.InvalidArgument, 400),
     (e.Unauthorized, 401),
     (e.NotFound, 404),
@@ -34,6 +35,7 @@ STATUS_BY_ERROR: tuple[tuple[type[e.HutchError], int], ...] = (
     (e.Timeout, 504),
     (e.AgentVersionMismatch, 502),
     (e.GuestError, 502),
+    (e.RegistryError, 502),
     (e.VmError, 500),
     (e.ImageBuildError, 500),
     (e.NetworkError, 500),

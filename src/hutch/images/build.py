@@ -102,6 +102,9 @@ class ImageArtifacts:
     kernel_release: str
     cmdline: str
     size_bytes: int  # virtual size of rootfs.ext4; a sandbox disk must be at least this
+    #: The agent runtime disk (imported OCI images; hutch's own images carry the agent
+    #: in their root filesystem and have None).
+    runtime_disk: Path | None = None
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ __all__ = [
     "BzImagePayload",
     "ElfInfo",
     "find_payload",
+    "needed_libraries",
     "parse_elf",
 ]
 
@@ -128,3 +129,58 @@ def parse_elf(data: bytes) -> ElfInfo:
                 if name == b"Xen":
                     xen.add(ntype)
     return ElfInfo(has_interp=has_interp, xen_notes=frozenset(xen))
+
+
+_PT_LOAD = 1
+_PT_DYNAMIC = 2
+_DT_NEEDED = 1
+_DT_STRTAB = 5
+
+
+def needed_libraries(data: bytes) -> list[str]:
+    """The ``DT_NEEDED`` sonames of an ELF64 LE x86-64 file, in order (empty for a
+    static one). Raises ``ImageBuildError`` when the dynamic section is malformed."""
+    parse_elf(data)  # the header checks
+    (phoff,) = struct.unpack_from("<Q", data, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
+    loads: list[tuple[int, int, int]] = []  # (vaddr, offset, filesz)
+    dynamic: tuple[int, int] | None = None
+    for i in range(phnum):
+        base = phoff + i * phentsize
+        (ptype,) = struct.unpack_from("<I", data, base)
+        p_offset, p_vaddr = struct.unpack_from("<QQ", data, base + 8)
+        (p_filesz,) = struct.unpack_from("<Q", data, base + 32)
+        if ptype == _PT_LOAD:
+            loads.append((p_vaddr, p_offset, p_filesz))
+        elif ptype == _PT_DYNAMIC:
+            dynamic = (p_offset, p_filesz)
+    if dynamic is None:
+        return []
+    needed: list[int] = []
+    strtab_vaddr: int | None = None
+    offset, size = dynamic
+    for pos in range(offset, min(offset + size, len(data) - 15), 16):
+        tag, value = struct.unpack_from("<qQ", data, pos)
+        if tag == 0:
+            break
+        if tag == _DT_NEEDED:
+            needed.append(value)
+        elif tag == _DT_STRTAB:
+            strtab_vaddr = value
+    if not needed:
+        return []
+    if strtab_vaddr is None:
+        raise ImageBuildError("ELF dynamic section has DT_NEEDED but no DT_STRTAB")
+    strtab = next(
+        (off + strtab_vaddr - va for va, off, sz in loads if va <= strtab_vaddr < va + sz), None
+    )
+    if strtab is None:
+        raise ImageBuildError("ELF DT_STRTAB is outside every loaded segment")
+    names = []
+    for index in needed:
+        start = strtab + index
+        end = data.find(b"\0", start)
+        if start >= len(data) or end < 0:
+            raise ImageBuildError("ELF DT_NEEDED name runs past the end of the file")
+        names.append(data[start:end].decode("ascii", "replace"))
+    return names

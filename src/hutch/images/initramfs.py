@@ -17,7 +17,14 @@ from pathlib import Path
 from hutch.errors import ImageBuildError
 from hutch.images.elf import parse_elf
 
-__all__ = ["BUSYBOX_APPLETS", "CpioEntry", "build_initramfs", "init_script", "write_cpio"]
+__all__ = [
+    "BUSYBOX_APPLETS",
+    "OCI_APPLETS",
+    "CpioEntry",
+    "build_initramfs",
+    "init_script",
+    "write_cpio",
+]
 
 #: Applets /init calls, linked to /bin/busybox (busybox picks the applet by argv[0]).
 BUSYBOX_APPLETS: tuple[str, ...] = (
@@ -82,14 +89,26 @@ def write_cpio(entries: Iterable[CpioEntry]) -> bytes:
     return bytes(out)
 
 
-def init_script() -> bytes:
-    """The initramfs ``/init`` shipped in guest_files/."""
-    return resources.files("hutch.images").joinpath("guest_files/initramfs-init").read_bytes()
+#: What the initramfs of imported (OCI) images calls on top: it does hutch-init's work
+#: itself, since the image may have no shell and none of the tools.
+OCI_APPLETS: tuple[str, ...] = (*BUSYBOX_APPLETS, "printf")
 
 
-def initramfs_entries(busybox: bytes, modules: Sequence[tuple[str, bytes]]) -> list[CpioEntry]:
+def init_script(name: str = "initramfs-init") -> bytes:
+    """An initramfs ``/init`` shipped in guest_files/ (``initramfs-init`` for hutch's
+    own images, ``initramfs-init-oci`` for imported ones)."""
+    return resources.files("hutch.images").joinpath(f"guest_files/{name}").read_bytes()
+
+
+def initramfs_entries(
+    busybox: bytes,
+    modules: Sequence[tuple[str, bytes]],
+    init: bytes | None = None,
+    applets: Sequence[str] = BUSYBOX_APPLETS,
+) -> list[CpioEntry]:
     """Archive members: directories, device nodes, busybox + applet links, the modules
-    (``(file name, bytes)`` in load order) and the order file /init reads."""
+    (``(file name, bytes)`` in load order) and the order file /init reads. ``init``:
+    the /init script (default: hutch's own images')."""
     d, f, x = stat.S_IFDIR | 0o755, stat.S_IFREG | 0o644, stat.S_IFREG | 0o755
     entries = [
         CpioEntry(n, d) for n in ("bin", "dev", "proc", "sys", "newroot", "lib", MODULES_DIR)
@@ -98,15 +117,21 @@ def initramfs_entries(busybox: bytes, modules: Sequence[tuple[str, bytes]]) -> l
     entries.append(CpioEntry("dev/console", stat.S_IFCHR | 0o600, rdev=(5, 1)))
     entries.append(CpioEntry("dev/null", stat.S_IFCHR | 0o666, rdev=(1, 3)))
     entries.append(CpioEntry("bin/busybox", x, busybox))
-    entries += [CpioEntry(f"bin/{a}", stat.S_IFLNK | 0o777, b"busybox") for a in BUSYBOX_APPLETS]
+    entries += [CpioEntry(f"bin/{a}", stat.S_IFLNK | 0o777, b"busybox") for a in applets]
     entries += [CpioEntry(f"{MODULES_DIR}/{name}", f, data) for name, data in modules]
     order = "".join(f"{name}\n" for name, _ in modules).encode()
     entries.append(CpioEntry(LOAD_ORDER_FILE, f, order))
-    entries.append(CpioEntry("init", x, init_script()))
+    entries.append(CpioEntry("init", x, init if init is not None else init_script()))
     return entries
 
 
-def build_initramfs(busybox: Path, modules: Sequence[Path], out: Path) -> None:
+def build_initramfs(
+    busybox: Path,
+    modules: Sequence[Path],
+    out: Path,
+    init: bytes | None = None,
+    applets: Sequence[str] = BUSYBOX_APPLETS,
+) -> None:
     """Write the uncompressed initramfs to ``out``.
 
     Uncompressed because the kernel unpacks it in the guest, where gzip costs TCG time
@@ -120,5 +145,7 @@ def build_initramfs(busybox: Path, modules: Sequence[Path], out: Path) -> None:
             "(apt-get install busybox-static)"
         )
     out.write_bytes(
-        write_cpio(initramfs_entries(data, [(m.name, m.read_bytes()) for m in modules]))
+        write_cpio(
+            initramfs_entries(data, [(m.name, m.read_bytes()) for m in modules], init, applets)
+        )
     )

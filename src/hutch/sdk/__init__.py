@@ -31,6 +31,7 @@ from hutch.sdk._contexts import ContextInfo, Execution, ExecutionError, Result
 from hutch.sdk._errors import ApiKeyMissing, ClientClosed, DaemonUnreachable, ProtocolError
 from hutch.sdk._exec import ExecEvent, ExecExit, ExecOutput, ExecResult
 from hutch.sdk._files import ArchiveWritten, FileEntry, WatchEvent, WrittenFile
+from hutch.sdk._images import ImageProgress
 from hutch.sdk._net import EgressEvent, EgressInfo, NetworkInfo, NetworkModeArg, PortInfo
 from hutch.sdk._processes import (
     ProcessChunk,
@@ -97,6 +98,7 @@ __all__ = [
     "Files",
     "Health",
     "ImageInfo",
+    "ImageProgress",
     "NetworkInfo",
     "NetworkModeArg",
     "Networks",

@@ -324,6 +324,12 @@ class ImageInfo:
     digest: str | None
     size_bytes: int | None
     kernel_release: str | None
+    #: {"type": "builtin" | "registry" | "archive", "ref", "digest", "format", ...}
+    source: dict[str, Any] = field(default_factory=lambda: {"type": "builtin"})
+    #: Imported images: env, working_dir, user, entrypoint, cmd, exposed_ports.
+    config: dict[str, Any] | None = None
+    start: bool = False
+    created_at: datetime | None = None
 
     @classmethod
     def from_dict(cls, obj: Any) -> ImageInfo:
@@ -335,6 +341,10 @@ class ImageInfo:
             digest=maybe(obj, "digest", str, w),
             size_bytes=maybe(obj, "size_bytes", int, w),
             kernel_release=maybe(obj, "kernel_release", str, w),
+            source=maybe(obj, "source", dict, w) or {"type": "builtin"},
+            config=maybe(obj, "config", dict, w),
+            start=bool(maybe(obj, "start", bool, w)),
+            created_at=moment(obj, "created_at", w),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -345,6 +355,10 @@ class ImageInfo:
             "digest": self.digest,
             "size_bytes": self.size_bytes,
             "kernel_release": self.kernel_release,
+            "source": dict(self.source),
+            "config": self.config,
+            "start": self.start,
+            "created_at": iso(self.created_at),
         }
 
 

@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING
 from hutch.errors import StateError
 from hutch.guest.client import ExecStream
 from hutch.guest.results import FileEntry
-from hutch.models import SandboxRecord, SandboxState, validate_env
+from hutch.models import SandboxRecord, SandboxState
 from hutch.services.backend import Runtime
+from hutch.services.image_defaults import merged
+from hutch.services.images import ImageDefaults
 from hutch.services.inflight import InFlight, Work
 
 __all__ = ["GuestOpsMixin"]
@@ -28,6 +30,8 @@ class GuestOpsMixin:
     if TYPE_CHECKING:
 
         def get(self, sandbox_id: str) -> SandboxRecord: ...
+
+        def guest_defaults(self, rec: SandboxRecord) -> ImageDefaults: ...
 
         async def resume(self, sandbox_id: str) -> SandboxRecord: ...
 
@@ -84,7 +88,7 @@ class GuestOpsMixin:
         ends it, once the output is read to the end."""
         rec = self.get(sandbox_id)
         runtime = await self.ready(sandbox_id, work)
-        merged_env = {**rec.env, **validate_env(env or {})}
+        merged_env, cwd, user = merged(self.guest_defaults(rec), rec, env, cwd, user)
         if isinstance(cmd, str):
             return await runtime.agent.exec(
                 shell=cmd, env=merged_env, cwd=cwd, user=user, stdin=stdin, timeout_s=timeout_s

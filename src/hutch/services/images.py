@@ -1,14 +1,20 @@
-"""Which guest images this host can start sandboxes from."""
+"""Which guest images this host can start sandboxes from: hutch's own (built from
+Debian packages, ``hutch image build``) and imported OCI images (``POST /v1/images``,
+records in the store, content in the images directory)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from hutch.errors import Conflict, UnknownImage
 from hutch.images.build import ImageArtifacts, find_image, list_images
+from hutch.images.cache import short_digest
 from hutch.images.catalog import IMAGES
+from hutch.images.oci.boot import BootSet, find_boot_set
+from hutch.images.oci.importer import find_content
+from hutch.store.images import ImageRow, ImageStore
 
 
 @dataclass(frozen=True)
@@ -19,6 +25,39 @@ class ImageView:
     digest: str | None
     size_bytes: int | None
     kernel_release: str | None
+    #: Where it came from: {"type": "builtin"} | {"type": "registry", "ref", "digest"} |
+    #: {"type": "archive", "format", "filename", "digest"}.
+    source: dict[str, Any] = field(default_factory=lambda: {"type": "builtin"})
+    #: The image config's defaults (imported images): env, working_dir, user,
+    #: entrypoint, cmd, exposed_ports.
+    config: dict[str, Any] | None = None
+    start: bool = False
+    created_at: float | None = None
+
+
+@dataclass(frozen=True)
+class ImageDefaults:
+    """What a sandbox takes from its image: exec environment, working directory and
+    user, and the start command run at boot (opted in per image)."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    user: str | None = None
+    start_command: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, row: ImageRow) -> ImageDefaults:
+        cfg = row.config
+        start = (*cfg.get("entrypoint", ()), *cfg.get("cmd", ())) if row.start else ()
+        return cls(
+            env=dict(cfg.get("env") or {}),
+            cwd=cfg.get("working_dir") or None,
+            user=cfg.get("user") or None,
+            start_command=tuple(start),
+        )
+
+
+NO_DEFAULTS = ImageDefaults()
 
 
 class ImageSource(Protocol):
@@ -27,6 +66,8 @@ class ImageSource(Protocol):
     def names(self) -> list[str]: ...
 
     def list(self) -> list[ImageView]: ...
+
+    def defaults(self, name: str) -> ImageDefaults: ...
 
 
 class LocalImages:
@@ -40,6 +81,10 @@ class LocalImages:
 
     def names(self) -> list[str]:
         return sorted(IMAGES)
+
+    def defaults(self, name: str) -> ImageDefaults:
+        del name
+        return NO_DEFAULTS
 
     def list(self) -> list[ImageView]:
         views = []
@@ -58,11 +103,114 @@ class LocalImages:
         return views
 
 
+class BootSets(Protocol):
+    """Where imported images get their kernel, initramfs and agent runtime."""
+
+    def find(self) -> BootSet | None: ...
+
+    def prepare(self) -> BootSet: ...
+
+
+class LocalBootSets:
+    def __init__(self, images_dir: Path) -> None:
+        self.images_dir = images_dir
+
+    def find(self) -> BootSet | None:
+        return find_boot_set(self.images_dir)
+
+    def prepare(self) -> BootSet:
+        from hutch.images.oci.boot import prepare_boot_set
+
+        return prepare_boot_set(self.images_dir)
+
+
+def oci_artifacts(row: ImageRow, rootfs: Path, size_bytes: int, boot: BootSet) -> ImageArtifacts:
+    """What the VM layer boots for an imported image. ``digest`` covers the content and
+    the boot set: templates of one do not serve the other."""
+    return ImageArtifacts(
+        name=row.name,
+        digest=short_digest("oci-image-v1", row.digest, boot.key),
+        kernel=boot.kernel,
+        initrd=boot.initrd,
+        rootfs=rootfs,
+        kernel_release=boot.kernel_release,
+        cmdline=boot.cmdline,
+        size_bytes=size_bytes,
+        runtime_disk=boot.runtime,
+    )
+
+
+class HostImages:
+    """hutch's own images (``builtin``) and the images imported into this daemon's
+    store (global today; per project once projects exist)."""
+
+    def __init__(self, builtin: ImageSource, store: ImageStore, images_dir: Path, boot: BootSets):
+        self.builtin = builtin
+        self.store = store
+        self.images_dir = images_dir
+        self.boot = boot
+
+    def find(self, name: str) -> ImageArtifacts | None:
+        if name in self.builtin.names():
+            return self.builtin.find(name)
+        row = self.store.get(name)
+        if row is None:
+            return None
+        content = find_content(self.images_dir, row.digest)
+        boot = self.boot.find()
+        if content is None or boot is None:
+            return None
+        return oci_artifacts(row, content.rootfs, content.size_bytes, boot)
+
+    def names(self) -> list[str]:
+        return sorted({*self.builtin.names(), *(r.name for r in self.store.list())})
+
+    def defaults(self, name: str) -> ImageDefaults:
+        row = self.store.get(name) if name not in self.builtin.names() else None
+        return ImageDefaults.of(row) if row is not None else NO_DEFAULTS
+
+    def row(self, name: str) -> ImageRow | None:
+        return None if name in self.builtin.names() else self.store.get(name)
+
+    def view(self, row: ImageRow) -> ImageView:
+        arts = self.find(row.name)
+        return ImageView(
+            name=row.name,
+            description=_describe(row.source),
+            built=arts is not None,
+            digest=row.digest,
+            size_bytes=row.size_bytes,
+            kernel_release=arts.kernel_release if arts else None,
+            source={**row.source, "digest": row.digest},
+            config=row.config,
+            start=row.start,
+            created_at=row.created_at,
+        )
+
+    def list(self) -> list[ImageView]:
+        return [*self.builtin.list(), *(self.view(r) for r in self.store.list())]
+
+
+def _describe(source: dict[str, Any]) -> str:
+    if source.get("type") == "registry":
+        return f"pulled from {source.get('ref')}"
+    fmt = source.get("format", "archive")
+    filename = source.get("filename")
+    return f"imported from {fmt}" + (f" {filename}" if filename else "")
+
+
 def resolve(images: ImageSource, name: str) -> ImageArtifacts:
     """The built image ``name``, or an error saying how to get it."""
     if name not in images.names():
         raise UnknownImage(f"unknown image {name!r}; available: {', '.join(images.names())}")
     image = images.find(name)
     if image is None:
-        raise Conflict(f"image {name!r} is not built on this host; run `hutch image build {name}`")
+        if name in IMAGES:
+            raise Conflict(
+                f"image {name!r} is not built on this host; run `hutch image build {name}`"
+            )
+        raise Conflict(
+            f"image {name!r} is imported but its files are missing on this host (its "
+            "content or hutch's boot files for imported images); import it again"
+        )
     return image

@@ -22,7 +22,7 @@ from hutch.guest.contexts import (
     restart_context,
     start_run,
 )
-from hutch.models import validate_env
+from hutch.services.image_defaults import merged
 from hutch.services.inflight import Work
 from hutch.services.sandboxes import SandboxService
 
@@ -65,8 +65,17 @@ class InterpreterService:
     ) -> ContextInfo:
         rec = self.sandboxes.get(sandbox_id)
         runtime = await self.sandboxes.ready(sandbox_id)
-        merged = {**rec.env, **validate_env(env or {})}
-        return await create_context(runtime.agent, language=language, cwd=cwd, env=merged)
+        env, cwd, _ = merged(self.sandboxes.guest_defaults(rec), rec, env, cwd, None)
+        try:
+            return await create_context(runtime.agent, language=language, cwd=cwd, env=env)
+        except InvalidArgument as exc:
+            if "python3" not in exc.message:
+                raise
+            raise InvalidArgument(
+                f"image {rec.image!r} has no python3 on its PATH, and the code interpreter "
+                "runs the image's own Python (the user's packages live there); use an "
+                f"image with Python 3 ({exc.message})"
+            ) from exc
 
     async def list(self, sandbox_id: str) -> list[ContextInfo]:
         runtime = await self.sandboxes.ready(sandbox_id)

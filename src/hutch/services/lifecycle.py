@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from hutch.config import Settings
 from hutch.crashpoints import crash_point
-from hutch.errors import Busy, InvalidArgument, NotFound, StateError
+from hutch.errors import Busy, HutchError, InvalidArgument, NotFound, StateError
 from hutch.models import (
     FORK_COUNT_RANGE,
     SNAPSHOT_ID_RE,
@@ -78,6 +78,8 @@ class LifecycleMixin:
         def _check_capacity(self, memory_mib: int, extra_sandboxes: int) -> None: ...
 
         async def _release_network(self, sandbox_id: str) -> None: ...
+
+        async def _run_image_start(self, rec: SandboxRecord, runtime: Runtime) -> None: ...
 
         def _collect_snapshots(self) -> None: ...
 
@@ -179,6 +181,11 @@ class LifecycleMixin:
             raise
         self._attach(rec.id, runtime)
         self._set_running_after_resume(rec.id)
+        if rec.resume_from is None:  # a disk-mode resume booted again
+            try:
+                await self._run_image_start(rec, runtime)
+            except HutchError as exc:
+                log.warning("sandbox %s: the image's start command: %s", rec.id, exc)
         return self.get(rec.id)
 
     def _set_running_after_resume(self, sandbox_id: str) -> None:

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from hutch.errors import Conflict, InvalidArgument
 from hutch.guest.processes import GuestProcesses, OutputStream, ProcessInfo
 from hutch.guest.pty import GuestPtys, PtyInfo, PtySession
-from hutch.models import validate_env
+from hutch.services.image_defaults import merged
 from hutch.services.inflight import describe_command
 from hutch.services.sandboxes import SandboxService
 
@@ -34,8 +34,12 @@ class ProcessService:
     async def _ptys(self, sandbox_id: str) -> GuestPtys:
         return GuestPtys((await self.sandboxes.ready(sandbox_id)).agent)
 
-    def _env(self, sandbox_id: str, env: dict[str, str] | None) -> dict[str, str]:
-        return {**self.sandboxes.get(sandbox_id).env, **validate_env(env or {})}
+    def _defaults(
+        self, sandbox_id: str, env: dict[str, str] | None, cwd: str | None, user: str | None
+    ) -> tuple[dict[str, str], str | None, str | None]:
+        """(env, cwd, user): the request's over the sandbox's over its image's."""
+        rec = self.sandboxes.get(sandbox_id)
+        return merged(self.sandboxes.guest_defaults(rec), rec, env, cwd, user)
 
     # -- background processes ----------------------------------------------------------
 
@@ -54,18 +58,18 @@ class ProcessService:
         """Start ``cmd`` detached. ``stdin`` is written first; ``keep_stdin`` leaves the
         pipe open for :meth:`write_stdin` (else it is closed after ``stdin``, or the
         process reads /dev/null)."""
-        merged = self._env(sandbox_id, env)
+        env, cwd, user = self._defaults(sandbox_id, env, cwd, user)
         what = "background " + describe_command(cmd)
         with self.sandboxes.work(sandbox_id, what) as work:
             procs = GuestProcesses((await self.sandboxes.ready(sandbox_id, work)).agent)
             pipe = keep_stdin or stdin is not None
             if isinstance(cmd, str):
                 info = await procs.start(
-                    shell=cmd, env=merged, cwd=cwd, user=user, stdin=pipe, timeout_s=timeout_s
+                    shell=cmd, env=env, cwd=cwd, user=user, stdin=pipe, timeout_s=timeout_s
                 )
             else:
                 info = await procs.start(
-                    cmd, env=merged, cwd=cwd, user=user, stdin=pipe, timeout_s=timeout_s
+                    cmd, env=env, cwd=cwd, user=user, stdin=pipe, timeout_s=timeout_s
                 )
             if stdin is not None:
                 try:
@@ -128,12 +132,12 @@ class ProcessService:
     ) -> PtySession:
         """A new terminal running ``cmd`` (default: a login shell), attached. The caller
         marks the sandbox busy for as long as it stays attached (see :meth:`attached`)."""
-        merged = self._env(sandbox_id, env)
+        env, cwd, user = self._defaults(sandbox_id, env, cwd, user)
         ptys = await self._ptys(sandbox_id)
         argv = cmd if isinstance(cmd, builtins.list) else None
         shell = cmd if isinstance(cmd, str) else None
         return await ptys.open(
-            argv, shell=shell, rows=rows, cols=cols, term=term, env=merged, cwd=cwd, user=user
+            argv, shell=shell, rows=rows, cols=cols, term=term, env=env, cwd=cwd, user=user
         )
 
     async def attach_pty(self, sandbox_id: str, pty_id: str) -> PtySession:

@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import logging
 import os
+import re
 import secrets
 import shutil
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from hutch.config import Settings
 from hutch.crashpoints import crash_point
-from hutch.errors import GuestError, HutchError, Timeout, VmError
+from hutch.errors import GuestError, HutchError, NotFound, Timeout, VmError
 from hutch.guest.client import AgentClient, GuestIdentity
 from hutch.images.build import ImageArtifacts
 from hutch.models import (
@@ -146,6 +147,7 @@ class QemuBackend:
             tsc_khz=host_tsc_khz() if self.accel == "tcg" else None,
             nic=True,
             run_as=self.run_as,
+            runtime_disk=image.runtime_disk,
             console_log_bytes=self.settings.console_log_bytes,
         )
 
@@ -350,10 +352,7 @@ class QemuBackend:
             vm, agent = await self._boot(cfg, work, "hutch")
             try:
                 # Let boot-time work finish so that no clone inherits it half-done.
-                await agent.run(
-                    ["sh", "-c", "while pgrep -x resize2fs >/dev/null; do sleep 0.1; done; sync"],
-                    timeout_s=120,
-                )
+                await _settle(agent, image)
                 await agent.close()
                 snap = work.state / "snapshot"
                 await save_snapshot(vm, snap, ram_in_file=False)
@@ -366,6 +365,18 @@ class QemuBackend:
             await asyncio.to_thread(shutil.rmtree, work.run, True)
             await asyncio.to_thread(discard_template_build, work.state)
         return final
+
+    def remove_templates(self, image_name: str) -> list[str]:
+        """Remove every template of image ``image_name`` (an imported image being
+        deleted); return their directory names."""
+        root = self.settings.state_dir / "templates"
+        pattern = re.compile(rf"^{re.escape(image_name)}-[0-9a-f]{{16}}-\d+c-")
+        removed = []
+        for d in root.iterdir() if root.is_dir() else ():
+            if pattern.match(d.name) and not d.name.endswith(".build"):
+                shutil.rmtree(d, ignore_errors=True)
+                removed.append(d.name)
+        return removed
 
     def discard_unfinished_templates(self) -> None:
         root = self.settings.state_dir / "templates"
@@ -556,6 +567,32 @@ class QemuBackend:
             if root.is_dir():
                 found.update(d.name for d in root.iterdir() if SANDBOX_ID_RE.match(d.name))
         return found
+
+
+async def _settle(agent: AgentClient, image: ImageArtifacts) -> None:
+    """Wait for the guest's boot-time work (growing the root filesystem) to end. An
+    imported image may have no shell or pgrep: there the agent itself does that work
+    and marks it done (``hutch_agent.runtime.BOOT_DONE``)."""
+    if image.runtime_disk is None:
+        await agent.run(
+            ["sh", "-c", "while pgrep -x resize2fs >/dev/null; do sleep 0.1; done; sync"],
+            timeout_s=120,
+        )
+        return
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 120
+    while True:
+        try:
+            await agent.stat(RUNTIME_BOOT_DONE)
+            return
+        except NotFound:
+            if loop.time() > deadline:
+                raise Timeout("the guest did not finish growing its root filesystem") from None
+            await asyncio.sleep(0.1)
+
+
+#: Written by the agent on an imported image once boot-time work is done.
+RUNTIME_BOOT_DONE = "/run/.hutch/boot-done"
 
 
 async def _undo_interrupted_pause(vm: QemuVm) -> None:

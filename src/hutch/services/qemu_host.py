@@ -164,6 +164,8 @@ def read_config(path: Path) -> VmConfig | None:
         data: dict[str, Any] = json.loads(path.read_text())
         for key in _PATH_FIELDS:
             data[key] = Path(data[key])
+        if data.get("runtime_disk") is not None:
+            data["runtime_disk"] = Path(data["runtime_disk"])
         return VmConfig(**data)
     except (OSError, ValueError, TypeError, KeyError):
         return None

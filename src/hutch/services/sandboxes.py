@@ -48,7 +48,8 @@ from hutch.models import (
 from hutch.net.rules import parse_policy
 from hutch.services.backend import Runtime, VmBackend
 from hutch.services.guest_ops import GuestOpsMixin
-from hutch.services.images import ImageSource, ImageView, resolve
+from hutch.services.image_defaults import run_start_command
+from hutch.services.images import ImageDefaults, ImageSource, ImageView, resolve
 from hutch.services.inflight import InFlight
 from hutch.services.lifecycle import LifecycleMixin
 from hutch.services.networking import NetPlan, NetworkingMixin
@@ -302,6 +303,16 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
     def images(self) -> list[ImageView]:
         return self.image_source.list()
 
+    def guest_defaults(self, rec: SandboxRecord) -> ImageDefaults:
+        """What ``rec`` takes from its image config (env, cwd, user, start command)."""
+        return self.image_source.defaults(rec.image)
+
+    async def _run_image_start(self, rec: SandboxRecord, runtime: Runtime) -> None:
+        """The image's start command, in a sandbox that just booted (or came from a
+        template, which never runs it); fork children and snapshot clones carry theirs
+        over in memory."""
+        await run_start_command(runtime.agent, rec, self.guest_defaults(rec))
+
     # -- create / delete ---------------------------------------------------------------
 
     async def create(self, spec: SandboxSpec) -> SandboxRecord:
@@ -371,6 +382,8 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
                     if self.settings.templates:
                         self._schedule_template(image, spec.shape)
                 self.pool.refill(image)
+                if source is None:
+                    await self._run_image_start(rec, runtime)
             except BaseException as exc:
                 await self.backend.cleanup(rec.id)
                 await self._release_network(rec.id)

@@ -93,4 +93,19 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE snapshots ADD COLUMN ready INTEGER NOT NULL DEFAULT 1;
     """,
+    # 6: imported (OCI) images. ``project`` is '' for global images until projects
+    # exist; the key is (project, name) so that per-project images need no rebuild.
+    """
+    CREATE TABLE images (
+        project      TEXT NOT NULL DEFAULT '',
+        name         TEXT NOT NULL,
+        digest       TEXT NOT NULL,
+        source_json  TEXT NOT NULL,
+        config_json  TEXT NOT NULL,
+        start        INTEGER NOT NULL DEFAULT 0,
+        size_bytes   INTEGER NOT NULL,
+        created_at   REAL NOT NULL,
+        PRIMARY KEY (project, name)
+    );
+    """,
 )

@@ -101,6 +101,9 @@ class VmConfig:
     #: The unprivileged user QEMU drops to (``-runas``) once it has opened everything it
     #: needs (disk, kernel, tap, sockets, log files); None: it keeps the daemon's user.
     run_as: str | None = None
+    #: A second, read-only raw disk with the guest agent's own runtime (imported OCI
+    #: images, see ``hutch.images.agent_runtime``), found by the guest by its serial.
+    runtime_disk: Path | None = None
     #: Bytes of serial console kept per log file (``console.log`` and ``.1``).
     console_log_bytes: int = DEFAULT_LOG_BYTES
 
@@ -138,6 +141,8 @@ def _validate(cfg: VmConfig) -> None:
         raise InvalidArgument(f"tap {cfg.tap!r} is not a valid interface name (1-15 [a-z0-9])")
     if cfg.memory_file is not None and not cfg.memory_file.is_absolute():
         raise InvalidArgument(f"memory_file {str(cfg.memory_file)!r} must be an absolute path")
+    if cfg.runtime_disk is not None and not cfg.runtime_disk.is_absolute():
+        raise InvalidArgument(f"runtime_disk {str(cfg.runtime_disk)!r} must be an absolute path")
     if cfg.run_as is not None and not _USER_RE.match(cfg.run_as):
         raise InvalidArgument(f"run_as {cfg.run_as!r} is not a user name")
     if (
@@ -158,6 +163,22 @@ def guest_cmdline(cfg: VmConfig) -> str:
         # clocksource watchdog, which would leave the guest on jiffies again.
         parts.append(f"tsc_early_khz={cfg.tsc_khz} tsc=reliable")
     return " ".join(p for p in parts if p)
+
+
+#: The serial of the runtime disk (``hutch.images.agent_runtime.SERIAL``).
+RUNTIME_DISK_SERIAL = "hutch-agent-rt"
+
+
+def _runtime_disk(cfg: VmConfig) -> list[str]:
+    if cfg.runtime_disk is None:
+        return []
+    return [
+        "-drive",
+        f"id=rt,if=none,file={_opt(cfg.runtime_disk)},format=raw,readonly=on,"
+        "cache=writeback,aio=threads",
+        "-device",
+        f"virtio-blk-device,drive=rt,serial={RUNTIME_DISK_SERIAL}",
+    ]
 
 
 def build_argv(cfg: VmConfig, qemu_binary: str = "qemu-system-x86_64") -> list[str]:
@@ -224,6 +245,7 @@ def build_argv(cfg: VmConfig, qemu_binary: str = "qemu-system-x86_64") -> list[s
         "auto-read-only=off,aio=threads,discard=unmap,detect-zeroes=unmap",
         "-device",
         "virtio-blk-device,drive=root",
+        *_runtime_disk(cfg),
         # max_ports=2: port 0 is reserved for a console, port 1 is the agent.
         "-device",
         "virtio-serial-device,max_ports=2",

@@ -5,7 +5,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 
 from hutch.api.deps import service
-from hutch.api.schemas import Health, Image, ImageList
+from hutch.api.routes.images import image_model
+from hutch.api.schemas import Health, ImageList
 from hutch.services.sandboxes import SandboxService
 from hutch.version import __version__
 
@@ -15,19 +16,7 @@ health_router = APIRouter(tags=["meta"])
 
 @router.get("/v1/images", response_model=ImageList)
 async def list_images(svc: Annotated[SandboxService, Depends(service)]) -> ImageList:
-    return ImageList(
-        images=[
-            Image(
-                name=i.name,
-                description=i.description,
-                built=i.built,
-                digest=i.digest,
-                size_bytes=i.size_bytes,
-                kernel_release=i.kernel_release,
-            )
-            for i in svc.images()
-        ]
-    )
+    return ImageList(images=[image_model(i) for i in svc.images()])
 
 
 @health_router.get("/healthz", response_model=Health)

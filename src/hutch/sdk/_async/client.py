@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import builtins
-from collections.abc import AsyncIterator, Mapping, Sequence
+import os
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Generic, TypeVar, Unpack
 
 import httpx
@@ -15,7 +16,7 @@ from hutch.sdk._async._closing import AsyncClosesOnExit
 from hutch.sdk._async.net import AsyncNetworks
 from hutch.sdk._config import Timeouts, resolve_config
 from hutch.sdk._core import Call, ClientCore
-from hutch.sdk._errors import ClientClosed
+from hutch.sdk._errors import ClientClosed, ProtocolError
 from hutch.sdk._exec import (
     CommandArgs,
     ExecCalls,
@@ -26,6 +27,13 @@ from hutch.sdk._exec import (
     ExecResult,
 )
 from hutch.sdk._files import FileCalls, FileEntry, WrittenFile
+from hutch.sdk._images import (
+    ImageCalls,
+    ImageProgressDecoder,
+    ProgressCallback,
+    archive_chunks,
+    filename_of,
+)
 from hutch.sdk._sandboxes import (
     CreateArgs,
     Health,
@@ -64,6 +72,7 @@ class AsyncClient(AsyncClosesOnExit):
         self._sandboxes = SandboxCalls(self.core)
         self._exec = ExecCalls(self.core)
         self._files = FileCalls(self.core)
+        self._images = ImageCalls(self.core)
         #: Private networks: ``client.networks.create(name)``, ``.list()``, ...
         self.networks = AsyncNetworks(self)
 
@@ -210,6 +219,56 @@ class AsyncClient(AsyncClosesOnExit):
 
     async def list_images(self) -> builtins.list[ImageInfo]:
         return await self.call(self._sandboxes.list_images())
+
+    async def import_image(
+        self,
+        name: str,
+        source: str | os.PathLike[str] | bytes | Iterable[bytes],
+        *,
+        start: bool = False,
+        filename: str | None = None,
+        on_progress: ProgressCallback | None = None,
+    ) -> ImageInfo:
+        """Import an OCI image as ``name`` from ``source``: an oci-archive or
+        docker-archive file (gzip is fine), an OCI layout directory, or bytes.
+        ``start``: run the image's Entrypoint + Cmd when a sandbox of it boots."""
+        body = _io.tar_pieces(iter(archive_chunks(source)))
+        request = self._images.import_request(
+            name, body, start=start, filename=filename or filename_of(source)
+        )
+        return await self._image_call(request, on_progress)
+
+    async def pull_image(
+        self,
+        name: str,
+        ref: str,
+        *,
+        username: str | None = None,
+        password: str | None = None,
+        token: str | None = None,
+        start: bool = False,
+        on_progress: ProgressCallback | None = None,
+    ) -> ImageInfo:
+        """Pull ``ref`` (``[registry/]repo[:tag][@digest]``) from a registry as ``name``."""
+        request = self._images.pull_request(
+            name, ref, username=username, password=password, token=token, start=start
+        )
+        return await self._image_call(request, on_progress)
+
+    async def delete_image(self, name: str) -> None:
+        """Delete an imported image (refused while a sandbox or snapshot uses it)."""
+        await self.call(self._images.delete(name))
+
+    async def _image_call(
+        self, request: httpx.Request, on_progress: ProgressCallback | None
+    ) -> ImageInfo:
+        async with AsyncResponseStream(self, request, ImageProgressDecoder()) as stream:
+            async for item in stream:
+                if isinstance(item, ImageInfo):
+                    return item
+                if on_progress is not None:
+                    on_progress(item)
+        raise ProtocolError("the image import stream ended without its result")
 
 
 class AsyncResponseStream(AsyncClosesOnExit, Generic[T]):

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import builtins
-from collections.abc import Iterator, Mapping, Sequence
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Generic, TypeVar, Unpack
 
 import httpx
@@ -14,7 +15,7 @@ from hutch.contract.limits import DEFAULT_FILE_MODE, DEFAULT_FORK_COUNT, DEFAULT
 from hutch.sdk import _io_sync as _io
 from hutch.sdk._config import Timeouts, resolve_config
 from hutch.sdk._core import Call, ClientCore
-from hutch.sdk._errors import ClientClosed
+from hutch.sdk._errors import ClientClosed, ProtocolError
 from hutch.sdk._exec import (
     CommandArgs,
     ExecCalls,
@@ -25,6 +26,13 @@ from hutch.sdk._exec import (
     ExecResult,
 )
 from hutch.sdk._files import FileCalls, FileEntry, WrittenFile
+from hutch.sdk._images import (
+    ImageCalls,
+    ImageProgressDecoder,
+    ProgressCallback,
+    archive_chunks,
+    filename_of,
+)
 from hutch.sdk._sandboxes import (
     CreateArgs,
     Health,
@@ -65,6 +73,7 @@ class Client(ClosesOnExit):
         self._sandboxes = SandboxCalls(self.core)
         self._exec = ExecCalls(self.core)
         self._files = FileCalls(self.core)
+        self._images = ImageCalls(self.core)
         #: Private networks: ``client.networks.create(name)``, ``.list()``, ...
         self.networks = Networks(self)
 
@@ -211,6 +220,56 @@ class Client(ClosesOnExit):
 
     def list_images(self) -> builtins.list[ImageInfo]:
         return self.call(self._sandboxes.list_images())
+
+    def import_image(
+        self,
+        name: str,
+        source: str | os.PathLike[str] | bytes | Iterable[bytes],
+        *,
+        start: bool = False,
+        filename: str | None = None,
+        on_progress: ProgressCallback | None = None,
+    ) -> ImageInfo:
+        """Import an OCI image as ``name`` from ``source``: an oci-archive or
+        docker-archive file (gzip is fine), an OCI layout directory, or bytes.
+        ``start``: run the image's Entrypoint + Cmd when a sandbox of it boots."""
+        body = _io.tar_pieces(iter(archive_chunks(source)))
+        request = self._images.import_request(
+            name, body, start=start, filename=filename or filename_of(source)
+        )
+        return self._image_call(request, on_progress)
+
+    def pull_image(
+        self,
+        name: str,
+        ref: str,
+        *,
+        username: str | None = None,
+        password: str | None = None,
+        token: str | None = None,
+        start: bool = False,
+        on_progress: ProgressCallback | None = None,
+    ) -> ImageInfo:
+        """Pull ``ref`` (``[registry/]repo[:tag][@digest]``) from a registry as ``name``."""
+        request = self._images.pull_request(
+            name, ref, username=username, password=password, token=token, start=start
+        )
+        return self._image_call(request, on_progress)
+
+    def delete_image(self, name: str) -> None:
+        """Delete an imported image (refused while a sandbox or snapshot uses it)."""
+        self.call(self._images.delete(name))
+
+    def _image_call(
+        self, request: httpx.Request, on_progress: ProgressCallback | None
+    ) -> ImageInfo:
+        with ResponseStream(self, request, ImageProgressDecoder()) as stream:
+            for item in stream:
+                if isinstance(item, ImageInfo):
+                    return item
+                if on_progress is not None:
+                    on_progress(item)
+        raise ProtocolError("the image import stream ended without its result")
 
 
 class ResponseStream(ClosesOnExit, Generic[T]):
