@@ -22,7 +22,10 @@ ALLOWED: dict[str, set[str]] = {
     # The contract of API v1 (limits, rule grammar, codes, views): pure, errors only.
     "contract": {"errors"},
     "drivers": CORE | DRIVERS,
-    "services": CORE | DRIVERS | {"services"},
+    # The machine of one sandbox (backend protocol, QEMU backend): a driver that never
+    # imports the services using it.
+    "runtime": CORE | DRIVERS | {"runtime"},
+    "services": CORE | DRIVERS | {"services", "runtime"},
     "api": CORE | {"services", "api"},
     # The SDK is a client only; `testing` is imported by the deprecated alias
     # hutch.sdk.testing alone.
@@ -36,7 +39,7 @@ ALLOWED: dict[str, set[str]] = {
     "mcp": CLIENT | {"sdk", "mcp", "integrations"},
     "integrations": CLIENT | {"sdk", "mcp", "integrations"},
     "__main__": {"cli"},
-    "daemon": CORE | {"api", "services", "store", "daemon", "net"},
+    "daemon": CORE | {"api", "services", "store", "daemon", "net", "runtime"},
 }
 #: Outside the standard library, the contract needs only the IDNA codec (host names).
 CONTRACT_THIRD_PARTY = {"idna"}

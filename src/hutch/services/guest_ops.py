@@ -12,7 +12,7 @@ from hutch.errors import StateError
 from hutch.guest.client import ExecStream
 from hutch.guest.results import FileEntry
 from hutch.models import SandboxRecord, SandboxState
-from hutch.services.backend import Runtime
+from hutch.runtime.backend import Runtime
 from hutch.services.image_defaults import merged
 from hutch.services.images import ImageDefaults
 from hutch.services.inflight import InFlight, Work

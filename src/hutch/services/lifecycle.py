@@ -34,7 +34,7 @@ from hutch.models import (
     new_snapshot_id,
     validate_name,
 )
-from hutch.services.backend import Runtime, VmBackend
+from hutch.runtime.backend import Runtime, VmBackend
 from hutch.services.inflight import InFlight
 from hutch.store import Store
 
@@ -141,7 +141,7 @@ class LifecycleMixin:
         )
         crash_point("pause.row")
         try:
-            resume_from = await self.backend.pause(runtime, mode)
+            resume_from = await runtime.pause(mode)
         except BaseException:
             self._attach(rec.id, runtime)
             self.store.update_sandbox(
@@ -307,7 +307,7 @@ class LifecycleMixin:
             resume_clone=True,
         )
         try:
-            await self.backend.freeze_for_fork(runtime, snapshot_dir)
+            await runtime.freeze(snapshot_dir)
         except BaseException:
             self._attach(parent.id, runtime)
             self._set_running_after_resume(parent.id)
@@ -354,7 +354,7 @@ class LifecycleMixin:
                 raise
             crash_point("snapshot.frozen")
             snap = replace(
-                snap, size_bytes=await asyncio.to_thread(self.backend.snapshot_size, snapshot_dir)
+                snap, size_bytes=await asyncio.to_thread(self.backend.snapshots.size, snapshot_dir)
             )
             self.store.finish_snapshot(snap_id, snap.size_bytes)
         return snap

@@ -46,7 +46,7 @@ from hutch.models import (
     new_sandbox_id,
 )
 from hutch.net.rules import parse_policy
-from hutch.services.backend import Runtime, VmBackend
+from hutch.runtime.backend import Runtime, VmBackend
 from hutch.services.guest_ops import GuestOpsMixin
 from hutch.services.image_defaults import run_start_command
 from hutch.services.images import ImageDefaults, ImageSource, ImageView, resolve
@@ -192,7 +192,7 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
     async def _reconcile_host(self) -> _ReconcilePlan:
         """The quick half, before the API serves: half-built templates and leftovers of
         sandboxes with no live row go; the rows to check are marked as being checked."""
-        self.backend.discard_unfinished_templates()
+        self.backend.templates.discard_unfinished()
         # Listed before the rows are read: a sandbox's row is written before its files.
         leftovers = self.backend.leftover_ids()
         live = self.store.list_sandboxes(states=LIVE_STATES)
@@ -220,8 +220,8 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
 
         await asyncio.gather(*(check(rec) for rec in plan.rows))
         for snap in plan.unfinished_snapshots:
-            if await asyncio.to_thread(self.backend.snapshot_complete, Path(snap.path)):
-                size = await asyncio.to_thread(self.backend.snapshot_size, Path(snap.path))
+            if await asyncio.to_thread(self.backend.snapshots.complete, Path(snap.path)):
+                size = await asyncio.to_thread(self.backend.snapshots.size, Path(snap.path))
                 self.store.finish_snapshot(snap.id, size)
                 log.info("snapshot %s (%s): finished the save cut short", snap.id, snap.name)
             else:
@@ -253,7 +253,9 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
         await self.backend.kill_vm(rec.id)
         if rec.state in (SandboxState.PAUSING, SandboxState.RESUMING) and (
             rec.resume_from is not None
-            and await self.backend.recover_snapshot(rec.id, rec.resume_from, clone=rec.resume_clone)
+            and await self.backend.snapshots.recover(
+                rec.id, rec.resume_from, clone=rec.resume_clone
+            )
         ):
             self.store.update_sandbox(rec.id, state=SandboxState.PAUSED)
             log.info("sandbox %s recovered as paused", rec.id)
@@ -358,7 +360,7 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
         async with self._lock(rec.id):
             try:
                 template = (
-                    self.backend.find_template(image, spec.shape)
+                    self.backend.templates.find(image, spec.shape)
                     if self.settings.templates
                     else None
                 )
@@ -367,7 +369,7 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
                     runtime = pooled[1]
                     if rec.name is not None:
                         # The pooled guest took its id as hostname; a name replaces it.
-                        await self.backend.retake_identity(runtime, rec)
+                        await runtime.retake_identity(rec)
                 elif source is not None:
                     # Checked and held with no await in between: a delete of the
                     # snapshot either came first (refused here) or keeps its files.
@@ -474,7 +476,7 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
         async def build() -> None:
             async with self._template_gate:
                 try:
-                    where = await self.backend.build_template(image, shape)
+                    where = await self.backend.templates.build(image, shape)
                     log.info("template ready for %s at %s: %s", image.name, shape, where)
                     self.pool.refill(image)
                 except Exception as exc:
@@ -499,7 +501,7 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
         keep = {snap.path for snap in self.store.list_snapshots(ready=None)}
         keep |= {rec.resume_from for rec in live if rec.resume_from is not None}
         keep |= set(self._snapshot_holds)
-        for name in self.backend.collect_snapshots({rec.id for rec in live}, keep):
+        for name in self.backend.snapshots.collect({rec.id for rec in live}, keep):
             log.info("removed snapshot %s: nothing is built on it any more", name)
 
     @contextlib.contextmanager
