@@ -1,7 +1,7 @@
 """Pause, resume, fork and named snapshots of sandboxes; mixed into
 :class:`hutch.services.sandboxes.SandboxService` (which owns the state used here).
 
-Pause, snapshot and fork first quiesce the sandbox (:mod:`hutch.services.inflight`):
+Pause, snapshot and fork first quiesce the sandbox (:mod:`hutch.services.activity`):
 new calls wait, and calls in flight are waited for up to ``Settings.lifecycle_wait_s``
 (then :class:`~hutch.errors.Busy`), so none is cut. Resume needs no quiescing (a paused
 sandbox has nothing in flight); delete cuts what runs, and the cut calls say so.
@@ -35,7 +35,7 @@ from hutch.models import (
     validate_name,
 )
 from hutch.runtime.backend import Runtime, VmBackend
-from hutch.services.inflight import InFlight
+from hutch.services.activity import Activity
 from hutch.services.state import SandboxStates, require
 from hutch.store import Store
 
@@ -55,7 +55,7 @@ class LifecycleMixin:
     store: Store
     states: SandboxStates
     backend: VmBackend
-    inflight: InFlight
+    activity: Activity
     net: NetworkManager | None
     clock: Callable[[], float]
     _runtimes: dict[str, Runtime]
@@ -89,7 +89,7 @@ class LifecycleMixin:
         self, sandbox_id: str, action: str, wait_s: float | None = None
     ) -> contextlib.AbstractAsyncContextManager[None]:
         wait = self.settings.lifecycle_wait_s if wait_s is None else wait_s
-        return self.inflight.quiesce(sandbox_id, action, wait)
+        return self.activity.inflight.quiesce(sandbox_id, action, wait)
 
     async def pause(
         self,

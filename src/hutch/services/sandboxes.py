@@ -38,10 +38,10 @@ from hutch.models import (
 )
 from hutch.net.rules import parse_policy
 from hutch.runtime.backend import Runtime, VmBackend
+from hutch.services.activity import Activity
 from hutch.services.guest_ops import GuestOpsMixin
 from hutch.services.image_defaults import run_start_command
 from hutch.services.images import ImageDefaults, ImageSource, ImageView, resolve
-from hutch.services.inflight import InFlight
 from hutch.services.lifecycle import LifecycleMixin
 from hutch.services.networking import NetPlan, NetworkingMixin
 from hutch.services.policies import PoliciesMixin
@@ -73,8 +73,12 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
         """``net`` None (tests without root): every sandbox gets network "none"."""
         self.settings = settings
         self.net = net
+        # Idle tracking for auto_pause_s and the calls in flight that pause, snapshot and
+        # fork wait for. ``clock``: the wall clock of activity, pauses and the reaper.
+        self.clock: Callable[[], float] = time.time
+        self.activity = Activity(clock=lambda: self.clock())
         if net is not None:
-            net.forwarder.activity = self.activity  # an open inbound connection is use
+            net.forwarder.activity = self.activity.in_use  # an open inbound connection is use
         self.store = store
         self.states = SandboxStates(store)
         self.backend = backend
@@ -98,13 +102,6 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
         self.reconciled = False
         # Snapshot directories an operation is about to clone (kept from collection).
         self._snapshot_holds: Counter[str] = Counter()
-        # Idle tracking for auto_pause_s: in memory, since after a restart every sandbox
-        # counts as freshly active (never paused early).
-        self.clock: Callable[[], float] = time.time
-        self._last_active: dict[str, float] = {}
-        self._busy: dict[str, int] = {}
-        # Calls in flight per sandbox, which pause, snapshot and fork wait for.
-        self.inflight = InFlight()
 
     # -- daemon lifecycle --------------------------------------------------------------
 
@@ -508,7 +505,7 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
     def _finish(self, sandbox_id: str, state: SandboxState, error: str | None = None) -> None:
         self.states.ended(sandbox_id, state, error)
         self._locks.pop(sandbox_id, None)
-        self.inflight.forget(sandbox_id)
+        self.activity.forget(sandbox_id)
 
     def _finish_create(
         self, sandbox_id: str, state: SandboxState, error: str | None = None
