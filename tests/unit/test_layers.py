@@ -38,6 +38,11 @@ ALLOWED: dict[str, set[str]] = {
     "__main__": {"cli"},
     "daemon": CORE | {"api", "services", "store", "daemon", "net"},
 }
+#: Edges forbidden inside a layer: a driver package that must not import another one.
+#: ``net`` holds drivers only (taps, nft, the data path and its servers): it takes plain
+#: values (the QEMU uid, the store's rows read by hutch.services.network), so it imports
+#: neither the store nor the VM driver.
+FORBIDDEN: dict[str, set[str]] = {"net": {"store", "vm"}}
 #: Outside the standard library, the contract needs only the IDNA codec (host names).
 CONTRACT_THIRD_PARTY = {"idna"}
 
@@ -96,6 +101,8 @@ def test_module_respects_layers(path: Path) -> None:
     assert allowed is not None, f"{rel}: unknown layer {top!r}; add it to this test"
     bad = {m for m in hutch_imports(path) if m not in allowed and m != top}
     assert not bad, f"{rel} ({layer}) imports {sorted(bad)}; allowed: {sorted(allowed)}"
+    barred = hutch_imports(path) & FORBIDDEN.get(top, set())
+    assert not barred, f"{rel} imports {sorted(barred)}; {top}/ may not import {FORBIDDEN[top]}"
 
 
 @pytest.mark.parametrize(
@@ -119,5 +126,7 @@ def test_a_forbidden_import_is_caught(tmp_path: Path) -> None:
     module = tmp_path / "bad.py"
     module.write_text("from hutch.services.sandboxes import SandboxService\n")
     assert hutch_imports(module) - ALLOWED["sdk"] == {"services"}
+    module.write_text("from hutch.store.db import Store\nfrom hutch.vm import runas\n")
+    assert hutch_imports(module) & FORBIDDEN["net"] == {"store", "vm"}
     module.write_text("import pydantic\nimport json\nfrom hutch.errors import HutchError\n")
     assert third_party_imports(module) == {"pydantic"}
