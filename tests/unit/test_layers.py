@@ -121,6 +121,15 @@ def test_the_client_packages_never_reach_into_the_daemon() -> None:
     assert ALLOWED["contract"] == {"errors"}
 
 
+def test_the_network_drivers_never_reach_into_the_store_or_the_vm_driver() -> None:
+    """net/ is drivers only (issue 9): the use case that reads rows and the QEMU uid is
+    hutch.services.network, which hands them down as plain values."""
+    assert FORBIDDEN["net"] == {"store", "vm"}
+    for path in sorted((SRC / "net").rglob("*.py")):
+        barred = hutch_imports(path) & FORBIDDEN["net"]
+        assert not barred, f"{path.relative_to(SRC)} imports {sorted(barred)}"
+
+
 def test_a_forbidden_import_is_caught(tmp_path: Path) -> None:
     """The check can fail: an SDK module importing the service layer is reported."""
     module = tmp_path / "bad.py"
