@@ -9,6 +9,8 @@
 - ``vm_paths``: a short run dir (unix socket paths are limited to 107 bytes) plus a
   state dir; ``make_vm_config`` turns them into a ``VmConfig``.
 - When a test fails, the console and QEMU logs of every VM config it made are printed.
+- ``qemu_census`` (session, autouse): the QEMU boots and restores of the run, per module,
+  in the terminal summary (see ``tests/vm/qemu_census.py``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import pytest
 from hutch.vm.accel import detect_accel, host_tsc_khz
 from hutch.vm.argv import VmConfig
 from tests.conftest import ensure_image
+from tests.vm.qemu_census import Census
 
 REPO = Path(__file__).resolve().parents[2]
 READY_MARKER = "HUTCH-FIXTURE-READY"
@@ -198,12 +201,12 @@ _CONFIGS_KEY = pytest.StashKey[list[VmConfig]]()
 
 @pytest.fixture
 def make_vm_config(request: pytest.FixtureRequest, vm_paths: VmPaths) -> Callable[..., VmConfig]:
-    """``make_vm_config(guest, disk, name="t0", vcpus=1, memory_mib=256)``."""
+    """``make_vm_config(files, disk, name="t0", vcpus=1, memory_mib=256)``."""
     made = request.node.stash.setdefault(_CONFIGS_KEY, [])
     accel = detect_accel(os.environ.get("HUTCH_ACCEL", "auto"))
 
     def make(
-        guest: GuestFiles, disk: Path, name: str = "t0", vcpus: int = 1, memory_mib: int = 256
+        files: GuestFiles, disk: Path, name: str = "t0", vcpus: int = 1, memory_mib: int = 256
     ) -> VmConfig:
         sock_dir = vm_paths.run_dir / name
         sock_dir.mkdir(exist_ok=True)
@@ -213,9 +216,9 @@ def make_vm_config(request: pytest.FixtureRequest, vm_paths: VmPaths) -> Callabl
             name=name,
             vcpus=vcpus,
             memory_mib=memory_mib,
-            kernel=guest.kernel,
-            initrd=guest.initrd,
-            cmdline=guest.cmdline,
+            kernel=files.kernel,
+            initrd=files.initrd,
+            cmdline=files.cmdline,
             disk=disk,
             accel=accel,
             qmp_socket=sock_dir / "qmp.sock",
@@ -245,3 +248,20 @@ def pytest_runtest_makereport(
                     continue
                 report.sections.append((f"VM {cfg.name} {label} log ({path})", text))
     return report
+
+
+_CENSUS = Census()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def qemu_census() -> Iterator[Census]:
+    _CENSUS.start()
+    yield _CENSUS
+    _CENSUS.stop()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _CENSUS.boots or _CENSUS.restores:
+        terminalreporter.section("QEMU launches (tests/vm/qemu_census.py)")
+        for line in _CENSUS.report():
+            terminalreporter.line(line)
