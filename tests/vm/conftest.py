@@ -9,6 +9,10 @@
 - ``vm_paths``: a short run dir (unix socket paths are limited to 107 bytes) plus a
   state dir; ``make_vm_config`` turns them into a ``VmConfig``.
 - When a test fails, the console and QEMU logs of every VM config it made are printed.
+- The VM ladder (``tests/vm/ladder.py``): ``ladder``, ``sandbox_booted``,
+  ``sandbox_paused``, ``sandbox_restored``, ``sandbox_forked`` and ``guest`` (each of
+  booted, restored, forked); its tests run rung by rung, and a failing one gets every
+  ladder sandbox's console and QEMU log.
 - ``qemu_census`` (session, autouse): the QEMU boots and restores of the run, per module,
   in the terminal summary (see ``tests/vm/qemu_census.py``).
 """
@@ -31,6 +35,15 @@ import pytest
 from hutch.vm.accel import detect_accel, host_tsc_khz
 from hutch.vm.argv import VmConfig
 from tests.conftest import ensure_image
+from tests.vm import ladder as _ladder
+from tests.vm.ladder import (  # noqa: F401 (fixtures)
+    guest,
+    ladder,
+    sandbox_booted,
+    sandbox_forked,
+    sandbox_paused,
+    sandbox_restored,
+)
 from tests.vm.qemu_census import Census
 
 REPO = Path(__file__).resolve().parents[2]
@@ -239,6 +252,8 @@ def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
+    if report.failed and (ladder_ := _ladder.ladder_of(item)) is not None:
+        report.sections.extend(ladder_.diagnostics())
     if report.failed:
         for cfg in item.stash.get(_CONFIGS_KEY, []):
             for label, path in (("console", cfg.console_log), ("qemu", cfg.qemu_log)):
@@ -265,3 +280,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.section("QEMU launches (tests/vm/qemu_census.py)")
         for line in _CENSUS.report():
             terminalreporter.line(line)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    _ladder.order_items(items)
