@@ -1,12 +1,13 @@
 """Count the QEMU processes a test run starts: cold boots and restores, per test module.
 
 Every boot must earn its place in the VM tier (2 cores, one CI budget), so the tier
-reports what it launched. A thread polls ``/proc`` every 50 ms for new
+reports what it launched. A thread polls ``/proc`` every 10 ms for new
 ``qemu-system-*`` processes, wherever they come from (this process, a ``hutchd``
 subprocess, a template build), and files each under the test pytest says is running
 (``PYTEST_CURRENT_TEST``). A launch with ``-incoming`` is a restore (resume, fork,
-template clone); any other is a boot. A QEMU that lives less than the poll interval
-(a launch refused at once) may be missed; those boot nothing.
+template clone); any other is a boot (a cold launch: some tests kill it before the
+guest is up). A QEMU that lives less than the poll interval (a launch refused at
+once) may be missed; those boot nothing.
 
 Only QEMU processes that started after the census did are counted, so run it under the
 heavy lock (as every VM run is): another run's VMs would be counted too.
@@ -20,8 +21,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-POLL_S = 0.05
-RECHECKS = 4
+# A scan costs ~80 us (about 1% of a core at this rate); QEMUs a test launches only to
+# kill at once live some 50 ms.
+POLL_S = 0.01
+RECHECKS = 20
 
 
 @dataclass
