@@ -24,6 +24,9 @@ ALLOWED: dict[str, set[str]] = {
     "drivers": CORE | DRIVERS,
     "services": CORE | DRIVERS | {"services"},
     "api": CORE | {"services", "api"},
+    # The E2B-compatible face: an interface like the REST API, on the same services (it
+    # reuses the REST layer's key check and streamed answers).
+    "e2b": CORE | {"services", "api", "e2b"},
     # The SDK is a client only; `testing` is imported by the deprecated alias
     # hutch.sdk.testing alone.
     "sdk": CLIENT | {"sdk", "testing"},
@@ -36,7 +39,7 @@ ALLOWED: dict[str, set[str]] = {
     "mcp": CLIENT | {"sdk", "mcp", "integrations"},
     "integrations": CLIENT | {"sdk", "mcp", "integrations"},
     "__main__": {"cli"},
-    "daemon": CORE | {"api", "services", "store", "daemon", "net"},
+    "daemon": CORE | {"api", "e2b", "services", "store", "daemon", "net"},
 }
 #: Outside the standard library, the contract needs only the IDNA codec (host names).
 CONTRACT_THIRD_PARTY = {"idna"}
