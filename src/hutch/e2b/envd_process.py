@@ -395,6 +395,8 @@ class ProcessRpc:
             )
         procs = self.hutch.processes
         try:
+            if (await procs.get(call.sandbox_id, pid)).state == "exited":
+                raise ConnectError("not_found", f"process {pid} has already exited")
             if signum == SIGKILL:
                 await procs.kill(call.sandbox_id, pid)
             else:
