@@ -15,6 +15,7 @@ import importlib.util
 import io
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,6 +28,7 @@ from e2b import (
     FileNotFoundException,
     FilesystemEventType,
     PtySize,
+    RateLimitException,
     Sandbox,
     SandboxException,
     SandboxNotFoundException,
@@ -398,3 +400,26 @@ async def test_unsupported_calls_answer_e2b_errors_naming_hutchs_way(face: Face)
     with pytest.raises(SandboxException, match="serves these templates") as unknown:
         await AsyncSandbox.create("no-such-template", **face.opts)
     assert unknown.value.status_code == 404
+
+
+async def test_the_hosts_sandbox_quota_holds_through_the_face(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """HUTCH_MAX_SANDBOXES is the service's check, so the face cannot go around it: the
+    SDK gets E2B's 429 (RateLimitException) naming the limit, and a slot freed by a kill
+    is usable again."""
+    one = replace(settings, limits=replace(settings.limits, max_sandboxes=1))
+    backend = FakeBackend(tmp_path / "run")
+    svc = SandboxService(one, Store(one.db_path), backend, E2bImages(tmp_path))
+    await svc.start()
+    try:
+        async with serve_face(svc, API_KEY) as f:
+            first = await AsyncSandbox.create(**f.opts)
+            with pytest.raises(RateLimitException, match="HUTCH_MAX_SANDBOXES"):
+                await AsyncSandbox.create(**f.opts)
+            await first.kill()
+            second = await AsyncSandbox.create(**f.opts)
+            await second.kill()
+    finally:
+        await svc.close()
+    assert backend.leftover_ids() == set()
