@@ -58,22 +58,34 @@ def fakenet() -> Iterator[FakeInternet]:
         yield net
 
 
+class E2bDaemon(Daemon):
+    """A hutchd with its E2B face on a port of its own, an address pool of its own and
+    the fake internet as its DNS upstream."""
+
+    def __init__(self, state_dir: Path, fakenet: FakeInternet) -> None:
+        super().__init__(state_dir)
+        self.e2b_port = free_port()
+        self.daemon_env.update(
+            {
+                "HUTCH_E2B_LISTEN": f"127.0.0.1:{self.e2b_port}",
+                "HUTCH_NET_POOL": free_net_pool(),
+                **fakenet.env(),
+            }
+        )
+        self.settings = load_settings(self.daemon_env)
+
+    @property
+    def e2b_url(self) -> str:
+        return f"http://127.0.0.1:{self.e2b_port}"
+
+
 @pytest.fixture(scope="module")
-def e2bd(fakenet: FakeInternet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+def e2bd(fakenet: FakeInternet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2bDaemon]:
     from tests.conftest import ensure_image
 
     ensure_image("base")
     ensure_image("devbox")
-    d = Daemon(tmp_path_factory.mktemp("hutchd-e2b") / "state")
-    d.e2b_port = free_port()  # type: ignore[attr-defined]
-    d.daemon_env.update(
-        {
-            "HUTCH_E2B_LISTEN": f"127.0.0.1:{d.e2b_port}",  # type: ignore[attr-defined]
-            "HUTCH_NET_POOL": free_net_pool(),
-            **fakenet.env(),
-        }
-    )
-    d.settings = load_settings(d.daemon_env)
+    d = E2bDaemon(tmp_path_factory.mktemp("hutchd-e2b") / "state", fakenet)
     _LIVE.append(d)
     d.start()
     yield d
@@ -82,9 +94,9 @@ def e2bd(fakenet: FakeInternet, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 
 @pytest.fixture(scope="module")
-def e2b_env(e2bd: Daemon) -> Iterator[dict[str, str]]:
+def e2b_env(e2bd: E2bDaemon) -> Iterator[dict[str, str]]:
     """The three variables, as a user sets them; the SDKs get nothing else."""
-    url = f"http://127.0.0.1:{e2bd.e2b_port}"  # type: ignore[attr-defined]
+    url = e2bd.e2b_url
     key = (e2bd.state_dir / "e2b-api-key").read_text().strip()
     assert key.startswith("e2b_") and (e2bd.state_dir / "e2b-api-key").stat().st_mode & 0o077 == 0
     env = {"E2B_API_URL": url, "E2B_SANDBOX_URL": url, "E2B_API_KEY": key}
@@ -130,7 +142,7 @@ def until(check: Any, timeout_s: float = 30.0, what: str = "condition") -> Any:
 # -- lifecycle -------------------------------------------------------------------------
 
 
-def test_e2b_lifecycle_list_pages_timeout_and_kill(sb: Sandbox, e2bd: Daemon) -> None:
+def test_e2b_lifecycle_list_pages_timeout_and_kill(sb: Sandbox, e2bd: E2bDaemon) -> None:
     info = sb.get_info()
     assert (info.state.value, info.template_id, info.metadata) == (
         "running",
@@ -368,7 +380,7 @@ def test_e2b_code_interpreter_state_png_and_async(e2b_env: dict[str, str]) -> No
 # -- hutch's guarantees through this face ------------------------------------------------
 
 
-def test_e2b_egress_rules_hold_and_change_live(e2b_env: dict[str, str], e2bd: Daemon) -> None:
+def test_e2b_egress_rules_hold_and_change_live(e2b_env: dict[str, str], e2bd: E2bDaemon) -> None:
     fenced = Sandbox.create(
         timeout=600, network={"deny_out": ["0.0.0.0/0"], "allow_out": ["good.test"]}
     )
