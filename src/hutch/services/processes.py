@@ -177,9 +177,12 @@ class ProcessService:
         env: dict[str, str] | None = None,
         cwd: str | None = None,
         user: str | None = None,
+        busy: bool = True,
     ) -> AttachedPty:
         """A new terminal running ``cmd`` (default: a login shell), attached: the
-        sandbox is busy (not idle for auto_pause_s) until it is detached."""
+        sandbox is busy (not idle for auto_pause_s) until it is detached. ``busy``
+        False: a face that keeps one attached stream for several clients (E2B) marks
+        the sandbox busy per client itself (:meth:`attached`)."""
         env, cwd, user = self._defaults(sandbox_id, env, cwd, user)
         ptys = await self._ptys(sandbox_id)
         argv = cmd if isinstance(cmd, builtins.list) else None
@@ -187,11 +190,21 @@ class ProcessService:
         session = await ptys.open(
             argv, shell=shell, rows=rows, cols=cols, term=term, env=env, cwd=cwd, user=user
         )
-        return AttachedPty(session, self.sandboxes.activity.busy(sandbox_id))
+        return AttachedPty(session, self._attach_lease(sandbox_id, busy))
 
-    async def attach_pty(self, sandbox_id: str, pty_id: str) -> AttachedPty:
+    async def attach_pty(self, sandbox_id: str, pty_id: str, *, busy: bool = True) -> AttachedPty:
         session = await (await self._ptys(sandbox_id)).attach(pty_id)
-        return AttachedPty(session, self.sandboxes.activity.busy(sandbox_id))
+        return AttachedPty(session, self._attach_lease(sandbox_id, busy))
+
+    def _attach_lease(self, sandbox_id: str, busy: bool) -> Lease:
+        if busy:
+            return self.sandboxes.activity.busy(sandbox_id)
+        return Lease(self.sandboxes.activity, sandbox_id, None, counts_activity=False)
+
+    def attached(self, sandbox_id: str) -> Lease:
+        """The sandbox is busy while one client of a shared terminal stream (see
+        ``busy`` of :meth:`open_pty`) watches it: a lease, released on leaving ``with``."""
+        return self.sandboxes.activity.busy(sandbox_id)
 
     async def resize_pty(self, sandbox_id: str, pty_id: str, rows: int, cols: int) -> None:
         await (await self._ptys(sandbox_id)).resize(pty_id, rows, cols)
