@@ -1,0 +1,231 @@
+"""What every sandbox use case shares: the store and its state machine, the backend,
+the network, activity, and the books of the sandboxes this daemon has live (their
+runtimes, watchers, per-sandbox locks and teardown).
+
+One :class:`SandboxRegistry` is built per daemon (:func:`hutch.daemon.build_services`)
+and handed to each service's constructor; the services hold no sandbox books of their
+own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+
+from hutch.config import Settings
+from hutch.errors import Capacity, HutchError, StateError
+from hutch.models import SandboxRecord, SandboxState
+from hutch.runtime.backend import Runtime, VmBackend
+from hutch.services.activity import Activity
+from hutch.services.image_defaults import run_start_command
+from hutch.services.images import ImageDefaults, ImageSource
+from hutch.services.network import NetworkService
+from hutch.services.state import SandboxStates
+from hutch.store import Store
+from hutch.store.db import LIVE_STATES
+
+__all__ = ["SandboxRegistry"]
+
+log = logging.getLogger("hutch.services.sandboxes")
+
+
+class SandboxRegistry:
+    """The shared core of the sandbox services (see the module docstring)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        backend: VmBackend,
+        images: ImageSource,
+        net: NetworkService | None = None,
+    ) -> None:
+        """``net`` None (tests without root): every sandbox gets network "none"."""
+        self.settings = settings
+        self.store = store
+        self.states = SandboxStates(store)
+        self.backend = backend
+        self.image_source = images
+        self.net = net
+        # ``clock``: the wall clock of activity, pauses and the reaper (tests move it).
+        self.clock: Callable[[], float] = time.time
+        # Idle tracking for auto_pause_s and the calls in flight that pause, snapshot and
+        # fork wait for.
+        self.activity = Activity(clock=lambda: self.clock())
+        if net is not None:
+            net.forwarder.activity = self.activity.in_use  # an open inbound connection is use
+        self.runtimes: dict[str, Runtime] = {}
+        self._monitors: dict[str, asyncio.Task[None]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        #: Capacity checks and the rows they admit, as one step (creates, forks, resumes,
+        #: image removal).
+        self.create_gate = asyncio.Lock()
+        # Snapshot directories an operation is about to clone (kept from collection).
+        self._snapshot_holds: Counter[str] = Counter()
+
+    # -- reads -------------------------------------------------------------------------
+
+    def get(self, sandbox_id: str) -> SandboxRecord:
+        return self.states.get(sandbox_id)
+
+    def guest_defaults(self, rec: SandboxRecord) -> ImageDefaults:
+        """What ``rec`` takes from its image config (env, cwd, user, start command)."""
+        return self.image_source.defaults(rec.image)
+
+    def running(self, sandbox_id: str) -> Runtime:
+        """The runtime of a running sandbox; StateError (with a hint) otherwise."""
+        rec = self.get(sandbox_id)
+        runtime = self.runtimes.get(sandbox_id)
+        if rec.state is not SandboxState.RUNNING or runtime is None:
+            hint = ""
+            if rec.state is SandboxState.PAUSED:
+                hint = "resume it, or create sandboxes with auto_resume=true"
+            raise StateError(f"sandbox {sandbox_id}", str(rec.state), ["running"], hint)
+        return runtime
+
+    async def run_image_start(self, rec: SandboxRecord, runtime: Runtime) -> None:
+        """The image's start command, in a sandbox that just booted (or came from a
+        template, which never runs it); fork children and snapshot clones carry theirs
+        over in memory."""
+        await run_start_command(runtime.agent, rec, self.guest_defaults(rec))
+
+    # -- admission ---------------------------------------------------------------------
+
+    def check_capacity(self, memory_mib: int, extra_sandboxes: int) -> None:
+        count, memory = self.store.live_usage()
+        limits = self.settings.limits
+        if count + extra_sandboxes > limits.max_sandboxes:
+            raise Capacity(
+                f"this host has {count} sandboxes and the limit is {limits.max_sandboxes} "
+                "(HUTCH_MAX_SANDBOXES); delete some or raise the limit"
+            )
+        if memory + memory_mib > limits.memory_budget_mib:
+            raise Capacity(
+                f"not enough memory: {memory} MiB reserved + {memory_mib} MiB asked > "
+                f"{limits.memory_budget_mib} MiB (HUTCH_MAX_MEMORY_MIB)"
+            )
+
+    def lock(self, sandbox_id: str) -> asyncio.Lock:
+        """The sandbox's lock: one lifecycle change (create, delete, pause, resume, fork,
+        snapshot, a watcher's cleanup) at a time."""
+        return self._locks.setdefault(sandbox_id, asyncio.Lock())
+
+    # -- live runtimes -----------------------------------------------------------------
+
+    def attach(self, sandbox_id: str, runtime: Runtime) -> None:
+        """``runtime`` is the sandbox's now, watched for a VM that stops on its own."""
+        self.runtimes[sandbox_id] = runtime
+        self._monitors[sandbox_id] = asyncio.create_task(
+            self._watch(sandbox_id, runtime), name=f"hutch-watch-{sandbox_id}"
+        )
+
+    def detach(self, sandbox_id: str) -> Runtime | None:
+        """Stop watching the sandbox's runtime and drop it from the books (its VM is
+        being paused, frozen or destroyed by the caller); the runtime, or None."""
+        self.stop_watching(sandbox_id)
+        return self.runtimes.pop(sandbox_id, None)
+
+    def stop_watching(self, sandbox_id: str) -> None:
+        monitor = self._monitors.pop(sandbox_id, None)
+        if monitor is not None and monitor is not asyncio.current_task():
+            monitor.cancel()
+
+    async def _watch(self, sandbox_id: str, runtime: Runtime) -> None:
+        """Notice a VM that stops on its own, record why, and clean up after it."""
+        await runtime.wait_exited()
+        rec = self.store.get_sandbox(sandbox_id)
+        if rec is None or rec.state is not SandboxState.RUNNING:
+            return
+        tail = runtime.console_tail(2000)
+        log.warning("sandbox %s stopped on its own; console tail:\n%s", sandbox_id, tail)
+        async with self.lock(sandbox_id):
+            current = self.states.current(sandbox_id)
+            if current is None or current.state is not SandboxState.RUNNING:
+                return  # paused, deleted or failed meanwhile: that call cleaned up
+            # A failed sandbox is never deleted again: everything of it goes now.
+            await self.teardown(sandbox_id, deleted=False)
+            self.finish(sandbox_id, SandboxState.FAILED, "the VM stopped unexpectedly")
+
+    # -- the end of a sandbox ----------------------------------------------------------
+
+    async def teardown(
+        self, sandbox_id: str, runtime: Runtime | None = None, *, deleted: bool = True
+    ) -> None:
+        """Everything of the sandbox on this host goes: its VM, its network, its files.
+
+        ``runtime``: one the caller holds that is not in the books yet (a create that
+        booted it). ``deleted``: streams still open end saying the sandbox was deleted
+        (not for a VM that stopped on its own: they say that).
+        """
+        self.stop_watching(sandbox_id)
+        held = self.runtimes.pop(sandbox_id, None)
+        for rt in {id(r): r for r in (held, runtime) if r is not None}.values():
+            if deleted:
+                rt.agent.close_reason = f"sandbox {sandbox_id} was deleted while this call ran"
+            await rt.destroy()
+        await self.backend.cleanup(sandbox_id)
+        await self.release_network(sandbox_id)
+
+    async def release_network(self, sandbox_id: str) -> None:
+        if self.net is not None:
+            try:
+                await self.net.detach(sandbox_id)
+            except HutchError as exc:
+                log.warning("could not release the network of %s: %s", sandbox_id, exc)
+
+    def finish(self, sandbox_id: str, state: SandboxState, error: str | None = None) -> None:
+        """The sandbox ended ``state`` (destroyed or failed): its books go."""
+        self.states.ended(sandbox_id, state, error)
+        self._locks.pop(sandbox_id, None)
+        self.activity.forget(sandbox_id)
+
+    def finish_create(self, sandbox_id: str, state: SandboxState, error: str | None = None) -> None:
+        """A create that did not get its sandbox running ends it ``state``, or destroyed
+        if a delete asked for that meanwhile (the delete, waiting for the lock, then
+        finds nothing left to do)."""
+        current = self.states.current(sandbox_id)
+        if current is not None and current.state is SandboxState.STOPPING:
+            state, error = SandboxState.DESTROYED, None
+        self.finish(sandbox_id, state, error)
+
+    async def close(self) -> None:
+        """Stop watching and drop every agent connection. The VMs keep running."""
+        monitors = list(self._monitors.values())
+        for task in monitors:
+            task.cancel()
+        await asyncio.gather(*monitors, return_exceptions=True)
+        for runtime in list(self.runtimes.values()):
+            with contextlib.suppress(Exception):
+                await runtime.agent.close()
+        self.runtimes.clear()
+        self._monitors.clear()
+
+    # -- snapshot files ----------------------------------------------------------------
+
+    def collect_snapshots(self) -> None:
+        """Remove the snapshot directories nothing reaches any more. Synchronous on
+        purpose: no step of another operation runs between reading the references and
+        removing, and each operation writes its reference (a snapshot row, ``resume_from``,
+        a hold) before it creates the directory."""
+        live = self.store.list_sandboxes(states=LIVE_STATES)
+        keep = {snap.path for snap in self.store.list_snapshots(ready=None)}
+        keep |= {rec.resume_from for rec in live if rec.resume_from is not None}
+        keep |= set(self._snapshot_holds)
+        for name in self.backend.snapshots.collect({rec.id for rec in live}, keep):
+            log.info("removed snapshot %s: nothing is built on it any more", name)
+
+    @contextlib.contextmanager
+    def holding(self, snapshot_path: str) -> Iterator[None]:
+        """Keep ``snapshot_path`` from collection while a clone of it is being made (its
+        overlay, which then keeps it, does not exist yet)."""
+        self._snapshot_holds[snapshot_path] += 1
+        try:
+            yield
+        finally:
+            self._snapshot_holds[snapshot_path] -= 1
+            if self._snapshot_holds[snapshot_path] <= 0:
+                del self._snapshot_holds[snapshot_path]
