@@ -91,10 +91,9 @@ def build_services(
     guest = GuestOps(core, lifecycle)
     networking = NetworkingService(core)
     pool = WarmPool(
-        backend,
+        core,
         settings.pool_size if settings.templates else 0,
         prepare=networking.prepare_pooled,
-        release=core.release_network,
         network=NetworkMode.DEFAULT if net is not None else NetworkMode.NONE,
     )
     sandboxes = SandboxService(core, networking, snapshots, pool)

@@ -8,7 +8,7 @@ Each service takes what it needs in its constructor::
     SnapshotService(core, lifecycle)                            fork, snapshots
     GuestOps(core, lifecycle)                                   exec, files
     NetworkingService(core)                                     egress, ports, networks
-    WarmPool(backend, size, networking.prepare_pooled, core.release_network, mode)
+    WarmPool(core, size, networking.prepare_pooled, mode)
     SandboxService(core, networking, snapshots, pool)           create, get, list, delete
     Reaper(core, sandboxes, lifecycle)                          timeout/auto-pause/delete
     Reconciler(core)                                            start-up reconcile

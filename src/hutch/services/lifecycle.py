@@ -111,6 +111,7 @@ class LifecycleService:
             self.core.states.move(rec.id, SandboxState.RESUMING)
         crash_point("resume.row")
         try:
+            self.core.own_vm(rec.id)
             runtime = await self.core.backend.resume(rec, rec.resume_from, clone=rec.resume_clone)
         except BaseException:
             self.core.states.move(rec.id, SandboxState.PAUSED)

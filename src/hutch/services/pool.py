@@ -16,7 +16,8 @@ from collections.abc import Awaitable, Callable
 
 from hutch.images.build import ImageArtifacts
 from hutch.models import NetworkMode, SandboxRecord, SandboxState, Shape, new_sandbox_id
-from hutch.runtime.backend import Runtime, VmBackend
+from hutch.runtime.backend import Runtime
+from hutch.services.registry import SandboxRegistry
 
 log = logging.getLogger(__name__)
 
@@ -29,19 +30,20 @@ class WarmPool:
 
     def __init__(
         self,
-        backend: VmBackend,
+        core: SandboxRegistry,
         size: int,
         prepare: Callable[[SandboxRecord], Awaitable[None]] | None = None,
-        release: Callable[[str], Awaitable[None]] | None = None,
         network: NetworkMode = NetworkMode.DEFAULT,
     ) -> None:
-        """``prepare`` runs before a pooled VM starts (its network), ``release`` after
-        one is discarded; pooled VMs have ``network`` (only creates asking for it get one)."""
-        self.backend = backend
+        """``prepare`` runs before a pooled VM starts (its network); pooled VMs have
+        ``network`` (only creates asking for it get one). A pooled VM's resources are
+        registered on its teardown stack in ``core`` as they are made, so a create
+        that takes it goes on with that stack, and one discarded closes it."""
+        self.core = core
+        self.backend = core.backend
         self.network = network
         self.size = size
         self._prepare = prepare
-        self._release = release
         self._ready: dict[PoolKey, list[tuple[str, Runtime]]] = {}
         self._refills: dict[PoolKey, asyncio.Task[None]] = {}
 
@@ -78,10 +80,14 @@ class WarmPool:
                 shape=self.SHAPE, created_at=time.time(), image_digest=image.digest,
                 network=self.network,
             )  # fmt: skip
+            self.core.own_files(stub.id)
             try:
                 if self._prepare is not None:
+                    self.core.own_network(stub.id)
                     await self._prepare(stub)
+                self.core.own_vm(stub.id)
                 runtime = await self.backend.start_clone(stub, template)
+                self.core.booted(stub.id, runtime)
             except Exception as exc:
                 log.warning("warm pool for %s: %s", image.name, exc)
                 await self._discard(stub.id)
@@ -95,13 +101,10 @@ class WarmPool:
             task.cancel()
         await asyncio.gather(*self._refills.values(), return_exceptions=True)
         for ready in self._ready.values():
-            for sandbox_id, runtime in ready:
-                with contextlib.suppress(Exception):
-                    await runtime.destroy()
+            for sandbox_id, _ in ready:
                 await self._discard(sandbox_id)
         self._ready.clear()
 
     async def _discard(self, sandbox_id: str) -> None:
-        await self.backend.cleanup(sandbox_id)
-        if self._release is not None:
-            await self._release(sandbox_id)
+        with contextlib.suppress(Exception):
+            await self.core.teardown(sandbox_id, deleted=False)

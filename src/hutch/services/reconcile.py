@@ -64,6 +64,8 @@ class Reconciler:
         # Listed before the rows are read: a sandbox's row is written before its files.
         leftovers = self.core.backend.leftover_ids()
         live = self.core.store.list_sandboxes(states=LIVE_STATES)
+        for rec in live:
+            self.core.own_all(rec.id)  # whatever of it is on the host, its teardown ends
         for orphan in sorted(leftovers - {rec.id for rec in live}):
             log.info("removing leftovers of sandbox %s", orphan)
             await self.core.backend.cleanup(orphan)

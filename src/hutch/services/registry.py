@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 from hutch.config import Settings
 from hutch.errors import Capacity, HutchError, StateError
@@ -27,6 +27,7 @@ from hutch.services.network import NetworkService
 from hutch.services.state import SandboxStates
 from hutch.store import Store
 from hutch.store.db import LIVE_STATES
+from hutch.teardown import TeardownStack
 
 __all__ = ["SandboxRegistry"]
 
@@ -59,6 +60,9 @@ class SandboxRegistry:
         if net is not None:
             net.forwarder.activity = self.activity.in_use  # an open inbound connection is use
         self.runtimes: dict[str, Runtime] = {}
+        self._booting: dict[str, Runtime] = {}
+        self._teardowns: dict[str, TeardownStack] = {}
+        self._owned: dict[str, set[str]] = {}
         self._monitors: dict[str, asyncio.Task[None]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         #: Capacity checks and the rows they admit, as one step (creates, forks, resumes,
@@ -119,6 +123,7 @@ class SandboxRegistry:
     def attach(self, sandbox_id: str, runtime: Runtime) -> None:
         """``runtime`` is the sandbox's now, watched for a VM that stops on its own."""
         self.runtimes[sandbox_id] = runtime
+        self._booting.pop(sandbox_id, None)
         self._monitors[sandbox_id] = asyncio.create_task(
             self._watch(sandbox_id, runtime), name=f"hutch-watch-{sandbox_id}"
         )
@@ -152,23 +157,93 @@ class SandboxRegistry:
 
     # -- the end of a sandbox ----------------------------------------------------------
 
-    async def teardown(
-        self, sandbox_id: str, runtime: Runtime | None = None, *, deleted: bool = True
-    ) -> None:
-        """Everything of the sandbox on this host goes: its VM, its network, its files.
+    # Every resource of a sandbox is registered on its TeardownStack the moment it is
+    # about to exist (before the call that makes it, so that a call cut half way is
+    # undone too); the end of a sandbox is closing that stack, once. The steps, in the
+    # order they are registered and undone last-first:
+    #   "files"   its overlay, run dir and sandbox dir (``backend.cleanup``, which also
+    #             SIGKILLs a QEMU still named by its pidfile)      row inserted
+    #   "network" its tap, address lease and nft entry (``net.detach``)  before attach
+    #   "vm"      its QEMU process: the runtime held, else the pidfile's  before boot
+    # A sandbox found in the store at a start (adopted, paused, or to be cleaned) owns
+    # all three (:meth:`own_all`).
 
-        ``runtime``: one the caller holds that is not in the books yet (a create that
-        booted it). ``deleted``: streams still open end saying the sandbox was deleted
-        (not for a VM that stopped on its own: they say that).
-        """
+    def _stack(self, sandbox_id: str) -> TeardownStack:
+        stack = self._teardowns.get(sandbox_id)
+        if stack is None:
+            stack = self._teardowns[sandbox_id] = TeardownStack()
+            self._owned[sandbox_id] = set()
+        return stack
+
+    def _own(self, sandbox_id: str, name: str, undo: Callable[[], Awaitable[None]]) -> None:
+        if sandbox_id not in self._teardowns and name != "files":
+            # Not made in this daemon's life (a row found at the start): all it may own.
+            self.own_all(sandbox_id)
+            return
+        stack = self._stack(sandbox_id)
+        if name not in self._owned[sandbox_id]:
+            self._owned[sandbox_id].add(name)
+            stack.register(f"{name} of {sandbox_id}", undo)
+
+    def own_files(self, sandbox_id: str) -> None:
+        """The sandbox's files on the host are about to exist (its row is written)."""
+        self._own(sandbox_id, "files", lambda: self.backend.cleanup(sandbox_id))
+
+    def own_network(self, sandbox_id: str) -> None:
+        """The sandbox is about to be attached to the network (tap, lease, nft entry)."""
+        if self.net is not None:
+            self._own(sandbox_id, "network", lambda: self.release_network(sandbox_id))
+
+    def own_vm(self, sandbox_id: str) -> None:
+        """A QEMU is about to be started for the sandbox (boot, clone, resume)."""
+        self._own(sandbox_id, "vm", lambda: self._end_vm(sandbox_id))
+
+    def own_all(self, sandbox_id: str) -> None:
+        """A sandbox whose resources may all exist already (found in the store at a
+        start, or a pooled VM handed out)."""
+        self.own_files(sandbox_id)
+        self.own_network(sandbox_id)
+        self.own_vm(sandbox_id)
+
+    def booted(self, sandbox_id: str, runtime: Runtime) -> None:
+        """``runtime`` exists for the sandbox but is not attached yet (a create or a
+        pool that just booted it): a teardown before :meth:`attach` ends it too."""
+        self._booting[sandbox_id] = runtime
+
+    def _held(self, sandbox_id: str) -> list[Runtime]:
+        found = (self.runtimes.get(sandbox_id), self._booting.get(sandbox_id))
+        return list({id(r): r for r in found if r is not None}.values())
+
+    async def _end_vm(self, sandbox_id: str) -> None:
         self.stop_watching(sandbox_id)
-        held = self.runtimes.pop(sandbox_id, None)
-        for rt in {id(r): r for r in (held, runtime) if r is not None}.values():
-            if deleted:
-                rt.agent.close_reason = f"sandbox {sandbox_id} was deleted while this call ran"
-            await rt.destroy()
-        await self.backend.cleanup(sandbox_id)
-        await self.release_network(sandbox_id)
+        held = self._held(sandbox_id)
+        self.runtimes.pop(sandbox_id, None)
+        self._booting.pop(sandbox_id, None)
+        if not held:
+            await self.backend.kill_vm(sandbox_id)
+        for runtime in held:
+            await runtime.destroy()
+
+    async def teardown(self, sandbox_id: str, *, deleted: bool = True) -> None:
+        """Everything of the sandbox on this host goes (its stack is closed): its VM,
+        its network, its files. ``deleted``: streams still open end saying the sandbox
+        was deleted (not for a VM that stopped on its own: they say that).
+
+        Every step runs even if one fails; the first failure is then raised.
+        """
+        # Here, in the caller's task: the stack runs its steps in a task of its own, and
+        # a watcher tearing down after its VM must not be cancelled by them.
+        self.stop_watching(sandbox_id)
+        if deleted:
+            for runtime in self._held(sandbox_id):
+                runtime.agent.close_reason = f"sandbox {sandbox_id} was deleted while this call ran"
+        if sandbox_id not in self._teardowns:
+            self.own_all(sandbox_id)  # nothing registered it in this daemon's life
+        stack = self._teardowns.pop(sandbox_id)
+        self._owned.pop(sandbox_id, None)
+        failures = await stack.close()
+        if failures:
+            raise failures[0][1]
 
     async def release_network(self, sandbox_id: str) -> None:
         if self.net is not None:
@@ -181,6 +256,8 @@ class SandboxRegistry:
         """The sandbox ended ``state`` (destroyed or failed): its books go."""
         self.states.ended(sandbox_id, state, error)
         self._locks.pop(sandbox_id, None)
+        self._teardowns.pop(sandbox_id, None)  # closed by a teardown, or nothing on it
+        self._owned.pop(sandbox_id, None)
         self.activity.forget(sandbox_id)
 
     def finish_create(self, sandbox_id: str, state: SandboxState, error: str | None = None) -> None:

@@ -121,6 +121,10 @@ class SandboxService:
                 network=plan.mode,
             )
             self.core.states.insert(rec)
+            if pooled is not None:
+                self.core.own_all(rec.id)  # the pool registered them: a no-op
+            else:
+                self.core.own_files(rec.id)
         async with self.core.lock(rec.id):
             try:
                 template = (
@@ -128,7 +132,9 @@ class SandboxService:
                     if self.core.settings.templates
                     else None
                 )
+                self.core.own_network(rec.id)
                 await self.networking.attach(rec, plan, pooled=pooled is not None)
+                self.core.own_vm(rec.id)
                 if pooled is not None:
                     runtime = pooled[1]
                     if rec.name is not None:
@@ -147,6 +153,7 @@ class SandboxService:
                     runtime = await self.core.backend.start(rec, image)
                     if self.core.settings.templates:
                         self._schedule_template(image, spec.shape)
+                self.core.booted(rec.id, runtime)
                 self.pool.refill(image)
                 if source is None:
                     await self.core.run_image_start(rec, runtime)
@@ -158,7 +165,7 @@ class SandboxService:
             current = self.core.store.get_sandbox(rec.id)
             if current is None or current.state is not SandboxState.CREATING:
                 # Deleted while booting.
-                await self.core.teardown(rec.id, runtime)
+                await self.core.teardown(rec.id)
                 self.core.finish_create(rec.id, SandboxState.DESTROYED)
                 raise Conflict(f"sandbox {rec.id} was deleted while it was being created")
             self.core.attach(rec.id, runtime)

@@ -78,6 +78,7 @@ class SnapshotService:
                     parent_id=parent.id,
                 )
                 self.core.states.insert(child)
+                self.core.own_files(child.id)
                 children.append(child)
         crash_point("fork.rows")
         snapshot_dir = self.core.backend.fork_dir("fork-" + secrets.token_hex(6))
@@ -85,6 +86,7 @@ class SnapshotService:
             await self._freeze_parent(parent, snapshot_dir)
         except BaseException as exc:
             for child in children:
+                await self.core.teardown(child.id)
                 self.core.finish(child.id, SandboxState.FAILED, f"fork failed: {exc}")
             raise
         crash_point("fork.parent")
@@ -99,11 +101,13 @@ class SnapshotService:
                 try:
                     if net is not None and child.network is NetworkMode.DEFAULT:
                         # Same rules and networks as the parent; its own address and name.
+                        self.core.own_network(child.id)
                         await net.attach(
                             child.id,
                             net.policy_of(parent.id),
                             net.networks_of(parent.id),
                         )
+                    self.core.own_vm(child.id)
                     runtime = await self.core.backend.start_clone(child, snapshot_dir)
                 except BaseException as exc:
                     await self.core.teardown(child.id)
@@ -144,6 +148,7 @@ class SnapshotService:
         self.core.runtimes.pop(parent.id, None)
         self.core.states.move(parent.id, SandboxState.RESUMING)
         try:
+            self.core.own_vm(parent.id)
             self.core.attach(parent.id, await self.core.backend.start_clone(parent, snapshot_dir))
         except BaseException:
             self.core.states.move(parent.id, SandboxState.PAUSED)
