@@ -131,6 +131,10 @@ class FakeBackend:
     def pause_dir(self, sandbox_id: str) -> Path:
         return self.root / sandbox_id / "pause"
 
+    def disk_path(self, sandbox_id: str) -> Path:
+        """The fake has no disk image: its guest's files are a directory on the host."""
+        return self.root / sandbox_id / "disk"
+
     async def pause(self, runtime: FakeRuntime, mode: PauseMode) -> str | None:
         await runtime.agent.close()
         if mode is PauseMode.DISK:

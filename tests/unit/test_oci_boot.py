@@ -47,7 +47,7 @@ def test_the_oci_init_and_the_runtime_agree() -> None:
 
 
 SHELL_WORDS = {
-    "fail", "export", "while", "for", "do", "done", "if", "then", "fi", "else", "case",
+    "fail", "export", "while", "for", "do", "done", "if", "then", "fi", "else", "elif", "case",
     "esac", "set", "exec", "read", "echo", "break", "continue", "exit", "in", "[", ":",
 }  # fmt: skip
 

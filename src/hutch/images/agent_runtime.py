@@ -42,7 +42,14 @@ from hutch.images.elf import needed_libraries
 from hutch.images.rootfs import PackageTree, make_ext4
 from hutch.vm.argv import RUNTIME_DISK_SERIAL
 
-__all__ = ["MOUNT", "RuntimeDisk", "agent_argv", "prepare_runtime", "runtime_key"]
+__all__ = [
+    "MOUNT",
+    "RuntimeDisk",
+    "agent_argv",
+    "prepare_runtime",
+    "runtime_key",
+    "runtime_python_argv",
+]
 
 _FORMAT = "agent-runtime-v1"
 MOUNT = "/run/.hutch/rt"
@@ -102,6 +109,20 @@ def agent_argv(mount: str = MOUNT) -> list[str]:
         f"{mount}/agent/agent.py",
         "--runtime",
         mount,
+    ]
+
+
+def runtime_python_argv(*args: str, mount: str = MOUNT) -> list[str]:
+    """A command that runs the runtime's Python in a guest (through the runtime's own
+    loader: the image's libc does not matter), for hutch's own chores there."""
+    return [
+        f"{mount}/lib/{LOADER}",
+        "--library-path",
+        f"{mount}/lib",
+        f"{mount}/usr/bin/python3",
+        "-I",
+        "-S",
+        *args,
     ]
 
 

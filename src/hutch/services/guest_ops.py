@@ -80,7 +80,7 @@ class GuestOpsMixin:
         env: dict[str, str] | None = None,
         cwd: str | None = None,
         user: str | None = None,
-        stdin: bytes | None = None,
+        stdin: bytes | AsyncIterable[bytes] | None = None,
         timeout_s: float | None = None,
         work: Work | None = None,
     ) -> ExecStream:

@@ -24,6 +24,7 @@ from hutch.config import Settings
 from hutch.crashpoints import crash_point
 from hutch.errors import GuestError, HutchError, NotFound, Timeout, VmError
 from hutch.guest.client import AgentClient, GuestIdentity
+from hutch.images.agent_runtime import runtime_python_argv
 from hutch.images.build import ImageArtifacts
 from hutch.models import (
     SANDBOX_ID_RE,
@@ -155,7 +156,9 @@ class QemuBackend:
         p = self.paths(rec.id)
         p.state.mkdir(parents=True, mode=0o700)
         p.run.mkdir(parents=True, mode=0o700)
-        await asyncio.to_thread(create_overlay, image.rootfs, p.disk, rec.shape.disk_gib)
+        await asyncio.to_thread(
+            create_overlay, image.rootfs, p.disk, rec.shape.disk_gib, image.rootfs_format
+        )
         cfg = self.vm_config(rec, image)
         write_config(p.vm_json, cfg)
         vm, agent = await self._boot(cfg, p, rec.name or rec.id)
@@ -181,6 +184,9 @@ class QemuBackend:
     def pause_dir(self, sandbox_id: str) -> Path:
         return self.paths(sandbox_id).state / "pause"
 
+    def disk_path(self, sandbox_id: str) -> Path:
+        return self.paths(sandbox_id).disk
+
     def fork_dir(self, snapshot_id: str) -> Path:
         return self.settings.state_dir / "snapshots" / snapshot_id
 
@@ -192,8 +198,10 @@ class QemuBackend:
         fresh connection.
         """
         if mode is PauseMode.DISK:
+            # An imported image may have no `sync`: its runtime's Python syncs there.
+            sync = ["sync"] if runtime.vm.cfg.runtime_disk is None else runtime_sync_argv()
             with contextlib.suppress(HutchError):
-                await runtime.agent.run(["sync"], timeout_s=30)
+                await runtime.agent.run(sync, timeout_s=30)
             await runtime.agent.close()
             await runtime.vm.kill(grace_s=10.0)
             crash_point("pause.disk_quit")
@@ -346,7 +354,9 @@ class QemuBackend:
         work.state.mkdir(parents=True, mode=0o700)
         work.run.mkdir(parents=True, mode=0o700)
         try:
-            await asyncio.to_thread(create_overlay, image.rootfs, work.disk, shape.disk_gib)
+            await asyncio.to_thread(
+                create_overlay, image.rootfs, work.disk, shape.disk_gib, image.rootfs_format
+            )
             cfg = self._vm_config(work, "template", shape, image, "hutch")
             write_config(work.vm_json, cfg)
             vm, agent = await self._boot(cfg, work, "hutch")
@@ -589,6 +599,11 @@ async def _settle(agent: AgentClient, image: ImageArtifacts) -> None:
             if loop.time() > deadline:
                 raise Timeout("the guest did not finish growing its root filesystem") from None
             await asyncio.sleep(0.1)
+
+
+def runtime_sync_argv() -> list[str]:
+    """``sync`` through the agent runtime's own Python (an image may have no sync)."""
+    return runtime_python_argv("-c", "import os; os.sync()")
 
 
 #: Written by the agent on an imported image once boot-time work is done.
