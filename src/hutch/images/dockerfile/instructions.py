@@ -353,6 +353,14 @@ def typed_all(dockerfile: Dockerfile) -> list[Instruction]:
     """Every instruction typed, and the file's shape checked: one FROM, with only ARG
     before it."""
     out = [typed(raw, dockerfile.escape) for raw in dockerfile.instructions]
+    for ins in out:
+        if isinstance(ins, From):
+            break
+        if not isinstance(ins, Arg):
+            raise InvalidDockerfile(
+                f"Dockerfile {ins.raw.where()}: {ins.keyword} before FROM; a Dockerfile "
+                "starts with FROM (only ARG may come before it)"
+            )
     froms = [i for i in out if isinstance(i, From)]
     if not froms:
         raise InvalidDockerfile("the Dockerfile has no FROM instruction")
@@ -361,12 +369,4 @@ def typed_all(dockerfile: Dockerfile) -> list[Instruction]:
             f"Dockerfile {froms[1].raw.where()}: a second FROM (a multi-stage build) is not "
             "supported; hutch builds one stage (one FROM)"
         )
-    for ins in out:
-        if isinstance(ins, From):
-            break
-        if not isinstance(ins, Arg):
-            raise InvalidDockerfile(
-                f"Dockerfile {ins.raw.where()}: {ins.keyword} before FROM; only ARG may "
-                "come before the FROM"
-            )
     return out
