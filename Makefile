@@ -15,7 +15,7 @@ APT_PACKAGES := qemu-system-x86 qemu-utils mmdebstrap nftables busybox-static lz
 	e2fsprogs bubblewrap iproute2 cpio kmod xz-utils zstd python3-venv python3-pip \
 	ca-certificates procps
 
-.PHONY: help deps system-deps venv qemu-user image images up down restart check lint typecheck test \
+.PHONY: help deps system-deps test-system-deps apt-install venv qemu-user image images up down restart check lint typecheck test \
 	test-fast openapi unasync bench clean
 
 help:
@@ -25,8 +25,19 @@ help:
 	@echo "make check   lint, types and the fast test tiers"
 	@echo "make bench   run the benchmark harness (results in bench/results/)"
 
+# Installed by `make test` only: what the test tiers use on the host.
+#   python3-matplotlib: the component tier runs the code-interpreter kernel with the host's
+#   system Python (tests/component/test_contexts.py::test_matplotlib_png).
+TEST_APT_PACKAGES := python3-matplotlib
+
 system-deps:
-	@missing=$$(for p in $(APT_PACKAGES); do \
+	@$(MAKE) --no-print-directory apt-install PACKAGES="$(APT_PACKAGES)"
+
+test-system-deps:
+	@$(MAKE) --no-print-directory apt-install PACKAGES="$(TEST_APT_PACKAGES)"
+
+apt-install:
+	@missing=$$(for p in $(PACKAGES); do \
 		dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; \
 	done); \
 	if [ -n "$$missing" ]; then \
@@ -101,7 +112,7 @@ typecheck: venv
 check: deps lint typecheck
 	$(BIN)/pytest tests/unit tests/component $(PYTEST_ARGS)
 
-test: deps lint typecheck images
+test: deps test-system-deps lint typecheck images
 	HUTCH_TEST_IMAGES_DIR=$(STATE_DIR)/images $(BIN)/pytest tests --durations=25 $(PYTEST_ARGS)
 
 openapi: venv

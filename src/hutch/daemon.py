@@ -14,8 +14,8 @@ from hutch.api import create_app
 from hutch.api.auth import load_or_create_key
 from hutch.api.redact import RedactingFormatter
 from hutch.config import Settings
-from hutch.net.manager import NetworkManager
 from hutch.services.images import HostImages, LocalBootSets, LocalImages
+from hutch.services.network import NetworkService as NetworkManager
 from hutch.services.qemu_backend import QemuBackend
 from hutch.services.sandboxes import SandboxService
 from hutch.store import Store

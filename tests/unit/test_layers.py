@@ -38,6 +38,11 @@ ALLOWED: dict[str, set[str]] = {
     "__main__": {"cli"},
     "daemon": CORE | {"api", "services", "store", "daemon", "net"},
 }
+#: Edges forbidden inside a layer: a driver package that must not import another one.
+#: ``net`` holds drivers only (taps, nft, the data path and its servers): it takes plain
+#: values (the QEMU uid, the store's rows read by hutch.services.network), so it imports
+#: neither the store nor the VM driver.
+FORBIDDEN: dict[str, set[str]] = {"net": {"store", "vm"}}
 #: Outside the standard library, the contract needs only the IDNA codec (host names).
 CONTRACT_THIRD_PARTY = {"idna"}
 
@@ -96,6 +101,8 @@ def test_module_respects_layers(path: Path) -> None:
     assert allowed is not None, f"{rel}: unknown layer {top!r}; add it to this test"
     bad = {m for m in hutch_imports(path) if m not in allowed and m != top}
     assert not bad, f"{rel} ({layer}) imports {sorted(bad)}; allowed: {sorted(allowed)}"
+    barred = hutch_imports(path) & FORBIDDEN.get(top, set())
+    assert not barred, f"{rel} imports {sorted(barred)}; {top}/ may not import {FORBIDDEN[top]}"
 
 
 @pytest.mark.parametrize(
@@ -114,10 +121,21 @@ def test_the_client_packages_never_reach_into_the_daemon() -> None:
     assert ALLOWED["contract"] == {"errors"}
 
 
+def test_the_network_drivers_never_reach_into_the_store_or_the_vm_driver() -> None:
+    """net/ is drivers only (issue 9): the use case that reads rows and the QEMU uid is
+    hutch.services.network, which hands them down as plain values."""
+    assert FORBIDDEN["net"] == {"store", "vm"}
+    for path in sorted((SRC / "net").rglob("*.py")):
+        barred = hutch_imports(path) & FORBIDDEN["net"]
+        assert not barred, f"{path.relative_to(SRC)} imports {sorted(barred)}"
+
+
 def test_a_forbidden_import_is_caught(tmp_path: Path) -> None:
     """The check can fail: an SDK module importing the service layer is reported."""
     module = tmp_path / "bad.py"
     module.write_text("from hutch.services.sandboxes import SandboxService\n")
     assert hutch_imports(module) - ALLOWED["sdk"] == {"services"}
+    module.write_text("from hutch.store.db import Store\nfrom hutch.vm import runas\n")
+    assert hutch_imports(module) & FORBIDDEN["net"] == {"store", "vm"}
     module.write_text("import pydantic\nimport json\nfrom hutch.errors import HutchError\n")
     assert third_party_imports(module) == {"pydantic"}

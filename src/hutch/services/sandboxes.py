@@ -61,7 +61,7 @@ from hutch.store import Store
 from hutch.store.db import LIVE_STATES
 
 if TYPE_CHECKING:
-    from hutch.net.manager import NetworkManager
+    from hutch.services.network import NetworkService as NetworkManager
 
 __all__ = ["ExecStream", "FileEntry", "SandboxService"]
 
