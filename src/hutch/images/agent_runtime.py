@@ -43,6 +43,7 @@ from hutch.images.rootfs import PackageTree, make_ext4
 from hutch.vm.argv import RUNTIME_DISK_SERIAL
 
 __all__ = [
+    "BOOT_DONE",
     "MOUNT",
     "RuntimeDisk",
     "agent_argv",
@@ -53,6 +54,9 @@ __all__ = [
 
 _FORMAT = "agent-runtime-v1"
 MOUNT = "/run/.hutch/rt"
+#: Written by the agent on an imported image once its boot-time work (growing /) is done
+#: (guest_agent/hutch_agent/runtime.py BOOT_DONE); what the host waits for.
+BOOT_DONE = "/run/.hutch/boot-done"
 LOADER = "ld-linux-x86-64.so.2"
 RUNTIME_LABEL = "hutch-agent-rt"
 #: The virtio-blk serial the initramfs finds the runtime disk by (the VM layer sets it).

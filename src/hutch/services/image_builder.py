@@ -54,7 +54,7 @@ from hutch.errors import (
     RegistryError,
     Timeout,
 )
-from hutch.images.agent_runtime import runtime_python_argv
+from hutch.images.agent_runtime import BOOT_DONE, runtime_python_argv
 from hutch.images.build import ImageArtifacts
 from hutch.images.build_context import BuildContext, Source, copy_stream
 from hutch.images.build_layers import Layer, LayerStore, builtin_base, flatten, oci_config
@@ -83,7 +83,6 @@ from hutch.net.rules import parse_policy
 from hutch.services.image_import import ImageImporter, remove_spool
 from hutch.services.image_import import plain_archive as plain_context
 from hutch.services.images import EPHEMERAL_PREFIX, HostImages, ImageView
-from hutch.services.qemu_backend import RUNTIME_BOOT_DONE
 from hutch.services.sandboxes import SandboxService
 from hutch.store.db import LIVE_STATES
 
@@ -545,7 +544,7 @@ class ImageBuilder:
         deadline = loop.time() + _BOOT_WAIT_S
         while True:
             try:
-                await self.sandboxes.stat(sandbox_id, RUNTIME_BOOT_DONE)
+                await self.sandboxes.stat(sandbox_id, BOOT_DONE)
                 return
             except NotFound:
                 if loop.time() > deadline:
