@@ -11,13 +11,15 @@ docker-registry; a busybox-only image made offline with tests/ocikit.py), then:
 - rebuilt unchanged: every step is a cache hit and no VM boots;
 - a sandbox created from the image sees its ENV, WORKDIR and USER and the copied files;
 - a failing RUN (FROM the hutch image made by the pull, by name) reports its output and
-  exit code, and leaves no image, no build sandbox and no half-made layer behind.
+  exit code, and leaves no image, no build sandbox and no half-made layer behind;
+- FROM a built-in image (base: glibc, Python; its package tree without hutch's agent).
 
 The build sandboxes' specs are recorded: they carry the build's shape, network and egress
 rules, so the egress enforcement is every sandbox's own (tests/vm/test_network.py); this
 module's service runs without the host network layer.
 
-VM boots: 3 (first build) + 1 (rebuild) + 1 (the sandbox) + 1 (failing RUN) = 6.
+VM boots: 3 (first build) + 1 (rebuild) + 1 (the sandbox) + 1 (failing RUN) + 1 (FROM
+base) = 7.
 """
 
 from __future__ import annotations
@@ -170,7 +172,7 @@ async def build(env: Env, name: str, ctx: Path, **kw: object) -> tuple[dict[int,
     events: list[BuildEvent] = []
     started = time.monotonic()
     try:
-        await env.client.build_image(name, ctx, on_progress=events.append, **SHAPE, **kw)  # type: ignore[arg-type]
+        await env.client.build_image(name, ctx, on_progress=events.append, **{**SHAPE, **kw})  # type: ignore[arg-type]
     finally:
         lines = []
         for e in events:
@@ -252,3 +254,19 @@ async def test_failing_run_reports_output_and_exit_code(env: Env) -> None:
     assert [r.id for r in env.svc.list_sandboxes() if r.state.is_live] == []
     cache = env.svc.settings.build_cache_dir
     assert [p.name for p in cache.glob(".work-*")] == []
+
+
+async def test_from_a_builtin_image(env: Env) -> None:
+    # FROM base: its package tree (glibc, Python) as the first layer, without hutch's
+    # agent or init; the build sandbox runs the image's own shell and Python.
+    ctx = env.work / "ctx-base"
+    ctx.mkdir()
+    (ctx / "Dockerfile").write_text(
+        "FROM base\n"
+        "RUN python3 -c 'import sys; print(sys.version_info[0])' > /py.txt; cat /py.txt\n"
+    )
+    states, text = await build(env, "df-base", ctx, vcpus=1, memory_mib=512, disk_gib=2)
+    assert states == {1: "done", 2: "done"}
+    assert "| 3" in text  # the RUN's output: Python 3 ran in the build VM
+    info = {i.name: i for i in await env.client.list_images()}["df-base"]
+    assert info.source["base"] == "base" and info.config["env"]["PATH"].startswith("/usr/local")
