@@ -77,7 +77,7 @@ def test_no_cache_salts_every_step_after_from() -> None:
     assert keys(DOCKERFILE, salt="build-2")[1:] != salted[1:]
 
 
-def test_comments_and_line_layout_do_not_matter_but_the_text_does() -> None:
+def test_comments_and_continuation_lines_do_not_change_a_key() -> None:
     # The key covers what the step does once parsed, not where it is written.
     spaced = DOCKERFILE.replace("RUN echo as app", "# a comment\nRUN \\\n  echo as app")
     assert keys(spaced) == keys(DOCKERFILE)
