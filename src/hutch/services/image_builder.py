@@ -23,7 +23,8 @@ A failing step (RUN exit status, a COPY the guest cannot lay out) raises
 :class:`~hutch.errors.BuildFailed` with the output's tail; nothing is listed, the layers
 of the steps before it stay cached. The build sandboxes are ordinary sandboxes (listed,
 metered, capacity-checked, reconciled), tagged ``hutch.build``; a restarted daemon
-deletes the ones a build it no longer runs left behind.
+deletes the ones a build it no longer runs left behind. The FROM image is resolved in
+:mod:`hutch.services.build_base`.
 """
 
 from __future__ import annotations
@@ -35,11 +36,11 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from hutch.config import Settings
 from hutch.contract.limits import BUILD_OUTPUT_TAIL_BYTES, BUILD_TIMEOUT_S_RANGE
@@ -51,18 +52,13 @@ from hutch.errors import (
     InvalidArgument,
     InvalidDockerfile,
     NotFound,
-    RegistryError,
     Timeout,
 )
 from hutch.images.agent_runtime import BOOT_DONE, runtime_python_argv
 from hutch.images.build import ImageArtifacts
 from hutch.images.build_context import BuildContext, Source, copy_stream
-from hutch.images.build_layers import Layer, LayerStore, builtin_base, flatten, oci_config
-from hutch.images.build_layers import scratch_base as make_scratch_base
-from hutch.images.catalog import IMAGES
+from hutch.images.build_layers import Layer, LayerStore, flatten, oci_config
 from hutch.images.dockerfile import (
-    DEFAULT_PATH,
-    BaseConfig,
     Plan,
     Step,
     base_reference,
@@ -71,15 +67,11 @@ from hutch.images.dockerfile import (
     parse,
     typed_all,
 )
-from hutch.images.oci.auth import Credentials
 from hutch.images.oci.boot import BootSet
-from hutch.images.oci.importer import ImportProgress, OciContent, build_content, find_content
-from hutch.images.oci.importer import resolve as resolve_manifest
-from hutch.images.oci.manifest import ImageConfig
-from hutch.images.oci.ref import parse_ref
-from hutch.images.oci.registry import RegistryClient, RegistrySource
+from hutch.images.oci.importer import OciContent
 from hutch.models import NetworkMode, PauseMode, SandboxSpec, Shape
 from hutch.net.rules import parse_policy
+from hutch.services.build_base import Base, BuildProgress, Progress, resolve_base
 from hutch.services.image_import import ImageImporter, remove_spool
 from hutch.services.image_import import plain_archive as plain_context
 from hutch.services.images import EPHEMERAL_PREFIX, HostImages, ImageView
@@ -112,27 +104,6 @@ class BuildOptions:
     no_cache: bool = False
     start: bool = False
     filename: str | None = None  # the uploaded context's name, for the record
-
-
-@dataclass(frozen=True)
-class BuildProgress:
-    """``status``: a message (the base image, the final filesystem); ``step``: a step
-    starts (``running``) or ends (``cached``, ``done``, ``config``) after ``seconds``;
-    ``output``: RUN output (``stream`` stdout or stderr)."""
-
-    type: Literal["status", "step", "output"]
-    message: str = ""
-    step: int | None = None
-    steps: int | None = None
-    line: int | None = None
-    instruction: str | None = None
-    status: str | None = None
-    seconds: float | None = None
-    stream: str | None = None
-    data: str | None = None
-
-
-Progress = Callable[[BuildProgress], None]
 
 
 def _noop(_: BuildProgress) -> None:
@@ -187,28 +158,6 @@ class _Tail:
 
     def text(self) -> str:
         return bytes(self.data[-self.limit :]).decode("utf-8", "replace")
-
-
-@dataclass
-class _Base:
-    """The FROM image: its config now, its content when :meth:`content` is awaited."""
-
-    ref: str
-    config: BaseConfig
-    content: Callable[[], OciContent]
-    close: Callable[[], None] = lambda: None
-
-
-def _base_config(cfg: dict[str, Any]) -> BaseConfig:
-    return BaseConfig(
-        env=tuple((str(k), str(v)) for k, v in (cfg.get("env") or {}).items()),
-        working_dir=cfg.get("working_dir") or None,
-        user=cfg.get("user") or None,
-        entrypoint=tuple(cfg.get("entrypoint") or ()),
-        cmd=tuple(cfg.get("cmd") or ()),
-        exposed_ports=tuple(cfg.get("exposed_ports") or ()),
-        labels=tuple(sorted((cfg.get("labels") or {}).items())),
-    )
 
 
 async def _chunks(gen: Iterator[bytes]) -> AsyncIterator[bytes]:
@@ -311,7 +260,7 @@ class ImageBuilder:
         ctx = await asyncio.to_thread(BuildContext, plain)
         build_id = uuid.uuid4().hex[:12]
         self._in_use[build_id] = set()
-        base: _Base | None = None
+        base: Base | None = None
         try:
             dockerfile = await asyncio.to_thread(ctx.dockerfile, options.dockerfile)
             df = parse(dockerfile)
@@ -319,7 +268,8 @@ class ImageBuilder:
             check_build_args(instructions, options.build_args)
             ref, from_ins = base_reference(instructions, options.build_args, df.escape)
             report(BuildProgress("status", f"resolving the base image {ref}"))
-            base = await self._base(ref, from_ins.raw.where(), report)
+            base = await resolve_base(ref, from_ins.raw.where(), self.images,
+                                      self.settings.max_image_bytes, report)  # fmt: skip
             plan = evaluate(instructions, options.build_args, base.config, df.escape)
             sources = await asyncio.to_thread(self._sources, ctx, plan)
             content = await asyncio.to_thread(base.content)
@@ -356,70 +306,6 @@ class ImageBuilder:
                 )
             out[step.number] = (found, ctx.digest(found))
         return out
-
-    # -- FROM ---------------------------------------------------------------------------
-
-    async def _base(self, ref: str, where: str, report: Progress) -> _Base:
-        images_dir = self.images.images_dir
-        if ref == "scratch":
-            return _Base(ref, BaseConfig(), lambda: make_scratch_base(images_dir))
-        if ref in IMAGES:
-            config = BaseConfig(env=(("PATH", DEFAULT_PATH),))
-            return _Base(ref, config, lambda: builtin_base(ref, images_dir))
-        row = self.images.row(ref) if "/" not in ref and ":" not in ref else None
-        if row is not None:
-
-            def stored() -> OciContent:
-                found = find_content(images_dir, row.digest)
-                if found is None:
-                    raise Conflict(
-                        f"image {ref!r} (FROM at {where}) is listed but its files are missing "
-                        "on this host; import it again"
-                    )
-                return found
-
-            return _Base(ref, _base_config(row.config), stored)
-        return await asyncio.to_thread(self._pull_base, ref, where, report)
-
-    def _pull_base(self, ref: str, where: str, report: Progress) -> _Base:
-        try:
-            parsed = parse_ref(ref)
-        except InvalidArgument as exc:
-            raise InvalidDockerfile(
-                f"Dockerfile {where}: FROM {ref}: no hutch image has this name and it is not "
-                f"an image reference ({exc.message})"
-            ) from exc
-        client = RegistryClient(parsed, Credentials())
-        try:
-            source = RegistrySource(client)
-            resolved = resolve_manifest(source, str(parsed))
-        except RegistryError as exc:
-            client.close()
-            raise RegistryError(
-                f"FROM {ref} ({where}): no hutch image has this name, and pulling "
-                f"{parsed} failed: {exc.message}"
-            ) from exc
-        except BaseException:
-            client.close()
-            raise
-        cfg: ImageConfig = resolved.config
-
-        def pulled() -> OciContent:
-            def relay(p: ImportProgress) -> None:
-                if p.stage != "layer" or p.done in (0, p.total):
-                    report(BuildProgress("status", f"base image: {p.message}"))
-
-            return build_content(
-                source,
-                resolved,
-                self.images.images_dir,
-                what=str(parsed),
-                progress=relay,
-                max_bytes=self.settings.max_image_bytes,
-            )
-
-        config = _base_config(cfg.to_dict())
-        return _Base(ref, config, pulled, client.close)
 
     # -- steps --------------------------------------------------------------------------
 
