@@ -6,6 +6,7 @@ in real VMs is tests/vm/test_dockerfile_build.py."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import tarfile
@@ -124,3 +125,47 @@ async def test_refusals_as_ndjson_carry_their_status(
     assert last["type"] == "error" and last["status"] == 400
     assert last["error"]["code"] == "invalid_dockerfile" and "line 2" in last["error"]["message"]
     nothing_left(tmp_path, svc)
+
+
+async def test_a_restarted_daemon_removes_what_interrupted_builds_left(
+    served: tuple[httpx.AsyncClient, SandboxService], tmp_path: Path
+) -> None:
+    """A build cut by a daemon stop leaves a build sandbox (tagged hutch.build) and maybe
+    a step being committed (.work-*): the next start removes both, and keeps the build
+    sandboxes of builds that run now."""
+    from hutch.images.build import ImageArtifacts
+    from hutch.models import SandboxSpec
+    from hutch.services.image_builder import BUILD_TAG, ImageBuilder
+    from hutch.services.image_import import ImageImporter
+    from hutch.services.images import HostImages
+
+    _, svc = served
+    images = svc.image_source
+    assert isinstance(images, HostImages)
+    step = ImageArtifacts(
+        name=".build-stale-2", digest="1" * 16, kernel=tmp_path / "vmlinux",
+        initrd=tmp_path / "initrd", rootfs=tmp_path / "layer.qcow2",
+        kernel_release="6.1.0-fake", cmdline="", size_bytes=1 << 30, ephemeral=True,
+    )  # fmt: skip
+    images.add_ephemeral(step)
+    stale = await svc.create(SandboxSpec(image=step.name, metadata={BUILD_TAG: "stale"}))
+    live = await svc.create(SandboxSpec(image=step.name, metadata={BUILD_TAG: "running"}))
+    mine = await svc.create(SandboxSpec(image=step.name))
+    work = svc.settings.build_cache_dir / ".work-abc"
+    work.mkdir(parents=True)
+    (work / "disk.qcow2").write_bytes(b"half")
+
+    builder = ImageBuilder(svc.settings, images, svc, ImageImporter(svc.settings, images, svc))
+    builder._in_use["running"] = set()  # a build of this daemon, running now
+    builder.start()
+    try:
+        for _ in range(100):
+            if svc.get(stale.id).state.value == "destroyed":
+                break
+            await asyncio.sleep(0.05)
+        assert svc.get(stale.id).state.value == "destroyed"
+        assert svc.get(live.id).state.is_live and svc.get(mine.id).state.is_live
+        assert not work.exists()
+    finally:
+        await builder.close()
+        images.drop_ephemeral(step.name)
