@@ -42,9 +42,9 @@ from hutch.api import create_app
 from hutch.config import Settings
 from hutch.errors import BuildFailed
 from hutch.models import SandboxSpec
+from hutch.runtime.qemu.backend import QemuBackend
 from hutch.sdk import AsyncClient, AsyncSandbox, BuildEvent
 from hutch.services.images import HostImages, LocalBootSets, LocalImages
-from hutch.services.qemu_backend import QemuBackend
 from hutch.services.sandboxes import SandboxService
 from hutch.store import Store
 from hutch.store.images import ImageStore
