@@ -123,6 +123,9 @@ class Settings:
     # Bytes an imported image may hold: the archive uploaded and the files its layers
     # write, each (a decompression bomb would otherwise fill the disk).
     max_image_bytes: int = 32 << 30
+    # Bytes the Dockerfile build cache (step layers under <state>/build-cache) may hold on
+    # disk; past it the least recently used layers go after a build.
+    build_cache_bytes: int = 20 << 30
     # Where the E2B-compatible API listens (E2B_API_URL and E2B_SANDBOX_URL point
     # here); None: not served.
     e2b_listen: tuple[str, int] | None = None
@@ -138,6 +141,10 @@ class Settings:
     @property
     def images_dir(self) -> Path:
         return self.images_dir_override or self.state_dir / "images"
+
+    @property
+    def build_cache_dir(self) -> Path:
+        return self.state_dir / "build-cache"
 
     @property
     def sandboxes_dir(self) -> Path:
@@ -305,6 +312,10 @@ def _from_mapping(base: Settings, values: dict[str, Any], source: str) -> Settin
             s = replace(s, max_image_bytes=_number(values, "max_image_bytes", int, source))
             if s.max_image_bytes < 1 << 20:
                 raise InvalidArgument(f"{source}: max_image_bytes must be at least 1 MiB")
+        if "build_cache_bytes" in values:
+            s = replace(s, build_cache_bytes=_number(values, "build_cache_bytes", int, source))
+            if s.build_cache_bytes < 0:
+                raise InvalidArgument(f"{source}: build_cache_bytes must be 0 or more")
         if "boot_timeout_s" in values:
             s = replace(s, boot_timeout_s=float(values["boot_timeout_s"]))
         if "console_log_bytes" in values:
@@ -370,6 +381,7 @@ _ENV = {
     "HUTCH_DENY_LOG_RATE": "deny_log_rate",
     "HUTCH_DENY_LOG_BURST": "deny_log_burst",
     "HUTCH_MAX_IMAGE_BYTES": "max_image_bytes",
+    "HUTCH_BUILD_CACHE_BYTES": "build_cache_bytes",
     "HUTCH_E2B_LISTEN": "e2b_listen",
 }
 _ENV_OF = {key: name for name, key in _ENV.items()}

@@ -21,6 +21,7 @@ from hutch.api.routes import pty as pty_routes
 from hutch.api.routes import watch as watch_routes
 from hutch.errors import HutchError
 from hutch.services.composed import Services
+from hutch.services.image_builder import ImageBuilder
 from hutch.services.image_import import ImageImporter
 from hutch.services.images import HostImages
 from hutch.version import __version__
@@ -36,6 +37,19 @@ def create_app(services: Services, api_key: str, *, manage_service: bool = True)
         if core is not None and isinstance(source, HostImages)
         else None
     )
+    builder = (
+        ImageBuilder(
+            services.settings,
+            source,
+            importer,
+            sandboxes=services.sandboxes,
+            lifecycle=services.lifecycle,
+            guest=services.guest,
+            reconciler=services.reconciler,
+        )
+        if importer is not None and isinstance(source, HostImages)
+        else None
+    )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -44,9 +58,13 @@ def create_app(services: Services, api_key: str, *, manage_service: bool = True)
         if manage_service:
             # The API serves while the VMs found on the host are checked.
             await services.start(background=True)
+        if builder is not None:
+            builder.start()
         try:
             yield
         finally:
+            if builder is not None:
+                await builder.close()
             if manage_service:
                 await services.close()
 
@@ -58,6 +76,7 @@ def create_app(services: Services, api_key: str, *, manage_service: bool = True)
     )
     app.state.services = services
     app.state.importer = importer
+    app.state.builder = builder
     auth = [Depends(BearerAuth(api_key))]
     app.include_router(meta.health_router)
     app.include_router(meta.router, dependencies=auth)

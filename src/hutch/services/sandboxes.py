@@ -14,16 +14,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
 
-from hutch.errors import Capacity, Conflict, HutchError, NotFound
+from hutch.errors import Capacity, Conflict, HutchError, NotFound, StateError
 from hutch.guest.client import ExecStream
 from hutch.guest.results import FileEntry
 from hutch.images.build import ImageArtifacts
 from hutch.models import (
     NetworkMode,
+    PauseMode,
     SandboxRecord,
     SandboxSpec,
     SandboxState,
@@ -127,11 +130,10 @@ class SandboxService:
                 self.core.own_files(rec.id)
         async with self.core.lock(rec.id):
             try:
-                template = (
-                    self.core.backend.templates.find(image, spec.shape)
-                    if self.core.settings.templates
-                    else None
-                )
+                # An ephemeral image (a build step's layer) boots once: no template.
+                templates = self.core.settings.templates and not image.ephemeral
+                find = self.core.backend.templates.find
+                template = find(image, spec.shape) if templates else None
                 self.core.own_network(rec.id)
                 await self.networking.attach(rec, plan, pooled=pooled is not None)
                 self.core.own_vm(rec.id)
@@ -151,7 +153,7 @@ class SandboxService:
                     runtime = await self.core.backend.start_clone(rec, template)
                 else:
                     runtime = await self.core.backend.start(rec, image)
-                    if self.core.settings.templates:
+                    if templates:
                         self._schedule_template(image, spec.shape)
                 self.core.booted(rec.id, runtime)
                 self.pool.refill(image)
@@ -187,6 +189,25 @@ class SandboxService:
                 await self.core.teardown(rec.id)
                 self.core.finish(rec.id, SandboxState.DESTROYED)
         self.core.collect_snapshots()
+
+    async def take_disk(self, sandbox_id: str, dest: Path) -> None:
+        """Hard-link the disk of a sandbox paused in disk mode to ``dest`` (a copy if
+        another filesystem), for the image builder, which keeps it as a step layer. The
+        sandbox is unchanged; delete it afterwards."""
+        async with self.core.lock(sandbox_id):
+            rec = self.get(sandbox_id)
+            if rec.state is not SandboxState.PAUSED or rec.pause_mode is not PauseMode.DISK:
+                state = f"{rec.state} ({rec.pause_mode})" if rec.pause_mode else str(rec.state)
+                raise StateError(f"sandbox {sandbox_id}", state, ["paused (disk)"])
+            src = self.core.backend.disk_path(sandbox_id)
+
+            def link() -> None:
+                try:
+                    os.link(src, dest)
+                except OSError:
+                    shutil.copyfile(src, dest)
+
+            await asyncio.to_thread(link)
 
     def _schedule_template(self, image: ImageArtifacts, shape: Shape) -> None:
         """Build the template for (image, shape) in the background, once."""
