@@ -171,3 +171,24 @@ def test_the_teardown_check_can_fail(tmp_path: Path) -> None:
         "await runtime.destroy()\n"
     )
     assert _ending_calls(module) == {"cleanup", "destroy"}
+
+
+async def test_a_pooled_vm_that_died_while_waiting_is_torn_down(
+    core: SandboxRegistry, host: Host
+) -> None:
+    import asyncio
+
+    from hutch.images.build import ImageArtifacts
+    from hutch.services.pool import WarmPool
+
+    image = cast(ImageArtifacts, SimpleNamespace(name="base", digest="0" * 16))
+    pool = WarmPool(core, size=1)
+    dead = FakeRuntime(host)
+    dead.agent.closed = True  # type: ignore[attr-defined]
+    core.own_all(SID)  # as the pool's fill registers it
+    core.booted(SID, cast(Runtime, dead))
+    pool.give_back(image, (SID, cast(Runtime, dead)))
+    assert pool.take(image, WarmPool.SHAPE) is None
+    await asyncio.gather(*pool._discards)
+    assert host.calls == ["destroy", "network", "files"]
+    await pool.close()

@@ -46,6 +46,7 @@ class WarmPool:
         self._prepare = prepare
         self._ready: dict[PoolKey, list[tuple[str, Runtime]]] = {}
         self._refills: dict[PoolKey, asyncio.Task[None]] = {}
+        self._discards: set[asyncio.Task[None]] = set()
 
     def take(self, image: ImageArtifacts, shape: Shape) -> tuple[str, Runtime] | None:
         """A ready sandbox (its id and runtime), or None."""
@@ -56,6 +57,10 @@ class WarmPool:
             sandbox_id, runtime = ready.pop(0)
             if not runtime.agent.closed:
                 return sandbox_id, runtime
+            # Its VM died while it waited: everything of it goes (in the background).
+            task = asyncio.create_task(self._discard(sandbox_id), name=f"hutch-pool-{sandbox_id}")
+            self._discards.add(task)
+            task.add_done_callback(self._discards.discard)
         return None
 
     def give_back(self, image: ImageArtifacts, item: tuple[str, Runtime]) -> None:
@@ -99,7 +104,7 @@ class WarmPool:
         """Stop refilling and destroy every pooled VM (they have no rows to adopt)."""
         for task in self._refills.values():
             task.cancel()
-        await asyncio.gather(*self._refills.values(), return_exceptions=True)
+        await asyncio.gather(*self._refills.values(), *self._discards, return_exceptions=True)
         for ready in self._ready.values():
             for sandbox_id, _ in ready:
                 await self._discard(sandbox_id)

@@ -53,10 +53,6 @@ class Reconciler:
         """Sandboxes still being checked after the start."""
         return len(self.core.states.checking)
 
-    async def reconcile(self) -> None:
-        """All of it, at once (the daemon runs the second half in the background)."""
-        await self.rows(await self.host())
-
     async def host(self) -> ReconcilePlan:
         """The quick half, before the API serves: half-built templates and leftovers of
         sandboxes with no live row go; the rows to check are marked as being checked."""
