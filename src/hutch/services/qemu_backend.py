@@ -49,6 +49,8 @@ from hutch.services.qemu_host import (
 from hutch.storage.overlay import create_overlay
 from hutch.vm.accel import detect_accel, host_tsc_khz
 from hutch.vm.argv import VmConfig
+from hutch.vm.cgroup_driver import CgroupDriver, record_path
+from hutch.vm.cgroups import Policy
 from hutch.vm.console import console_tail
 from hutch.vm.disk_chain import compact_if_deep, disk_chain
 from hutch.vm.process import QemuVm
@@ -82,6 +84,9 @@ class QemuRuntime:
     async def wait_exited(self) -> None:
         await self.vm.wait_exited()
 
+    def exit_reason(self) -> str | None:
+        return self.vm.exit_reason
+
     async def destroy(self) -> None:
         with contextlib.suppress(Exception):
             await self.agent.close()
@@ -104,6 +109,8 @@ class QemuBackend:
         self.settings = settings
         self.accel = detect_accel(settings.accel)
         self.run_as = qemu_user(settings)
+        policy = Policy(settings.cgroup_memory_overhead_mib, settings.cgroup_cpu_quota_pct)
+        self.cgroups = CgroupDriver.detect(settings.cgroups, settings.daemon_tag, policy)
         self._boot_gate = asyncio.Semaphore(max(1, os.cpu_count() or 1))
         # The network layer owns addresses; the backend only passes them on to the guest.
         self.guest_network: GuestNetwork = guest_network or (lambda _sandbox_id: None)
@@ -149,7 +156,12 @@ class QemuBackend:
             run_as=self.run_as,
             runtime_disk=image.runtime_disk,
             console_log_bytes=self.settings.console_log_bytes,
+            tcg_tb_mib=self._tb_mib,
         )
+
+    @property
+    def _tb_mib(self) -> int | None:
+        return self.settings.tcg_tb_mib if self.accel == "tcg" else None
 
     async def start(self, rec: SandboxRecord, image: ImageArtifacts) -> QemuRuntime:
         p = self.paths(rec.id)
@@ -168,7 +180,7 @@ class QemuBackend:
         time: a boot is CPU-bound (~12 s of a core under TCG), and a storm of them on a
         few cores pushes every one past the agent timeout; queued boots wait instead."""
         async with self._boot_gate:
-            vm = await QemuVm.launch(cfg)
+            vm = await QemuVm.launch(cfg, cgroup=self.cgroups.for_vm(p.run.name, cfg))
             try:
                 agent = await self._connect_agent(vm, p, hostname=hostname)
             except BaseException:
@@ -230,12 +242,14 @@ class QemuBackend:
             run_as=self.run_as,
             console_log_bytes=self.settings.console_log_bytes,
             incoming=False,
+            tcg_tb_mib=self._tb_mib,
         )
         p.run.mkdir(parents=True, exist_ok=True, mode=0o700)
         if resume_from is None:
             vm, agent = await self._boot(cfg, p, rec.name or rec.id)
         else:
-            vm = await restore(cfg, Path(resume_from), clone=clone)
+            cgroup = self.cgroups.for_vm(p.run.name, cfg)
+            vm = await restore(cfg, Path(resume_from), clone=clone, cgroup=cgroup)
             try:
                 agent = await self._connect_agent(vm, p, hostname=rec.name or rec.id)
             except BaseException:
@@ -291,6 +305,7 @@ class QemuBackend:
             run_as=self.run_as,
             console_log_bytes=self.settings.console_log_bytes,
             incoming=False,
+            tcg_tb_mib=self._tb_mib,
             name=rec.id,
             disk=p.disk,
             qmp_socket=p.qmp_socket,
@@ -303,7 +318,9 @@ class QemuBackend:
         )
         write_config(p.vm_json, cfg)
         crash_point("clone.disk")
-        vm = await restore(cfg, snapshot_dir, clone=True)
+        vm = await restore(
+            cfg, snapshot_dir, clone=True, cgroup=self.cgroups.for_vm(p.run.name, cfg)
+        )
         try:
             agent = await self._connect_agent(vm, p, hostname=rec.name or rec.id)
         except BaseException:
@@ -387,6 +404,7 @@ class QemuBackend:
         if run_root.is_dir():
             for d in run_root.glob("tpl-*"):
                 shutil.rmtree(d, ignore_errors=True)
+        self.cgroups.reclaim(lambda name: name.startswith("tpl-"))
 
     async def recover_snapshot(self, sandbox_id: str, snapshot_dir: str, *, clone: bool) -> bool:
         d = Path(snapshot_dir)
@@ -552,6 +570,7 @@ class QemuBackend:
         against /proc, also with a pidfile and no vm.json: a crash between the two)."""
         p = self.paths(sandbox_id)
         await asyncio.to_thread(kill_verified, p.pidfile, str(p.run))
+        await asyncio.to_thread(self.cgroups.release, sandbox_id, record_path(p.pidfile))
 
     async def cleanup(self, sandbox_id: str) -> None:
         p = self.paths(sandbox_id)
@@ -561,11 +580,15 @@ class QemuBackend:
         await asyncio.to_thread(shutil.rmtree, p.run, True)
         await asyncio.to_thread(shutil.rmtree, p.state, True)
 
+    def close(self) -> None:
+        self.cgroups.close()
+
     def leftover_ids(self) -> set[str]:
         found: set[str] = set()
         for root in (self.settings.sandboxes_dir, self.settings.run_dir):
             if root.is_dir():
                 found.update(d.name for d in root.iterdir() if SANDBOX_ID_RE.match(d.name))
+        found.update(n for n in self.cgroups.group_names() if SANDBOX_ID_RE.match(n))
         return found
 
 

@@ -57,6 +57,7 @@ from hutch.services.policies import PoliciesMixin
 from hutch.services.pool import WarmPool
 from hutch.store import Store
 from hutch.store.db import LIVE_STATES
+from hutch.vm.process import OUT_OF_MEMORY
 
 if TYPE_CHECKING:
     from hutch.net.manager import NetworkManager
@@ -177,6 +178,7 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
         self._monitors.clear()
         if self.net is not None:
             await self.net.close()
+        self.backend.close()
 
     async def reconcile(self) -> None:
         """Make the database and the host agree after a start or crash (all of it; the
@@ -551,7 +553,14 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
             await self.backend.cleanup(sandbox_id)
             # A failed sandbox is never deleted again: its tap and address go now.
             await self._release_network(sandbox_id)
-            self._finish(sandbox_id, SandboxState.FAILED, "the VM stopped unexpectedly")
+            self._finish(sandbox_id, SandboxState.FAILED, _stopped_error(runtime.exit_reason()))
+
+
+def _stopped_error(reason: str | None) -> str:
+    """The error of a sandbox whose VM stopped on its own: an OOM kill says so first."""
+    if reason is not None and reason.startswith(OUT_OF_MEMORY):
+        return reason
+    return "the VM stopped unexpectedly" + (f" ({reason})" if reason else "")
 
 
 @dataclass(frozen=True)
