@@ -15,7 +15,7 @@ APT_PACKAGES := qemu-system-x86 qemu-utils mmdebstrap nftables busybox-static lz
 	e2fsprogs bubblewrap iproute2 cpio kmod xz-utils zstd python3-venv python3-pip \
 	ca-certificates procps
 
-.PHONY: help deps system-deps venv qemu-user image images up down restart check lint typecheck test \
+.PHONY: help deps system-deps test-system-deps apt-install js-deps venv qemu-user image images up down restart check lint typecheck test \
 	test-fast openapi unasync bench clean
 
 help:
@@ -25,8 +25,25 @@ help:
 	@echo "make check   lint, types and the fast test tiers"
 	@echo "make bench   run the benchmark harness (results in bench/results/)"
 
+# Installed by `make test` only: what the test tiers use on the host.
+#   python3-matplotlib: the component tier runs the code-interpreter kernel with the host's
+#   system Python (tests/component/test_contexts.py::test_matplotlib_png).
+TEST_APT_PACKAGES := python3-matplotlib
+
+# The E2B JS SDK smoke test (tests/e2e/test_e2b.py::test_e2b_js_sdk_smoke) runs Node's
+# test runner in tests/e2b_js. Node.js >= 20.18.1 (the SDK's engines) comes with the
+# machine; where there is no node, Debian's nodejs and npm are installed. The packages
+# come from the committed lock with `npm ci` (npm registry; its cache when offline).
+JS_DIR := tests/e2b_js
+
 system-deps:
-	@missing=$$(for p in $(APT_PACKAGES); do \
+	@$(MAKE) --no-print-directory apt-install PACKAGES="$(APT_PACKAGES)"
+
+test-system-deps:
+	@$(MAKE) --no-print-directory apt-install PACKAGES="$(TEST_APT_PACKAGES)"
+
+apt-install:
+	@missing=$$(for p in $(PACKAGES); do \
 		dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; \
 	done); \
 	if [ -n "$$missing" ]; then \
@@ -34,6 +51,14 @@ system-deps:
 		apt-get update -q; \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
 	fi
+
+js-deps: $(JS_DIR)/node_modules/.hutch-installed
+
+$(JS_DIR)/node_modules/.hutch-installed: $(JS_DIR)/package.json $(JS_DIR)/package-lock.json
+	@if ! command -v node >/dev/null || ! command -v npm >/dev/null; then \
+		$(MAKE) --no-print-directory apt-install PACKAGES="nodejs npm"; fi
+	cd $(JS_DIR) && npm ci --no-audit --no-fund --prefer-offline
+	@touch $@
 
 $(BIN)/.installed: pyproject.toml requirements.lock
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -101,7 +126,7 @@ typecheck: venv
 check: deps lint typecheck
 	$(BIN)/pytest tests/unit tests/component $(PYTEST_ARGS)
 
-test: deps lint typecheck images
+test: deps test-system-deps js-deps lint typecheck images
 	HUTCH_TEST_IMAGES_DIR=$(STATE_DIR)/images $(BIN)/pytest tests --durations=25 $(PYTEST_ARGS)
 
 openapi: venv

@@ -143,6 +143,9 @@ class Settings:
     # TCG's translation cache per VM, MiB (QEMU's default is 1 GiB, filled by a busy
     # guest: host memory that is not guest RAM).
     tcg_tb_mib: int = 64
+    # Where the E2B-compatible API listens (E2B_API_URL and E2B_SANDBOX_URL point
+    # here); None: not served.
+    e2b_listen: tuple[str, int] | None = None
 
     @property
     def db_path(self) -> Path:
@@ -183,12 +186,22 @@ class Settings:
     def listen(self) -> str:
         return f"{self.listen_host}:{self.listen_port}"
 
+    @property
+    def e2b_key_path(self) -> Path:
+        """The admin key in E2B's form (``E2B_API_KEY``), 0600."""
+        return self.state_dir / "e2b-api-key"
 
-def parse_listen(value: str) -> tuple[str, int]:
+    @property
+    def e2b_secret_path(self) -> Path:
+        """The secret the E2B face derives sandbox access tokens from, 0600."""
+        return self.state_dir / "e2b-token-secret"
+
+
+def parse_listen(value: str, name: str = "HUTCH_LISTEN") -> tuple[str, int]:
     """Parse ``host:port`` (``[v6]:port`` for IPv6)."""
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise InvalidArgument(f"HUTCH_LISTEN={value!r} is not host:port (example: 127.0.0.1:7070)")
+        raise InvalidArgument(f"{name}={value!r} is not host:port (example: 127.0.0.1:7070)")
     return host.strip("[]"), int(port)
 
 
@@ -251,7 +264,10 @@ def _net_limit(source: str, key: str, value: Any) -> int:
 
 def _from_mapping(base: Settings, values: dict[str, Any], source: str) -> Settings:
     known = {f.name for f in fields(Settings)} - {"images_dir_override", "limits", "net_limits"}
-    known |= {"listen", "max_sandboxes", "max_memory_mib", "images_dir", *NET_LIMIT_SETTINGS}
+    known = known - {"e2b_listen"} | {
+        "listen", "e2b_listen", "max_sandboxes", "max_memory_mib", "images_dir",
+        *NET_LIMIT_SETTINGS,
+    }  # fmt: skip
     unknown = set(values) - known
     if unknown:
         raise InvalidArgument(
@@ -264,6 +280,10 @@ def _from_mapping(base: Settings, values: dict[str, Any], source: str) -> Settin
         if "listen" in values:
             host, port = parse_listen(str(values["listen"]))
             s = replace(s, listen_host=host, listen_port=port)
+        if "e2b_listen" in values:
+            raw = str(values["e2b_listen"]).strip()
+            e2b = None if raw in ("", "off") else parse_listen(raw, "HUTCH_E2B_LISTEN")
+            s = replace(s, e2b_listen=e2b)
         if "accel" in values:
             s = replace(s, accel=str(values["accel"]).lower())
         if "default_image" in values:
@@ -336,6 +356,11 @@ def _from_mapping(base: Settings, values: dict[str, Any], source: str) -> Settin
             s = replace(s, net_limits=replace(s.net_limits, **net_limits))
     except (TypeError, ValueError) as exc:
         raise InvalidArgument(f"{source}: {exc}") from exc
+    if s.e2b_listen is not None and s.e2b_listen[1] == s.listen_port:
+        raise InvalidArgument(
+            f"{source}: e2b_listen port {s.e2b_listen[1]} is the API's own port; give the "
+            "E2B-compatible API a port of its own"
+        )
     if s.accel not in ACCEL_CHOICES:
         raise InvalidArgument(f"{source}: accel={s.accel!r}; accepted: {', '.join(ACCEL_CHOICES)}")
     return s
@@ -428,6 +453,7 @@ _ENV = {
     "HUTCH_CGROUP_MEMORY_OVERHEAD_MIB": "cgroup_memory_overhead_mib",
     "HUTCH_CGROUP_CPU_QUOTA_PCT": "cgroup_cpu_quota_pct",
     "HUTCH_TCG_TB_MIB": "tcg_tb_mib",
+    "HUTCH_E2B_LISTEN": "e2b_listen",
 }
 _ENV_OF = {key: name for name, key in _ENV.items()}
 

@@ -6,16 +6,20 @@ import asyncio
 import logging
 import logging.handlers
 import os
+import socket
 import sys
 
 import uvicorn
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hutch.api import create_app
 from hutch.api.auth import load_or_create_key
 from hutch.api.redact import RedactingFormatter
 from hutch.config import Settings
-from hutch.net.manager import NetworkManager
+from hutch.e2b import create_e2b_app
+from hutch.e2b.keys import load_or_create_secret, write_e2b_key_file
 from hutch.services.images import HostImages, LocalBootSets, LocalImages
+from hutch.services.network import NetworkService as NetworkManager
 from hutch.services.qemu_backend import QemuBackend
 from hutch.services.sandboxes import SandboxService
 from hutch.store import Store
@@ -42,10 +46,15 @@ def setup_logging(settings: Settings, secrets: tuple[str, ...] = ()) -> None:
 
 
 def prepare_state_dir(settings: Settings) -> str:
-    """Create the state dir (0700) and return the API key (created on first start)."""
+    """Create the state dir (0700) and return the API key (created on first start);
+    with the E2B face on, also its token secret and the key in E2B's form."""
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(settings.state_dir, 0o700)
-    return load_or_create_key(settings.api_key_path)
+    key = load_or_create_key(settings.api_key_path)
+    if settings.e2b_listen is not None:
+        load_or_create_secret(settings.e2b_secret_path)
+        write_e2b_key_file(settings.e2b_key_path, key)
+    return key
 
 
 def build(settings: Settings) -> tuple[SandboxService, str]:
@@ -72,25 +81,68 @@ def build(settings: Settings) -> tuple[SandboxService, str]:
     return SandboxService(settings, store, backend, images, net=net), key
 
 
+class ByListener:
+    """One ASGI app per listening socket, told apart by the local port of the
+    connection: hutch's REST API, and the E2B face when it is on. One server, one
+    lifespan (the REST app's: it starts and closes the services), one shutdown."""
+
+    def __init__(self, main: ASGIApp, others: dict[int, ASGIApp]) -> None:
+        self.main = main
+        self.others = others
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            server = scope.get("server")
+            target = self.others.get(server[1]) if server else None
+            if target is not None:
+                await target(scope, receive, send)
+                return
+        await self.main(scope, receive, send)
+
+
+def _listen_socket(host: str, port: int, what: str) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as exc:
+        raise SystemExit(f"hutchd could not listen on {host}:{port} ({what}): {exc}") from exc
+
+
 async def serve(settings: Settings) -> None:
     svc, key = build(settings)
     app = create_app(svc, key)
+    sockets = [_listen_socket(settings.listen_host, settings.listen_port, "HUTCH_LISTEN")]
+    e2b = None
+    routed: ASGIApp = app
+    if settings.e2b_listen is not None:
+        host, port = settings.e2b_listen
+        sockets.append(_listen_socket(host, port, "HUTCH_E2B_LISTEN"))
+        e2b = create_e2b_app(svc, key, load_or_create_secret(settings.e2b_secret_path))
+        routed = ByListener(app, {port: e2b})
     config = uvicorn.Config(
-        app,
-        host=settings.listen_host,
-        port=settings.listen_port,
+        routed,
         log_config=None,
         access_log=False,
         timeout_graceful_shutdown=5,
     )
     server = uvicorn.Server(config)
+    e2b_line = ""
+    if settings.e2b_listen is not None:
+        e2b_host, e2b_port = settings.e2b_listen
+        e2b_line = f", E2B API on http://{e2b_host}:{e2b_port}"
     print(
-        f"hutchd {app.version}: listening on http://{settings.listen}, "
+        f"hutchd {app.version}: listening on http://{settings.listen}{e2b_line}, "
         f"state in {settings.state_dir}, accel {svc.backend.accel}",
         file=sys.stderr,
         flush=True,
     )
-    await server.serve()
+    try:
+        await server.serve(sockets=sockets)
+    finally:
+        if e2b is not None:
+            await e2b.close()
+        for sock in sockets:
+            sock.close()
     if not server.started:
         raise SystemExit(f"hutchd could not listen on {settings.listen}")
 

@@ -20,8 +20,8 @@ import pytest
 
 from hutch.config import Settings
 from hutch.net.dataplane import MemoryDataplane
-from hutch.net.manager import NetworkManager
 from hutch.net.views import EgressEvent
+from hutch.services.network import NetworkService as NetworkManager
 from hutch.services.sandboxes import SandboxService
 from hutch.store import Store
 from tests.component.conftest import FakeImages

@@ -5,17 +5,22 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import importlib.util
 import json
+import subprocess
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.component.fake_backend import AGENT_PYTHON
+
 pytestmark = pytest.mark.timeout(120)
 
-# The fake backend runs the kernel with the host's system Python.
-HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+# The fake backend runs the kernel with the host's system Python (`make test` installs
+# python3-matplotlib for it).
+HAS_MATPLOTLIB = (
+    subprocess.run([AGENT_PYTHON, "-c", "import matplotlib"], capture_output=True).returncode == 0
+)
 
 
 @pytest.fixture
@@ -90,8 +95,9 @@ async def test_rich_outputs(api: httpx.AsyncClient, sid: str) -> None:
 
 @pytest.mark.skipif(
     not HAS_MATPLOTLIB,
-    reason="matplotlib is not installed on this host, where the component tier runs the "
-    "kernel; tests/vm/test_interpreter_vm.py checks PNG charts in the devbox image",
+    reason=f"matplotlib is not installed for {AGENT_PYTHON}, which runs the kernel in the "
+    "component tier: `make test` installs python3-matplotlib (tests/vm/test_interpreter_vm.py "
+    "checks PNG charts in the devbox image)",
 )
 async def test_matplotlib_png(api: httpx.AsyncClient, sid: str) -> None:
     cid = await make_ctx(api, sid)

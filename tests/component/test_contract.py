@@ -33,8 +33,8 @@ from hutch.errors import (
     UnknownImage,
 )
 from hutch.net.dataplane import MemoryDataplane
-from hutch.net.manager import NetworkManager
 from hutch.sdk import AsyncClient, AsyncSandbox, ExecExit, ExecOutput
+from hutch.services.network import NetworkService as NetworkManager
 from hutch.services.sandboxes import SandboxService
 from hutch.store import Store
 from hutch.testing import FakeHutch

@@ -40,7 +40,7 @@ from hutch.api import create_app
 from hutch.config import Limits, Settings
 from hutch.models import SandboxSpec
 from hutch.net.dataplane import MemoryDataplane
-from hutch.net.manager import NetworkManager
+from hutch.services.network import NetworkService as NetworkManager
 from hutch.services.sandboxes import SandboxService
 from hutch.store import Store
 from tests.component.conftest import API_KEY, FakeImages

@@ -1,7 +1,7 @@
 """Issue 17.5: one sandbox's DNS or connection flood must not cost another anything.
 
 Over real loopback sockets: the resolver and the proxy with per-sender limits (each
-sandbox its own 127.0.0.x source), then the whole NetworkManager (its servers in the
+sandbox its own 127.0.0.x source), then the whole NetworkService (its servers in the
 data path's thread, the in-memory dataplane) with a pool inside 127/8 so that test
 clients can send from sandbox addresses. The kernel side (nft ceilings, the per-sandbox
 log budget) is proven in tests/privileged/test_nft_limits.py, the lot with real VMs in
@@ -26,15 +26,15 @@ import dns.rcode
 import pytest
 
 from hutch.config import NetLimits, Settings
-from hutch.net import manager as manager_module
+from hutch.net import enforcer as enforcer_module
 from hutch.net.dataplane import MemoryDataplane
 from hutch.net.dns import MAX_INFLIGHT_PER_SOURCE, Resolver, SandboxNetInfo
 from hutch.net.egress_log import EgressLog
-from hutch.net.manager import NetworkManager
 from hutch.net.nft_apply import SandboxCounters
 from hutch.net.proxy import EgressProxy
 from hutch.net.ratelimit import Rate
 from hutch.net.rules import parse_policy
+from hutch.services.network import NetworkService
 from hutch.store import Store
 from tests.component.test_net_dns import BLACKHOLE, Directory, FakeUpstream, upstream
 
@@ -249,9 +249,9 @@ A_ID, B_ID = "sb-aaaaaaaaaaaa", "sb-bbbbbbbbbbbb"
 @pytest.fixture
 async def net(
     tmp_path: Path, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[NetworkManager]:
-    monkeypatch.setattr(manager_module, "_COUNTERS_EVERY_S", 0.2)
-    monkeypatch.setattr(manager_module, "_REFUSALS_EVERY_S", 0.2)
+) -> AsyncIterator[NetworkService]:
+    monkeypatch.setattr(enforcer_module, "_COUNTERS_EVERY_S", 0.2)
+    monkeypatch.setattr(enforcer_module, "_REFUSALS_EVERY_S", 0.2)
     settings = Settings(
         state_dir=tmp_path,
         # Inside 127/8: the test can send from the sandboxes' guest addresses.
@@ -259,7 +259,7 @@ async def net(
         dns_upstream=("127.0.0.53", upstream.port),
         net_limits=replace(NetLimits(), dns_rate=20, dns_burst=30),
     )
-    manager = NetworkManager(settings, Store(settings.db_path), lambda _s: None, MemoryDataplane())
+    manager = NetworkService(settings, Store(settings.db_path), lambda _s: None, MemoryDataplane())
     await manager.start([])
     await manager.attach(A_ID, parse_policy(["good.test"]))
     await manager.attach(B_ID, parse_policy(["good.test"]))
@@ -267,27 +267,29 @@ async def net(
     for sid in (A_ID, B_ID):
         await manager.detach(sid)
     await manager.close()
-    assert manager.datapath.thread is None
+    assert manager.enforcer.datapath.thread is None
 
 
-def addr(net: NetworkManager, sid: str) -> str:
+def addr(net: NetworkService, sid: str) -> str:
     address = net.address_of(sid)
     assert address is not None
     return str(address)
 
 
-async def test_the_resolver_answers_while_the_api_loop_is_blocked(net: NetworkManager) -> None:
+async def test_the_resolver_answers_while_the_api_loop_is_blocked(net: NetworkService) -> None:
     """The data path has its own thread and loop: a busy API loop does not hold DNS up
     (and, the point of issue 17.5, a DNS flood does not hold the API up)."""
-    assert net.datapath.thread is not None
-    assert net.datapath.thread is not threading.current_thread()
+    assert net.enforcer.datapath.thread is not None
+    assert net.enforcer.datapath.thread is not threading.current_thread()
     result: list[tuple[str, float]] = []
     src = addr(net, B_ID)
 
     def query() -> None:
         # A name no rule allows: answered by the resolver alone (the fake upstream runs
         # in this test's loop, which is about to be blocked too).
-        result.append((ask(src, net.resolver.port, "nope.test", timeout=5), time.monotonic()))
+        result.append(
+            (ask(src, net.enforcer.resolver.port, "nope.test", timeout=5), time.monotonic())
+        )
 
     asker = threading.Thread(target=query)
     asker.start()
@@ -299,13 +301,13 @@ async def test_the_resolver_answers_while_the_api_loop_is_blocked(net: NetworkMa
     assert answered_at < blocked_until, "the answer waited for the API's loop"
 
 
-async def test_a_flood_is_a_summary_line_a_second_and_counted(net: NetworkManager) -> None:
+async def test_a_flood_is_a_summary_line_a_second_and_counted(net: NetworkService) -> None:
     got = await asyncio.to_thread(
-        flood, addr(net, A_ID), net.resolver.port, [f"f{i}.flood.test" for i in range(800)]
+        flood, addr(net, A_ID), net.enforcer.resolver.port, [f"f{i}.flood.test" for i in range(800)]
     )
-    assert await asyncio.to_thread(ask, addr(net, B_ID), net.resolver.port, "good.test") == (
-        "NOERROR"
-    )
+    assert await asyncio.to_thread(
+        ask, addr(net, B_ID), net.enforcer.resolver.port, "good.test"
+    ) == ("NOERROR")
     await asyncio.sleep(0.6)  # a few accounting ticks
     view = net.egress_view(A_ID)
     assert view.rate_limited == got["REFUSED"] > 600, (view, got)
@@ -319,8 +321,8 @@ async def test_a_flood_is_a_summary_line_a_second_and_counted(net: NetworkManage
     assert view.denied == got["NXDOMAIN"]
 
 
-async def test_kernel_counts_become_counters_and_lines(net: NetworkManager) -> None:
-    dataplane = net.dataplane
+async def test_kernel_counts_become_counters_and_lines(net: NetworkService) -> None:
+    dataplane = net.enforcer.dataplane
     assert isinstance(dataplane, MemoryDataplane)
     dataplane.counter_values[A_ID] = SandboxCounters(0, 500, unlogged=460, rate_limited=9000)
     dataplane.counter_values[B_ID] = SandboxCounters(3, 2)
@@ -340,15 +342,17 @@ async def test_kernel_counts_become_counters_and_lines(net: NetworkManager) -> N
 
 
 async def test_an_allowed_name_resolved_in_a_loop_costs_one_dataplane_call(
-    net: NetworkManager, monkeypatch: pytest.MonkeyPatch
+    net: NetworkService, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    dataplane = net.dataplane
+    dataplane = net.enforcer.dataplane
     assert isinstance(dataplane, MemoryDataplane)
     clock = [1000.0]
-    monkeypatch.setattr(net.learner, "_clock", lambda: clock[0])
+    monkeypatch.setattr(net.enforcer.learner, "_clock", lambda: clock[0])
     src = addr(net, B_ID)
     for _ in range(15):
-        assert await asyncio.to_thread(ask, src, net.resolver.port, "good.test") == "NOERROR"
+        assert (
+            await asyncio.to_thread(ask, src, net.enforcer.resolver.port, "good.test") == "NOERROR"
+        )
     assert dataplane.learned_calls == 1
     [item] = dataplane.learned_items[B_ID]
     assert item.ttl == 30 + 10, "TTL floor plus the slack that lets repeats skip nft"
@@ -357,7 +361,7 @@ async def test_an_allowed_name_resolved_in_a_loop_costs_one_dataplane_call(
     clock[0] += 5
     await net.set_policy(B_ID, parse_policy(["good.test", "other.test"]))
     assert [(i.address, i.ttl) for i in dataplane.learned_items[B_ID]] == [(item.address, 35)]
-    assert await asyncio.to_thread(ask, src, net.resolver.port, "good.test") == "NOERROR"
+    assert await asyncio.to_thread(ask, src, net.enforcer.resolver.port, "good.test") == "NOERROR"
     assert dataplane.learned_calls == 1
     # What a flush left no longer covers an answer's 30 s: the address is learned again
     # (the memory never claims more than the swap wrote). The answer at 1005 s made
@@ -365,6 +369,6 @@ async def test_an_allowed_name_resolved_in_a_loop_costs_one_dataplane_call(
     clock[0] += 15
     await net.set_policy(B_ID, parse_policy(["good.test"]))
     assert [i.ttl for i in dataplane.learned_items[B_ID]] == [25]
-    assert await asyncio.to_thread(ask, src, net.resolver.port, "good.test") == "NOERROR"
+    assert await asyncio.to_thread(ask, src, net.enforcer.resolver.port, "good.test") == "NOERROR"
     assert dataplane.learned_calls == 2, "after a flush the address is learned again"
     assert [i.ttl for i in dataplane.learned_items[B_ID]] == [25, 40]

@@ -23,10 +23,10 @@ from hutch.config import NetLimits, Settings
 from hutch.net.dataplane import MemoryDataplane
 from hutch.net.dns import SandboxNetInfo
 from hutch.net.egress_log import EgressLog
-from hutch.net.manager import NetworkManager
 from hutch.net.nft import LearnedAddress, SandboxNet, TableConfig
 from hutch.net.proxy import EgressProxy
 from hutch.net.rules import parse_policy
+from hutch.services.network import NetworkService
 from hutch.store import Store
 from tests.component.test_net_dns import Directory, FakeUpstream, upstream
 from tests.component.test_net_flood import ask
@@ -67,7 +67,7 @@ class GatedDataplane(MemoryDataplane):
 @pytest.fixture
 async def gated(
     tmp_path: Path, upstream: FakeUpstream
-) -> AsyncIterator[tuple[NetworkManager, GatedDataplane]]:
+) -> AsyncIterator[tuple[NetworkService, GatedDataplane]]:
     settings = Settings(
         state_dir=tmp_path,
         net_pool=IPv4Network("127.77.0.0/24"),  # inside 127/8: the test sends from it
@@ -75,7 +75,7 @@ async def gated(
         net_limits=replace(NetLimits()),
     )
     dataplane = GatedDataplane()
-    manager = NetworkManager(settings, Store(settings.db_path), lambda _s: None, dataplane)
+    manager = NetworkService(settings, Store(settings.db_path), lambda _s: None, dataplane)
     await manager.start([])
     await manager.attach(SID, parse_policy(["good.test"]))
     yield manager, dataplane
@@ -85,13 +85,13 @@ async def gated(
 
 
 async def test_a_rule_change_waits_for_a_learning_in_flight_and_then_drops_it(
-    gated: tuple[NetworkManager, GatedDataplane],
+    gated: tuple[NetworkService, GatedDataplane],
 ) -> None:
     net, dataplane = gated
     address = net.address_of(SID)
     assert address is not None
     answer = asyncio.create_task(
-        asyncio.to_thread(ask, str(address), net.resolver.port, "good.test")
+        asyncio.to_thread(ask, str(address), net.enforcer.resolver.port, "good.test")
     )
     assert await asyncio.to_thread(dataplane.entered.wait, 5), "the answer is being learned"
     change = asyncio.create_task(net.set_policy(SID, parse_policy(["other.test"])))
@@ -105,7 +105,9 @@ async def test_a_rule_change_waits_for_a_learning_in_flight_and_then_drops_it(
     assert dataplane.learned_items[SID] == []
     # An answer decided under the old rules and handed over after the change is not
     # learned into the new sets.
-    await net.datapath.run(net.learner.learn(SID, [(GOOD, None)], 30, "good.test"))
+    await net.enforcer.datapath.run(
+        net.enforcer.learner.learn(SID, [(GOOD, None)], 30, "good.test")
+    )
     assert dataplane.calls == ["learned", "replace"]
     assert dataplane.learned_items[SID] == []
 

@@ -1,5 +1,6 @@
 """File watch and tar transfers of whole directories through the REST API, against the
-real guest agent (tests/vm/test_watch_vm.py repeats the essentials in a VM)."""
+real guest agent (tests/vm/test_ladder.py repeats the essentials in a VM: booted,
+restored and forked)."""
 
 from __future__ import annotations
 

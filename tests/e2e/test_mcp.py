@@ -25,8 +25,8 @@ import pytest
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
+from hutch.agent_tools.specs import TOOLS
 from hutch.errors import NotFound
-from hutch.mcp.specs import TOOLS
 from tests.e2e.conftest import Daemon, free_port, tail
 
 # Creating a VM under TCG, first one included, stays well inside this.

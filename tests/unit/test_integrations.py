@@ -10,9 +10,9 @@ import pytest
 from langchain_core.messages import ToolMessage
 from langchain_core.tools import StructuredTool
 
+from hutch.agent_tools.specs import TOOLS, TOOLS_BY_NAME
 from hutch.integrations import openai_tools
 from hutch.integrations.langchain import LangChainMissing, hutch_tools
-from hutch.mcp.specs import TOOLS, TOOLS_BY_NAME
 from hutch.sdk import AsyncClient
 from hutch.testing import FakeHutch, FakeRun
 

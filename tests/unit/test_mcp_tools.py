@@ -1,4 +1,4 @@
-"""The agent tools (hutch.mcp.tools) and the MCP server, against the SDK's FakeHutch.
+"""The agent tools (hutch.agent_tools.tools) and the MCP server, against the SDK's FakeHutch.
 
 The server tests use the MCP SDK's in-process client (``mcp.Client(server)``): the real
 protocol (initialize, tools/list, tools/call) without a subprocess.
@@ -26,12 +26,12 @@ import uvicorn
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
+from hutch.agent_tools._output import OutputCapture
+from hutch.agent_tools._validate import SUPPORTED_KEYWORDS, check_arguments
+from hutch.agent_tools.specs import TOOLS, TOOLS_BY_NAME
+from hutch.agent_tools.tools import HutchTools, ToolError
 from hutch.errors import InvalidArgument
-from hutch.mcp._output import OutputCapture
-from hutch.mcp._validate import SUPPORTED_KEYWORDS, check_arguments
 from hutch.mcp.server import build_server, http_app
-from hutch.mcp.specs import TOOLS, TOOLS_BY_NAME
-from hutch.mcp.tools import HutchTools, ToolError
 from hutch.sdk import AsyncClient
 from hutch.testing import FakeHutch, FakeRun, FakeSandbox
 

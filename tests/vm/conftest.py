@@ -9,6 +9,12 @@
 - ``vm_paths``: a short run dir (unix socket paths are limited to 107 bytes) plus a
   state dir; ``make_vm_config`` turns them into a ``VmConfig``.
 - When a test fails, the console and QEMU logs of every VM config it made are printed.
+- The VM ladder (``tests/vm/ladder.py``): ``ladder``, ``sandbox_booted``,
+  ``sandbox_paused``, ``sandbox_restored``, ``sandbox_forked`` and ``guest`` (each of
+  booted, restored, forked); its tests run rung by rung, and a failing one gets every
+  ladder sandbox's console and QEMU log.
+- ``qemu_census`` (session, autouse): the QEMU boots and restores of the run, per module,
+  in the terminal summary (see ``tests/vm/qemu_census.py``).
 """
 
 from __future__ import annotations
@@ -29,6 +35,16 @@ import pytest
 from hutch.vm.accel import detect_accel, host_tsc_khz
 from hutch.vm.argv import VmConfig
 from tests.conftest import ensure_image
+from tests.vm import ladder as _ladder
+from tests.vm.ladder import (  # noqa: F401 (fixtures)
+    guest,
+    ladder,
+    sandbox_booted,
+    sandbox_forked,
+    sandbox_paused,
+    sandbox_restored,
+)
+from tests.vm.qemu_census import Census
 
 REPO = Path(__file__).resolve().parents[2]
 READY_MARKER = "HUTCH-FIXTURE-READY"
@@ -198,12 +214,12 @@ _CONFIGS_KEY = pytest.StashKey[list[VmConfig]]()
 
 @pytest.fixture
 def make_vm_config(request: pytest.FixtureRequest, vm_paths: VmPaths) -> Callable[..., VmConfig]:
-    """``make_vm_config(guest, disk, name="t0", vcpus=1, memory_mib=256)``."""
+    """``make_vm_config(files, disk, name="t0", vcpus=1, memory_mib=256)``."""
     made = request.node.stash.setdefault(_CONFIGS_KEY, [])
     accel = detect_accel(os.environ.get("HUTCH_ACCEL", "auto"))
 
     def make(
-        guest: GuestFiles, disk: Path, name: str = "t0", vcpus: int = 1, memory_mib: int = 256
+        files: GuestFiles, disk: Path, name: str = "t0", vcpus: int = 1, memory_mib: int = 256
     ) -> VmConfig:
         sock_dir = vm_paths.run_dir / name
         sock_dir.mkdir(exist_ok=True)
@@ -213,9 +229,9 @@ def make_vm_config(request: pytest.FixtureRequest, vm_paths: VmPaths) -> Callabl
             name=name,
             vcpus=vcpus,
             memory_mib=memory_mib,
-            kernel=guest.kernel,
-            initrd=guest.initrd,
-            cmdline=guest.cmdline,
+            kernel=files.kernel,
+            initrd=files.initrd,
+            cmdline=files.cmdline,
             disk=disk,
             accel=accel,
             qmp_socket=sock_dir / "qmp.sock",
@@ -236,6 +252,8 @@ def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
+    if report.failed and (ladder_ := _ladder.ladder_of(item)) is not None:
+        report.sections.extend(ladder_.diagnostics())
     if report.failed:
         for cfg in item.stash.get(_CONFIGS_KEY, []):
             for label, path in (("console", cfg.console_log), ("qemu", cfg.qemu_log)):
@@ -245,3 +263,25 @@ def pytest_runtest_makereport(
                     continue
                 report.sections.append((f"VM {cfg.name} {label} log ({path})", text))
     return report
+
+
+_CENSUS = Census()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def qemu_census() -> Iterator[Census]:
+    _CENSUS.start()
+    yield _CENSUS
+    _CENSUS.stop()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _CENSUS.boots or _CENSUS.restores:
+        terminalreporter.section("QEMU launches (tests/vm/qemu_census.py)")
+        for line in _CENSUS.report():
+            terminalreporter.line(line)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    _ladder.order_items(items)

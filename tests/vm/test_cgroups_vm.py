@@ -157,7 +157,8 @@ async def test_filling_guest_ram_stays_inside_qemus_limit(
     )
     anon = int(stat.get("rss", stat.get("anon", "0")))
     print(
-        f"QEMU with guest RAM full: peak {peak >> 20} MiB of {LIMIT >> 20} MiB, anon {anon >> 20} MiB"
+        f"QEMU with guest RAM full: peak {peak >> 20} MiB of {LIMIT >> 20} MiB, "
+        f"anon {anon >> 20} MiB"
     )
     # The hog did fill guest RAM (QEMU's charge grew to about it) ...
     assert peak > (SHAPE.memory_mib - 64) << 20, peak

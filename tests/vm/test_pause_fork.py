@@ -1,7 +1,8 @@
-"""Pause, resume and fork of real micro-VMs through the service.
-
-Memory mode keeps running processes exactly where they were; disk mode keeps files only;
-a fork gives independent children with their own identity and disk.
+"""Pause, resume, fork and snapshots of real micro-VMs through the service, beyond
+what the VM ladder checks (tests/vm/test_ladder.py: a memory pause keeps processes,
+memory, sockets and terminals; fork children are independent copies with their own
+identity): disk mode keeps files only, a named snapshot starts new sandboxes and refuses
+tampering, deep disk chains are compacted while the guest runs.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from hutch.models import PauseMode, SandboxSpec, SandboxState, Shape
 from hutch.services.qemu_backend import QemuBackend
 from hutch.services.sandboxes import SandboxService
 from hutch.vm.disk_chain import disk_chain
-from tests.vm.services import qemu_pids_mentioning
+from tests.vm import guest_programs as gp
 from tests.vm.test_sandbox_vm import run, service  # noqa: F401
 
 pytestmark = [pytest.mark.vm, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(600)]
@@ -30,44 +31,10 @@ COUNTER = (
     "setsid -f sh -c 'i=0; while :; do i=$((i+1)); "
     "echo $i > /tmp/c.new; mv /tmp/c.new /tmp/c; sleep 0.2; done'"
 )
-# A Python process holding a value in memory only; it answers on a FIFO.
-HOLDER = (
-    'mkfifo /tmp/q /tmp/a && setsid -f python3 -c "'
-    "import random\n"
-    "secret = random.getrandbits(64)\n"
-    "open('/tmp/secret-at-start', 'w').write(str(secret))\n"
-    "while True:\n"
-    "    open('/tmp/q').read()\n"
-    "    open('/tmp/a', 'w').write(str(secret))\n"
-    '"'
-)
-
-
-# A TCP listener that keeps a file open from before the pause and appends to it for
-# every client: after resume the same socket must accept and the same fd must write.
-LISTENER = (
-    'setsid -f python3 -c "'
-    "import socket\n"
-    "log = open('/tmp/served.log', 'a', buffering=1)\n"
-    "s = socket.socket()\n"
-    "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-    "s.bind(('127.0.0.1', 7777))\n"
-    "s.listen()\n"
-    "while True:\n"
-    "    c, _ = s.accept()\n"
-    "    log.write('served\\n')\n"
-    "    c.sendall(b'pong')\n"
-    "    c.close()\n"
-    '"'
-)
-PING = (
-    'python3 -c "import socket; '
-    "print(socket.create_connection(('127.0.0.1', 7777), timeout=10).recv(4).decode())\""
-)
 
 
 async def ask_holder(svc: SandboxService, sid: str) -> str:
-    return await run(svc, sid, "echo x > /tmp/q; cat /tmp/a", timeout_s=30)
+    return await run(svc, sid, gp.ASK_HOLDER, timeout_s=30)
 
 
 async def counter(svc: SandboxService, sid: str) -> int:
@@ -77,73 +44,12 @@ async def counter(svc: SandboxService, sid: str) -> int:
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def parent(service: SandboxService) -> AsyncIterator[str]:  # noqa: F811
     rec = await service.create(SandboxSpec(image="base", shape=Shape(memory_mib=256), name="dad"))
-    await run(service, rec.id, COUNTER)
-    await run(service, rec.id, HOLDER)
+    await run(service, rec.id, gp.HOLDER)
     for _ in range(50):
-        if (await run(service, rec.id, "test -e /tmp/secret-at-start && echo y || true")) == "y\n":
+        if (await run(service, rec.id, gp.HOLDER_UP)) == "y\n":
             break
         await asyncio.sleep(0.2)
     yield rec.id
-
-
-async def test_memory_pause_keeps_processes(service: SandboxService, parent: str) -> None:  # noqa: F811
-    await run(service, parent, ["sh", "-c", "echo keep > /root/file"])
-    await run(service, parent, LISTENER)
-    for _ in range(50):  # the listener binds a moment after setsid returns
-        if "pong" in await run(service, parent, PING + " 2>/dev/null || true"):
-            break
-        await asyncio.sleep(0.2)
-    secret = await ask_holder(service, parent)
-    before = await counter(service, parent)
-    rec = await service.pause(parent, PauseMode.MEMORY)
-    assert rec.state is SandboxState.PAUSED
-    assert isinstance(service.backend, QemuBackend)
-    assert qemu_pids_mentioning(str(service.backend.paths(parent).run)) == [], (
-        "a paused sandbox must not keep a QEMU process"
-    )
-    await asyncio.sleep(2)
-    await service.resume(parent)
-    after = await counter(service, parent)
-    assert before <= after < before + 8, (
-        f"the counter restarted or ran while paused: {before}->{after}"
-    )
-    await asyncio.sleep(1)
-    assert await counter(service, parent) > after, "the counter does not run after resume"
-    assert await ask_holder(service, parent) == secret
-    assert await run(service, parent, ["cat", "/root/file"]) == "keep\n"
-    # The same listening socket and the same open file, not new ones.
-    assert await run(service, parent, PING) == "pong\n"
-    assert await run(service, parent, ["cat", "/tmp/served.log"]) == "served\nserved\n"
-    guest_now = float(await run(service, parent, ["date", "+%s.%N"]))
-    assert abs(guest_now - time.time()) < 5, "the guest clock was not corrected after resume"
-
-
-async def test_fork_gives_independent_children(service: SandboxService, parent: str) -> None:  # noqa: F811
-    secret = await ask_holder(service, parent)
-    children = await service.fork(parent, 3)
-    ids = [c.id for c in children]
-    assert all(c.state is SandboxState.RUNNING and c.parent_id == parent for c in children)
-    everyone = [parent, *ids]
-
-    hostnames = {await run(service, s, ["hostname"]) for s in everyone}
-    assert len(hostnames) == 4
-    machine_ids = {await run(service, s, ["cat", "/etc/machine-id"]) for s in everyone}
-    assert len(machine_ids) == 4, "children share a machine-id"
-    randoms = {await run(service, s, "head -c 16 /dev/urandom | od -An -tx1") for s in everyone}
-    assert len(randoms) == 4, "children return the same random bytes"
-    # Memory was copied: every child still has the parent's Python value and counter.
-    for child in ids:
-        assert await ask_holder(service, child) == secret
-        assert await counter(service, child) > 0
-
-    await run(service, ids[0], ["sh", "-c", "echo mine > /root/only-in-child"])
-    for other in (parent, ids[1], ids[2]):
-        out = await run(service, other, "cat /root/only-in-child 2>/dev/null || echo absent")
-        assert out == "absent\n"
-    assert service.get(parent).state is SandboxState.RUNNING
-    for child in ids:
-        await service.delete(child)
-    assert await ask_holder(service, parent) == secret
 
 
 async def test_disk_pause_keeps_files_not_processes(service: SandboxService) -> None:  # noqa: F811

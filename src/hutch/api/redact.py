@@ -7,7 +7,8 @@ access log, when on, every request's), messages and tracebacks alike. A line los
 - the values of every URL query string (``/pty?[redacted]``): a query may carry a key
   (``?token=`` from an old client), and others (a terminal's ``cmd=``) may carry secrets;
 - the daemon's own API key wherever it appears, and anything shaped like a hutch key
-  (``hk_...``: a wrong key, another daemon's);
+  (``hk_...``: a wrong key, another daemon's) or like an E2B key or access token of
+  the E2B face (``e2b_...``);
 - ``Bearer <credentials>`` and ``token=``/``key=``/``secret=``/``password=`` values.
 """
 
@@ -23,6 +24,7 @@ REDACTED = "[redacted]"
 # A query string after a URL path: "?" followed by name=..., up to whitespace or a quote.
 _QUERY = re.compile(r"(?<=[^\s?])\?(?=[\w.~%+-]*=)[^\s\"'<>]*")
 _HUTCH_KEY = re.compile(r"hk_[A-Za-z0-9_-]{8,}")
+_E2B_KEY = re.compile(r"e2b_[A-Za-z0-9_-]{8,}")
 _BEARER = re.compile(r"(?i)\b(bearer)\s+[^\s\"',;]+")
 _ASSIGNED = re.compile(
     r"(?i)\b(token|api[_-]?key|access[_-]?key|secret|password|authorization)"
@@ -37,6 +39,7 @@ def redact(text: str, secrets: tuple[str, ...] = ()) -> str:
             text = text.replace(secret, REDACTED)
     text = _QUERY.sub("?" + REDACTED, text)
     text = _HUTCH_KEY.sub("hk_" + REDACTED, text)
+    text = _E2B_KEY.sub("e2b_" + REDACTED, text)
     text = _BEARER.sub(r"\1 " + REDACTED, text)
     return _ASSIGNED.sub(r"\1\2" + REDACTED, text)
 

@@ -1,7 +1,7 @@
 """The contract of API v1: every fact that the daemon, the SDK, MCP and the fakes share.
 
 One home per fact (conventions: "Declare a fact once"): the schemas (``hutch.api``), the
-SDK (``hutch.sdk``), the MCP tool catalogue (``hutch.mcp.specs``) and the in-memory fake
+SDK (``hutch.sdk``), the MCP tool catalogue (``hutch.agent_tools.specs``) and the in-memory fake
 (``hutch.testing``) import these modules instead of writing their own copies::
 
     limits        every range, default and size bound of a request

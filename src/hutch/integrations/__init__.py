@@ -5,6 +5,6 @@
 - :mod:`hutch.integrations.langchain`: LangChain ``StructuredTool``\\ s (needs the
   ``langchain`` extra: ``pip install 'hutch[langchain]'``).
 
-Both take their names, descriptions and JSON Schemas from :mod:`hutch.mcp.specs`, the
-same definitions the MCP server lists, and run calls through :mod:`hutch.mcp.tools`.
+Both take their names, descriptions and JSON Schemas from :mod:`hutch.agent_tools.specs`, the
+same definitions the MCP server lists, and run calls through :mod:`hutch.agent_tools.tools`.
 """

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from hutch.mcp.tools import HutchTools, ToolResult
+from hutch.agent_tools.tools import HutchTools, ToolResult
 from hutch.sdk import AsyncClient, Timeouts
 
 __all__ = ["ToolRunner"]
@@ -55,7 +55,7 @@ class ToolRunner:
         )
 
     async def acall(self, name: str, arguments: Mapping[str, Any] | None) -> ToolResult:
-        """Run tool ``name``; raises :class:`hutch.mcp.tools.ToolError` on failure."""
+        """Run tool ``name``; raises :class:`hutch.agent_tools.tools.ToolError` on failure."""
         if self.client is not None:
             return await HutchTools(self.client).call(name, arguments)
         async with self._new_client() as client:

@@ -6,7 +6,7 @@ Needs ``langchain-core`` (``pip install 'hutch[langchain]'``)::
 
     agent = create_agent(model, tools=hutch_tools())
 
-Each tool has the JSON Schema the MCP server lists (:mod:`hutch.mcp.specs`), runs sync
+Each tool has the JSON Schema the MCP server lists (:mod:`hutch.agent_tools.specs`), runs sync
 (``invoke``) or async (``ainvoke``), and answers with ``content_and_artifact``: the text
 for the model, and the structured result as the ``ToolMessage`` artifact. A failed call
 becomes the tool's output text (``handle_tool_error``), saying what to change, so the
@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from hutch.agent_tools.specs import TOOLS, TOOLS_BY_NAME, ToolSpec
+from hutch.agent_tools.tools import ToolError
 from hutch.errors import HutchError
 from hutch.integrations._runner import ToolRunner
-from hutch.mcp.specs import TOOLS, TOOLS_BY_NAME, ToolSpec
-from hutch.mcp.tools import ToolError
 from hutch.sdk import AsyncClient, Timeouts
 
 if TYPE_CHECKING:

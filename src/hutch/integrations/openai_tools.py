@@ -29,9 +29,9 @@ from typing import Any, Literal
 
 import httpx
 
+from hutch.agent_tools.specs import TOOLS
+from hutch.agent_tools.tools import ToolError, ToolResult
 from hutch.integrations._runner import ToolRunner
-from hutch.mcp.specs import TOOLS
-from hutch.mcp.tools import ToolError, ToolResult
 from hutch.sdk import AsyncClient, Timeouts
 
 __all__ = ["adispatch", "dispatch", "tool_schemas"]

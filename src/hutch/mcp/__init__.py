@@ -1,9 +1,5 @@
-"""hutch's sandboxes as agent tools.
+"""``hutch mcp``: the MCP server (:mod:`hutch.mcp.server`), stdio or streamable HTTP.
 
-- :mod:`hutch.mcp.specs`: every tool's name, description and JSON Schema (pure data);
-- :mod:`hutch.mcp.tools`: ``HutchTools`` runs a tool call through the async SDK;
-- :mod:`hutch.mcp.server`: the MCP server (``hutch mcp``), stdio or streamable HTTP.
-
-This package's ``__init__`` imports nothing, so the LangChain/OpenAI wrappers can use
-the specs and tools without loading the ``mcp`` SDK.
+The tools it serves are described and run by :mod:`hutch.agent_tools`, which the
+LangChain/OpenAI wrappers share; this package holds only the MCP transport.
 """

@@ -1,10 +1,10 @@
 """``hutch mcp``: hutch's sandboxes as MCP tools, over stdio or streamable HTTP.
 
 Built on the low-level ``mcp.server.lowlevel.Server`` rather than ``MCPServer``
-(ex-FastMCP): our tool schemas are written by hand once (:mod:`hutch.mcp.specs`) and
+(ex-FastMCP): our tool schemas are written by hand once (:mod:`hutch.agent_tools.specs`) and
 shared with the LangChain/OpenAI wrappers, so nothing here should derive a schema from
 Python signatures. The server holds no logic: each call goes to
-:class:`hutch.mcp.tools.HutchTools`, which talks to the daemon through the async SDK.
+:class:`hutch.agent_tools.tools.HutchTools`, which talks to the daemon through the async SDK.
 
 Results carry structured content (the JSON data) and a text block (a summary for the
 model). A failed call is a tool result with ``isError`` and a message that says what to
@@ -31,9 +31,9 @@ from mcp.server.stdio import stdio_server
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from hutch.agent_tools.specs import TOOLS, TOOLS_BY_NAME, ToolSpec
+from hutch.agent_tools.tools import HutchTools, ToolError
 from hutch.errors import InvalidArgument
-from hutch.mcp.specs import TOOLS, TOOLS_BY_NAME, ToolSpec
-from hutch.mcp.tools import HutchTools, ToolError
 from hutch.sdk import AsyncClient
 from hutch.version import __version__
 
@@ -72,7 +72,7 @@ def mcp_tool(spec: ToolSpec) -> types.Tool:
 
 
 def build_server(tools: HutchTools) -> Server[Any]:
-    """An MCP server exposing :data:`hutch.mcp.specs.TOOLS`, run by ``tools``."""
+    """An MCP server exposing :data:`hutch.agent_tools.specs.TOOLS`, run by ``tools``."""
     listed = types.ListToolsResult(tools=[mcp_tool(spec) for spec in TOOLS])
 
     async def list_tools(

@@ -4,8 +4,8 @@ The resolver, the SNI/Host proxy, the NFLOG reader and the counter poll serve wh
 guests send, and a guest decides how much that is. They run in this loop, in a thread of
 their own, so that a guest flooding its resolver keeps *this* loop busy while the API's
 loop (exec, files, lifecycle of every other sandbox) goes on. Why a thread and not a
-process: the servers share the manager's state (who is behind an address, the egress
-log, the learned-address sets) and are cheap per packet once the rate limits and the
+process: the servers share the networking state (who is behind an address, the
+egress log, the learned-address sets) and are cheap per packet once the rate limits and the
 kernel ceiling hold a flood back (:mod:`hutch.net.ratelimit`, :mod:`hutch.net.nft`); the
 numbers are in ``bench/`` (``dns_flood``) and ARCHITECTURE.md.
 

@@ -9,7 +9,7 @@ list read at start goes stale. Two mechanisms keep "the host" current:
   to it would stay on this host. A failed lookup counts as "the host" (fail closed).
 - :class:`HostAddressWatcher` listens to the kernel's IPv4 address events
   (``RTMGRP_IPV4_IFADDR``) and, after any of them, re-reads the addresses and hands the
-  new set to a callback (the manager rewrites nft's ``host_addrs`` set with it).
+  new set to a callback (the enforcer rewrites nft's ``host_addrs`` set with it).
 
 Wire format (linux/rtnetlink.h): nlmsghdr (host order), rtmsg (family, dst_len, src_len,
 tos, table, protocol, scope, type, flags u32), attributes (u16 len, u16 type, 4-aligned).

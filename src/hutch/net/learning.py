@@ -2,7 +2,7 @@
 data path's loop (:mod:`hutch.net.datapath`).
 
 The resolver awaits :meth:`Learner.learn` with every allowed answer before the guest
-sees it; the network manager awaits :meth:`Learner.swap` (through ``Datapath.run``) to
+sees it; the enforcer awaits :meth:`Learner.swap` (through ``Datapath.run``) to
 change a sandbox's rules. Both write the same nft sets, so per sandbox one
 ``asyncio.Lock`` of this loop orders them: an answer that was on its way while the rules
 changed is learned under the rules in force *after* the swap (or not at all), never
@@ -14,7 +14,8 @@ What is remembered per sandbox (:mod:`hutch.net.learned`): the elements the sets
 (so an answer they already cover costs no nft run) and the names each address was
 learned for (so a swap carries over what the new rules still allow). The policy used
 here is the one the sets were last filled for: set by :meth:`swap` once nft holds it,
-else the one the manager published when the sandbox first learned something.
+else the one published (:class:`hutch.net.enforcer.Snapshot`) when the sandbox first
+learned something.
 
 Everything here runs in the data path's loop only; nothing is shared with the API's
 thread but the callables given to the constructor (which read published snapshots).
@@ -49,7 +50,7 @@ class _Sandbox:
 
 
 class Learner:
-    """See the module docstring. ``policy_of(sandbox_id)`` is the policy the manager
+    """See the module docstring. ``policy_of(sandbox_id)`` is the policy last
     published (None: not attached); ``forbidden(addr)`` says an address may no longer
     be carried over (it became the host's, ...); ``clock`` is monotonic seconds."""
 

@@ -3,7 +3,7 @@
 The resolver and the proxy ask :meth:`KeyedLimiter.allow` once per DNS query or new
 connection, with the sender's address as the key, *before* they parse anything: a
 refused one costs a dict lookup and a little arithmetic. Refusals are only counted
-here; :meth:`KeyedLimiter.take_refused` hands the counts over (the network manager
+here; :meth:`KeyedLimiter.take_refused` hands the counts over (:mod:`hutch.net.enforcer`
 turns them into one summary line per sandbox and second in the egress log, never one
 line per packet).
 

@@ -1,9 +1,9 @@
 """Summary lines in a sandbox's egress log for what is counted but not logged one by one:
 queries and connections the rate limits refused, and denials past the log budget.
 
-The network manager calls :meth:`Summaries.refused` with the limiters' counts every
-second and :meth:`Summaries.kernel` with the nft counters every poll, so a flood costs
-the log at most one line per sandbox, kind and tick, whatever the packet rate. The
+:mod:`hutch.net.enforcer` calls :meth:`Summaries.take_refused` with the limiters' counts
+every second and :meth:`Summaries.kernel` with the nft counters every poll, so a flood
+costs the log at most one line per sandbox, kind and tick, whatever the packet rate. The
 counts themselves go to the counters (``rate_limited``, ``log_dropped`` in
 ``GET .../egress``), exact; the line says how many and why.
 """

@@ -39,7 +39,7 @@ from hutch.services.inflight import InFlight
 from hutch.store import Store
 
 if TYPE_CHECKING:
-    from hutch.net.manager import NetworkManager
+    from hutch.services.network import NetworkService as NetworkManager
 
 __all__ = ["FORK_PARALLELISM", "LifecycleMixin"]
 

@@ -19,7 +19,7 @@ from hutch.net.views import (
 )
 
 if TYPE_CHECKING:
-    from hutch.net.manager import NetworkManager
+    from hutch.services.network import NetworkService as NetworkManager
 
 __all__ = ["NetPlan", "NetworkingMixin"]
 

@@ -8,8 +8,15 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from hutch.errors import HutchError
-from hutch.models import PauseMode, SandboxRecord, SandboxState
+from hutch.contract.names import check_range
+from hutch.errors import HutchError, StateError
+from hutch.models import (
+    AUTO_PAUSE_S_RANGE,
+    TIMEOUT_S_RANGE,
+    PauseMode,
+    SandboxRecord,
+    SandboxState,
+)
 from hutch.store import Store
 
 __all__ = ["REAPER_INTERVAL_S", "PoliciesMixin"]
@@ -27,6 +34,8 @@ class PoliciesMixin:
 
     if TYPE_CHECKING:
 
+        def get(self, sandbox_id: str) -> SandboxRecord: ...
+
         async def delete(self, sandbox_id: str) -> None: ...
 
         async def pause(
@@ -36,6 +45,30 @@ class PoliciesMixin:
             *,
             only_if: Callable[[SandboxRecord], bool] | None = None,
         ) -> SandboxRecord: ...
+
+    def _live(self, sandbox_id: str) -> SandboxRecord:
+        rec = self.get(sandbox_id)
+        if not rec.state.is_live or rec.state is SandboxState.STOPPING:
+            raise StateError(f"sandbox {sandbox_id}", str(rec.state), ["running", "paused"])
+        return rec
+
+    def set_timeout(self, sandbox_id: str, timeout_s: int | None) -> SandboxRecord:
+        """Delete the sandbox ``timeout_s`` seconds from now (None: no deadline). The
+        deadline is checked while it runs; a paused sandbox keeps it for after resume."""
+        self._live(sandbox_id)
+        if timeout_s is not None:
+            check_range("timeout_s", timeout_s, TIMEOUT_S_RANGE, " seconds")
+        expires = None if timeout_s is None else self.clock() + timeout_s
+        self.store.update_sandbox(sandbox_id, timeout_s=timeout_s, expires_at=expires)
+        return self.get(sandbox_id)
+
+    def set_auto_pause(self, sandbox_id: str, auto_pause_s: int | None) -> SandboxRecord:
+        """Pause the sandbox (memory) once idle for ``auto_pause_s`` (None: never)."""
+        self._live(sandbox_id)
+        if auto_pause_s is not None:
+            check_range("auto_pause_s", auto_pause_s, AUTO_PAUSE_S_RANGE, " seconds")
+        self.store.update_sandbox(sandbox_id, auto_pause_s=auto_pause_s)
+        return self.get(sandbox_id)
 
     def _idle_for(self, rec: SandboxRecord, now: float) -> float:
         if self._busy.get(rec.id, 0) > 0:

@@ -60,7 +60,7 @@ from hutch.store.db import LIVE_STATES
 from hutch.vm.process import OUT_OF_MEMORY
 
 if TYPE_CHECKING:
-    from hutch.net.manager import NetworkManager
+    from hutch.services.network import NetworkService as NetworkManager
 
 __all__ = ["ExecStream", "FileEntry", "SandboxService"]
 

@@ -7,7 +7,7 @@ described once. Pure data: no I/O, no dependency on the ``mcp`` package.
 The schemas use a small, portable subset of JSON Schema (``type``, ``enum``, ``minimum``
 /``maximum``, ``minLength``/``maxLength``, ``pattern``, ``items``, ``maxItems``,
 ``additionalProperties``, ``required``, ``default``) that every model vendor accepts and
-that :mod:`hutch.mcp._validate` checks in full, with messages a model can act on.
+that :mod:`hutch.agent_tools._validate` checks in full, with messages a model can act on.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What each agent tool does: a thin adapter from tool calls to the async SDK.
 
 ``HutchTools(client).call(name, arguments)`` validates the arguments against the tool's
-schema (:mod:`hutch.mcp.specs`), runs the SDK call and returns a :class:`ToolResult`
+schema (:mod:`hutch.agent_tools.specs`), runs the SDK call and returns a :class:`ToolResult`
 (structured data plus a short text for the model). Anything that goes wrong comes back
 as :class:`ToolError`, whose message says what was wrong and what is accepted — never a
 traceback. The MCP server and the LangChain/OpenAI integrations all go through here.
@@ -17,10 +17,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hutch.agent_tools._output import OutputCapture, truncation_marker
+from hutch.agent_tools._validate import check_arguments
+from hutch.agent_tools.specs import TOOLS, TOOLS_BY_NAME
 from hutch.errors import HutchError, InvalidArgument, NotFound, StateError, Timeout
-from hutch.mcp._output import OutputCapture, truncation_marker
-from hutch.mcp._validate import check_arguments
-from hutch.mcp.specs import TOOLS, TOOLS_BY_NAME
 from hutch.sdk import (
     AsyncClient,
     AsyncSandbox,

@@ -1,6 +1,6 @@
 """Check tool arguments against a tool's JSON Schema, with messages a model can act on.
 
-Only the subset :mod:`hutch.mcp.specs` uses is supported (a test checks every schema
+Only the subset :mod:`hutch.agent_tools.specs` uses is supported (a test checks every schema
 uses nothing else). Hand-written rather than ``jsonschema`` because the message is the
 product here: it names the argument, what was wrong and what is accepted, and the
 integrations must work without the ``mcp`` package's dependencies.

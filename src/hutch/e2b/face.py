@@ -1,0 +1,94 @@
+"""What every route of the E2B face shares: the services (``wiring.Hutch``), the key
+and token checks, and the reported ``envdVersion``; plus request helpers."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Request
+
+from hutch.e2b.errors import E2bError
+from hutch.e2b.keys import E2bPrincipal, TokenIssuer, verify_api_key
+from hutch.e2b.wiring import Hutch
+
+__all__ = ["ENVD_VERSION", "Face", "api_principal", "face", "read_json"]
+
+#: The envd version the face reports. The SDKs gate features on it (``e2b/envd/
+#: versions.py``, and the same numbers in the JS SDK): 0.1.4 recursive watch, 0.1.5 and
+#: 0.2.4 metrics, 0.3.0 stdin control, 0.4.0 default user, 0.5.2 closing stdin, 0.5.7
+#: octet-stream uploads: all met. 0.6.2 (file metadata as user.e2b.* xattrs) is not:
+#: hutch's agent does not set extended attributes, so the SDKs refuse metadata on
+#: writes themselves (and with it, 0.6.3 entry info in watch events and 0.6.4 network
+#: mounts, which hutch sandboxes do not have).
+ENVD_VERSION = "0.6.1"
+
+
+@dataclass
+class Face:
+    hutch: Hutch
+    tokens: TokenIssuer
+    daemon_key: bytes
+    envd_version: str = ENVD_VERSION
+
+
+def face(request: Request) -> Face:
+    f: Face = request.app.state.e2b
+    return f
+
+
+def api_principal(request: Request) -> E2bPrincipal:
+    """Control-plane auth: ``X-API-KEY`` (what the E2B SDKs send), or ``Authorization:
+    Bearer``. Raises Unauthorized (answered 401 in E2B's shape)."""
+    presented = request.headers.get("x-api-key")
+    if presented is None:
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer":
+            presented = token
+    return verify_api_key(presented, face(request).daemon_key)
+
+
+async def read_json(request: Request, *, required: bool = False) -> dict[str, Any]:
+    """The request's JSON object body ({} when absent and not ``required``)."""
+    raw = await request.body()
+    if not raw.strip():
+        if required:
+            raise E2bError(400, "a JSON body is required")
+        return {}
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise E2bError(400, f"the body is not JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise E2bError(400, "the body must be a JSON object")
+    return body
+
+
+def opt_int(body: dict[str, Any], key: str, default: int | None = None) -> int | None:
+    value = body.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise E2bError(400, f"{key} must be an integer, not {value!r}")
+    return value
+
+
+def opt_bool(body: dict[str, Any], key: str, default: bool | None = None) -> bool | None:
+    value = body.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise E2bError(400, f"{key} must be true or false, not {value!r}")
+    return value
+
+
+def str_map(body: dict[str, Any], key: str) -> dict[str, str]:
+    value = body.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise E2bError(400, f"{key} must be an object of string values")
+    return dict(value)

@@ -1,0 +1,424 @@
+"""Everything that enforces the sandboxes' networking on the host, as one driver: the
+kernel's side (taps and the nft table, :mod:`hutch.net.dataplane`) and the data path
+(:mod:`hutch.net.datapath`: its own thread and loop running the resolver, the SNI/Host
+proxy, the learned sets of :mod:`hutch.net.learning`, the NFLOG reader and the counter
+poll), plus the host-address watcher, which stays in the caller's (the API's) loop.
+
+It keeps no record of its own: :class:`hutch.services.network.NetworkService` owns the
+leases, rules, networks and ports (in the store) and drives this with plain values: the
+sandboxes' :class:`~hutch.net.nft.SandboxNet` views and blocks, the networks' member
+addresses, the QEMU uid, and a :class:`Snapshot` of who is behind each address. What the
+data path's thread reads is that snapshot, which the service replaces whole after every
+change (one assignment: the thread sees the old one or the new one, never half of
+either); calls into the data path's objects go through ``Datapath.run``/``Datapath.call``,
+never directly.
+
+Changes to the table from the caller's loop (install, add, remove, policy swaps,
+networks, the host's addresses) are made one at a time (one lock), so a host address
+event never rewrites ``host_addrs`` in the middle of a rebuild. Learning writes from
+the data path are ordered per sandbox against swaps by :class:`~hutch.net.learning.Learner`.
+
+While the daemon is down the table stays in place and the resolver and proxy ports are
+closed: sandboxes fail closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from ipaddress import IPv4Address, IPv4Interface
+from pathlib import Path
+from typing import NamedTuple
+
+from hutch.config import NetLimits
+from hutch.errors import HutchError, NetworkError
+from hutch.net import links, nft_apply
+from hutch.net.addressing import AddressPool, Block, host_addresses, tap_prefix
+from hutch.net.datapath import Datapath
+from hutch.net.dataplane import Dataplane, NftDataplane
+from hutch.net.destinations import Forbidden, classify_destination
+from hutch.net.dns import Resolver, SandboxNetInfo
+from hutch.net.egress_log import EgressLog
+from hutch.net.host_addresses import HostAddressWatcher, is_host_address
+from hutch.net.learning import Learner
+from hutch.net.nflog import LoggedPacket, NflogReader, split_prefix
+from hutch.net.nft import SandboxNet, TableConfig
+from hutch.net.nft_apply import SandboxCounters
+from hutch.net.proxy import EgressProxy
+from hutch.net.ratelimit import Rate
+from hutch.net.rules import EgressPolicy
+from hutch.net.summaries import Summaries
+from hutch.net.views import EgressEvent, EgressView
+
+__all__ = ["Enforcer", "Entry", "Snapshot", "default_upstream"]
+
+log = logging.getLogger(__name__)
+
+_COUNTERS_EVERY_S = 2.0
+#: How often the limiters' refusals become counts and summary lines.
+_REFUSALS_EVERY_S = 1.0
+
+
+def default_upstream(resolv_conf: Path = Path("/etc/resolv.conf")) -> tuple[str, int]:
+    """The host's first IPv4 nameserver (the daemon asks it from the host's side)."""
+    try:
+        for line in resolv_conf.read_text().splitlines():
+            parts = line.split()
+            if len(parts) >= 2 and parts[0] == "nameserver" and ":" not in parts[1]:
+                return parts[1], 53
+    except OSError:
+        pass
+    # Every forwarded name then fails (SERVFAIL) rather than the daemon not starting.
+    log.warning(
+        "no IPv4 nameserver in %s: sandboxes cannot resolve names; set "
+        "HUTCH_DNS_UPSTREAM=ip[:port]",
+        resolv_conf,
+    )
+    return "127.0.0.1", 53
+
+
+class Entry(NamedTuple):
+    """One attached sandbox as the data path sees it."""
+
+    info: SandboxNetInfo  # id, policy, private-network peers
+    address: IPv4Address  # the guest's
+    tap: str
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What the data path's thread reads of the sandboxes: made whole by :meth:`of` and
+    never changed after (the next change publishes a new one)."""
+
+    by_address: Mapping[IPv4Address, SandboxNetInfo]
+    by_id: Mapping[str, SandboxNetInfo]
+    by_tap: Mapping[str, str]  # tap -> sandbox id
+
+    @classmethod
+    def of(cls, entries: Iterable[Entry]) -> Snapshot:
+        items = list(entries)
+        return cls(
+            by_address={e.address: e.info for e in items},
+            by_id={e.info.sandbox_id: e.info for e in items},
+            by_tap={e.tap: e.info.sandbox_id for e in items},
+        )
+
+
+class Enforcer:
+    """See the module docstring. ``tag`` is the daemon's 4 hex digits (its table
+    ``inet hutch_<tag>`` and taps ``h<tag>*``); ``pool`` the sandboxes' address pool;
+    ``upstream`` (ip, port) where allowed names are resolved; ``dataplane`` defaults to
+    the real taps + nftables (then the host's addresses are watched, the pool is checked
+    against the host's interfaces and denials are read from NFLOG)."""
+
+    def __init__(
+        self,
+        *,
+        tag: str,
+        pool: AddressPool,
+        limits: NetLimits,
+        upstream: tuple[str, int],
+        dataplane: Dataplane | None = None,
+    ) -> None:
+        self.tag = tag
+        self.pool = pool
+        self.limits = limits
+        self.dataplane: Dataplane = dataplane or NftDataplane()
+        self.real = dataplane is None
+        self.log = EgressLog()
+        self._host_addrs: frozenset[IPv4Address] = frozenset()
+        # Host address events arrive in the caller's loop; the data path reads the set
+        # (replaced whole) and asks the kernel at each check (_is_host).
+        self._host_watch = HostAddressWatcher(host_addresses, self._host_addrs_changed)
+        self._counters: dict[str, SandboxCounters] = {}
+        # What the data path's thread reads: replaced whole by publish(), never changed.
+        self._published = Snapshot({}, {}, {})
+        self._lock = asyncio.Lock()  # table changes from the caller's loop, one at a time
+        self._nflog: NflogReader | None = None
+        self.datapath = Datapath()
+        self.summaries = Summaries(self.log, limits)
+        # Lives in the data path's loop: reached only through self.datapath.
+        self.learner = Learner(self.dataplane, self.config, self._published_policy, self.forbidden)
+        self.resolver = Resolver(
+            self,
+            upstream,
+            self.log,
+            self.learner.learn,
+            forbidden=self.forbidden,
+            limit=Rate(limits.dns_rate, limits.dns_burst),
+        )
+        self.proxy = EgressProxy(
+            self,
+            self.resolver,
+            self.log,
+            self.forbidden,
+            limit=Rate(limits.proxy_conn_rate, limits.proxy_conn_burst),
+        )
+        self.cfg: TableConfig | None = None
+
+    # -- daemon lifecycle ----------------------------------------------------------------
+
+    async def start(self, *, vmm_uid: int | None) -> None:
+        """Start the data path and its servers (the table is not touched yet: see
+        :meth:`install`); IP traffic that ``vmm_uid`` originates will be dropped. With
+        the real dataplane, watch the host's addresses and refuse a pool that another
+        interface uses. On failure everything started is stopped again."""
+        self.datapath.start()
+        try:
+            dns_port = await self.datapath.run(self.resolver.start())
+            proxy_port = await self.datapath.run(self.proxy.start())
+            self.cfg = TableConfig(
+                tag=self.tag,
+                pool=self.pool.network,
+                dns_port=dns_port,
+                proxy_port=proxy_port,
+                nflog_group=1000 + int(self.tag, 16) % 30000,
+                vmm_uid=vmm_uid,
+                limits=self.limits,
+            )
+            if self.real:
+                # Subscribed to address events before the first read: no change is missed.
+                self._host_addrs = await self._host_watch.start()
+                await self._check_pool_is_ours()
+        except BaseException:
+            await self._stop_servers()
+            raise
+
+    async def install(
+        self,
+        sandboxes: Sequence[SandboxNet],
+        blocks: Mapping[str, Block],
+        networks: Mapping[str, Sequence[IPv4Address]],
+        snapshot: Snapshot,
+    ) -> None:
+        """Make the host exactly this, once after :meth:`start`: the taps of
+        ``sandboxes`` (with their ``blocks``; other taps of this daemon are deleted), the
+        whole table in one transaction, the private ``networks``' member sets;
+        ``snapshot`` published. Then denials (NFLOG) and counters are read."""
+        cfg = self.config()
+        async with self._lock:  # a host address change waits for the table to exist
+            self.publish(snapshot)
+            await self.dataplane.install(cfg, sandboxes, blocks, networks)
+        if self.real:
+            self._nflog = NflogReader(cfg.nflog_group)
+            self.datapath.spawn(self._read_nflog, "hutch-nflog")
+        self.datapath.spawn(self._poll_counters, "hutch-counters")
+
+    async def close(self, *, drop_table: bool) -> None:
+        """Stop the servers and readers. ``drop_table`` (no sandbox is left) deletes the
+        nft table; else the table and taps stay (their traffic fails closed until a
+        restart)."""
+        await self._stop_servers()
+        if self.real and self.cfg is not None and drop_table:
+            with contextlib.suppress(HutchError):
+                await nft_apply.delete_table(self.cfg.tag)
+
+    async def _stop_servers(self) -> None:
+        if self.datapath.thread is not None:
+            await self.datapath.run(self.proxy.close())
+            await self.datapath.run(self.resolver.close())
+        await self.datapath.stop()
+        if self._nflog is not None:
+            self._nflog.close()  # after the loop that waited on it is gone
+            self._nflog = None
+        await self._host_watch.close()
+
+    def config(self) -> TableConfig:
+        if self.cfg is None:
+            raise NetworkError("networking has not started")
+        return self.cfg
+
+    # -- what the caller changes ---------------------------------------------------------
+
+    def publish(self, snapshot: Snapshot) -> None:
+        """Replace the data path's view of the sandboxes. The caller publishes in the
+        order its changes were made (under its own lock)."""
+        self._published = snapshot
+
+    async def add(self, sb: SandboxNet, block: Block) -> None:
+        """Create ``sb``'s tap (gateway of ``block``) and its table entries. On failure
+        what was made is taken back and the error raised."""
+        cfg = self.config()
+        async with self._lock:
+            try:
+                await self.dataplane.add(cfg, sb, block)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await self.dataplane.remove(cfg, sb)
+                raise
+
+    async def remove(self, sb: SandboxNet) -> None:
+        """Delete ``sb``'s table entries and tap. Safe for a sandbox never added."""
+        cfg = self.config()
+        async with self._lock:
+            await self.dataplane.remove(cfg, sb)
+
+    async def forget(self, sandbox_id: str) -> None:
+        """Drop the egress log and the learned memory of ``sandbox_id``. Safe twice."""
+        self.log.forget(sandbox_id)
+        if self.datapath.thread is not None:
+            await self.datapath.call(self.learner.forget, sandbox_id)
+        else:
+            self.learner.forget(sandbox_id)
+
+    async def swap_policy(self, sb: SandboxNet, policy: EgressPolicy) -> None:
+        """Give ``sb.sandbox_id`` the rules ``policy`` (``sb.policy``) in nft, in the data
+        path's loop (ordered against its learnings; addresses learned for names still
+        allowed are carried over). Raises what the dataplane raises: the old rules stay."""
+        async with self._lock:
+            await self.datapath.run(self.learner.swap(sb, policy))
+
+    async def revalidate(self, sandbox_id: str, policy: EgressPolicy) -> int:
+        """Cut the connections the proxy relays for ``sandbox_id`` that ``policy`` no
+        longer allows; returns how many. Call after publishing ``policy``: a connection
+        decided under the old rules and registered after that meets the new ones."""
+        return await self.datapath.call(self.proxy.revalidate, sandbox_id, policy)
+
+    async def set_networks(
+        self, networks: Mapping[str, Sequence[IPv4Address]], removed: Iterable[str] = ()
+    ) -> None:
+        """The private networks' member addresses are exactly ``networks`` (``removed``:
+        networks deleted since)."""
+        cfg = self.config()
+        async with self._lock:
+            await self.dataplane.set_networks(cfg, networks, removed)
+
+    # -- what the caller reads -----------------------------------------------------------
+
+    def egress_view(self, sandbox_id: str, policy: EgressPolicy) -> EgressView:
+        """``policy`` with the counts: decisions of the resolver and the proxy, plus what
+        nft counts (its denials are in the log too, recorded without counting them twice)."""
+        allowed, denied = self.log.counters(sandbox_id)
+        limited, unlogged = self.log.rate_limited(sandbox_id), 0
+        nft = self._counters.get(sandbox_id)
+        if nft is not None:
+            allowed += nft.allowed
+            denied += nft.denied
+            limited += nft.rate_limited
+            unlogged = nft.unlogged
+        return EgressView(policy.texts(), policy.mode, allowed, denied, limited, unlogged)
+
+    def events(self, sandbox_id: str, limit: int) -> list[EgressEvent]:
+        return self.log.events(sandbox_id, limit)
+
+    # -- what the resolver, the proxy and the learner ask (the data path's thread) -------
+
+    def lookup(self, addr: IPv4Address) -> SandboxNetInfo | None:
+        """The sandbox behind a guest address."""
+        return self._published.by_address.get(addr)
+
+    def _published_policy(self, sandbox_id: str) -> EgressPolicy | None:
+        info = self._published.by_id.get(sandbox_id)
+        return info.policy if info is not None else None
+
+    def _is_host(self, addr: IPv4Address) -> bool:
+        """The host's own address: in the last set read, or (asked of the kernel now) an
+        address that appeared since."""
+        return addr in self._host_addrs or is_host_address(addr)
+
+    def forbidden(self, addr: IPv4Address) -> Forbidden | None:
+        """Why a name must not lead to ``addr``."""
+        return classify_destination(addr, self.pool, self._is_host)
+
+    # -- internals -----------------------------------------------------------------------
+
+    async def _check_pool_is_ours(self) -> None:
+        """Refuse a pool that addresses on other interfaces already use (another daemon
+        with the same HUTCH_NET_POOL, a VPN, ...): routes to sandboxes would be ambiguous."""
+        out = await links.run_ip(["-j", "addr", "show"])
+        prefix = tap_prefix(self.tag)
+        pool = self.pool.network
+        for link in json.loads(out or "[]"):
+            name = str(link.get("ifname", ""))
+            if name.startswith(prefix):
+                continue
+            for info in link.get("addr_info", []):
+                if info.get("family") != "inet":
+                    continue
+                iface = IPv4Interface(f"{info.get('local')}/{info.get('prefixlen')}")
+                if iface.network.overlaps(pool):
+                    raise NetworkError(
+                        f"the sandbox address pool {pool} overlaps "
+                        f"{iface} on interface {name}; set HUTCH_NET_POOL to a free range"
+                    )
+
+    async def _host_addrs_changed(self, addrs: frozenset[IPv4Address]) -> None:
+        async with self._lock:
+            if self.cfg is not None:
+                await self.dataplane.set_host_addrs(self.cfg, addrs)
+            self._host_addrs = addrs  # replaced whole: the data path's thread reads it
+
+    async def _poll_counters(self) -> None:
+        """In the data path's loop: the limiters' refusals every second and the nft
+        counters every _COUNTERS_EVERY_S become counts and summary lines."""
+        polled = 0.0
+        while True:
+            self._account_refusals()
+            if time.monotonic() - polled >= _COUNTERS_EVERY_S:
+                polled = time.monotonic()
+                with contextlib.suppress(HutchError):
+                    self._counters = await self.dataplane.counters(self.config())
+                    self.summaries.kernel(self._counters)
+            await asyncio.sleep(_REFUSALS_EVERY_S)
+
+    def _account_refusals(self) -> None:
+        self.summaries.take_refused(
+            [("dns", self.resolver.limiter), ("proxy", self.proxy.limiter)],
+            self.lookup,
+            _REFUSALS_EVERY_S,
+        )
+
+    async def _read_nflog(self) -> None:
+        assert self._nflog is not None
+        try:
+            async for packet in self._nflog:
+                self._record_packet(packet)
+        except HutchError as exc:
+            log.warning("NFLOG reader stopped: %s", exc)
+
+    def _record_packet(self, packet: LoggedPacket) -> None:
+        tag, sid, reason = split_prefix(packet.prefix)
+        if tag != f"h{self.tag}":
+            return
+        published = self._published
+        if sid is None and packet.indev:
+            sid = published.by_tap.get(packet.indev)
+        if sid is None or sid not in published.by_id:
+            return  # not ours, or deleted since (its log is gone; do not make a new one)
+        # The nft deny counter counts it already: logged, not counted again.
+        self.log.record(
+            EgressEvent(
+                time=packet.time,
+                sandbox_id=sid,
+                destination=str(packet.dst) if packet.dst else "?",
+                port=packet.dport,
+                protocol=packet.protocol,
+                name=None,
+                verdict="deny",
+                rule=None,
+                reason=_REASONS.get(reason, reason),
+            ),
+            count=False,
+        )
+
+
+_REASONS = {
+    "unregistered": "always denied: an interface hutch does not know",
+    "ipv6": "always denied: IPv6 (sandboxes are IPv4 only)",
+    "spoof": "always denied: source address is not the sandbox's own",
+    "host": "always denied: the host itself (daemon API included)",
+    "link-local": "always denied: link-local / cloud metadata",
+    "sandbox": "always denied: another sandbox not on a shared private network",
+    "multicast": "always denied: multicast or broadcast",
+    "smtp": "always denied: SMTP (tcp port 25)",
+    "policy": "no egress rule allows this destination",
+    "quic": (
+        "udp 443 (QUIC): under rules only an ip/cidr rule opens it (QUIC's server name "
+        "is not checked); HTTPS over TCP works"
+    ),
+}
