@@ -24,11 +24,13 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from hutch.images.build import ImageArtifacts
 from hutch.models import PauseMode, SandboxSpec, SandboxState, Shape
 from hutch.services.qemu_backend import QemuBackend
 from hutch.services.sandboxes import SandboxService
 from hutch.vm.cgroup_driver import SandboxCgroup, record_path
 from hutch.vm.cgroups import PIDS_BASE
+from tests.conftest import ensure_image
 from tests.vm.services import qemu_pids_mentioning, real_service
 
 pytestmark = [pytest.mark.vm, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(900)]
@@ -255,3 +257,36 @@ async def test_pause_resume_and_fork_put_restored_qemus_in_their_groups(
     assert (await sh(service, child.id, "echo forked")).strip() == "forked"
     await service.delete(child.id)
     assert not any(d.exists() for d in child_cg.dirs)
+
+
+async def test_pooled_sandboxes_wait_and_serve_in_their_groups(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    image = ensure_image("base")
+    assert isinstance(image, ImageArtifacts)
+    state = tmp_path_factory.mktemp("cgpool")
+    async with real_service(state, pool_size=1, **_settings()) as svc:
+        backend = backend_of(svc)
+        first = await svc.create(SandboxSpec(image="base"))  # builds the default template
+        for _ in range(900):
+            if svc.pool._ready.get((image.name, image.digest)):
+                break
+            await asyncio.sleep(0.2)
+        ready = svc.pool._ready.get((image.name, image.digest))
+        assert ready, "the pool was never filled"
+        pooled_id = ready[0][0]
+        # Waiting in the pool, before it has a row: already in its group.
+        assert pooled_id in backend.cgroups.group_names()
+        got = await svc.create(SandboxSpec(image="base"))
+        assert got.id == pooled_id
+        cg = group_of(svc, got.id)
+        pid = qemu_pid(svc, got.id)
+        assert all(
+            pid in {int(p) for p in (d / "cgroup.procs").read_text().split()} for d in cg.dirs
+        )
+        assert (await sh(svc, got.id, "echo pooled")).strip() == "pooled"
+        for sid in (first.id, got.id):
+            await svc.delete(sid)
+        assert not any(d.exists() for d in cg.dirs)
+    # The pool's refill is destroyed at close, with its group; then the sub-tree goes.
+    assert not any(d.parent.exists() for d in cg.dirs)
