@@ -409,11 +409,15 @@ def test_modes(v1: tuple[FakeCgroupFs, Path, Path], tmp_path: Path) -> None:
 def test_auto_without_cgroups_warns_loudly(
     tmp_path: Path, v1: tuple[FakeCgroupFs, Path, Path], caplog: pytest.LogCaptureFixture
 ) -> None:
-    fs, _, _ = v1
+    fs, _, proc = v1
     nothing = write_proc(tmp_path / "bare", V2_PROC_CGROUP, "")
     drv = detect(fs, nothing, "auto")
     assert not drv.enabled
     assert "sandboxes run without host limits" in caplog.text
+    caplog.clear()
+    detect(fs, proc, "off")
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    assert "HUTCH_CGROUPS=off" in caplog.text and "without host limits" in caplog.text
 
 
 # -- QEMU's command line and the settings ------------------------------------------------

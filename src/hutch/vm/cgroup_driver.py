@@ -312,6 +312,10 @@ class CgroupDriver:
         if mode not in CGROUP_MODES:
             raise VmError(f"HUTCH_CGROUPS={mode!r}; accepted: {', '.join(CGROUP_MODES)}")
         if mode == "off":
+            log.warning(
+                "cgroups: off (HUTCH_CGROUPS=off): sandboxes run without host limits (CPU, "
+                "memory, I/O, pids); one guest can starve the others and the host"
+            )
             return cls(None, (), policy, fs, "HUTCH_CGROUPS=off")
         try:
             found = find_layout(
