@@ -40,7 +40,7 @@ from hutch_agent.framing import (
 )
 from hutch_agent.netconfig import apply_network
 from hutch_agent.ops import Op
-from hutch_agent.streams import Cancelled, Stream
+from hutch_agent.streams import Cancelled, Session, Stream
 from hutch_agent.system import add_entropy, reseed_now, set_clock
 from hutch_agent.transport import DeviceTransport, UnixTransport, fill
 
@@ -52,8 +52,7 @@ class Agent:
         self.transport = transport
         self.vm_mode = vm_mode
         self.decoder = Decoder()
-        self.streams: dict[int, Stream] = {}
-        self.streams_lock = threading.Lock()
+        self.streams = Session()
         self.session_nonce: Any = None
         self.applied_net: Any = False  # never equal to a real setting (None included)
         self.ops: dict[str, Op] = {
@@ -77,9 +76,7 @@ class Agent:
         self.send(encode(ERROR, sid, {"code": code, "message": message}))
 
     def reset_session(self) -> None:
-        with self.streams_lock:
-            streams, self.streams = list(self.streams.values()), {}
-        for st in streams:
+        for st in self.streams.reset():
             st.cancel()
         self.session_nonce = None
 
@@ -144,12 +141,8 @@ class Agent:
                 # than the host meets ops it does not know).
                 self.send_error(f.sid, "unknown_operation", f"unknown operation {op!r}")
             else:
-                st = Stream(self, f.sid)
-                with self.streams_lock:
-                    in_use = f.sid in self.streams
-                    if not in_use:
-                        self.streams[f.sid] = st
-                if in_use:
+                st = Stream(self, f.sid, self.streams)
+                if not self.streams.open(st):
                     self.send_error(f.sid, "invalid_argument", f"stream {f.sid} is in use")
                     return
                 threading.Thread(
@@ -159,10 +152,7 @@ class Agent:
                     daemon=True,
                 ).start()
             return
-        with self.streams_lock:
-            cur = self.streams.get(f.sid)
-            if f.type == CANCEL and cur is not None:
-                del self.streams[f.sid]
+        cur = self.streams.pop(f.sid) if f.type == CANCEL else self.streams.get(f.sid)
         if cur is None:
             return  # late frames of a finished stream
         if f.type in (DATA, EOF):
@@ -176,7 +166,7 @@ class Agent:
 
     def serve(self, st: Stream, op: Op, header: dict[str, Any]) -> None:
         try:
-            result = op(self, st, header)
+            result = op(st, header)
             if result is not None:
                 st.send(END, result)
         except Cancelled:
@@ -190,9 +180,7 @@ class Agent:
             log.error("%s failed:\n%s", header.get("op"), traceback.format_exc())
             st.send(ERROR, {"code": "internal", "message": f"agent bug: {exc!r}"})
         finally:
-            with self.streams_lock:
-                if self.streams.get(st.sid) is st:
-                    del self.streams[st.sid]
+            self.streams.close(st)
 
     # -- handshake --------------------------------------------------------------------
     def hello(self, f: Frame) -> None:

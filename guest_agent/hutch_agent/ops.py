@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from hutch_agent.core import Agent
-    from hutch_agent.streams import Stream
+from hutch_agent.streams import Stream
 
-#: ``op(agent, stream, request header)`` -> the END header, or None when it sent its own.
-Op = Callable[["Agent", "Stream", dict[str, Any]], "dict[str, Any] | None"]
+#: ``op(stream, request header)`` -> the END header, or None when it sent its own. An op
+#: sees its stream (and through ``stream.session`` the session's other streams), never
+#: the agent: the ops depend on the streams module only, not on the core that runs them.
+Op = Callable[[Stream, dict[str, Any]], "dict[str, Any] | None"]

@@ -20,16 +20,13 @@ import shutil
 import tarfile
 import tempfile
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hutch_agent.errors import AgentError
 from hutch_agent.framing import CHUNK, DATA, REPLY
 from hutch_agent.ops import Op
 from hutch_agent.paths import checked
 from hutch_agent.streams import Cancelled, Stream
-
-if TYPE_CHECKING:
-    from hutch_agent.core import Agent
 
 STAGING_PREFIX = ".hutch-untar-"
 
@@ -95,7 +92,7 @@ def _skip_special(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
     return info
 
 
-def op_archive_read(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any] | None:
+def op_archive_read(st: Stream, h: dict[str, Any]) -> dict[str, Any] | None:
     path = checked(h.get("path"))
     if not os.path.isdir(path):
         os.stat(path)  # not_found first
@@ -201,7 +198,7 @@ def _merge(staging: str, dest: str) -> None:
             os.replace(src, dst)
 
 
-def op_archive_write(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any] | None:
+def op_archive_write(st: Stream, h: dict[str, Any]) -> dict[str, Any] | None:
     dest = checked(h.get("path"))
     try:
         os.makedirs(dest, exist_ok=True)

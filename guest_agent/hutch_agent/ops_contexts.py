@@ -34,16 +34,13 @@ import signal
 import subprocess
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hutch_agent import HOME, runtime
 from hutch_agent.errors import AgentError
 from hutch_agent.framing import CHUNK, DATA, REPLY
 from hutch_agent.ops import Op
 from hutch_agent.streams import Cancelled, Stream
-
-if TYPE_CHECKING:
-    from hutch_agent.core import Agent
 
 KERNEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel.py")
 LANGUAGES = ("python",)
@@ -366,7 +363,7 @@ class Table:
 TABLE = Table()
 
 
-def op_create(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any]:
+def op_create(st: Stream, h: dict[str, Any]) -> dict[str, Any]:
     language = h.get("language") or "python"
     if language not in LANGUAGES:
         raise AgentError(
@@ -395,13 +392,13 @@ def op_create(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any]:
     return {"context": ctx.info()}
 
 
-def op_list(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any]:
+def op_list(st: Stream, h: dict[str, Any]) -> dict[str, Any]:
     with TABLE.lock:
         contexts = sorted(TABLE.contexts.values(), key=lambda c: c.created_at)
     return {"contexts": [c.info() for c in contexts]}
 
 
-def op_delete(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any]:
+def op_delete(st: Stream, h: dict[str, Any]) -> dict[str, Any]:
     ctx = TABLE.get(h.get("id"))
     with TABLE.lock:
         TABLE.contexts.pop(ctx.id, None)
@@ -409,7 +406,7 @@ def op_delete(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
-def op_run(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any] | None:
+def op_run(st: Stream, h: dict[str, Any]) -> dict[str, Any] | None:
     ctx = TABLE.get(h.get("id"))
     code = h.get("code")
     if not isinstance(code, str):
@@ -426,13 +423,13 @@ def op_run(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any] | None
     return result
 
 
-def op_interrupt(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any]:
+def op_interrupt(st: Stream, h: dict[str, Any]) -> dict[str, Any]:
     ctx = TABLE.get(h.get("id"))
     ctx.interrupt()
     return {"state": ctx.state}
 
 
-def op_restart(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any]:
+def op_restart(st: Stream, h: dict[str, Any]) -> dict[str, Any]:
     ctx = TABLE.get(h.get("id"))
     # A run in progress ends with KernelDied; the next one gets the fresh process.
     ctx.stop()

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hutch_agent.errors import AgentError
 from hutch_agent.framing import (
@@ -23,12 +23,9 @@ from hutch_agent.ops import Op
 from hutch_agent.spawn import popen, spawn_args
 from hutch_agent.streams import Cancelled, Stream
 
-if TYPE_CHECKING:
-    from hutch_agent.core import Agent
-
 
 # -- exec -------------------------------------------------------------------------
-def op_exec(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any] | None:
+def op_exec(st: Stream, h: dict[str, Any]) -> dict[str, Any] | None:
     argv, kw = spawn_args(h)
     timeout = h.get("timeout_s")
     if timeout is not None and (not isinstance(timeout, int | float) or timeout <= 0):
@@ -57,12 +54,11 @@ def op_exec(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any] | Non
     }
 
 
-def op_signal(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any]:
+def op_signal(st: Stream, h: dict[str, Any]) -> dict[str, Any]:
     signum, target = h.get("signal"), h.get("target")
     if not isinstance(signum, int) or not 0 < signum < signal.NSIG:
         raise AgentError("invalid_argument", f"signal {signum!r} is not a signal number")
-    with agent.streams_lock:
-        other = agent.streams.get(target) if isinstance(target, int) else None
+    other = st.session.get(target)
     if other is None or other.proc is None:
         raise AgentError("not_found", f"no running command on stream {target!r}")
     with other.cond:  # reaped is set under this lock, so the pgid is still ours

@@ -9,7 +9,7 @@ import posixpath
 import shutil
 import stat
 import tempfile
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hutch_agent.errors import AgentError
 from hutch_agent.framing import (
@@ -21,12 +21,9 @@ from hutch_agent.ops import Op
 from hutch_agent.paths import checked, entry
 from hutch_agent.streams import Stream
 
-if TYPE_CHECKING:
-    from hutch_agent.core import Agent
-
 
 # -- files ------------------------------------------------------------------------
-def op_read(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any] | None:
+def op_read(st: Stream, h: dict[str, Any]) -> dict[str, Any] | None:
     path = checked(h.get("path"))
     # O_NONBLOCK so opening a FIFO cannot hang; regular files ignore it.
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
@@ -50,7 +47,7 @@ def op_read(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any] | Non
         os.close(fd)
 
 
-def op_write(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any] | None:
+def op_write(st: Stream, h: dict[str, Any]) -> dict[str, Any] | None:
     path = checked(h.get("path"))
     mode = h.get("mode", 0o644)
     if not isinstance(mode, int) or not 0 <= mode <= 0o7777:
@@ -82,7 +79,7 @@ def op_write(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any] | No
     return {"entry": entry(path)}
 
 
-def op_list(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any]:
+def op_list(st: Stream, h: dict[str, Any]) -> dict[str, Any]:
     path = checked(h.get("path"))
     if not os.path.isdir(path):
         os.lstat(path)  # not_found first
@@ -96,11 +93,11 @@ def op_list(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def op_stat(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any]:
+def op_stat(st: Stream, h: dict[str, Any]) -> dict[str, Any]:
     return {"entry": entry(checked(h.get("path"), follow=False))}
 
 
-def op_mkdir(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any]:
+def op_mkdir(st: Stream, h: dict[str, Any]) -> dict[str, Any]:
     path = checked(h.get("path"))
     mode = h.get("mode", 0o755)
     if not isinstance(mode, int) or not 0 <= mode <= 0o7777:
@@ -112,7 +109,7 @@ def op_mkdir(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any]:
     return {"entry": entry(path)}
 
 
-def op_remove(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any]:
+def op_remove(st: Stream, h: dict[str, Any]) -> dict[str, Any]:
     path = checked(h.get("path"), follow=False)
     if path == "/":
         raise AgentError("invalid_argument", "refusing to remove /")
@@ -135,7 +132,7 @@ def op_remove(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
-def op_rename(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any]:
+def op_rename(st: Stream, h: dict[str, Any]) -> dict[str, Any]:
     source = checked(h.get("source"), follow=False)
     destination = checked(h.get("destination"), follow=False)
     os.rename(source, destination)

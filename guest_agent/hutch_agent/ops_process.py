@@ -31,16 +31,13 @@ import signal
 import subprocess
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hutch_agent.errors import AgentError
 from hutch_agent.framing import CHUNK, DATA, STDERR, STDOUT
 from hutch_agent.ops import Op
 from hutch_agent.spawn import popen, spawn_args
 from hutch_agent.streams import Cancelled, Stream
-
-if TYPE_CHECKING:
-    from hutch_agent.core import Agent
 
 #: Output kept per process (stdout and stderr together), bytes.
 OUTPUT_LIMIT = 2 << 20
@@ -199,7 +196,7 @@ def _forget_old_exited() -> None:
         PROCS.pop(p.pid, None)
 
 
-def op_start(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any]:
+def op_start(st: Stream, h: dict[str, Any]) -> dict[str, Any]:
     argv, kw = spawn_args(h)
     timeout = h.get("timeout_s")
     if timeout is not None and (
@@ -303,17 +300,17 @@ def close_stdin(p: Process) -> None:
         p.stdin_open = False
 
 
-def op_list(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any]:
+def op_list(st: Stream, h: dict[str, Any]) -> dict[str, Any]:
     with PROCS_LOCK:
         procs = sorted(PROCS.values(), key=lambda p: p.started_at)
     return {"processes": [p.to_wire() for p in procs]}
 
 
-def op_get(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any]:
+def op_get(st: Stream, h: dict[str, Any]) -> dict[str, Any]:
     return {"process": lookup(h).to_wire()}
 
 
-def op_output(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any]:
+def op_output(st: Stream, h: dict[str, Any]) -> dict[str, Any]:
     p = lookup(h)
     offset = h.get("offset", 0)
     if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
@@ -323,7 +320,7 @@ def op_output(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any]:
     return {"next_offset": pos, "process": p.to_wire()}
 
 
-def op_stdin(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any]:
+def op_stdin(st: Stream, h: dict[str, Any]) -> dict[str, Any]:
     p = lookup(h)
     if p.proc.stdin is None:
         raise AgentError(
@@ -360,7 +357,7 @@ def signal_number(h: dict[str, Any]) -> int:
     return signum
 
 
-def op_signal(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any]:
+def op_signal(st: Stream, h: dict[str, Any]) -> dict[str, Any]:
     p = lookup(h)
     signum = signal_number(h)
     with p.ring.cond:  # exited is set under this lock after the wait: the pgid is ours
@@ -371,7 +368,7 @@ def op_signal(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
-def op_kill(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any]:
+def op_kill(st: Stream, h: dict[str, Any]) -> dict[str, Any]:
     p = lookup(h)
     with p.ring.cond:
         if not p.exited:
@@ -383,7 +380,7 @@ def op_kill(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any]:
     return {"process": p.to_wire()}
 
 
-def op_wait(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any]:
+def op_wait(st: Stream, h: dict[str, Any]) -> dict[str, Any]:
     p = lookup(h)
     timeout = h.get("timeout_s")
     if timeout is not None and (not isinstance(timeout, int | float) or timeout < 0):

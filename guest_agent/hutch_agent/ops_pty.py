@@ -34,7 +34,7 @@ import subprocess
 import termios
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hutch_agent.errors import AgentError
 from hutch_agent.framing import CHUNK, REPLY, STDOUT
@@ -47,9 +47,6 @@ from hutch_agent.ops_process import (
 )
 from hutch_agent.spawn import popen, spawn_args
 from hutch_agent.streams import Cancelled, Stream
-
-if TYPE_CHECKING:
-    from hutch_agent.core import Agent
 
 SCROLLBACK = 256 * 1024
 MAX_PTYS = 64
@@ -137,7 +134,7 @@ def _make_controlling_tty() -> None:
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
-def op_open(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any] | None:
+def op_open(st: Stream, h: dict[str, Any]) -> dict[str, Any] | None:
     if h.get("argv") is None and h.get("shell") is None:
         shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
         h = {**h, "argv": [shell, "-l"]}
@@ -282,11 +279,11 @@ def pump_input(st: Stream, t: Pty) -> None:
         pass
 
 
-def op_attach(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any]:
+def op_attach(st: Stream, h: dict[str, Any]) -> dict[str, Any]:
     return attached(st, running(h))
 
 
-def op_resize(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any]:
+def op_resize(st: Stream, h: dict[str, Any]) -> dict[str, Any]:
     t = running(h)
     rows, cols = _size(h, "rows", t.rows), _size(h, "cols", t.cols)
     with t.ring.cond:
@@ -297,7 +294,7 @@ def op_resize(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any]:
     return {"rows": rows, "cols": cols}
 
 
-def op_signal(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any]:
+def op_signal(st: Stream, h: dict[str, Any]) -> dict[str, Any]:
     t = running(h)
     signum = signal_number(h)
     with t.ring.cond:
@@ -314,7 +311,7 @@ def op_signal(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any]:
     return {"pgrp": pgrp}
 
 
-def op_close(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any]:
+def op_close(st: Stream, h: dict[str, Any]) -> dict[str, Any]:
     t = lookup(h)
     with t.ring.cond:
         if not t.exited:
@@ -332,7 +329,7 @@ def op_close(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any]:
     return {"pty": t.to_wire()}
 
 
-def op_list(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any]:
+def op_list(st: Stream, h: dict[str, Any]) -> dict[str, Any]:
     with PTYS_LOCK:
         ptys = sorted(PTYS.values(), key=lambda t: t.started_at)
     return {"ptys": [t.to_wire() for t in ptys]}

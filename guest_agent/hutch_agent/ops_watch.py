@@ -22,7 +22,7 @@ import os
 import posixpath
 import select
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hutch_agent import inotify
 from hutch_agent.errors import AgentError
@@ -30,9 +30,6 @@ from hutch_agent.framing import CHUNK, DATA, REPLY
 from hutch_agent.ops import Op
 from hutch_agent.paths import FORBIDDEN, checked
 from hutch_agent.streams import Cancelled, Stream
-
-if TYPE_CHECKING:
-    from hutch_agent.core import Agent
 
 QUIET_S = 0.1
 MAX_HOLD_S = 1.0
@@ -190,7 +187,7 @@ class Watcher:
         return None
 
 
-def op_watch(agent: Agent, st: Stream, h: dict[str, Any]) -> dict[str, Any] | None:
+def op_watch(st: Stream, h: dict[str, Any]) -> dict[str, Any] | None:
     path = checked(h.get("path"))
     recursive = h.get("recursive", True)
     if not isinstance(recursive, bool):

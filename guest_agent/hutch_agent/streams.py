@@ -1,4 +1,10 @@
-"""One request stream: credit-based flow control and inbound DATA frames."""
+"""One request stream (credit-based flow control, inbound DATA frames) and the table of a
+host session's streams.
+
+Nothing here knows the :class:`~hutch_agent.core.Agent`: a stream writes through a
+:class:`Sender` (the agent), and reaches the other streams of its session through its
+:class:`Session` (``signal`` targets another stream's command).
+"""
 
 from __future__ import annotations
 
@@ -6,21 +12,64 @@ import queue
 import subprocess
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from hutch_agent.framing import CREDIT, DATA, EOF, WINDOW, Frame, encode
-
-if TYPE_CHECKING:
-    from hutch_agent.core import Agent
 
 
 class Cancelled(Exception):
     """The host cancelled the stream or went away."""
 
 
+class Sender(Protocol):
+    """Writes encoded frames to the host (the agent's transport)."""
+
+    def send(self, data: bytes, stream: Stream | None = None) -> None:
+        """Write ``data``; dropped when ``stream`` was cancelled (a reset session)."""
+
+
+class Session:
+    """The streams of one host session by id, behind one lock (requests run in their
+    own threads; frames arrive on the reader's)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._streams: dict[int, Stream] = {}
+
+    def open(self, st: Stream) -> bool:
+        """Add ``st``; False if its id is in use."""
+        with self._lock:
+            if st.sid in self._streams:
+                return False
+            self._streams[st.sid] = st
+            return True
+
+    def get(self, sid: object) -> Stream | None:
+        with self._lock:
+            return self._streams.get(sid) if isinstance(sid, int) else None
+
+    def pop(self, sid: int) -> Stream | None:
+        with self._lock:
+            return self._streams.pop(sid, None)
+
+    def close(self, st: Stream) -> None:
+        """Forget ``st`` (not a newer stream that took its id)."""
+        with self._lock:
+            if self._streams.get(st.sid) is st:
+                del self._streams[st.sid]
+
+    def reset(self) -> list[Stream]:
+        """Forget every stream; return them (to be cancelled)."""
+        with self._lock:
+            streams, self._streams = list(self._streams.values()), {}
+        return streams
+
+
 class Stream:
-    def __init__(self, agent: Agent, sid: int) -> None:
-        self.agent, self.sid = agent, sid
+    def __init__(self, sender: Sender, sid: int, session: Session | None = None) -> None:
+        self.sender, self.sid = sender, sid
+        #: The other streams of this host session.
+        self.session = session if session is not None else Session()
         self.cond = threading.Condition()
         self.credit = WINDOW
         self.cancelled = False
@@ -35,7 +84,7 @@ class Stream:
         payload: bytes = b"",
         channel: int = 0,
     ) -> None:
-        self.agent.send(encode(ftype, self.sid, header, payload, channel), self)
+        self.sender.send(encode(ftype, self.sid, header, payload, channel), self)
 
     def take_credit(self, deadline: float | None = None) -> bool:
         """Wait for one credit. False if cancelled or the deadline passed first."""

@@ -18,9 +18,9 @@ from hutch.api.redact import RedactingFormatter
 from hutch.config import Settings
 from hutch.e2b import create_e2b_app
 from hutch.e2b.keys import load_or_create_secret, write_e2b_key_file
+from hutch.runtime.qemu.backend import QemuBackend
 from hutch.services.images import HostImages, LocalBootSets, LocalImages
 from hutch.services.network import NetworkService as NetworkManager
-from hutch.services.qemu_backend import QemuBackend
 from hutch.services.sandboxes import SandboxService
 from hutch.store import Store
 from hutch.store.images import ImageStore

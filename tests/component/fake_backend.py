@@ -14,7 +14,6 @@ import os
 import shutil
 import signal
 from pathlib import Path
-from typing import Any
 
 from hutch.guest.client import AgentClient
 from hutch.images.build import ImageArtifacts
@@ -28,12 +27,18 @@ AGENT_PYTHON = "/usr/bin/python3"
 
 class FakeRuntime:
     def __init__(
-        self, sandbox_id: str, proc: asyncio.subprocess.Process, agent: AgentClient, log: Path
+        self,
+        sandbox_id: str,
+        proc: asyncio.subprocess.Process,
+        agent: AgentClient,
+        log: Path,
+        backend: FakeBackend,
     ) -> None:
         self.sandbox_id = sandbox_id
         self.proc = proc
         self.agent = agent
         self.log = log
+        self._backend = backend
 
     async def wait_exited(self) -> None:
         await self.proc.wait()
@@ -61,6 +66,76 @@ class FakeRuntime:
         except OSError:
             return ""
 
+    # Pause keeps the agent process stopped (SIGSTOP), which keeps its memory like a
+    # memory-mode pause; disk mode ends it. A fork starts fresh agents: only real VMs
+    # clone memory (tests/vm prove that).
+
+    async def pause(self, mode: PauseMode) -> str | None:
+        await self.agent.close()
+        if mode is PauseMode.DISK:
+            await self.destroy()
+            self._backend.procs.pop(self.sandbox_id, None)
+            return None
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+        self._backend.stopped[self.sandbox_id] = self
+        return str(self._backend.pause_dir(self.sandbox_id))
+
+    async def freeze(self, snapshot_dir: Path) -> None:
+        # As the real freeze does, the agent connection goes (the parent's clone makes a
+        # new one): whatever still streamed through it is cut.
+        await self.agent.close()
+        snapshot_dir.mkdir(parents=True)  # noqa: ASYNC240 - a test fake, instant
+
+    async def retake_identity(self, rec: SandboxRecord) -> None:
+        return None
+
+
+class FakeTemplates:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.built: list[tuple[str, object]] = []
+
+    def find(self, image: ImageArtifacts, shape: object) -> Path | None:
+        return None  # creates always "cold boot" a fresh agent
+
+    async def build(self, image: ImageArtifacts, shape: object) -> Path:
+        self.built.append((image.name, shape))
+        return self.root / "templates"
+
+    def discard_unfinished(self) -> None:
+        return None
+
+    def remove(self, image_name: str) -> list[str]:
+        return []
+
+
+class FakeSnapshotFiles:
+    def __init__(self, root: Path, clone_of: dict[str, Path]) -> None:
+        self.root = root
+        self.clone_of = clone_of
+
+    async def recover(self, sandbox_id: str, snapshot_dir: str, *, clone: bool) -> bool:
+        return await asyncio.to_thread(Path(snapshot_dir).exists)
+
+    def complete(self, snapshot_dir: Path) -> bool:
+        return snapshot_dir.is_dir()
+
+    def collect(self, live_ids: set[str], keep: set[str]) -> list[str]:
+        """Snapshot directories nothing keeps and no live clone was started from."""
+        root = self.root / "snapshots"
+        if not root.is_dir():
+            return []
+        kept = {Path(k) for k in keep} | {self.clone_of[i] for i in live_ids if i in self.clone_of}
+        removed = []
+        for snap in root.iterdir():
+            if snap not in kept:
+                shutil.rmtree(snap, ignore_errors=True)
+                removed.append(snap.name)
+        return removed
+
+    def size(self, snapshot_dir: Path) -> int:
+        return 4096
+
 
 class FakeBackend:
     accel = "fake"
@@ -71,8 +146,9 @@ class FakeBackend:
         self.procs: dict[str, FakeRuntime] = {}
         self.fail_next_start: Exception | None = None
         self.stopped: dict[str, FakeRuntime] = {}
-        self.templates_built: list[tuple[str, object]] = []
         self.clone_of: dict[str, Path] = {}
+        self.templates = FakeTemplates(root)
+        self.snapshots = FakeSnapshotFiles(root, self.clone_of)
 
     async def start(self, rec: SandboxRecord, image: ImageArtifacts) -> FakeRuntime:
         if self.fail_next_start is not None:
@@ -125,29 +201,17 @@ class FakeBackend:
             proc.kill()
             await proc.wait()
             raise
-        runtime = FakeRuntime(rec.id, proc, agent, log)
+        runtime = FakeRuntime(rec.id, proc, agent, log, self)
         self.started.append(rec.id)
         self.procs[rec.id] = runtime
         return runtime
 
-    # Pause keeps the agent process stopped (SIGSTOP), which keeps its memory like a
-    # memory-mode pause; disk mode ends it. A fork starts fresh agents: only real VMs
-    # clone memory (tests/vm prove that).
-
     def pause_dir(self, sandbox_id: str) -> Path:
         return self.root / sandbox_id / "pause"
 
-    async def pause(self, runtime: FakeRuntime, mode: PauseMode) -> str | None:
-        await runtime.agent.close()
-        if mode is PauseMode.DISK:
-            await runtime.destroy()
-            self.procs.pop(runtime.sandbox_id, None)
-            return None
-        os.killpg(runtime.proc.pid, signal.SIGSTOP)
-        self.stopped[runtime.sandbox_id] = runtime
-        return str(self.pause_dir(runtime.sandbox_id))
-
-    async def resume(self, rec: SandboxRecord, resume_from: str | None, *, clone: bool) -> Any:
+    async def resume(
+        self, rec: SandboxRecord, resume_from: str | None, *, clone: bool
+    ) -> FakeRuntime:
         stopped = self.stopped.pop(rec.id, None)
         if stopped is not None:
             os.killpg(stopped.proc.pid, signal.SIGCONT)
@@ -161,13 +225,7 @@ class FakeBackend:
     def fork_dir(self, snapshot_id: str) -> Path:
         return self.root / "snapshots" / snapshot_id
 
-    async def freeze_for_fork(self, runtime: FakeRuntime, snapshot_dir: Path) -> None:
-        # As the real freeze does, the agent connection goes (the parent's clone makes a
-        # new one): whatever still streamed through it is cut.
-        await runtime.agent.close()
-        snapshot_dir.mkdir(parents=True)  # noqa: ASYNC240 - a test fake, instant
-
-    async def start_clone(self, rec: SandboxRecord, snapshot_dir: Path) -> Any:
+    async def start_clone(self, rec: SandboxRecord, snapshot_dir: Path) -> FakeRuntime:
         self.clone_of[rec.id] = snapshot_dir
         if rec.id in self.procs:
             runtime = self.procs[rec.id]
@@ -177,41 +235,6 @@ class FakeBackend:
                 )
             return runtime
         return await self.start(rec, None)  # type: ignore[arg-type]
-
-    async def retake_identity(self, runtime: FakeRuntime, rec: SandboxRecord) -> None:
-        return None
-
-    def find_template(self, image: ImageArtifacts, shape: object) -> Path | None:
-        return None  # creates always "cold boot" a fresh agent
-
-    async def build_template(self, image: ImageArtifacts, shape: object) -> Path:
-        self.templates_built.append((image.name, shape))
-        return self.root / "templates"
-
-    def discard_unfinished_templates(self) -> None:
-        return None
-
-    async def recover_snapshot(self, sandbox_id: str, snapshot_dir: str, *, clone: bool) -> bool:
-        return await asyncio.to_thread(Path(snapshot_dir).exists)
-
-    def snapshot_complete(self, snapshot_dir: Path) -> bool:
-        return snapshot_dir.is_dir()
-
-    def collect_snapshots(self, live_ids: set[str], keep: set[str]) -> list[str]:
-        """Snapshot directories nothing keeps and no live clone was started from."""
-        root = self.root / "snapshots"
-        if not root.is_dir():
-            return []
-        kept = {Path(k) for k in keep} | {self.clone_of[i] for i in live_ids if i in self.clone_of}
-        removed = []
-        for snap in root.iterdir():
-            if snap not in kept:
-                shutil.rmtree(snap, ignore_errors=True)
-                removed.append(snap.name)
-        return removed
-
-    def snapshot_size(self, snapshot_dir: Path) -> int:
-        return 4096
 
     async def adopt(self, rec: SandboxRecord) -> FakeRuntime | None:
         # A bubblewrap child dies with the test's daemon, so there is never anything to adopt.

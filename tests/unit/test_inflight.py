@@ -1,4 +1,4 @@
-"""The in-flight tracker and gate (hutch.services.inflight), deterministic and pure
+"""The in-flight tracker and gate (hutch.services.activity), deterministic and pure
 asyncio; with the real service and agent: tests/component/test_inflight.py, with real
 VMs and the daemon: tests/e2e/test_inflight_auth.py."""
 
@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from hutch.errors import Busy, Conflict
-from hutch.services.inflight import InFlight, describe_command
+from hutch.services.activity import InFlight, describe_command
 
 SB = "sb-0123456789ab"
 

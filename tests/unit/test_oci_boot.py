@@ -23,7 +23,7 @@ from hutch.images.initramfs import (
     initramfs_entries,
 )
 from hutch.images.oci.boot import INIT_SCRIPT
-from hutch.services import qemu_backend
+from hutch.runtime.qemu import templates as qemu_templates
 from hutch.vm.argv import VmConfig, build_argv
 
 REPO = Path(__file__).resolve().parents[2]
@@ -73,7 +73,7 @@ def test_the_agent_marks_boot_done_where_the_backend_looks() -> None:
         from hutch_agent import runtime
     finally:
         sys.path.remove(str(AGENT_DIR))
-    assert runtime.BOOT_DONE == qemu_backend.RUNTIME_BOOT_DONE
+    assert runtime.BOOT_DONE == qemu_templates.RUNTIME_BOOT_DONE
     assert f"lib/{agent_runtime.LOADER}" == runtime.LOADER
     assert runtime.BOOT_DONE.startswith(agent_runtime.MOUNT.rsplit("/", 1)[0] + "/")
 

@@ -17,7 +17,8 @@ import pytest
 import xxhash
 
 from hutch.errors import InvalidArgument, SnapshotError
-from hutch.services.qemu_host import finish_template, read_config, template_complete, write_config
+from hutch.runtime.qemu.host import read_config, write_config
+from hutch.runtime.qemu.templates import finish_template, template_complete
 from hutch.vm.argv import VmConfig, build_argv
 from hutch.vm.disk_chain import disk_chain, qcow2_backing_file
 from hutch.vm.snapshot import (

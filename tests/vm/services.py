@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from hutch.config import Settings
+from hutch.runtime.qemu.backend import QemuBackend
 from hutch.services.images import LocalImages
-from hutch.services.qemu_backend import QemuBackend
 from hutch.services.sandboxes import SandboxService
 from hutch.store import Store
 from tests.conftest import ensure_image, test_images_dir

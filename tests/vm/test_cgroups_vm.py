@@ -26,7 +26,7 @@ import pytest_asyncio
 
 from hutch.images.build import ImageArtifacts
 from hutch.models import PauseMode, SandboxSpec, SandboxState, Shape
-from hutch.services.qemu_backend import QemuBackend
+from hutch.runtime.qemu.backend import QemuBackend
 from hutch.services.sandboxes import SandboxService
 from hutch.vm.cgroup_driver import SandboxCgroup, record_path
 from hutch.vm.cgroups import PIDS_BASE

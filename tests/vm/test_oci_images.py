@@ -41,9 +41,9 @@ from hutch.errors import Conflict, InvalidArgument, InvalidImage, NotFound
 from hutch.images.build import ImageArtifacts
 from hutch.images.oci.importer import MOUNT_POINTS, content_dir
 from hutch.models import Shape
+from hutch.runtime.qemu.backend import QemuBackend
 from hutch.sdk import AsyncClient, AsyncSandbox
 from hutch.services.images import HostImages, LocalBootSets, LocalImages
-from hutch.services.qemu_backend import QemuBackend
 from hutch.services.sandboxes import SandboxService
 from hutch.store import Store
 from hutch.store.images import ImageStore
@@ -497,8 +497,8 @@ async def test_template_of_an_imported_image(env: Env) -> None:
     assert image is not None and image.runtime_disk is not None
     backend = svc.backend
     assert isinstance(backend, QemuBackend)
-    await backend.build_template(image, SHAPE)
-    assert backend.find_template(image, SHAPE) is not None
+    await backend.templates.build(image, SHAPE)
+    assert backend.templates.find(image, SHAPE) is not None
     svc.settings = dataclasses.replace(svc.settings, templates=True)
     try:
         sb = await AsyncSandbox.create(
@@ -519,9 +519,9 @@ async def test_delete_an_unused_image(env: Env) -> None:
     image = env.svc.image_source.find("busybox")
     assert image is not None
     backend = env.svc.backend
-    assert isinstance(backend, QemuBackend) and backend.find_template(image, SHAPE)
+    assert isinstance(backend, QemuBackend) and backend.templates.find(image, SHAPE)
     await env.client.delete_image("busybox")  # its sandboxes are gone: its template goes too
-    assert backend.find_template(image, SHAPE) is None
+    assert backend.templates.find(image, SHAPE) is None
     assert not content_dir(test_images_dir(), env.busybox.digest).exists()
     await env.client.delete_image("busybox-docker")
     assert "busybox-docker" not in {i.name for i in await env.client.list_images()}

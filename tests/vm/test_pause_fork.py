@@ -18,7 +18,7 @@ import pytest_asyncio
 
 from hutch.errors import SnapshotError
 from hutch.models import PauseMode, SandboxSpec, SandboxState, Shape
-from hutch.services.qemu_backend import QemuBackend
+from hutch.runtime.qemu.backend import QemuBackend
 from hutch.services.sandboxes import SandboxService
 from hutch.vm.disk_chain import disk_chain
 from tests.vm import guest_programs as gp

@@ -16,7 +16,7 @@ import pytest
 import pytest_asyncio
 
 from hutch.models import SandboxSpec, SandboxState, Shape
-from hutch.services.qemu_backend import QemuBackend
+from hutch.runtime.qemu.backend import QemuBackend
 from hutch.services.sandboxes import SandboxService
 from tests.vm.services import qemu_pids_mentioning, real_service
 

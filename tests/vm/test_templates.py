@@ -12,7 +12,7 @@ import pytest_asyncio
 
 from hutch.images.build import ImageArtifacts
 from hutch.models import SandboxSpec, Shape
-from hutch.services.qemu_backend import QemuBackend
+from hutch.runtime.qemu.backend import QemuBackend
 from hutch.services.sandboxes import SandboxService
 from tests.conftest import ensure_image
 from tests.vm.services import real_service
@@ -34,16 +34,16 @@ async def test_second_create_restores_the_template(service: SandboxService) -> N
     assert isinstance(image, ImageArtifacts)
     backend = service.backend
     assert isinstance(backend, QemuBackend)
-    assert backend.find_template(image, SHAPE) is None
+    assert backend.templates.find(image, SHAPE) is None
 
     start = time.monotonic()
     cold = await service.create(SandboxSpec(image="base", shape=SHAPE))
     cold_s = time.monotonic() - start
     for _ in range(600):  # the template is built in the background
-        if backend.find_template(image, SHAPE):
+        if backend.templates.find(image, SHAPE):
             break
         await asyncio.sleep(0.2)
-    assert backend.find_template(image, SHAPE), "the template was never built"
+    assert backend.templates.find(image, SHAPE), "the template was never built"
 
     start = time.monotonic()
     warm = [await service.create(SandboxSpec(image="base", shape=SHAPE)) for _ in range(2)]

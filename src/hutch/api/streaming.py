@@ -1,5 +1,6 @@
-"""Streamed answers that end properly: their work is released however they end, and a
-body the daemon cannot finish is never passed off as complete.
+"""Streamed answers that end properly: the stream they send is closed however they end
+(which releases what the service's stream holds: its call is no longer in flight), and
+a body the daemon cannot finish is never passed off as complete.
 
 NDJSON answers (exec, code runs) carry their own error event at the end. A raw body (a
 file download, a tar archive) has nowhere to put one, so when its source fails half way
@@ -25,15 +26,17 @@ log = logging.getLogger(__name__)
 
 
 class TrackedStream(StreamingResponse):
-    """A :class:`StreamingResponse` that calls ``on_close`` exactly once when it is over
-    (sent, failed, or the client went away, even before the body started) and closes
-    its body iterator then. ``what`` names the body in the log line of an abort."""
+    """A :class:`StreamingResponse` that, exactly once when it is over (sent, failed, or
+    the client went away, even before the body started), closes its body iterator and
+    then calls ``on_close`` (the ``close`` of the service's stream the body is made of,
+    when the body is not that stream itself). ``what`` names the body in the log line of
+    an abort."""
 
     def __init__(
         self,
         content: AsyncIterator[bytes],
         *,
-        on_close: Callable[[], None],
+        on_close: Callable[[], None] = lambda: None,
         what: str,
         media_type: str,
         headers: dict[str, str] | None = None,

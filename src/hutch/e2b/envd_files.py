@@ -35,30 +35,11 @@ async def health() -> Response:
 
 
 async def download(hutch: Hutch, sandbox_id: str, path: str) -> Response:
-    svc = hutch.sandboxes
-    work = svc.begin_work(sandbox_id, f"file download {path}")
-    try:
-        chunks = await svc.read_file(sandbox_id, path, work=work)
-        try:
-            first = await anext(chunks)  # a missing file is a 404, not a broken stream
-        except StopAsyncIteration:
-            first = b""
-    except BaseException:
-        svc.end_work(work)
-        raise
-
-    async def body() -> AsyncIterator[bytes]:
-        try:
-            if first:
-                yield first
-            async for chunk in chunks:
-                yield chunk
-        finally:
-            await chunks.aclose()  # type: ignore[attr-defined]
-
+    # A missing file is a 404, not a broken stream: the service reads the first chunk
+    # before it hands the stream out, which holds its lease until its last byte.
+    chunks = await hutch.sandboxes.read_file(sandbox_id, path)
     return TrackedStream(
-        body(),
-        on_close=lambda: svc.end_work(work),
+        chunks,
         what=f"download of {path} from {sandbox_id}",
         media_type="application/octet-stream",
     )
@@ -86,9 +67,7 @@ async def _upload_chunks(up: UploadFile) -> AsyncIterator[bytes]:
 
 
 async def _write(hutch: Hutch, sandbox_id: str, path: str, data: AsyncIterator[bytes]) -> Any:
-    svc = hutch.sandboxes
-    with svc.work(sandbox_id, f"file upload {path}") as work:
-        written = await svc.write_file(sandbox_id, path, data, work=work)
+    written = await hutch.sandboxes.write_file(sandbox_id, path, data)
     return {"name": posixpath.basename(written.path), "type": "file", "path": written.path}
 
 

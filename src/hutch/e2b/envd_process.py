@@ -29,7 +29,7 @@ from hutch.e2b.connect import ConnectError, b64decode, b64encode
 from hutch.e2b.rpc import Call, RpcService
 from hutch.e2b.wiring import Hutch
 from hutch.errors import Conflict, InvalidArgument, NotFound
-from hutch.services.processes import ProcessInfo, PtySession
+from hutch.services.processes import AttachedPty, ProcessInfo
 
 __all__ = ["ProcessRpc", "end_event"]
 
@@ -104,7 +104,7 @@ class PtyHolder:
     """The face's one session attached to a terminal: its output goes to every
     subscribed stream (with backpressure), input goes in through :meth:`send`."""
 
-    def __init__(self, session: PtySession, on_gone: Callable[[], None]) -> None:
+    def __init__(self, session: AttachedPty, on_gone: Callable[[], None]) -> None:
         self.session = session
         self._subscribers: set[asyncio.Queue[tuple[str, Any]]] = set()
         self._on_gone = on_gone
@@ -197,10 +197,10 @@ class ProcessRpc:
         pty_id = await self._pty_id(sandbox_id, pid)
         if pty_id is None:
             return None
-        session = await self.hutch.processes.attach_pty(sandbox_id, pty_id)
+        session = await self.hutch.processes.attach_pty(sandbox_id, pty_id, busy=False)
         return self._hold(sandbox_id, session)
 
-    def _hold(self, sandbox_id: str, session: PtySession) -> PtyHolder:
+    def _hold(self, sandbox_id: str, session: AttachedPty) -> PtyHolder:
         key = (sandbox_id, session.pid)
 
         def gone() -> None:
@@ -285,6 +285,7 @@ class ProcessRpc:
             env=envs,
             cwd=cwd,
             user=call.user,
+            busy=False,
         )
         holder = self._hold(call.sandbox_id, session)
         async for message in self._watch_pty(call.sandbox_id, holder):

@@ -163,18 +163,15 @@ class Interpreter:
             context_id = await self._default_context(sandbox_id)
         elif body.get("language"):
             raise E2bError(400, "give context_id or language, not both")
-        svc, interp = self.hutch.sandboxes, self.hutch.interpreter
-        work = svc.begin_work(sandbox_id, "code run")
+        interp = self.hutch.interpreter
+        # Each run (the env_vars set, the code, their restore) holds its own lease until
+        # its outputs end or it is closed.
         try:
             if env:
                 await self._quiet_run(sandbox_id, context_id, _set_env_code(env))
-            run = await interp.run(sandbox_id, context_id, code, work=work)
+            run = await interp.run(sandbox_id, context_id, code)
         except NotFound as exc:
-            svc.end_work(work)
             raise E2bError(404, exc.message) from exc
-        except BaseException:
-            svc.end_work(work)
-            raise
         ctx_id = context_id
 
         async def lines() -> AsyncIterator[bytes]:
@@ -198,7 +195,7 @@ class Interpreter:
 
         return TrackedStream(
             lines(),
-            on_close=lambda: svc.end_work(work),
+            on_close=run.close,
             what=f"code run in {sandbox_id}",
             media_type="application/x-ndjson",
         )

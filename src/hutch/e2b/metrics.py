@@ -52,8 +52,7 @@ def parse_sample(text: str, vcpus: int, now: float) -> dict[str, Any]:
 
 async def sample(svc: SandboxService, rec: SandboxRecord) -> dict[str, Any]:
     out = bytearray()
-    with svc.work(rec.id, "metrics") as work:
-        stream = await svc.exec(rec.id, ["/bin/sh", "-c", SCRIPT], timeout_s=10, work=work)
+    async with await svc.exec(rec.id, ["/bin/sh", "-c", SCRIPT], timeout_s=10) as stream:
         async for chunk in stream:
             if chunk.stream == "stdout":
                 out += chunk.data

@@ -1,4 +1,4 @@
-"""File watch and whole-directory transfers (tar), on top of :class:`SandboxService`.
+"""File watch and whole-directory transfers (tar), on top of the guest operations.
 
 Archive transfers are work in flight (no auto-pause mid-transfer; pause, snapshot and
 fork wait for them) and resume a paused ``auto_resume`` sandbox. A watch does not count:
@@ -8,11 +8,11 @@ with an error saying so).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable
 
 from hutch.guest.archive import ArchiveWritten, read_archive, write_archive
 from hutch.guest.watch import FileWatch, WatchEvent, start_watch
-from hutch.services.inflight import Work
+from hutch.services.activity import LeasedBytes
 from hutch.services.sandboxes import SandboxService
 
 __all__ = ["ArchiveWritten", "FileWatch", "FilesExtraService", "WatchEvent"]
@@ -27,17 +27,20 @@ class FilesExtraService:
         runtime = await self.sandboxes.ready(sandbox_id)
         return await start_watch(runtime.agent, path, recursive=recursive)
 
-    async def read_archive(
-        self, sandbox_id: str, path: str, work: Work | None = None
-    ) -> AsyncIterator[bytes]:
-        """A tar stream of directory ``path``; errors surface on the first chunk. The
-        caller ends ``work`` (``sandboxes.begin_work``) once the stream is done."""
-        runtime = await self.sandboxes.ready(sandbox_id, work)
-        return read_archive(runtime.agent, path)
+    async def read_archive(self, sandbox_id: str, path: str) -> LeasedBytes:
+        """A tar stream of directory ``path``; an error (no such directory) is raised
+        here. In flight until its last byte or it is closed."""
+        lease = self.sandboxes.activity.work(sandbox_id, f"archive download {path}")
+        try:
+            runtime = await self.sandboxes.ready(sandbox_id, lease)
+        except BaseException:
+            lease.release()
+            raise
+        return await LeasedBytes.open(read_archive(runtime.agent, path), lease)
 
     async def write_archive(
         self, sandbox_id: str, path: str, data: bytes | AsyncIterable[bytes]
     ) -> ArchiveWritten:
-        with self.sandboxes.work(sandbox_id, f"archive upload {path}") as work:
-            runtime = await self.sandboxes.ready(sandbox_id, work)
+        with self.sandboxes.activity.work(sandbox_id, f"archive upload {path}") as lease:
+            runtime = await self.sandboxes.ready(sandbox_id, lease)
             return await write_archive(runtime.agent, path, data)

@@ -1,31 +1,82 @@
-"""Commands and files inside a running sandbox, the activity they count for
-``auto_pause_s``, and the calls in flight a pause, snapshot or fork waits for
-(:mod:`hutch.services.inflight`); mixed into :class:`hutch.services.sandboxes.SandboxService`."""
+"""Commands and files inside a running sandbox. Each call holds a lease
+(:mod:`hutch.services.activity`) for as long as it runs: it counts as activity for
+``auto_pause_s``, and a pause, snapshot or fork waits for it. What a call returns that
+outlives it (a command's output, a download) holds the lease until its last byte."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator
+from types import TracebackType
 from typing import TYPE_CHECKING
 
 from hutch.errors import StateError
 from hutch.guest.client import ExecStream
-from hutch.guest.results import FileEntry
+from hutch.guest.results import ExecExit, ExecOutput, ExecResult, FileEntry
 from hutch.models import SandboxRecord, SandboxState
-from hutch.services.backend import Runtime
+from hutch.runtime.backend import Runtime
+from hutch.services.activity import Activity, Lease, LeasedBytes, describe_command
 from hutch.services.image_defaults import merged
 from hutch.services.images import ImageDefaults
-from hutch.services.inflight import InFlight, Work
 
-__all__ = ["GuestOpsMixin"]
+__all__ = ["ExecCall", "GuestOpsMixin"]
+
+
+class ExecCall:
+    """A started command that holds its lease until its exit is read, it fails, or it
+    is closed (:meth:`close`, or leaving ``async with``). Iterate it for output;
+    ``wait()`` or ``collect()`` for the end (as :class:`~hutch.guest.client.ExecStream`)."""
+
+    def __init__(self, stream: ExecStream, lease: Lease) -> None:
+        self._stream = stream
+        self._lease = lease
+
+    @property
+    def pid(self) -> int:
+        return self._stream.pid
+
+    def __aiter__(self) -> AsyncIterator[ExecOutput]:
+        return self._outputs()
+
+    async def _outputs(self) -> AsyncIterator[ExecOutput]:
+        try:
+            async for item in self._stream:
+                yield item
+        finally:
+            self.close()
+
+    async def wait(self) -> ExecExit:
+        try:
+            return await self._stream.wait()
+        finally:
+            self.close()
+
+    async def collect(self) -> ExecResult:
+        try:
+            return await self._stream.collect()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """The call is over for the caller (idempotent): its lease goes. The command
+        itself is not stopped."""
+        self._lease.release()
+
+    async def __aenter__(self) -> ExecCall:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
 
 
 class GuestOpsMixin:
     _runtimes: dict[str, Runtime]
-    clock: Callable[[], float]
-    _last_active: dict[str, float]
-    _busy: dict[str, int]
-    inflight: InFlight
+    activity: Activity
 
     if TYPE_CHECKING:
 
@@ -47,30 +98,27 @@ class GuestOpsMixin:
             raise StateError(f"sandbox {sandbox_id}", str(rec.state), ["running"], hint)
         return runtime
 
-    async def ready(self, sandbox_id: str, work: Work | None = None) -> Runtime:
+    async def ready(self, sandbox_id: str, lease: Lease | None = None) -> Runtime:
         """The running sandbox's runtime, resuming it first if it is paused with
         ``auto_resume``. While a pause, snapshot or fork holds the sandbox this waits for
-        it to finish. ``work`` is admitted as in flight the moment the runtime is handed
+        it to finish. ``lease`` is admitted as in flight the moment the runtime is handed
         out (no await in between), so a lifecycle call that starts later waits for it."""
         while True:
-            await self.inflight.wait_open(sandbox_id)
+            await self.activity.inflight.wait_open(sandbox_id)
             rec = self.get(sandbox_id)
             if rec.state is SandboxState.PAUSED and rec.auto_resume:
                 await self.resume(sandbox_id)
                 continue  # a lifecycle call may have taken the sandbox meanwhile
             runtime = self.runtime(sandbox_id)
-            if work is not None:
-                self.inflight.admit(work)
+            if lease is not None:
+                lease.admit()
             return runtime
 
     @contextlib.asynccontextmanager
     async def _call(self, sandbox_id: str, what: str) -> AsyncIterator[Runtime]:
         """A short guest call: in flight (waited for by lifecycle calls), not activity."""
-        work = self.inflight.begin(sandbox_id, what)
-        try:
-            yield await self.ready(sandbox_id, work)
-        finally:
-            self.inflight.end(work)
+        with self.activity.call(sandbox_id, what) as lease:
+            yield await self.ready(sandbox_id, lease)
 
     async def exec(
         self,
@@ -82,25 +130,37 @@ class GuestOpsMixin:
         user: str | None = None,
         stdin: bytes | None = None,
         timeout_s: float | None = None,
-        work: Work | None = None,
-    ) -> ExecStream:
-        """Start ``cmd``. ``work`` (from :meth:`begin_work`) covers it until the caller
-        ends it, once the output is read to the end."""
-        rec = self.get(sandbox_id)
-        runtime = await self.ready(sandbox_id, work)
-        merged_env, cwd, user = merged(self.guest_defaults(rec), rec, env, cwd, user)
-        if isinstance(cmd, str):
-            return await runtime.agent.exec(
-                shell=cmd, env=merged_env, cwd=cwd, user=user, stdin=stdin, timeout_s=timeout_s
-            )
-        return await runtime.agent.exec(
-            cmd, env=merged_env, cwd=cwd, user=user, stdin=stdin, timeout_s=timeout_s
-        )
+    ) -> ExecCall:
+        """Start ``cmd``; the call is in flight (and activity) until its exit is read or
+        it is closed."""
+        lease = self.activity.work(sandbox_id, describe_command(cmd))
+        try:
+            rec = self.get(sandbox_id)
+            runtime = await self.ready(sandbox_id, lease)
+            merged_env, cwd, user = merged(self.guest_defaults(rec), rec, env, cwd, user)
+            if isinstance(cmd, str):
+                stream = await runtime.agent.exec(
+                    shell=cmd, env=merged_env, cwd=cwd, user=user, stdin=stdin, timeout_s=timeout_s
+                )
+            else:
+                stream = await runtime.agent.exec(
+                    cmd, env=merged_env, cwd=cwd, user=user, stdin=stdin, timeout_s=timeout_s
+                )
+        except BaseException:
+            lease.release()
+            raise
+        return ExecCall(stream, lease)
 
-    async def read_file(
-        self, sandbox_id: str, path: str, work: Work | None = None
-    ) -> AsyncIterator[bytes]:
-        return (await self.ready(sandbox_id, work)).agent.read_file(path)
+    async def read_file(self, sandbox_id: str, path: str) -> LeasedBytes:
+        """The file's bytes; an error (no such file, a directory) is raised here, before
+        the stream is handed out. In flight until its last byte or it is closed."""
+        lease = self.activity.work(sandbox_id, f"file download {path}")
+        try:
+            chunks = (await self.ready(sandbox_id, lease)).agent.read_file(path)
+        except BaseException:
+            lease.release()
+            raise
+        return await LeasedBytes.open(chunks, lease)
 
     async def write_file(
         self,
@@ -108,9 +168,10 @@ class GuestOpsMixin:
         path: str,
         data: bytes | AsyncIterable[bytes],
         mode: int = 0o644,
-        work: Work | None = None,
     ) -> FileEntry:
-        return await (await self.ready(sandbox_id, work)).agent.write_file(path, data, mode=mode)
+        with self.activity.work(sandbox_id, f"file upload {path}") as lease:
+            runtime = await self.ready(sandbox_id, lease)
+            return await runtime.agent.write_file(path, data, mode=mode)
 
     async def list_dir(self, sandbox_id: str, path: str) -> list[FileEntry]:
         async with self._call(sandbox_id, f"list {path}") as runtime:
@@ -131,45 +192,3 @@ class GuestOpsMixin:
     async def rename(self, sandbox_id: str, source: str, destination: str) -> FileEntry:
         async with self._call(sandbox_id, f"rename {source}") as runtime:
             return await runtime.agent.rename(source, destination)
-
-    # -- activity (for auto_pause_s) and work in flight ----------------------------------
-
-    def begin_activity(self, sandbox_id: str) -> None:
-        """The sandbox is busy (an exec, a file transfer, an attached terminal) until
-        ``end_activity``: it is not idle for ``auto_pause_s``."""
-        self._busy[sandbox_id] = self._busy.get(sandbox_id, 0) + 1
-        self._last_active[sandbox_id] = self.clock()
-
-    def end_activity(self, sandbox_id: str) -> None:
-        self._busy[sandbox_id] = max(0, self._busy.get(sandbox_id, 0) - 1)
-        self._last_active[sandbox_id] = self.clock()
-
-    @contextlib.contextmanager
-    def activity(self, sandbox_id: str) -> Iterator[None]:
-        self.begin_activity(sandbox_id)
-        try:
-            yield
-        finally:
-            self.end_activity(sandbox_id)
-
-    def begin_work(self, sandbox_id: str, what: str) -> Work:
-        """A call with a result (exec, transfer, code run; ``what`` names it for a Busy
-        message): activity from now, in flight once :meth:`ready` admits it, until
-        :meth:`end_work`. Pass it to the call (``work=``)."""
-        self.begin_activity(sandbox_id)
-        return self.inflight.begin(sandbox_id, what)
-
-    def end_work(self, work: Work) -> None:
-        """Idempotent: safe from both a stream's end and an error path."""
-        if work.ended:
-            return
-        self.inflight.end(work)
-        self.end_activity(work.sandbox_id)
-
-    @contextlib.contextmanager
-    def work(self, sandbox_id: str, what: str) -> Iterator[Work]:
-        work = self.begin_work(sandbox_id, what)
-        try:
-            yield work
-        finally:
-            self.end_work(work)

@@ -287,9 +287,7 @@ class ImageImporter:
         removed = await asyncio.to_thread(
             drop_ref, content_dir(self.images.images_dir, row.digest), self._ref(name)
         )
-        remover = getattr(self.sandboxes.backend, "remove_templates", None)
-        if remover is not None:
-            await asyncio.to_thread(remover, name)
+        await asyncio.to_thread(self.sandboxes.backend.templates.remove, name)
         log.info("deleted image %s (%s; content %s)", name, row.digest,
                  "removed" if removed else "kept: other images use it")  # fmt: skip
 

@@ -8,6 +8,7 @@ activity (no auto-pause while code runs).
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator
 from typing import Any
 
 from hutch.errors import InvalidArgument, NotFound
@@ -22,13 +23,40 @@ from hutch.guest.contexts import (
     restart_context,
     start_run,
 )
+from hutch.services.activity import Lease
 from hutch.services.image_defaults import merged
-from hutch.services.inflight import Work
 from hutch.services.sandboxes import SandboxService
 
-__all__ = ["ContextInfo", "ContextRun", "InterpreterService", "RunEnd"]
+__all__ = ["CodeRun", "ContextInfo", "InterpreterService", "RunEnd"]
 
 CONTEXT_ID_RE = re.compile(r"^ctx-[0-9a-f]{12}$")
+
+
+class CodeRun:
+    """A run in progress (:class:`~hutch.guest.contexts.ContextRun`) that holds its
+    lease until its outputs end, it fails, or it is closed. Iterate :meth:`outputs`;
+    :attr:`end` is set after the last."""
+
+    def __init__(self, run: ContextRun, lease: Lease) -> None:
+        self._run = run
+        self._lease = lease
+
+    @property
+    def end(self) -> RunEnd | None:
+        return self._run.end
+
+    async def outputs(self) -> AsyncIterator[dict[str, Any]]:
+        try:
+            async for item in self._run.outputs():
+                yield item
+        finally:
+            self._lease.release()
+
+    def close(self) -> None:
+        """Give up on the run (the guest interrupts the code if it still runs) and
+        release its lease. Idempotent."""
+        self._run.close()
+        self._lease.release()
 
 
 class InterpreterService:
@@ -114,15 +142,21 @@ class InterpreterService:
         code: str,
         *,
         timeout_s: float | None = None,
-        work: Work | None = None,
-    ) -> ContextRun:
-        """Start running ``code``; iterate the run's outputs. The caller brackets the
-        whole run with ``work`` (``sandboxes.begin_work``; ended once the run is read)."""
-        self._check_id(sandbox_id, context_id)
-        if not isinstance(code, str):
-            raise InvalidArgument("code must be a string of Python source")
-        runtime = await self.sandboxes.ready(sandbox_id, work)
-        run: ContextRun = await self._agent_call(
-            sandbox_id, context_id, start_run(runtime.agent, context_id, code, timeout_s=timeout_s)
-        )
-        return run
+    ) -> CodeRun:
+        """Start running ``code``; iterate the run's outputs. The run is in flight (and
+        activity) until its outputs end or it is closed."""
+        lease = self.sandboxes.activity.work(sandbox_id, f"code run in {context_id}")
+        try:
+            self._check_id(sandbox_id, context_id)
+            if not isinstance(code, str):
+                raise InvalidArgument("code must be a string of Python source")
+            runtime = await self.sandboxes.ready(sandbox_id, lease)
+            run: ContextRun = await self._agent_call(
+                sandbox_id,
+                context_id,
+                start_run(runtime.agent, context_id, code, timeout_s=timeout_s),
+            )
+        except BaseException:
+            lease.release()
+            raise
+        return CodeRun(run, lease)

@@ -1,7 +1,7 @@
 """Pause, resume, fork and named snapshots of sandboxes; mixed into
 :class:`hutch.services.sandboxes.SandboxService` (which owns the state used here).
 
-Pause, snapshot and fork first quiesce the sandbox (:mod:`hutch.services.inflight`):
+Pause, snapshot and fork first quiesce the sandbox (:mod:`hutch.services.activity`):
 new calls wait, and calls in flight are waited for up to ``Settings.lifecycle_wait_s``
 (then :class:`~hutch.errors.Busy`), so none is cut. Resume needs no quiescing (a paused
 sandbox has nothing in flight); delete cuts what runs, and the cut calls say so.
@@ -34,8 +34,9 @@ from hutch.models import (
     new_snapshot_id,
     validate_name,
 )
-from hutch.services.backend import Runtime, VmBackend
-from hutch.services.inflight import InFlight
+from hutch.runtime.backend import Runtime, VmBackend
+from hutch.services.activity import Activity
+from hutch.services.state import SandboxStates, require
 from hutch.store import Store
 
 if TYPE_CHECKING:
@@ -52,8 +53,9 @@ FORK_PARALLELISM = 4
 class LifecycleMixin:
     settings: Settings
     store: Store
+    states: SandboxStates
     backend: VmBackend
-    inflight: InFlight
+    activity: Activity
     net: NetworkManager | None
     clock: Callable[[], float]
     _runtimes: dict[str, Runtime]
@@ -68,8 +70,6 @@ class LifecycleMixin:
         def _attach(self, sandbox_id: str, runtime: Runtime) -> None: ...
 
         def _stop_watching(self, sandbox_id: str) -> None: ...
-
-        def _mark_running(self, rec: SandboxRecord) -> SandboxRecord: ...
 
         def _finish(
             self, sandbox_id: str, state: SandboxState, error: str | None = None
@@ -89,7 +89,7 @@ class LifecycleMixin:
         self, sandbox_id: str, action: str, wait_s: float | None = None
     ) -> contextlib.AbstractAsyncContextManager[None]:
         wait = self.settings.lifecycle_wait_s if wait_s is None else wait_s
-        return self.inflight.quiesce(sandbox_id, action, wait)
+        return self.activity.inflight.quiesce(sandbox_id, action, wait)
 
     async def pause(
         self,
@@ -119,7 +119,8 @@ class LifecycleMixin:
                 return self.get(rec.id)
 
     async def _pause_locked(self, rec: SandboxRecord, mode: PauseMode) -> SandboxRecord:
-        if rec.state is not SandboxState.RUNNING or rec.id not in self._runtimes:
+        require(rec, SandboxState.RUNNING)
+        if rec.id not in self._runtimes:
             raise StateError(f"sandbox {rec.id}", str(rec.state), ["running"])
         runtime = self._runtimes[rec.id]
         self._stop_watching(rec.id)
@@ -132,29 +133,22 @@ class LifecycleMixin:
             else f"sandbox {rec.id} was paused (disk): the guest was shut down"
         )
         planned = str(self.backend.pause_dir(rec.id)) if mode is PauseMode.MEMORY else None
-        self.store.update_sandbox(
-            rec.id,
-            state=SandboxState.PAUSING,
-            pause_mode=mode,
-            resume_from=planned,
-            resume_clone=False,
+        self.states.move(
+            rec.id, SandboxState.PAUSING, pause_mode=mode, resume_from=planned, resume_clone=False
         )
         crash_point("pause.row")
         try:
-            resume_from = await self.backend.pause(runtime, mode)
+            resume_from = await runtime.pause(mode)
         except BaseException:
             self._attach(rec.id, runtime)
-            self.store.update_sandbox(
-                rec.id, state=SandboxState.RUNNING, pause_mode=None, resume_from=None
-            )
+            self.states.move(rec.id, SandboxState.RUNNING, pause_mode=None, resume_from=None)
             raise
         self._runtimes.pop(rec.id, None)
-        now = self.clock()
-        self.store.update_sandbox(
+        self.states.move(
             rec.id,
-            state=SandboxState.PAUSED,
+            SandboxState.PAUSED,
             pause_mode=mode,
-            paused_at=now,
+            paused_at=self.clock(),
             resume_from=resume_from,
             resume_clone=False,
         )
@@ -168,35 +162,24 @@ class LifecycleMixin:
     async def _resume_locked(self, rec: SandboxRecord) -> SandboxRecord:
         if rec.state is SandboxState.RUNNING:
             return rec
-        if rec.state is not SandboxState.PAUSED:
-            raise StateError(f"sandbox {rec.id}", str(rec.state), ["paused", "running"])
+        require(rec, SandboxState.PAUSED, SandboxState.RUNNING)
         async with self._create_gate:
             self._check_capacity(rec.shape.memory_mib, extra_sandboxes=0)
-            self.store.update_sandbox(rec.id, state=SandboxState.RESUMING)
+            self.states.move(rec.id, SandboxState.RESUMING)
         crash_point("resume.row")
         try:
             runtime = await self.backend.resume(rec, rec.resume_from, clone=rec.resume_clone)
         except BaseException:
-            self.store.update_sandbox(rec.id, state=SandboxState.PAUSED)
+            self.states.move(rec.id, SandboxState.PAUSED)
             raise
         self._attach(rec.id, runtime)
-        self._set_running_after_resume(rec.id)
+        self.states.running_again(rec.id)
         if rec.resume_from is None:  # a disk-mode resume booted again
             try:
                 await self._run_image_start(rec, runtime)
             except HutchError as exc:
                 log.warning("sandbox %s: the image's start command: %s", rec.id, exc)
         return self.get(rec.id)
-
-    def _set_running_after_resume(self, sandbox_id: str) -> None:
-        self.store.update_sandbox(
-            sandbox_id,
-            state=SandboxState.RUNNING,
-            pause_mode=None,
-            paused_at=None,
-            resume_from=None,
-            resume_clone=False,
-        )
 
     async def fork(self, sandbox_id: str, count: int = 1) -> list[SandboxRecord]:
         """``count`` new sandboxes, each a copy-on-write clone of this one as it is now.
@@ -218,12 +201,10 @@ class LifecycleMixin:
         so the caller leaves it as it was."""
         self.get(sandbox_id)
         async with self._lock(sandbox_id), self._quiesced(sandbox_id, action):
-            rec = self.get(sandbox_id)
+            rec = require(self.get(sandbox_id), SandboxState.RUNNING, SandboxState.PAUSED)
             was_paused = rec.state is SandboxState.PAUSED
             if was_paused:
                 rec = await self._resume_locked(rec)
-            if rec.state is not SandboxState.RUNNING:
-                raise StateError(f"sandbox {rec.id}", str(rec.state), ["running", "paused"])
             try:
                 yield rec
             finally:
@@ -251,7 +232,7 @@ class LifecycleMixin:
                     resume_clone=False,
                     parent_id=parent.id,
                 )
-                self.store.insert_sandbox(child)
+                self.states.insert(child)
                 children.append(child)
         crash_point("fork.rows")
         snapshot_dir = self.backend.fork_dir("fork-" + secrets.token_hex(6))
@@ -266,6 +247,9 @@ class LifecycleMixin:
 
         async def start(child: SandboxRecord) -> SandboxRecord | BaseException:
             async with gate, self._lock(child.id):
+                current = self.states.current(child.id)
+                if current is not None and current.state is not SandboxState.CREATING:
+                    return current  # deleted before its turn came: as the delete left it
                 try:
                     if self.net is not None and child.network is NetworkMode.DEFAULT:
                         # Same rules and networks as the parent; its own address and name.
@@ -281,7 +265,7 @@ class LifecycleMixin:
                     self._finish(child.id, SandboxState.FAILED, str(exc))
                     return exc
                 self._attach(child.id, runtime)
-                return self._mark_running(child)
+                return self.states.running(child)
 
         results = await asyncio.gather(*(start(c) for c in children))
         failures = [r for r in results if isinstance(r, BaseException)]
@@ -299,27 +283,27 @@ class LifecycleMixin:
             f"sandbox {parent.id} was frozen for a fork or snapshot: this stream ended, but "
             "what runs in the guest keeps running; attach or read again"
         )
-        self.store.update_sandbox(
+        self.states.move(
             parent.id,
-            state=SandboxState.PAUSING,
+            SandboxState.PAUSING,
             pause_mode=PauseMode.MEMORY,
             resume_from=str(snapshot_dir),
             resume_clone=True,
         )
         try:
-            await self.backend.freeze_for_fork(runtime, snapshot_dir)
+            await runtime.freeze(snapshot_dir)
         except BaseException:
             self._attach(parent.id, runtime)
-            self._set_running_after_resume(parent.id)
+            self.states.running_again(parent.id)
             raise
         self._runtimes.pop(parent.id, None)
-        self.store.update_sandbox(parent.id, state=SandboxState.RESUMING)
+        self.states.move(parent.id, SandboxState.RESUMING)
         try:
             self._attach(parent.id, await self.backend.start_clone(parent, snapshot_dir))
         except BaseException:
-            self.store.update_sandbox(parent.id, state=SandboxState.PAUSED)
+            self.states.move(parent.id, SandboxState.PAUSED)
             raise
-        self._set_running_after_resume(parent.id)
+        self.states.running_again(parent.id)
 
     # -- named snapshots ----------------------------------------------------------------
 
@@ -354,7 +338,7 @@ class LifecycleMixin:
                 raise
             crash_point("snapshot.frozen")
             snap = replace(
-                snap, size_bytes=await asyncio.to_thread(self.backend.snapshot_size, snapshot_dir)
+                snap, size_bytes=await asyncio.to_thread(self.backend.snapshots.size, snapshot_dir)
             )
             self.store.finish_snapshot(snap_id, snap.size_bytes)
         return snap

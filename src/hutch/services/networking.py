@@ -1,6 +1,6 @@
 """The networking use cases of a sandbox (egress rules, ports, private networks), mixed
 into :class:`hutch.services.sandboxes.SandboxService`; the work is done by
-:class:`hutch.net.manager.NetworkManager`."""
+:class:`hutch.services.network.NetworkService`."""
 
 from __future__ import annotations
 

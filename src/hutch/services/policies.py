@@ -17,6 +17,7 @@ from hutch.models import (
     SandboxRecord,
     SandboxState,
 )
+from hutch.services.activity import Activity
 from hutch.store import Store
 
 __all__ = ["REAPER_INTERVAL_S", "PoliciesMixin"]
@@ -29,8 +30,7 @@ REAPER_INTERVAL_S = 1.0
 class PoliciesMixin:
     store: Store
     clock: Callable[[], float]
-    _last_active: dict[str, float]
-    _busy: dict[str, int]
+    activity: Activity
 
     if TYPE_CHECKING:
 
@@ -70,18 +70,12 @@ class PoliciesMixin:
         self.store.update_sandbox(sandbox_id, auto_pause_s=auto_pause_s)
         return self.get(sandbox_id)
 
-    def _idle_for(self, rec: SandboxRecord, now: float) -> float:
-        if self._busy.get(rec.id, 0) > 0:
-            return 0.0
-        since = self._last_active.get(rec.id) or rec.started_at or rec.created_at
-        return now - since
-
     async def _auto_pause(self, sandbox_id: str) -> None:
         """Pause an idle sandbox, checking again once it is quiesced: a call that started
         since the check above (or waits at the gate) keeps it running."""
 
         def still_idle(rec: SandboxRecord) -> bool:
-            return bool(rec.auto_pause_s) and self._idle_for(rec, self.clock()) >= (
+            return bool(rec.auto_pause_s) and self.activity.idle_for(rec, self.clock()) >= (
                 rec.auto_pause_s or 0
             )
 
@@ -103,7 +97,7 @@ class PoliciesMixin:
                 if rec.expires_at is not None and rec.expires_at <= now:
                     log.info("sandbox %s reached timeout_s=%s; deleting", rec.id, rec.timeout_s)
                     await self.delete(rec.id)
-                elif rec.auto_pause_s and self._idle_for(rec, now) >= rec.auto_pause_s:
+                elif rec.auto_pause_s and self.activity.idle_for(rec, now) >= rec.auto_pause_s:
                     await self._auto_pause(rec.id)
             except HutchError as exc:
                 log.error("lifecycle policy on sandbox %s failed: %s", rec.id, exc)

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 
 from hutch.images.build import ImageArtifacts
 from hutch.models import NetworkMode, SandboxRecord, SandboxState, Shape, new_sandbox_id
-from hutch.services.backend import Runtime, VmBackend
+from hutch.runtime.backend import Runtime, VmBackend
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class WarmPool:
         key = (image.name, image.digest)
         ready = self._ready.setdefault(key, [])
         while len(ready) < self.size:
-            template = self.backend.find_template(image, self.SHAPE)
+            template = self.backend.templates.find(image, self.SHAPE)
             if template is None:
                 return
             stub = SandboxRecord(

@@ -1,11 +1,12 @@
 """Background processes and interactive terminals of running sandboxes.
 
-A thin use-case layer over :class:`SandboxService`: it finds the sandbox's agent
+A thin use-case layer over the guest operations: it finds the sandbox's agent
 (resuming a paused ``auto_resume`` sandbox first, as exec does), merges the sandbox's
 environment, and marks the sandbox busy while a caller is attached (a followed output
-stream, an open terminal) so ``auto_pause_s`` does not pause it under the user. A
-process or terminal running with nobody attached does not keep the sandbox awake: it
-survives a memory pause anyway.
+stream, an open terminal: the :class:`AttachedPty` holds that lease until it is
+detached) so ``auto_pause_s`` does not pause it under the user. A process or terminal
+running with nobody attached does not keep the sandbox awake: it survives a memory
+pause anyway.
 """
 
 from __future__ import annotations
@@ -13,15 +14,62 @@ from __future__ import annotations
 import builtins
 import contextlib
 from collections.abc import AsyncIterator
+from types import TracebackType
 
 from hutch.errors import Conflict, InvalidArgument
 from hutch.guest.processes import GuestProcesses, OutputStream, ProcessInfo
-from hutch.guest.pty import GuestPtys, PtyInfo, PtySession
+from hutch.guest.pty import GuestPtys, PtyEnd, PtyInfo, PtySession
+from hutch.services.activity import Lease, describe_command
 from hutch.services.image_defaults import merged
-from hutch.services.inflight import describe_command
 from hutch.services.sandboxes import SandboxService
 
-__all__ = ["OutputStream", "ProcessInfo", "ProcessService", "PtyInfo", "PtySession"]
+__all__ = ["AttachedPty", "OutputStream", "ProcessInfo", "ProcessService", "PtyInfo"]
+
+
+class AttachedPty:
+    """A stream attached to a terminal (:class:`~hutch.guest.pty.PtySession`) that keeps
+    the sandbox busy until it is detached (:meth:`detach`, or leaving ``async with``):
+    the terminal keeps running in the guest either way."""
+
+    def __init__(self, session: PtySession, lease: Lease) -> None:
+        self._session = session
+        self._lease = lease
+
+    @property
+    def pty_id(self) -> str:
+        return self._session.pty_id
+
+    @property
+    def pid(self) -> int:
+        return self._session.pid
+
+    @property
+    def end(self) -> PtyEnd | None:
+        return self._session.end
+
+    def send(self, data: bytes) -> None:
+        self._session.send(data)
+
+    def output(self) -> AsyncIterator[bytes]:
+        return self._session.output()
+
+    async def detach(self) -> None:
+        """Idempotent."""
+        try:
+            await self._session.detach()
+        finally:
+            self._lease.release()
+
+    async def __aenter__(self) -> AttachedPty:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.detach()
 
 
 class ProcessService:
@@ -60,8 +108,8 @@ class ProcessService:
         process reads /dev/null)."""
         env, cwd, user = self._defaults(sandbox_id, env, cwd, user)
         what = "background " + describe_command(cmd)
-        with self.sandboxes.work(sandbox_id, what) as work:
-            procs = GuestProcesses((await self.sandboxes.ready(sandbox_id, work)).agent)
+        with self.sandboxes.activity.work(sandbox_id, what) as lease:
+            procs = GuestProcesses((await self.sandboxes.ready(sandbox_id, lease)).agent)
             pipe = keep_stdin or stdin is not None
             if isinstance(cmd, str):
                 info = await procs.start(
@@ -90,7 +138,7 @@ class ProcessService:
         self, sandbox_id: str, pid: int, offset: int = 0, *, follow: bool = False
     ) -> AsyncIterator[OutputStream]:
         """The process's output from ``offset``; the sandbox counts as busy meanwhile."""
-        with self.sandboxes.activity(sandbox_id):
+        with self.sandboxes.activity.busy(sandbox_id):
             stream = await (await self._procs(sandbox_id)).output(pid, offset, follow=follow)
             try:
                 yield stream
@@ -100,8 +148,8 @@ class ProcessService:
     async def write_stdin(
         self, sandbox_id: str, pid: int, data: bytes, *, eof: bool = False
     ) -> ProcessInfo:
-        with self.sandboxes.work(sandbox_id, f"stdin of process {pid}") as work:
-            procs = GuestProcesses((await self.sandboxes.ready(sandbox_id, work)).agent)
+        with self.sandboxes.activity.work(sandbox_id, f"stdin of process {pid}") as lease:
+            procs = GuestProcesses((await self.sandboxes.ready(sandbox_id, lease)).agent)
             return await procs.write_stdin(pid, data, eof=eof)
 
     async def signal(self, sandbox_id: str, pid: int, signum: int) -> ProcessInfo:
@@ -113,7 +161,7 @@ class ProcessService:
         return await (await self._procs(sandbox_id)).kill(pid)
 
     async def wait(self, sandbox_id: str, pid: int, timeout_s: float | None = None) -> ProcessInfo:
-        with self.sandboxes.activity(sandbox_id):
+        with self.sandboxes.activity.busy(sandbox_id):
             return await (await self._procs(sandbox_id)).wait(pid, timeout_s)
 
     # -- terminals ---------------------------------------------------------------------
@@ -129,23 +177,34 @@ class ProcessService:
         env: dict[str, str] | None = None,
         cwd: str | None = None,
         user: str | None = None,
-    ) -> PtySession:
-        """A new terminal running ``cmd`` (default: a login shell), attached. The caller
-        marks the sandbox busy for as long as it stays attached (see :meth:`attached`)."""
+        busy: bool = True,
+    ) -> AttachedPty:
+        """A new terminal running ``cmd`` (default: a login shell), attached: the
+        sandbox is busy (not idle for auto_pause_s) until it is detached. ``busy``
+        False: a face that keeps one attached stream for several clients (E2B) marks
+        the sandbox busy per client itself (:meth:`attached`)."""
         env, cwd, user = self._defaults(sandbox_id, env, cwd, user)
         ptys = await self._ptys(sandbox_id)
         argv = cmd if isinstance(cmd, builtins.list) else None
         shell = cmd if isinstance(cmd, str) else None
-        return await ptys.open(
+        session = await ptys.open(
             argv, shell=shell, rows=rows, cols=cols, term=term, env=env, cwd=cwd, user=user
         )
+        return AttachedPty(session, self._attach_lease(sandbox_id, busy))
 
-    async def attach_pty(self, sandbox_id: str, pty_id: str) -> PtySession:
-        return await (await self._ptys(sandbox_id)).attach(pty_id)
+    async def attach_pty(self, sandbox_id: str, pty_id: str, *, busy: bool = True) -> AttachedPty:
+        session = await (await self._ptys(sandbox_id)).attach(pty_id)
+        return AttachedPty(session, self._attach_lease(sandbox_id, busy))
 
-    def attached(self, sandbox_id: str) -> contextlib.AbstractContextManager[None]:
-        """Marks the sandbox busy (not idle for auto_pause_s) while a client is attached."""
-        return self.sandboxes.activity(sandbox_id)
+    def _attach_lease(self, sandbox_id: str, busy: bool) -> Lease:
+        if busy:
+            return self.sandboxes.activity.busy(sandbox_id)
+        return Lease(self.sandboxes.activity, sandbox_id, None, counts_activity=False)
+
+    def attached(self, sandbox_id: str) -> Lease:
+        """The sandbox is busy while one client of a shared terminal stream (see
+        ``busy`` of :meth:`open_pty`) watches it: a lease, released on leaving ``with``."""
+        return self.sandboxes.activity.busy(sandbox_id)
 
     async def resize_pty(self, sandbox_id: str, pty_id: str, rows: int, cols: int) -> None:
         await (await self._ptys(sandbox_id)).resize(pty_id, rows, cols)

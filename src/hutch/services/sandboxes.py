@@ -1,16 +1,8 @@
 """Sandbox lifecycle: create, inspect, exec, files, destroy; reconcile after a restart.
 
-State machine (stored in SQLite, the source of truth)::
-
-    creating ──► running ──► stopping ──► destroyed
-        │          │  ▲
-        │   pausing│  │resuming
-        │          ▼  │
-        │         paused ──────► stopping
-        └──────────┴──► failed   (VM would not boot, or died on its own; cleaned)
-
-A fork pauses the parent into a frozen snapshot, then restores the parent and every
-child from it as copy-on-write clones (``start_clone``).
+The states and the transitions between them are :mod:`hutch.services.state`, the only
+writer of a sandbox's state. A fork pauses the parent into a frozen snapshot, then
+restores the parent and every child from it as copy-on-write clones (``start_clone``).
 
 Every transition is written before the side effect it announces, so a daemon killed at
 any point finds, on restart, a row that tells it what to finish (see ``reconcile`` and
@@ -30,12 +22,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hutch.config import Settings
-from hutch.errors import Capacity, Conflict, HutchError, NotFound, Unavailable
+from hutch.errors import Capacity, Conflict, HutchError, NotFound
 from hutch.guest.client import ExecStream
 from hutch.guest.results import FileEntry
 from hutch.images.build import ImageArtifacts
 from hutch.models import (
-    SANDBOX_ID_RE,
     NetworkMode,
     PauseMode,
     SandboxRecord,
@@ -46,15 +37,16 @@ from hutch.models import (
     new_sandbox_id,
 )
 from hutch.net.rules import parse_policy
-from hutch.services.backend import Runtime, VmBackend
+from hutch.runtime.backend import Runtime, VmBackend
+from hutch.services.activity import Activity
 from hutch.services.guest_ops import GuestOpsMixin
 from hutch.services.image_defaults import run_start_command
 from hutch.services.images import ImageDefaults, ImageSource, ImageView, resolve
-from hutch.services.inflight import InFlight
 from hutch.services.lifecycle import LifecycleMixin
 from hutch.services.networking import NetPlan, NetworkingMixin
 from hutch.services.policies import PoliciesMixin
 from hutch.services.pool import WarmPool
+from hutch.services.state import SandboxStates
 from hutch.store import Store
 from hutch.store.db import LIVE_STATES
 from hutch.vm.process import OUT_OF_MEMORY
@@ -82,9 +74,14 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
         """``net`` None (tests without root): every sandbox gets network "none"."""
         self.settings = settings
         self.net = net
+        # Idle tracking for auto_pause_s and the calls in flight that pause, snapshot and
+        # fork wait for. ``clock``: the wall clock of activity, pauses and the reaper.
+        self.clock: Callable[[], float] = time.time
+        self.activity = Activity(clock=lambda: self.clock())
         if net is not None:
-            net.forwarder.activity = self.activity  # an open inbound connection is use
+            net.forwarder.activity = self.activity.in_use  # an open inbound connection is use
         self.store = store
+        self.states = SandboxStates(store)
         self.backend = backend
         self.image_source = images
         self._runtimes: dict[str, Runtime] = {}
@@ -102,19 +99,10 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
             network=NetworkMode.DEFAULT if net is not None else NetworkMode.NONE,
         )
         self._reaper: asyncio.Task[None] | None = None
-        # Reconcile after a start: the sandboxes still being checked answer 503.
-        self._reconciling: set[str] = set()
         self._reconcile_task: asyncio.Task[None] | None = None
         self.reconciled = False
         # Snapshot directories an operation is about to clone (kept from collection).
         self._snapshot_holds: Counter[str] = Counter()
-        # Idle tracking for auto_pause_s: in memory, since after a restart every sandbox
-        # counts as freshly active (never paused early).
-        self.clock: Callable[[], float] = time.time
-        self._last_active: dict[str, float] = {}
-        self._busy: dict[str, int] = {}
-        # Calls in flight per sandbox, which pause, snapshot and fork wait for.
-        self.inflight = InFlight()
 
     # -- daemon lifecycle --------------------------------------------------------------
 
@@ -142,7 +130,7 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
         except Exception:
             log.exception("reconcile failed; a restart retries it")
         finally:
-            self._reconciling.clear()
+            self.states.checking.clear()
             self.reconciled = True
         default = self.image_source.find(self.settings.default_image)
         if default is not None:
@@ -152,7 +140,7 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
     @property
     def reconciling(self) -> int:
         """Sandboxes still being checked after the start."""
-        return len(self._reconciling)
+        return len(self.states.checking)
 
     async def close(self) -> None:
         """Stop background work and drop agent connections. VMs keep running (pooled
@@ -194,7 +182,7 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
     async def _reconcile_host(self) -> _ReconcilePlan:
         """The quick half, before the API serves: half-built templates and leftovers of
         sandboxes with no live row go; the rows to check are marked as being checked."""
-        self.backend.discard_unfinished_templates()
+        self.backend.templates.discard_unfinished()
         # Listed before the rows are read: a sandbox's row is written before its files.
         leftovers = self.backend.leftover_ids()
         live = self.store.list_sandboxes(states=LIVE_STATES)
@@ -202,7 +190,7 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
             log.info("removing leftovers of sandbox %s", orphan)
             await self.backend.cleanup(orphan)
         rows = [rec for rec in live if rec.state is not SandboxState.PAUSED]
-        self._reconciling = {rec.id for rec in rows}
+        self.states.checking = {rec.id for rec in rows}
         # Read now: a snapshot started after this point is not a leftover.
         return _ReconcilePlan(rows, self.store.list_snapshots(ready=False))
 
@@ -218,12 +206,12 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
                 except Exception:
                     log.exception("could not reconcile sandbox %s; a restart retries", rec.id)
                 finally:
-                    self._reconciling.discard(rec.id)
+                    self.states.checking.discard(rec.id)
 
         await asyncio.gather(*(check(rec) for rec in plan.rows))
         for snap in plan.unfinished_snapshots:
-            if await asyncio.to_thread(self.backend.snapshot_complete, Path(snap.path)):
-                size = await asyncio.to_thread(self.backend.snapshot_size, Path(snap.path))
+            if await asyncio.to_thread(self.backend.snapshots.complete, Path(snap.path)):
+                size = await asyncio.to_thread(self.backend.snapshots.size, Path(snap.path))
                 self.store.finish_snapshot(snap.id, size)
                 log.info("snapshot %s (%s): finished the save cut short", snap.id, snap.name)
             else:
@@ -241,13 +229,13 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
         if runtime is not None:
             self._attach(rec.id, runtime)
             if rec.state is SandboxState.CREATING:
-                self._mark_running(rec)
+                self.states.running(rec)
             elif rec.state is not SandboxState.RUNNING:
                 # A pause that had not finished (the VM still runs) or a resume that
                 # had: either way the VM is running now.
                 with contextlib.suppress(HutchError):
                     await runtime.cont()
-                self._set_running_after_resume(rec.id)
+                self.states.running_again(rec.id)
             log.info("adopted running sandbox %s", rec.id)
             return
         # Not adopted: a QEMU still there (one that did not answer) must be gone before
@@ -255,9 +243,11 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
         await self.backend.kill_vm(rec.id)
         if rec.state in (SandboxState.PAUSING, SandboxState.RESUMING) and (
             rec.resume_from is not None
-            and await self.backend.recover_snapshot(rec.id, rec.resume_from, clone=rec.resume_clone)
+            and await self.backend.snapshots.recover(
+                rec.id, rec.resume_from, clone=rec.resume_clone
+            )
         ):
-            self.store.update_sandbox(rec.id, state=SandboxState.PAUSED)
+            self.states.move(rec.id, SandboxState.PAUSED)
             log.info("sandbox %s recovered as paused", rec.id)
             return
         if (
@@ -266,7 +256,7 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
         ):
             # Disk mode keeps only the disk (synced by the guest before QEMU ended, and
             # untouched by a boot that had not got its agent up): paused, boots again.
-            self.store.update_sandbox(rec.id, state=SandboxState.PAUSED)
+            self.states.move(rec.id, SandboxState.PAUSED)
             return
         await self.backend.cleanup(rec.id)
         await self._release_network(rec.id)
@@ -284,17 +274,7 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
     # -- queries -----------------------------------------------------------------------
 
     def get(self, sandbox_id: str) -> SandboxRecord:
-        if not SANDBOX_ID_RE.match(sandbox_id):
-            raise NotFound(f"sandbox id {sandbox_id!r} is malformed; ids look like sb-0123456789ab")
-        if sandbox_id in self._reconciling:
-            raise Unavailable(
-                f"sandbox {sandbox_id} is still being checked after the daemon restarted; "
-                "retry in a moment"
-            )
-        rec = self.store.get_sandbox(sandbox_id)
-        if rec is None:
-            raise NotFound(f"no sandbox {sandbox_id}")
-        return rec
+        return self.states.get(sandbox_id)
 
     def list_sandboxes(
         self, state: SandboxState | None = None, metadata: dict[str, str] | None = None
@@ -356,11 +336,11 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
                 snapshot_id=spec.snapshot_id,
                 network=plan.mode,
             )
-            self.store.insert_sandbox(rec)
+            self.states.insert(rec)
         async with self._lock(rec.id):
             try:
                 template = (
-                    self.backend.find_template(image, spec.shape)
+                    self.backend.templates.find(image, spec.shape)
                     if self.settings.templates
                     else None
                 )
@@ -369,7 +349,7 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
                     runtime = pooled[1]
                     if rec.name is not None:
                         # The pooled guest took its id as hostname; a name replaces it.
-                        await self.backend.retake_identity(runtime, rec)
+                        await runtime.retake_identity(rec)
                 elif source is not None:
                     # Checked and held with no await in between: a delete of the
                     # snapshot either came first (refused here) or keeps its files.
@@ -390,7 +370,7 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
                 await self.backend.cleanup(rec.id)
                 await self._release_network(rec.id)
                 reason = str(exc) if isinstance(exc, HutchError) else repr(exc)
-                self._finish(rec.id, SandboxState.FAILED, reason)
+                self._finish_create(rec.id, SandboxState.FAILED, reason)
                 raise
             current = self.store.get_sandbox(rec.id)
             if current is None or current.state is not SandboxState.CREATING:
@@ -398,21 +378,26 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
                 await runtime.destroy()
                 await self.backend.cleanup(rec.id)
                 await self._release_network(rec.id)
+                self._finish_create(rec.id, SandboxState.DESTROYED)
                 raise Conflict(f"sandbox {rec.id} was deleted while it was being created")
             self._attach(rec.id, runtime)
-            return self._mark_running(rec)
+            return self.states.running(rec)
 
     async def delete(self, sandbox_id: str) -> None:
         rec = self.get(sandbox_id)
-        if rec.state in (SandboxState.DESTROYED, SandboxState.FAILED):
+        if not rec.state.is_live:
             return
         if rec.state is SandboxState.CREATING:
             # The create holds the lock while it boots; mark the row so it gives up.
-            self.store.update_sandbox(rec.id, state=SandboxState.STOPPING)
+            self.states.move(rec.id, SandboxState.STOPPING)
         async with self._lock(rec.id):
-            self.store.update_sandbox(rec.id, state=SandboxState.STOPPING)
-            await self._teardown(rec.id)
-            self._finish(rec.id, SandboxState.DESTROYED)
+            current = self.states.current(rec.id)
+            # Ended meanwhile (the create gave up, or the VM died): nothing to do.
+            if current is not None and current.state.is_live:
+                if current.state is not SandboxState.STOPPING:
+                    self.states.move(rec.id, SandboxState.STOPPING)
+                await self._teardown(rec.id)
+                self._finish(rec.id, SandboxState.DESTROYED)
         self._collect_snapshots()
 
     async def _teardown(self, sandbox_id: str) -> None:
@@ -476,7 +461,7 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
         async def build() -> None:
             async with self._template_gate:
                 try:
-                    where = await self.backend.build_template(image, shape)
+                    where = await self.backend.templates.build(image, shape)
                     log.info("template ready for %s at %s: %s", image.name, shape, where)
                     self.pool.refill(image)
                 except Exception as exc:
@@ -501,7 +486,7 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
         keep = {snap.path for snap in self.store.list_snapshots(ready=None)}
         keep |= {rec.resume_from for rec in live if rec.resume_from is not None}
         keep |= set(self._snapshot_holds)
-        for name in self.backend.collect_snapshots({rec.id for rec in live}, keep):
+        for name in self.backend.snapshots.collect({rec.id for rec in live}, keep):
             log.info("removed snapshot %s: nothing is built on it any more", name)
 
     @contextlib.contextmanager
@@ -519,18 +504,21 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
     def _lock(self, sandbox_id: str) -> asyncio.Lock:
         return self._locks.setdefault(sandbox_id, asyncio.Lock())
 
-    def _mark_running(self, rec: SandboxRecord) -> SandboxRecord:
-        now = time.time()
-        expires = now + rec.timeout_s if rec.timeout_s else None
-        self.store.update_sandbox(
-            rec.id, state=SandboxState.RUNNING, started_at=now, expires_at=expires
-        )
-        return replace(rec, state=SandboxState.RUNNING, started_at=now, expires_at=expires)
-
     def _finish(self, sandbox_id: str, state: SandboxState, error: str | None = None) -> None:
-        self.store.update_sandbox(sandbox_id, state=state, ended_at=time.time(), error=error)
+        self.states.ended(sandbox_id, state, error)
         self._locks.pop(sandbox_id, None)
-        self.inflight.forget(sandbox_id)
+        self.activity.forget(sandbox_id)
+
+    def _finish_create(
+        self, sandbox_id: str, state: SandboxState, error: str | None = None
+    ) -> None:
+        """A create that did not get its sandbox running ends it ``state``, or destroyed
+        if a delete asked for that meanwhile (the delete, waiting for the lock, then
+        finds nothing left to do)."""
+        current = self.states.current(sandbox_id)
+        if current is not None and current.state is SandboxState.STOPPING:
+            state, error = SandboxState.DESTROYED, None
+        self._finish(sandbox_id, state, error)
 
     def _attach(self, sandbox_id: str, runtime: Runtime) -> None:
         self._runtimes[sandbox_id] = runtime
@@ -547,6 +535,9 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
         tail = runtime.console_tail(2000)
         log.warning("sandbox %s stopped on its own; console tail:\n%s", sandbox_id, tail)
         async with self._lock(sandbox_id):
+            current = self.states.current(sandbox_id)
+            if current is None or current.state is not SandboxState.RUNNING:
+                return  # paused, deleted or failed meanwhile: that call cleaned up
             self._monitors.pop(sandbox_id, None)
             self._runtimes.pop(sandbox_id, None)
             await runtime.destroy()

@@ -40,11 +40,12 @@ from hutch.vm.argv import VmConfig, build_argv, in_cgroups
 from hutch.vm.cgroup_driver import SandboxCgroup, record_path
 from hutch.vm.console import ConsolePump
 
-__all__ = ["OUT_OF_MEMORY", "QemuVm", "VmState"]
+__all__ = ["OUT_OF_MEMORY", "QemuVm", "VmState", "cmdline_names", "kill_verified", "log_tail"]
 
 log = logging.getLogger(__name__)
 
 _LOG_TAIL_BYTES = 4000
+_KILL_WAIT_S = 5.0
 
 #: How ``exit_reason`` starts when the kernel's OOM killer ended QEMU.
 OUT_OF_MEMORY = "out of memory"
@@ -56,7 +57,8 @@ class VmState(enum.StrEnum):
     EXITED = "exited"
 
 
-def _tail(path: Path, limit: int = _LOG_TAIL_BYTES) -> str:
+def log_tail(path: Path, limit: int = _LOG_TAIL_BYTES) -> str:
+    """The last ``limit`` bytes of a log file as text ("" if it cannot be read)."""
     try:
         with path.open("rb") as f:
             f.seek(0, os.SEEK_END)
@@ -72,13 +74,38 @@ def _unlink(path: Path) -> None:
         path.unlink()
 
 
-def _cmdline_names(pid: int, needle: str) -> bool:
+def cmdline_names(pid: int, needle: str) -> bool:
     """True when ``/proc/<pid>/cmdline`` has an argument containing ``needle``."""
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
     return any(needle in arg for arg in raw.decode(errors="replace").split("\0"))
+
+
+def kill_verified(pidfile: Path, marker: str, wait_s: float = _KILL_WAIT_S) -> None:
+    """SIGKILL the process ``pidfile`` names if one of its arguments contains ``marker``
+    (a path only our QEMU has on its command line: a reused pid is left alone), and
+    wait until it is really gone (up to ``wait_s``): files it held (disk, sockets) are
+    only safe to touch then. Nothing to kill is fine."""
+    try:
+        pid = int(pidfile.read_text().strip())
+    except (OSError, ValueError):
+        return
+    if not cmdline_names(pid, marker):
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return
+        if stat.rpartition(")")[2].split()[0] in ("Z", "X"):
+            return
+        time.sleep(0.01)
+    log.warning("QEMU pid %d did not exit %.0f s after SIGKILL", pid, wait_s)
 
 
 def _pidfd_exited(pidfd: int) -> bool:
@@ -189,7 +216,7 @@ class QemuVm:
             if isinstance(exc, VmError | asyncio.CancelledError):
                 raise
             raise VmError(
-                f"QEMU did not become ready: {exc}", argv=argv, stderr=_tail(cfg.qemu_log)
+                f"QEMU did not become ready: {exc}", argv=argv, stderr=log_tail(cfg.qemu_log)
             ) from exc
         log.info(
             "vm %s: pid %d, QMP ready in %.3fs, status %s",
@@ -218,7 +245,7 @@ class QemuVm:
             pidfd = os.pidfd_open(pid)
         except OSError:
             return None
-        if not _cmdline_names(pid, str(cfg.qmp_socket)) or _pidfd_exited(pidfd):
+        if not cmdline_names(pid, str(cfg.qmp_socket)) or _pidfd_exited(pidfd):
             os.close(pidfd)
             return None
         try:
@@ -246,7 +273,7 @@ class QemuVm:
                 raise VmError(
                     f"QEMU exited during start-up ({self.exit_reason})",
                     argv=self.argv,
-                    stderr=_tail(self.cfg.qemu_log),
+                    stderr=log_tail(self.cfg.qemu_log),
                 )
             if self.cfg.qmp_socket.exists():
                 client = QMPClient(self.cfg.name)
@@ -264,7 +291,7 @@ class QemuVm:
                     f"QMP socket {self.cfg.qmp_socket} did not answer within {timeout_s}s"
                     + (f" (last error: {last})" if last else ""),
                     argv=self.argv,
-                    stderr=_tail(self.cfg.qemu_log),
+                    stderr=log_tail(self.cfg.qemu_log),
                 )
             await asyncio.sleep(0.02)
 

@@ -44,34 +44,13 @@ class ArchiveResult(BaseModel):
 async def download_archive(sandbox_id: str, path: PathParam, svc: Service) -> StreamingResponse:
     """The directory's content as an uncompressed tar stream (names relative to it;
     symlinks stored as links; sockets and devices skipped)."""
-    sandboxes = svc.sandboxes
-    work = sandboxes.begin_work(sandbox_id, f"archive download {path}")
-    try:
-        chunks = await svc.read_archive(sandbox_id, path, work)
-        # Pull the first chunk now so that a missing directory is a 404, not a broken
-        # stream.
-        try:
-            first = await anext(chunks)
-        except StopAsyncIteration:
-            first = b""
-    except BaseException:
-        sandboxes.end_work(work)
-        raise
-
-    async def body() -> AsyncIterator[bytes]:
-        try:
-            if first:
-                yield first
-            async for chunk in chunks:
-                yield chunk
-        finally:
-            await chunks.aclose()  # type: ignore[attr-defined]
-
+    # A missing directory is a 404, not a broken stream: the service reads the first
+    # chunk before it hands the stream out.
+    chunks = await svc.read_archive(sandbox_id, path)
     name = posixpath.basename(path.rstrip("/")) or "root"
     # A tar the daemon cannot finish aborts the connection (never a clean, short end).
     return TrackedStream(
-        body(),
-        on_close=lambda: sandboxes.end_work(work),
+        chunks,
         what=f"archive download of {path} from {sandbox_id}",
         media_type="application/x-tar",
         headers={"Content-Disposition": f'attachment; filename="{name}.tar"'},

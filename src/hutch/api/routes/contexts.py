@@ -21,7 +21,7 @@ from hutch.contract.limits import (
     RUN_TIMEOUT_S_MAX,
 )
 from hutch.errors import HutchError
-from hutch.services.interpreter import ContextInfo, ContextRun, InterpreterService
+from hutch.services.interpreter import CodeRun, ContextInfo, InterpreterService
 
 router = APIRouter(prefix="/v1/sandboxes", tags=["contexts"])
 Service = Annotated[InterpreterService, Depends(interpreter)]
@@ -145,29 +145,21 @@ async def run_code(
     an exception is the ``error`` (the call still succeeds: the code failed, not the
     request). Runs in one context are queued. With ``stream=1`` each output is a JSON
     line, then ``{"type": "end", "status", "duration_ms"}``."""
-    sandboxes = svc.sandboxes
-    work = sandboxes.begin_work(sandbox_id, f"code run in {context_id}")
-    handed_over = False
+    run = await svc.run(sandbox_id, context_id, body.code, timeout_s=body.timeout_s)
+    if stream:
+        return TrackedStream(
+            _ndjson(run),
+            on_close=run.close,
+            what=f"code run stream of {sandbox_id}",
+            media_type="application/x-ndjson",
+        )
     try:
-        run = await svc.run(sandbox_id, context_id, body.code, timeout_s=body.timeout_s, work=work)
-        if stream:
-            handed_over = True
-            return TrackedStream(
-                _ndjson(run),
-                on_close=lambda: sandboxes.end_work(work),
-                what=f"code run stream of {sandbox_id}",
-                media_type="application/x-ndjson",
-            )
-        try:
-            return await _collect(run)
-        finally:
-            run.close()
+        return await _collect(run)
     finally:
-        if not handed_over:
-            sandboxes.end_work(work)
+        run.close()
 
 
-async def _collect(run: ContextRun) -> RunResult:
+async def _collect(run: CodeRun) -> RunResult:
     outputs: list[dict[str, Any]] = []
     stdout: list[str] = []
     stderr: list[str] = []
@@ -211,7 +203,7 @@ def _status(value: str) -> Any:
     return value if value in ("ok", "error", "interrupted", "timeout") else "error"
 
 
-async def _ndjson(run: ContextRun) -> AsyncIterator[bytes]:
+async def _ndjson(run: CodeRun) -> AsyncIterator[bytes]:
     def line(obj: dict[str, Any]) -> bytes:
         return json.dumps(obj).encode() + b"\n"
 

@@ -14,9 +14,9 @@ from hutch.api.schemas import ExecRequest, ExecResult
 from hutch.api.streaming import TrackedStream
 from hutch.contract.limits import COLLECTED_EXEC_MAX_BYTES
 from hutch.errors import HutchError, InvalidArgument, Timeout
-from hutch.services.inflight import describe_command
+from hutch.services.guest_ops import ExecCall
 from hutch.services.processes import ProcessService
-from hutch.services.sandboxes import ExecStream, SandboxService
+from hutch.services.sandboxes import SandboxService
 
 router = APIRouter(prefix="/v1/sandboxes", tags=["exec"])
 Service = Annotated[SandboxService, Depends(service)]
@@ -56,36 +56,29 @@ async def exec_command(
             timeout_s=body.timeout_s,
         )
         return JSONResponse(process_model(info).model_dump(mode="json"), status_code=201)
-    # In flight (pause/snapshot/fork wait for it) and busy (no auto-pause) until the
-    # last byte of the answer is out.
-    work = svc.begin_work(sandbox_id, describe_command(body.cmd))
-    handed_over = False
-    try:
-        stream = await svc.exec(
-            sandbox_id,
-            body.cmd,
-            env=body.env,
-            cwd=body.cwd,
-            user=body.user,
-            stdin=body.stdin.encode() if body.stdin is not None else None,
-            timeout_s=body.timeout_s,
-            work=work,
+    # The call holds its lease (in flight: pause/snapshot/fork wait for it; busy: no
+    # auto-pause) until the command's exit is read or the answer is closed.
+    call = await svc.exec(
+        sandbox_id,
+        body.cmd,
+        env=body.env,
+        cwd=body.cwd,
+        user=body.user,
+        stdin=body.stdin.encode() if body.stdin is not None else None,
+        timeout_s=body.timeout_s,
+    )
+    if body.stream:
+        return TrackedStream(
+            _events(call, body.timeout_s),
+            on_close=call.close,
+            what=f"exec stream of {sandbox_id}",
+            media_type="application/x-ndjson",
         )
-        if body.stream:
-            handed_over = True
-            return TrackedStream(
-                _events(stream, body.timeout_s),
-                on_close=lambda: svc.end_work(work),
-                what=f"exec stream of {sandbox_id}",
-                media_type="application/x-ndjson",
-            )
-        return await _collect(stream, body.timeout_s)
-    finally:
-        if not handed_over:
-            svc.end_work(work)
+    async with call:
+        return await _collect(call, body.timeout_s)
 
 
-async def _collect(stream: ExecStream, timeout_s: float | None) -> ExecResult:
+async def _collect(stream: ExecCall, timeout_s: float | None) -> ExecResult:
     buffers = {"stdout": bytearray(), "stderr": bytearray()}
     truncated = {"stdout": False, "stderr": False}
     async for chunk in stream:
@@ -112,7 +105,7 @@ async def _collect(stream: ExecStream, timeout_s: float | None) -> ExecResult:
     )
 
 
-async def _events(stream: ExecStream, timeout_s: float | None) -> AsyncIterator[bytes]:
+async def _events(stream: ExecCall, timeout_s: float | None) -> AsyncIterator[bytes]:
     """NDJSON events; whatever ends the command's output, the last line says how (an
     ``exit``, or an ``error`` the SDK raises): the stream never just stops."""
     # Incremental decoders: a chunk boundary may split a multi-byte UTF-8 character.

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -53,10 +52,7 @@ async def write_file(
     svc: Service,
     mode: Annotated[str, Query(pattern=r"^[0-7]{3,4}$")] = _DEFAULT_MODE,
 ) -> WriteResult:
-    with svc.work(sandbox_id, f"file upload {path}") as work:
-        written = await svc.write_file(
-            sandbox_id, path, request.stream(), mode=parse_mode(mode), work=work
-        )
+    written = await svc.write_file(sandbox_id, path, request.stream(), mode=parse_mode(mode))
     return WriteResult(path=written.path, size=written.size)
 
 
@@ -69,30 +65,11 @@ async def read_file(sandbox_id: str, path: PathParam, svc: Service) -> Streaming
     """The file's bytes. A download the daemon cannot finish (the sandbox was deleted or
     its VM died half way) is aborted, never ended cleanly short: the client sees an
     incomplete chunked body. Pause, snapshot and fork wait for it to finish."""
-    work = svc.begin_work(sandbox_id, f"file download {path}")
-    try:
-        chunks = await svc.read_file(sandbox_id, path, work=work)
-        # Pull the first chunk now so that a missing file is a 404, not a broken stream.
-        try:
-            first = await anext(chunks)
-        except StopAsyncIteration:
-            first = b""
-    except BaseException:
-        svc.end_work(work)
-        raise
-
-    async def body() -> AsyncIterator[bytes]:
-        try:
-            if first:
-                yield first
-            async for chunk in chunks:
-                yield chunk
-        finally:
-            await chunks.aclose()  # type: ignore[attr-defined]
-
+    # A missing file is a 404, not a broken stream: the service reads the first chunk
+    # before it hands the stream out.
+    chunks = await svc.read_file(sandbox_id, path)
     return TrackedStream(
-        body(),
-        on_close=lambda: svc.end_work(work),
+        chunks,
         what=f"download of {path} from {sandbox_id}",
         media_type="application/octet-stream",
     )

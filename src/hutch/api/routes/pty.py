@@ -45,7 +45,7 @@ from hutch.contract.limits import (
     TERM_MAX_CHARS,
 )
 from hutch.errors import HutchError, InvalidArgument, Unauthorized
-from hutch.services.processes import ProcessService, PtyInfo, PtySession
+from hutch.services.processes import AttachedPty, ProcessService, PtyInfo
 
 __all__ = ["router", "ws_router"]
 
@@ -134,7 +134,7 @@ def ws_router(api_key: str) -> APIRouter:
         except HutchError as exc:
             await _fail(websocket, exc)
             return
-        with procs.attached(sandbox_id):
+        async with session:  # attached (the sandbox is busy) until this block ends
             await _serve(websocket, procs, sandbox_id, session)
 
     return ws
@@ -182,7 +182,7 @@ async def _fail(websocket: WebSocket, exc: HutchError) -> None:
 
 
 async def _serve(
-    websocket: WebSocket, procs: ProcessService, sandbox_id: str, session: PtySession
+    websocket: WebSocket, procs: ProcessService, sandbox_id: str, session: AttachedPty
 ) -> None:
     await _send_json(websocket, {"type": "ready", "pty_id": session.pty_id, "pid": session.pid})
 

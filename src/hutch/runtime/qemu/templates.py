@@ -1,0 +1,177 @@
+"""Templates: per (image, shape), a guest booted once and frozen, that creates restore
+instead of cold booting; and the chores shared with every frozen snapshot (finishing a
+freeze, checking one is complete)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import secrets
+import shutil
+from pathlib import Path
+
+from hutch.crashpoints import crash_point
+from hutch.errors import HutchError, NotFound, Timeout
+from hutch.guest.client import AgentClient
+from hutch.images.build import ImageArtifacts
+from hutch.models import Shape
+from hutch.runtime.qemu.boot import Booter
+from hutch.runtime.qemu.host import HostLayout, SandboxPaths, write_config
+from hutch.storage.overlay import create_overlay
+from hutch.vm.argv import VmConfig
+from hutch.vm.process import kill_verified
+from hutch.vm.snapshot import MANIFEST_FILE, load_manifest, move_disk, save_snapshot
+
+__all__ = [
+    "RUNTIME_BOOT_DONE",
+    "QemuTemplates",
+    "finish_template",
+    "publish_template",
+    "template_complete",
+]
+
+#: Written by the agent on an imported image once boot-time work is done.
+RUNTIME_BOOT_DONE = "/run/.hutch/boot-done"
+
+
+class QemuTemplates:
+    def __init__(self, layout: HostLayout, booter: Booter) -> None:
+        self.layout = layout
+        self.booter = booter
+
+    def dir_of(self, image: ImageArtifacts, shape: Shape) -> Path:
+        # "-n1": templates with a NIC (older ones cannot give their clones a network).
+        key = f"{image.name}-{image.digest}-{shape.vcpus}c-{shape.memory_mib}m-{shape.disk_gib}g-n1"
+        return self.layout.templates_root / key
+
+    def find(self, image: ImageArtifacts, shape: Shape) -> Path | None:
+        d = self.dir_of(image, shape)
+        return d if (d / "vm.json").is_file() and (d / MANIFEST_FILE).is_file() else None
+
+    async def build(self, image: ImageArtifacts, shape: Shape) -> Path:
+        """Boot ``image`` once at ``shape``, let it settle, and freeze it as the template
+        every later create at that shape restores from (no cold boot on the hot path)."""
+        final = self.dir_of(image, shape)
+        if self.find(image, shape):
+            return final
+        work = SandboxPaths(
+            state=final.parent / (final.name + ".build"),
+            run=self.layout.settings.run_dir / ("tpl-" + secrets.token_hex(4)),
+        )
+        await asyncio.to_thread(discard_template_build, work.state)
+        work.state.mkdir(parents=True, mode=0o700)
+        work.run.mkdir(parents=True, mode=0o700)
+        try:
+            await asyncio.to_thread(create_overlay, image.rootfs, work.disk, shape.disk_gib)
+            cfg = self.booter.vm_config(work, "template", shape, image, "hutch")
+            write_config(work.vm_json, cfg)
+            vm, agent = await self.booter.boot(cfg, work, "hutch")
+            try:
+                # Let boot-time work finish so that no clone inherits it half-done.
+                await _settle(agent, image)
+                await agent.close()
+                snap = work.state / "snapshot"
+                await save_snapshot(vm, snap, ram_in_file=False)
+            except BaseException:
+                await vm.kill()
+                raise
+            await asyncio.to_thread(finish_template, snap, cfg)
+            await asyncio.to_thread(publish_template, snap, final)
+        finally:
+            await asyncio.to_thread(shutil.rmtree, work.run, True)
+            await asyncio.to_thread(discard_template_build, work.state)
+        return final
+
+    def remove(self, image_name: str) -> list[str]:
+        """Remove every template of image ``image_name`` (an imported image being
+        deleted); return their directory names."""
+        root = self.layout.templates_root
+        pattern = re.compile(rf"^{re.escape(image_name)}-[0-9a-f]{{16}}-\d+c-")
+        removed = []
+        for d in root.iterdir() if root.is_dir() else ():
+            if pattern.match(d.name) and not d.name.endswith(".build"):
+                shutil.rmtree(d, ignore_errors=True)
+                removed.append(d.name)
+        return removed
+
+    def discard_unfinished(self) -> None:
+        root = self.layout.templates_root
+        if root.is_dir():
+            for d in root.glob("*.build"):
+                discard_template_build(d)
+        run_root = self.layout.settings.run_dir
+        if run_root.is_dir():
+            for d in run_root.glob("tpl-*"):
+                shutil.rmtree(d, ignore_errors=True)
+        self.booter.cgroups.reclaim(lambda name: name.startswith("tpl-"))
+
+
+def finish_template(snapshot_dir: Path, cfg: VmConfig) -> None:
+    """Make a saved snapshot a template: record its VM config, then take its disk in.
+
+    Idempotent, in an order a crash can resume from: ``vm.json`` first (``cfg`` is the
+    sandbox's own, which stays in its directory until the disk has moved), then the disk
+    (``move_disk`` finishes a move cut short). A ``vm.json`` already there is kept.
+    """
+    if not (snapshot_dir / "vm.json").is_file():
+        write_config(snapshot_dir / "vm.json", cfg)
+        crash_point("freeze.config")
+    manifest = load_manifest(snapshot_dir)
+    if Path(manifest.disk.path) != (snapshot_dir / "disk.qcow2").resolve():
+        move_disk(snapshot_dir, snapshot_dir / "disk.qcow2")
+
+
+def template_complete(snapshot_dir: Path) -> bool:
+    """A frozen fork, named snapshot or template with everything a clone needs:
+    manifest, vm.json and its disk inside, unchanged since the save."""
+    try:
+        manifest = load_manifest(snapshot_dir)
+    except HutchError:
+        return False
+    disk = snapshot_dir / "disk.qcow2"
+    return (
+        (snapshot_dir / "vm.json").is_file()
+        and Path(manifest.disk.path) == disk.resolve()
+        and manifest.disk.changed(disk) is None
+    )
+
+
+def publish_template(snapshot_dir: Path, final: Path) -> None:
+    """Move a finished template into place. Paths inside its manifest are absolute, so
+    the disk is moved (and recorded) first, then the directory is renamed over."""
+    final.mkdir(parents=True, exist_ok=True)
+    for name in os.listdir(snapshot_dir):
+        if name not in ("disk.qcow2", MANIFEST_FILE, "vm.json"):
+            os.rename(snapshot_dir / name, final / name)
+    move_disk(snapshot_dir, final / "disk.qcow2")
+    os.rename(snapshot_dir / MANIFEST_FILE, final / MANIFEST_FILE)
+    # vm.json last: its presence marks the template complete.
+    os.rename(snapshot_dir / "vm.json", final / "vm.json")
+
+
+def discard_template_build(state: Path) -> None:
+    kill_verified(state / "qemu.pid", "tpl-")
+    shutil.rmtree(state, ignore_errors=True)
+
+
+async def _settle(agent: AgentClient, image: ImageArtifacts) -> None:
+    """Wait for the guest's boot-time work (growing the root filesystem) to end. An
+    imported image may have no shell or pgrep: there the agent itself does that work
+    and marks it done (``hutch_agent.runtime.BOOT_DONE``)."""
+    if image.runtime_disk is None:
+        await agent.run(
+            ["sh", "-c", "while pgrep -x resize2fs >/dev/null; do sleep 0.1; done; sync"],
+            timeout_s=120,
+        )
+        return
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 120
+    while True:
+        try:
+            await agent.stat(RUNTIME_BOOT_DONE)
+            return
+        except NotFound:
+            if loop.time() > deadline:
+                raise Timeout("the guest did not finish growing its root filesystem") from None
+            await asyncio.sleep(0.1)
