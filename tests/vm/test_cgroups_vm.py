@@ -276,7 +276,7 @@ async def test_pooled_sandboxes_wait_and_serve_in_their_groups(
         assert ready, "the pool was never filled"
         pooled_id = ready[0][0]
         # Waiting in the pool, before it has a row: already in its group.
-        assert pooled_id in backend.cgroups.group_names()
+        assert pooled_id in backend.booter.cgroups.group_names()
         got = await svc.create(SandboxSpec(image="base"))
         assert got.id == pooled_id
         cg = group_of(svc, got.id)
