@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from hutch.errors import (
     AgentVersionMismatch,
+    BuildFailed,
     Busy,
     Capacity,
     Conflict,
@@ -19,6 +20,7 @@ from hutch.errors import (
     HutchError,
     ImageBuildError,
     InvalidArgument,
+    InvalidDockerfile,
     InvalidImage,
     NetworkError,
     NotFound,
@@ -53,6 +55,7 @@ __all__ = [
     "AgentVersionMismatch",
     "ApiKeyMissing",
     "AsyncSandbox",
+    "BuildFailed",
     "Busy",
     "Capacity",
     "Conflict",
@@ -65,6 +68,7 @@ __all__ = [
     "HutchError",
     "ImageBuildError",
     "InvalidArgument",
+    "InvalidDockerfile",
     "InvalidImage",
     "NetworkError",
     "NotFound",

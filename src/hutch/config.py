@@ -143,6 +143,9 @@ class Settings:
     # TCG's translation cache per VM, MiB (QEMU's default is 1 GiB, filled by a busy
     # guest: host memory that is not guest RAM).
     tcg_tb_mib: int = 64
+    # Bytes the Dockerfile build cache (step layers under <state>/build-cache) may hold on
+    # disk; past it the least recently used layers go after a build.
+    build_cache_bytes: int = 20 << 30
     # Where the E2B-compatible API listens (E2B_API_URL and E2B_SANDBOX_URL point
     # here); None: not served.
     e2b_listen: tuple[str, int] | None = None
@@ -158,6 +161,10 @@ class Settings:
     @property
     def images_dir(self) -> Path:
         return self.images_dir_override or self.state_dir / "images"
+
+    @property
+    def build_cache_dir(self) -> Path:
+        return self.state_dir / "build-cache"
 
     @property
     def sandboxes_dir(self) -> Path:
@@ -325,6 +332,10 @@ def _from_mapping(base: Settings, values: dict[str, Any], source: str) -> Settin
             s = replace(s, max_image_bytes=_number(values, "max_image_bytes", int, source))
             if s.max_image_bytes < 1 << 20:
                 raise InvalidArgument(f"{source}: max_image_bytes must be at least 1 MiB")
+        if "build_cache_bytes" in values:
+            s = replace(s, build_cache_bytes=_number(values, "build_cache_bytes", int, source))
+            if s.build_cache_bytes < 0:
+                raise InvalidArgument(f"{source}: build_cache_bytes must be 0 or more")
         if "boot_timeout_s" in values:
             s = replace(s, boot_timeout_s=float(values["boot_timeout_s"]))
         if "console_log_bytes" in values:
@@ -453,6 +464,7 @@ _ENV = {
     "HUTCH_CGROUP_MEMORY_OVERHEAD_MIB": "cgroup_memory_overhead_mib",
     "HUTCH_CGROUP_CPU_QUOTA_PCT": "cgroup_cpu_quota_pct",
     "HUTCH_TCG_TB_MIB": "tcg_tb_mib",
+    "HUTCH_BUILD_CACHE_BYTES": "build_cache_bytes",
     "HUTCH_E2B_LISTEN": "e2b_listen",
 }
 _ENV_OF = {key: name for name, key in _ENV.items()}

@@ -6,7 +6,11 @@ what they can do about it::
     HutchError
     ├── InvalidArgument      bad input; change the request          (400 invalid_argument)
     │   ├── UnknownImage     no such image                          (400 unknown_image)
-    │   └── InvalidImage     an OCI image or archive is unusable    (400 invalid_image)
+    │   ├── InvalidImage     an OCI image or archive is unusable    (400 invalid_image)
+    │   ├── InvalidDockerfile  a Dockerfile hutch cannot build (names the line)
+    │   │                                                           (400 invalid_dockerfile)
+    │   └── BuildFailed      a build step (RUN, COPY) failed: its output and exit
+    │                                                               (422 build_failed)
     ├── Unauthorized         missing or wrong API key               (401 unauthorized)
     ├── NotFound             no such sandbox, file, ...             (404 not_found)
     ├── Conflict             the resource is in the wrong state     (409 conflict)
@@ -56,6 +60,29 @@ class InvalidImage(InvalidArgument):
     another architecture, a path escaping the root, a truncated archive, ..."""
 
     code = "invalid_image"
+
+
+class InvalidDockerfile(InvalidArgument):
+    """A Dockerfile that hutch refuses before building anything: a syntax error, an
+    unsupported instruction or flag, a COPY source that is not in the context, ...; the
+    message names the line."""
+
+    code = "invalid_dockerfile"
+
+
+class BuildFailed(InvalidArgument):
+    """A build step ran and failed (a RUN exited non-zero, a COPY could not be written
+    in the guest); the message carries the step, the exit code and the output's tail.
+    Nothing was built (the steps before it stay cached)."""
+
+    code = "build_failed"
+
+    def __init__(
+        self, message: str, *, step: int | None = None, exit_code: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.step = step
+        self.exit_code = exit_code
 
 
 class Unauthorized(HutchError):
@@ -159,6 +186,8 @@ ALL_ERRORS: tuple[type[HutchError], ...] = (
     InvalidArgument,
     UnknownImage,
     InvalidImage,
+    InvalidDockerfile,
+    BuildFailed,
     Unauthorized,
     NotFound,
     Conflict,

@@ -209,6 +209,10 @@ class FakeBackend:
     def pause_dir(self, sandbox_id: str) -> Path:
         return self.root / sandbox_id / "pause"
 
+    def disk_path(self, sandbox_id: str) -> Path:
+        """The fake has no disk image: its guest's files are a directory on the host."""
+        return self.root / sandbox_id / "disk"
+
     async def resume(
         self, rec: SandboxRecord, resume_from: str | None, *, clone: bool
     ) -> FakeRuntime:

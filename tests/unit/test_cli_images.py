@@ -181,3 +181,120 @@ async def test_async_client_streams_a_file_and_reports_progress(tmp_path: Path) 
     assert info.name == "app" and len(seen) == 2
     assert d.bodies[0] == b"z" * (3 << 20)
     assert d.requests[1].method == "DELETE"
+
+
+# -- hutch image build NAME -f Dockerfile [CONTEXT] -------------------------------------
+
+BUILD_LINES = [
+    {"type": "status", "message": "resolving the base image base"},
+    {"type": "step", "message": "Step 1/3 : FROM base", "step": 1, "steps": 3, "line": 1,
+     "instruction": "FROM base", "state": "done", "seconds": 0.0},
+    {"type": "step", "message": "Step 2/3 : COPY . /app", "step": 2, "steps": 3, "line": 2,
+     "instruction": "COPY . /app", "state": "cached", "seconds": 0.01},
+    {"type": "step", "message": "Step 3/3 : RUN make", "step": 3, "steps": 3, "line": 3,
+     "instruction": "RUN make", "state": "running", "seconds": 0.0},
+    {"type": "output", "step": 3, "stream": "stdout", "data": "compiling\n"},
+    {"type": "step", "message": "Step 3/3 : RUN make", "step": 3, "steps": 3, "line": 3,
+     "instruction": "RUN make", "state": "done", "seconds": 2.5},
+]  # fmt: skip
+
+
+def build_daemon(last: dict[str, Any]) -> Daemon:
+    d = Daemon()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        d.requests.append(request)
+        d.bodies.append(request.read())
+        body = b"".join(json.dumps(x).encode() + b"\n" for x in [*BUILD_LINES, last])
+        return httpx.Response(201, content=body, headers={"Content-Type": "application/x-ndjson"})
+
+    d.handler = handler  # type: ignore[method-assign]
+    return d
+
+
+def make_context(tmp_path: Path) -> Path:
+    ctx = tmp_path / "ctx"
+    (ctx / "src").mkdir(parents=True)
+    (ctx / "src/main.py").write_text("print(1)\n")
+    (ctx / "node_modules/x").mkdir(parents=True)
+    (ctx / "node_modules/x/big.js").write_text("x" * 1000)
+    (ctx / "secret.env").write_text("TOKEN=1\n")
+    (ctx / "keep.env").write_text("A=1\n")
+    (ctx / ".dockerignore").write_text("node_modules\n*.env\n!keep.env\nDockerfile\n")
+    (ctx / "Dockerfile").write_text("FROM base\nCOPY . /app\nRUN make\n")
+    (ctx / "link").symlink_to("/etc/passwd")
+    return ctx
+
+
+def sent_names(body: bytes, tmp_path: Path) -> dict[str, tarfile.TarInfo]:
+    sent = tmp_path / "sent.tar"
+    sent.write_bytes(body)
+    with tarfile.open(sent) as tar:
+        return {m.name: m for m in tar.getmembers()}
+
+
+def test_build_sends_the_context_without_ignored_files(tmp_path: Path) -> None:
+    ctx = make_context(tmp_path)
+    d = build_daemon({"type": "image", "image": IMAGE})
+    result = run(
+        d, "image", "build", "app", str(ctx), "--build-arg", "V=1.2", "--egress", "pypi.org",
+        "--egress", "*.pythonhosted.org", "--no-cache", "--vcpus", "2", "--json",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["name"] == "app"
+    req = d.requests[0]
+    assert req.headers["Content-Type"] == "application/x-tar"
+    assert req.url.params.get_list("egress") == ["pypi.org", "*.pythonhosted.org"]
+    assert req.url.params.get_list("build_arg") == ["V=1.2"]
+    assert {k: req.url.params[k] for k in ("name", "dockerfile", "no_cache", "vcpus")} == {
+        "name": "app", "dockerfile": "Dockerfile", "no_cache": "true", "vcpus": "2"
+    }  # fmt: skip
+    names = sent_names(d.bodies[0], tmp_path)
+    # .dockerignore'd files stay home; the Dockerfile and .dockerignore always go.
+    assert set(names) == {".dockerignore", "Dockerfile", "keep.env", "link", "src", "src/main.py"}
+    assert names["link"].issym() and names["link"].linkname == "/etc/passwd"
+    log = result.stderr
+    assert "Step 1/3 : FROM base" in log and "Step 2/3 : COPY . /app\n ---> cached" in log
+    assert "Step 3/3 : RUN make\ncompiling\n ---> done in 2.5s" in log
+
+
+def test_build_with_a_dockerfile_outside_the_context(tmp_path: Path) -> None:
+    ctx = make_context(tmp_path)
+    other = tmp_path / "build.Dockerfile"
+    other.write_text("FROM base\n")
+    d = build_daemon({"type": "image", "image": IMAGE})
+    result = run(d, "image", "build", "app", "-f", str(other), str(ctx), "-q")
+    assert result.exit_code == 0, result.output
+    assert d.requests[0].url.params["dockerfile"] == ".hutch/Dockerfile"
+    names = sent_names(d.bodies[0], tmp_path)
+    assert ".hutch/Dockerfile" in names and "compiling" not in result.stderr
+
+
+def test_build_forms_are_unambiguous(tmp_path: Path) -> None:
+    unknown = run(Daemon(), "image", "build", "myapp")
+    assert unknown.exit_code == 2
+    assert "not a built-in image" in unknown.stderr and "-f Dockerfile" in unknown.stderr
+    flags = run(Daemon(), "image", "build", "base", "--no-cache")
+    assert flags.exit_code == 2 and "--no-cache apply to Dockerfile builds" in flags.stderr
+    ctx = make_context(tmp_path)
+    force = run(Daemon(), "image", "build", "app", str(ctx), "--force")
+    assert force.exit_code == 2 and "--no-cache" in force.stderr
+    bad_arg = run(Daemon(), "image", "build", "app", str(ctx), "--build-arg", "novalue")
+    assert bad_arg.exit_code == 2 and "NAME=VALUE" in bad_arg.stderr
+
+
+def test_a_failed_build_is_its_error(tmp_path: Path) -> None:
+    from hutch.errors import BuildFailed
+
+    message = "Dockerfile line 3: RUN make: failed with exit code 2; the end of its output:\nboom"
+    fail = {"type": "error", "status": 422, "error": {"code": "build_failed", "message": message}}
+    ctx = make_context(tmp_path)
+    result = run(build_daemon(fail), "image", "build", "app", str(ctx))
+    assert result.exit_code == 1 and "exit code 2" in result.stderr and "boom" in result.stderr
+    client = Client(
+        base_url="http://h", api_key="k", transport=httpx.MockTransport(build_daemon(fail).handler)
+    )
+    seen: list[object] = []
+    with pytest.raises(BuildFailed, match="line 3: RUN make"):
+        client.build_image("app", ctx, on_progress=seen.append)
+    assert [getattr(e, "state", None) for e in seen][1:4] == ["done", "cached", "running"]

@@ -34,6 +34,9 @@ def test_the_oci_init_and_the_runtime_agree() -> None:
     script = init_script(INIT_SCRIPT).decode()
     assert re.search(r"^RT=(\S+)$", script, re.M).group(1) == agent_runtime.MOUNT  # type: ignore[union-attr]
     assert re.search(r"^SERIAL=(\S+)$", script, re.M).group(1) == agent_runtime.SERIAL  # type: ignore[union-attr]
+    # The file the host waits for is the one the agent writes.
+    agent = (Path(__file__).parents[2] / "guest_agent/hutch_agent/runtime.py").read_text()
+    assert re.search(r'^BOOT_DONE = "(\S+)"$', agent, re.M).group(1) == agent_runtime.BOOT_DONE  # type: ignore[union-attr]
     # PID 1's argv comes from the runtime disk, one argument per line: no argument may
     # hold a newline, and the first is the init switch_root runs.
     argv = agent_runtime.agent_argv()
@@ -47,7 +50,7 @@ def test_the_oci_init_and_the_runtime_agree() -> None:
 
 
 SHELL_WORDS = {
-    "fail", "export", "while", "for", "do", "done", "if", "then", "fi", "else", "case",
+    "fail", "export", "while", "for", "do", "done", "if", "then", "fi", "else", "elif", "case",
     "esac", "set", "exec", "read", "echo", "break", "continue", "exit", "in", "[", ":",
 }  # fmt: skip
 

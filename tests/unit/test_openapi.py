@@ -22,7 +22,11 @@ def test_every_operation_documents_its_body_and_auth() -> None:
     paths = spec["paths"]
     for path, ops in paths.items():
         for method, op in ops.items():
-            assert "422" not in op["responses"], (path, method)
+            # FastAPI's own 422 is gone (hutch answers 400); a 422 left is hutch's own
+            # (build_failed) and says so.
+            assert op["responses"].get("422", {}).get("description") != "Validation Error"
+            if "422" in op["responses"]:
+                assert (path, method) == ("/v1/images", "post"), (path, method)
             assert "500" in op["responses"], (path, method)
             if path != "/healthz":
                 assert op["security"] == [{"bearer": []}], (path, method)

@@ -20,6 +20,7 @@ from hutch.api.routes import processes as process_routes
 from hutch.api.routes import pty as pty_routes
 from hutch.api.routes import watch as watch_routes
 from hutch.errors import HutchError
+from hutch.services.image_builder import ImageBuilder
 from hutch.services.image_import import ImageImporter
 from hutch.services.images import HostImages
 from hutch.services.processes import ProcessService
@@ -32,6 +33,11 @@ def create_app(svc: SandboxService, api_key: str, *, manage_service: bool = True
 
     source = getattr(svc, "image_source", None)  # None: only the spec is wanted
     importer = ImageImporter(svc.settings, source, svc) if isinstance(source, HostImages) else None
+    builder = (
+        ImageBuilder(svc.settings, source, svc, importer)
+        if importer is not None and isinstance(source, HostImages)
+        else None
+    )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -40,9 +46,13 @@ def create_app(svc: SandboxService, api_key: str, *, manage_service: bool = True
         if manage_service:
             # The API serves while the VMs found on the host are checked.
             await svc.start(background=True)
+        if builder is not None:
+            builder.start()
         try:
             yield
         finally:
+            if builder is not None:
+                await builder.close()
             if manage_service:
                 await svc.close()
 
@@ -55,6 +65,7 @@ def create_app(svc: SandboxService, api_key: str, *, manage_service: bool = True
     app.state.service = svc
     app.state.processes = ProcessService(svc)
     app.state.importer = importer
+    app.state.builder = builder
     auth = [Depends(BearerAuth(api_key))]
     app.include_router(meta.health_router)
     app.include_router(meta.router, dependencies=auth)

@@ -57,7 +57,10 @@ def install(app: FastAPI) -> None:
         for path, ops in spec.get("paths", {}).items():
             for op in ops.values():
                 responses = op.setdefault("responses", {})
-                responses.pop("422", None)
+                if responses.get("422", {}).get("description") == "Validation Error":
+                    responses.pop("422")  # FastAPI's own; hutch answers 400 for those
+                elif "422" in responses:
+                    responses["422"].setdefault("content", error_ref)
                 for status, description in ERROR_STATUSES.items():
                     if path == "/healthz" and status != "500":
                         continue

@@ -1,6 +1,8 @@
-"""``hutch images``, ``hutch image import|pull|rm`` (via the daemon) and
-``hutch image build`` (local, by design: it is the host side that produces what the
-daemon boots)."""
+"""``hutch images``, ``hutch image import|pull|rm`` and ``hutch image build NAME -f
+Dockerfile [CONTEXT]`` (via the daemon), and ``hutch image build [base|devbox]`` (a
+built-in image, local by design: it is the host side that produces what the daemon
+boots). The two builds are told apart by ``-f``/CONTEXT: without either, NAME must be a
+built-in image."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from rich.table import Table
 
 from hutch.cli._env import get_env, print_table, stderr_console
 from hutch.cli._output import human_bytes, print_json
-from hutch.sdk import ImageInfo, ImageProgress
+from hutch.sdk import BuildEvent, ImageInfo, ImageProgress
 
 __all__ = ["image", "images"]
 
@@ -94,18 +96,167 @@ def _build_progress(name: str) -> Iterator[Callable[[str, float | None], None]]:
 
 @image.command("build")
 @click.argument("name", required=False)
-@click.option("--force", is_flag=True, help="Rebuild every layer even when cached.")
-def build(name: str | None, force: bool) -> None:
-    """Build image NAME (default: the configured default image) into the state dir."""
+@click.argument(
+    "context", required=False, type=click.Path(exists=True, file_okay=False, path_type=Path)
+)
+@click.option(
+    "-f",
+    "--file",
+    "dockerfile",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Build NAME from this Dockerfile (default CONTEXT/Dockerfile), on the daemon.",
+)
+@click.option(
+    "--build-arg",
+    "build_args",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="A value for an ARG of the Dockerfile (repeat it).",
+)
+@click.option(
+    "--egress",
+    multiple=True,
+    metavar="RULE",
+    help="Egress rule of the build sandbox that runs RUN (repeat it; none: open).",
+)
+@click.option(
+    "--network",
+    type=click.Choice(["default", "none"]),
+    default=None,
+    help="The build sandbox's network.",
+)
+@click.option("--vcpus", type=int, default=None, help="The build sandbox's vCPUs.")
+@click.option(
+    "--memory", "memory_mib", type=int, default=None, help="The build sandbox's memory, MiB."
+)
+@click.option(
+    "--disk",
+    "disk_gib",
+    type=int,
+    default=None,
+    help="The build sandbox's disk, GiB (sandboxes of the image need at least it).",
+)
+@click.option(
+    "--timeout", "timeout_s", type=int, default=None, help="Seconds the whole build may take."
+)
+@click.option("--no-cache", is_flag=True, help="Run every Dockerfile step again.")
+@click.option("--start", is_flag=True, help="Run the image's Entrypoint + Cmd at boot.")
+@click.option("--quiet", "-q", is_flag=True, help="Do not print RUN output.")
+@click.option("--json", "as_json", is_flag=True, help="Print the image as JSON.")
+@click.option("--force", is_flag=True, help="Built-in images: rebuild every layer.")
+def build(
+    name: str | None,
+    context: Path | None,
+    dockerfile: Path | None,
+    build_args: tuple[str, ...],
+    egress: tuple[str, ...],
+    network: str | None,
+    vcpus: int | None,
+    memory_mib: int | None,
+    disk_gib: int | None,
+    timeout_s: int | None,
+    no_cache: bool,
+    start: bool,
+    quiet: bool,
+    as_json: bool,
+    force: bool,
+) -> None:
+    """Build an image.
+
+    \b
+    hutch image build [base|devbox] [--force]
+        a built-in image, locally into the state dir (default: the configured one);
+    hutch image build NAME -f Dockerfile [CONTEXT]
+    hutch image build NAME CONTEXT
+        image NAME from a Dockerfile, on the daemon: RUN steps run in a sandbox VM, each
+        step is cached by its inputs (CONTEXT defaults to ".", the Dockerfile to
+        CONTEXT/Dockerfile; .dockerignore leaves files out).
+    """
+    if dockerfile is None and context is None:
+        extra = {"--build-arg": build_args, "--egress": egress, "--network": network,
+                 "--vcpus": vcpus, "--memory": memory_mib, "--disk": disk_gib,
+                 "--timeout": timeout_s, "--no-cache": no_cache, "--start": start,
+                 "--quiet": quiet, "--json": as_json}  # fmt: skip
+        given = [flag for flag, value in extra.items() if value]
+        if given:
+            raise click.UsageError(
+                f"{', '.join(given)} apply to Dockerfile builds: give -f Dockerfile and/or "
+                "a CONTEXT directory"
+            )
+        _build_builtin(name, force)
+        return
+    if name is None:
+        raise click.UsageError("a Dockerfile build needs the new image's NAME")
+    if force:
+        raise click.UsageError(
+            "--force is for built-in images; a Dockerfile build takes --no-cache"
+        )
+    args: dict[str, str] = {}
+    for item in build_args:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.UsageError(f"--build-arg {item!r} is not NAME=VALUE")
+        args[key] = value
+    with _dockerfile_progress(name, quiet) as progress:
+        info = (
+            get_env()
+            .client()
+            .build_image(
+                name,
+                context or Path("."),
+                dockerfile=dockerfile,
+                build_args=args,
+                egress=list(egress) or None,
+                network=network,
+                vcpus=vcpus,
+                memory_mib=memory_mib,
+                disk_gib=disk_gib,
+                timeout_s=timeout_s,
+                no_cache=no_cache,
+                start=start,
+                on_progress=progress,
+            )
+        )
+    _print_image(info, as_json)
+
+
+def _build_builtin(name: str | None, force: bool) -> None:
     # Imported here: only this command needs the builder, and it runs host tools.
     from hutch.config import load_settings
     from hutch.images.build import build_image
+    from hutch.images.catalog import IMAGES
 
     settings = load_settings()
     target = name or settings.default_image
+    if target not in IMAGES:
+        raise click.UsageError(
+            f"{target!r} is not a built-in image ({', '.join(sorted(IMAGES))}); to build it "
+            f"from a Dockerfile: hutch image build {target} -f Dockerfile [CONTEXT]"
+        )
     with _build_progress(target) as progress:
         artifacts = build_image(target, settings.images_dir, progress=progress, force=force)
     click.echo(f"{artifacts.name} {artifacts.digest} {artifacts.rootfs.parent}")
+
+
+@contextlib.contextmanager
+def _dockerfile_progress(name: str, quiet: bool) -> Iterator[Callable[[BuildEvent], None]]:
+    """A build's log on stderr, ``docker build`` style: each step as it starts or is
+    reused, RUN output as it comes (unless ``quiet``), the time each step took."""
+
+    def show(e: BuildEvent) -> None:
+        if e.type == "status":
+            click.echo(f"{name}: {e.message}", err=True)
+        elif e.type == "output":
+            if not quiet and e.data:
+                click.echo(e.data, err=True, nl=False)
+        elif e.state in ("running", "config") or (e.state == "done" and e.step == 1):
+            click.echo(e.message, err=True)  # FROM (step 1) is done as it starts
+        elif e.state == "cached":
+            click.echo(f"{e.message}\n ---> cached", err=True)
+        elif e.state == "done":
+            click.echo(f" ---> done in {e.seconds or 0:.1f}s", err=True)
+
+    yield show
 
 
 @contextlib.contextmanager

@@ -24,6 +24,8 @@ __all__ = [
 STATUS_BY_ERROR: tuple[tuple[type[e.HutchError], int], ...] = (
     (e.UnknownImage, 400),
     (e.InvalidImage, 400),
+    (e.InvalidDockerfile, 400),
+    (e.BuildFailed, 422),
     (e.InvalidArgument, 400),
     (e.Unauthorized, 401),
     (e.NotFound, 404),

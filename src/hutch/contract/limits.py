@@ -12,11 +12,16 @@ __all__ = [
     "ARCHIVE_MAX_BYTES",
     "AUTO_DELETE_S_RANGE",
     "AUTO_PAUSE_S_RANGE",
+    "BUILD_ARGS_MAX",
+    "BUILD_ARG_MAX_CHARS",
+    "BUILD_OUTPUT_TAIL_BYTES",
+    "BUILD_TIMEOUT_S_RANGE",
     "CMD_ARG_MAX_CHARS",
     "CMD_MAX_CHARS",
     "CODE_MAX_CHARS",
     "COLLECTED_EXEC_MAX_BYTES",
     "COLLECTED_RUN_MAX_BYTES",
+    "DEFAULT_BUILD_TIMEOUT_S",
     "DEFAULT_DISK_GIB",
     "DEFAULT_EGRESS_LOG_LIMIT",
     "DEFAULT_FILE_MODE",
@@ -28,10 +33,13 @@ __all__ = [
     "DEFAULT_TERM",
     "DEFAULT_VCPUS",
     "DISK_GIB_RANGE",
+    "DOCKERFILE_MAX_BYTES",
+    "DOCKERFILE_MAX_INSTRUCTIONS",
     "EGRESS_LOG_MAX",
     "EGRESS_RULE_MAX_CHARS",
     "ENV_MAX_VARS",
     "EXEC_TIMEOUT_S_MAX",
+    "EXPOSE_RANGE_MAX",
     "FORK_COUNT_RANGE",
     "ID_MAX_CHARS",
     "IMAGE_NAME_MAX_CHARS",
@@ -117,6 +125,21 @@ ARCHIVE_MAX_BYTES = 8 * 1024**3
 WATCH_S_MAX = 7 * _DAY_S
 #: A JSON request body is refused (413) past this while it streams.
 JSON_BODY_MAX_BYTES = 16 * 1024 * 1024
+
+# -- image builds (POST /v1/images?dockerfile=...) ---------------------------------------
+#: A Dockerfile's size and instructions (continuations joined).
+DOCKERFILE_MAX_BYTES = 1024 * 1024
+DOCKERFILE_MAX_INSTRUCTIONS = 1000
+#: ``--build-arg NAME=value``: how many, and the longest value.
+BUILD_ARGS_MAX = 256
+BUILD_ARG_MAX_CHARS = 65536
+#: A whole build's deadline (every step, the base image and the final filesystem).
+BUILD_TIMEOUT_S_RANGE = (60, _DAY_S)
+DEFAULT_BUILD_TIMEOUT_S = 3600
+#: The end of a failed step's output carried in its error.
+BUILD_OUTPUT_TAIL_BYTES = 4096
+#: ``EXPOSE 8000-8010``: the most ports one range may name.
+EXPOSE_RANGE_MAX = 1024
 
 # -- networking ---------------------------------------------------------------------------
 #: Egress rules per sandbox (more is refused, whole).

@@ -42,10 +42,21 @@ from hutch.images.elf import needed_libraries
 from hutch.images.rootfs import PackageTree, make_ext4
 from hutch.vm.argv import RUNTIME_DISK_SERIAL
 
-__all__ = ["MOUNT", "RuntimeDisk", "agent_argv", "prepare_runtime", "runtime_key"]
+__all__ = [
+    "BOOT_DONE",
+    "MOUNT",
+    "RuntimeDisk",
+    "agent_argv",
+    "prepare_runtime",
+    "runtime_key",
+    "runtime_python_argv",
+]
 
 _FORMAT = "agent-runtime-v1"
 MOUNT = "/run/.hutch/rt"
+#: Written by the agent on an imported image once its boot-time work (growing /) is done
+#: (guest_agent/hutch_agent/runtime.py BOOT_DONE); what the host waits for.
+BOOT_DONE = "/run/.hutch/boot-done"
 LOADER = "ld-linux-x86-64.so.2"
 RUNTIME_LABEL = "hutch-agent-rt"
 #: The virtio-blk serial the initramfs finds the runtime disk by (the VM layer sets it).
@@ -102,6 +113,20 @@ def agent_argv(mount: str = MOUNT) -> list[str]:
         f"{mount}/agent/agent.py",
         "--runtime",
         mount,
+    ]
+
+
+def runtime_python_argv(*args: str, mount: str = MOUNT) -> list[str]:
+    """A command that runs the runtime's Python in a guest (through the runtime's own
+    loader: the image's libc does not matter), for hutch's own chores there."""
+    return [
+        f"{mount}/lib/{LOADER}",
+        "--library-path",
+        f"{mount}/lib",
+        f"{mount}/usr/bin/python3",
+        "-I",
+        "-S",
+        *args,
     ]
 
 

@@ -105,6 +105,10 @@ class ImageArtifacts:
     #: The agent runtime disk (imported OCI images; hutch's own images carry the agent
     #: in their root filesystem and have None).
     runtime_disk: Path | None = None
+    #: ``raw`` (an ext4 image), or ``qcow2`` (a Dockerfile build's step layer).
+    rootfs_format: str = "raw"
+    #: Booted once and thrown away (a Dockerfile build step): no template, no pool.
+    ephemeral: bool = False
 
 
 @dataclass(frozen=True)

@@ -129,6 +129,9 @@ class VmBackend(Protocol):
     def pause_dir(self, sandbox_id: str) -> Path:
         """Where a memory-mode pause of this sandbox is saved."""
 
+    def disk_path(self, sandbox_id: str) -> Path:
+        """The sandbox's own disk (a qcow2 overlay on its image)."""
+
     def fork_dir(self, snapshot_id: str) -> Path:
         """Where a fork or named snapshot lives."""
 

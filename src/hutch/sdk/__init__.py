@@ -31,7 +31,7 @@ from hutch.sdk._contexts import ContextInfo, Execution, ExecutionError, Result
 from hutch.sdk._errors import ApiKeyMissing, ClientClosed, DaemonUnreachable, ProtocolError
 from hutch.sdk._exec import ExecEvent, ExecExit, ExecOutput, ExecResult
 from hutch.sdk._files import ArchiveWritten, FileEntry, WatchEvent, WrittenFile
-from hutch.sdk._images import ImageProgress
+from hutch.sdk._images import BuildEvent, ImageProgress
 from hutch.sdk._net import EgressEvent, EgressInfo, NetworkInfo, NetworkModeArg, PortInfo
 from hutch.sdk._processes import (
     ProcessChunk,
@@ -78,6 +78,7 @@ __all__ = [
     "AsyncSandbox",
     "AsyncSandboxNetworks",
     "AsyncTerminal",
+    "BuildEvent",
     "Client",
     "ClientClosed",
     "Context",

@@ -1,10 +1,12 @@
-"""Importing, pulling and deleting images: the sans-IO part (requests, the NDJSON
-progress decoder, archives made from OCI layout directories), shared by both shells
-(``_async/client.py`` and the ``_sync`` one generated from it).
+"""Importing, pulling, building and deleting images: the sans-IO part (requests, the
+NDJSON progress decoder, archives made from OCI layout directories, build contexts made
+from a directory), shared by both shells (``_async/client.py`` and the ``_sync`` one
+generated from it).
 
-An import or pull is sent with ``progress=true``: the daemon answers NDJSON progress
-lines, then one ``image`` line (the result) or one ``error`` line (raised as the same
-typed error the plain request would have answered with).
+An import, pull or build is sent with ``progress=true``: the daemon answers NDJSON
+progress lines (a build: ``status``, ``step`` and ``output`` lines), then one ``image``
+line (the result) or one ``error`` line (raised as the same typed error the plain request
+would have answered with).
 """
 
 from __future__ import annotations
@@ -21,17 +23,23 @@ from urllib.parse import quote
 
 import httpx
 
+from hutch.contract.dockerignore import IgnoreRules, parse_dockerignore
 from hutch.errors import InvalidArgument
 from hutch.sdk._core import Call, ClientCore, nothing
 from hutch.sdk._errors import ProtocolError, error_for
 from hutch.sdk._sandboxes import ImageInfo
 
 __all__ = [
+    "OUTSIDE_DOCKERFILE",
+    "BuildEvent",
+    "BuildProgressCallback",
     "ImageCalls",
     "ImageProgress",
     "ImageProgressDecoder",
     "ProgressCallback",
     "archive_chunks",
+    "context_chunks",
+    "context_dockerfile",
     "filename_of",
 ]
 
@@ -54,30 +62,73 @@ class ImageProgress:
 ProgressCallback = Callable[[ImageProgress], None]
 
 
+@dataclass(frozen=True)
+class BuildEvent:
+    """One line of a Dockerfile build's progress.
+
+    - ``status``: ``message`` says what the build does now (the base image, the final
+      filesystem);
+    - ``step``: step ``step`` of ``steps`` (FROM is 1; ``line`` in the Dockerfile,
+      ``instruction`` as written) is ``state``: ``running`` (it starts), ``cached`` (its
+      layer was reused), ``done`` (it ran, in ``seconds``) or ``config`` (it only changes
+      the image's config);
+    - ``output``: ``data`` a RUN step wrote on ``stream`` (stdout or stderr).
+    """
+
+    type: str
+    message: str = ""
+    step: int | None = None
+    steps: int | None = None
+    line: int | None = None
+    instruction: str | None = None
+    state: str | None = None
+    seconds: float | None = None
+    stream: str | None = None
+    data: str | None = None
+
+
+BuildProgressCallback = Callable[[BuildEvent], None]
+
+
+def _int(obj: dict[str, Any], key: str) -> int | None:
+    value = obj.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _str(obj: dict[str, Any], key: str) -> str | None:
+    value = obj.get(key)
+    return value if isinstance(value, str) else None
+
+
 class ImageProgressDecoder:
-    """NDJSON → :class:`ImageProgress` items and, last, the :class:`ImageInfo`."""
+    """NDJSON → :class:`ImageProgress` / :class:`BuildEvent` items and, last, the
+    :class:`ImageInfo` (or :attr:`error` set)."""
 
     def __init__(self) -> None:
         self._buffer = bytearray()
         self.done = False
+        #: The stream's ``error`` line, as the typed error: raise it after the items.
+        self.error: Exception | None = None
 
-    def feed(self, chunk: bytes) -> Sequence[ImageProgress | ImageInfo]:
+    def feed(self, chunk: bytes) -> Sequence[ImageProgress | BuildEvent | ImageInfo]:
         self._buffer += chunk
-        items: list[ImageProgress | ImageInfo] = []
+        items: list[ImageProgress | BuildEvent | ImageInfo] = []
         while not self.done:
             end = self._buffer.find(b"\n")
             if end < 0:
                 break
             line = bytes(self._buffer[:end]).strip()
             del self._buffer[: end + 1]
-            if line:
-                items.append(self._item(line))
+            item = self._item(line) if line else None
+            if item is not None:
+                items.append(item)
         return items
 
-    def eof(self) -> Sequence[ImageProgress | ImageInfo]:
+    def eof(self) -> Sequence[ImageProgress | BuildEvent | ImageInfo]:
         rest = bytes(self._buffer).strip()
         self._buffer.clear()
-        items = [self._item(rest)] if rest and not self.done else []
+        item = self._item(rest) if rest and not self.done else None
+        items = [item] if item is not None else []
         if not self.done:
             raise ProtocolError(
                 "the image import stream ended before its result; the daemon may have "
@@ -85,7 +136,7 @@ class ImageProgressDecoder:
             )
         return items
 
-    def _item(self, line: bytes) -> ImageProgress | ImageInfo:
+    def _item(self, line: bytes) -> ImageProgress | BuildEvent | ImageInfo | None:
         try:
             obj = json.loads(line)
         except ValueError as exc:
@@ -100,14 +151,31 @@ class ImageProgressDecoder:
                 layer=obj.get("layer") if isinstance(obj.get("layer"), int) else None,
                 layers=obj.get("layers") if isinstance(obj.get("layers"), int) else None,
             )
+        if kind in ("status", "step", "output"):
+            seconds = obj.get("seconds")
+            return BuildEvent(
+                type=kind,
+                message=str(obj.get("message") or ""),
+                step=_int(obj, "step"),
+                steps=_int(obj, "steps"),
+                line=_int(obj, "line"),
+                instruction=_str(obj, "instruction"),
+                state=_str(obj, "state"),
+                seconds=float(seconds) if isinstance(seconds, int | float) else None,
+                stream=_str(obj, "stream"),
+                data=_str(obj, "data"),
+            )
         if kind == "image":
             self.done = True
             return ImageInfo.from_dict(obj.get("image"))
         if kind == "error":
+            # Kept, not raised here: the progress lines read with it are handed out first
+            # (a build's last RUN output), then the caller raises it.
             self.done = True
             err = obj.get("error") if isinstance(obj.get("error"), dict) else {}
             status = obj.get("status") if isinstance(obj.get("status"), int) else None
-            raise error_for(err.get("code"), status, str(err.get("message") or obj))
+            self.error = error_for(err.get("code"), status, str(err.get("message") or obj))
+            return None
         raise ProtocolError(f"image import: unknown event {obj!r}")
 
 
@@ -157,6 +225,47 @@ class ImageCalls:
         return self.core.request(
             "POST", "/v1/images", params=_params(None, False), json_body=body, read_timeout=None
         )
+
+    def build_request(
+        self,
+        name: str,
+        content: Any,
+        *,
+        dockerfile: str = "Dockerfile",
+        build_args: dict[str, str] | None = None,
+        egress: Sequence[str] | None = None,
+        network: str | None = None,
+        vcpus: int | None = None,
+        memory_mib: int | None = None,
+        disk_gib: int | None = None,
+        timeout_s: int | None = None,
+        no_cache: bool = False,
+        start: bool = False,
+        filename: str | None = None,
+    ) -> httpx.Request:
+        """``POST /v1/images?dockerfile=...``: ``content`` is the context tar."""
+        params = _params(name, start)
+        params.append(("dockerfile", dockerfile))
+        for key, value in (build_args or {}).items():
+            if not isinstance(key, str) or not key or "=" in key:
+                raise InvalidArgument(f"build arg name {key!r} must be a non-empty name without =")
+            params.append(("build_arg", f"{key}={value}"))
+        params.extend(("egress", rule) for rule in egress or ())
+        for key, number in (("vcpus", vcpus), ("memory_mib", memory_mib),
+                            ("disk_gib", disk_gib), ("timeout_s", timeout_s)):  # fmt: skip
+            if number is not None:
+                params.append((key, str(number)))
+        if network is not None:
+            params.append(("network", network))
+        if no_cache:
+            params.append(("no_cache", "true"))
+        req = self.core.request(
+            "POST", "/v1/images", params=params, content=content, read_timeout=None
+        )
+        req.headers["Content-Type"] = "application/x-tar"
+        if filename:
+            req.headers["X-Hutch-Filename"] = filename
+        return req
 
     def delete(self, name: str) -> Call[None]:
         if not isinstance(name, str) or not name:
@@ -225,3 +334,79 @@ def filename_of(source: object) -> str | None:
     if isinstance(source, str | os.PathLike):
         return os.path.basename(os.fspath(source))
     return None
+
+
+#: Where a Dockerfile from outside the context directory goes in the context tar.
+OUTSIDE_DOCKERFILE = ".hutch/Dockerfile"
+
+
+def context_dockerfile(
+    context: Path, dockerfile: str | os.PathLike[str] | None
+) -> tuple[str, Path]:
+    """(the Dockerfile's name in the context tar, its path here). ``dockerfile``: a path
+    (relative to the working directory, as ``docker build -f``) or None for
+    ``context/Dockerfile``; one outside the context is sent as :data:`OUTSIDE_DOCKERFILE`."""
+    path = Path(dockerfile) if dockerfile is not None else context / "Dockerfile"
+    if not path.is_file():
+        raise InvalidArgument(f"no Dockerfile at {str(path)!r}; give its path with -f/dockerfile=")
+    try:
+        return path.resolve().relative_to(context.resolve()).as_posix(), path
+    except ValueError:
+        return OUTSIDE_DOCKERFILE, path
+
+
+def _ignore_rules(context: Path) -> IgnoreRules:
+    ignore = context / ".dockerignore"
+    if ignore.is_file():
+        return parse_dockerignore(ignore.read_text(encoding="utf-8", errors="replace"))
+    return IgnoreRules([])
+
+
+def context_chunks(
+    context: str | os.PathLike[str], dockerfile: tuple[str, Path]
+) -> Iterator[bytes]:
+    """The build context ``context`` (a directory) as a tar, made as it is sent: what
+    ``.dockerignore`` names is left out (the daemon applies it again to what arrives), the
+    Dockerfile and ``.dockerignore`` are always in. Symlinks are sent as links; files
+    that are neither regular, directory nor link are skipped."""
+    root = Path(context)
+    if not root.is_dir():
+        raise InvalidArgument(f"build context {str(root)!r} is not a directory")
+    rules = _ignore_rules(root)
+    # A "!" pattern can re-include something below an ignored directory: walk it then.
+    prune = not any(p.exclusion for p in rules.patterns)
+    keep = {".dockerignore", dockerfile[0]}
+    sent_dockerfile = False
+    sink = _Sink()
+    with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        for dirpath, dirnames, filenames in os.walk(root):
+            here = Path(dirpath)
+            rel_dir = here.relative_to(root).as_posix()
+            dirnames.sort()
+            for d in list(dirnames):
+                rel = d if rel_dir == "." else f"{rel_dir}/{d}"
+                full = here / d
+                if full.is_symlink():
+                    dirnames.remove(d)
+                    filenames.append(d)  # sent as a link, never followed
+                elif rules.ignored(rel):
+                    if prune:
+                        dirnames.remove(d)
+                else:
+                    tar.add(full, arcname=rel, recursive=False)
+            for name in sorted(filenames):
+                rel = name if rel_dir == "." else f"{rel_dir}/{name}"
+                full = here / name
+                if rel not in keep and rules.ignored(rel):
+                    continue
+                if not (full.is_symlink() or full.is_file()):
+                    continue
+                tar.add(full, arcname=rel, recursive=False)
+                sent_dockerfile = sent_dockerfile or rel == dockerfile[0]
+                if len(sink.buffer) >= _CHUNK:
+                    yield bytes(sink.buffer)
+                    sink.buffer.clear()
+        if not sent_dockerfile:  # outside the context, or in a directory left out
+            tar.add(dockerfile[1], arcname=dockerfile[0], recursive=False)
+    if sink.buffer:
+        yield bytes(sink.buffer)

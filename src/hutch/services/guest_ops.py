@@ -128,7 +128,7 @@ class GuestOpsMixin:
         env: dict[str, str] | None = None,
         cwd: str | None = None,
         user: str | None = None,
-        stdin: bytes | None = None,
+        stdin: bytes | AsyncIterable[bytes] | None = None,
         timeout_s: float | None = None,
     ) -> ExecCall:
         """Start ``cmd``; the call is in flight (and activity) until its exit is read or

@@ -33,6 +33,7 @@ from hutch.images.oci.auth import Credentials
 from hutch.images.oci.compression import sniff
 from hutch.images.oci.importer import (
     ImportProgress,
+    OciContent,
     add_ref,
     build_content,
     content_dir,
@@ -46,7 +47,15 @@ from hutch.services.images import HostImages, ImageView
 from hutch.store.db import LIVE_STATES
 from hutch.store.images import ImageRow
 
-__all__ = ["IMAGE_NAME_RE", "Credentials", "ImageImporter", "ImportProgress", "Progress"]
+__all__ = [
+    "IMAGE_NAME_RE",
+    "Credentials",
+    "ImageImporter",
+    "ImportProgress",
+    "Progress",
+    "plain_archive",
+    "remove_spool",
+]
 
 log = logging.getLogger(__name__)
 
@@ -109,19 +118,19 @@ class ImageImporter:
         return self.spool_dir / f"{uuid.uuid4().hex}.tar"
 
     @contextlib.contextmanager
-    def _reserve(self, name: str) -> Any:
-        """Hold ``name`` for one import. Runs in the worker thread, with the work, so a
-        caller that goes away (a cancelled request) never frees the name while its import
-        still runs."""
+    def reserve(self, name: str, what: str = "import") -> Any:
+        """Hold ``name`` for one import (or build). Runs with the work (an import's worker
+        thread), so a caller that goes away (a cancelled request) never frees the name
+        while its import still runs."""
         check_name(name)
         if os.geteuid() != 0:
             raise Conflict(
-                "importing images needs hutchd to run as root: layers carry file owners, "
+                f"image {what}s need hutchd to run as root: layers carry file owners, "
                 "setuid bits and device nodes that only root can create"
             )
         with self._busy_lock:
             if name in self._busy:
-                raise Conflict(f"an import of image {name!r} is already running")
+                raise Conflict(f"an import or build of image {name!r} is already running")
             existing = self.images.store.get(name)
             if existing is not None:
                 raise Conflict(
@@ -148,10 +157,10 @@ class ImageImporter:
 
         def work() -> ImageView:
             try:
-                with self._reserve(name):
+                with self.reserve(name):
                     return self._import_archive(name, archive, filename, start, progress)
             finally:
-                _remove_spool(archive)
+                remove_spool(archive)
 
         return await asyncio.to_thread(work)
 
@@ -167,7 +176,7 @@ class ImageImporter:
         parsed = parse_ref(ref)
 
         def work() -> ImageView:
-            with self._reserve(name):
+            with self.reserve(name):
                 return self._pull(name, parsed, credentials or Credentials(), start, progress)
 
         return await asyncio.to_thread(work)
@@ -184,7 +193,7 @@ class ImageImporter:
     ) -> ImageView:
         report = progress or (lambda _: None)
         report(ImportProgress("resolving", f"reading archive {filename or archive.name}"))
-        plain = _plain_archive(archive, self.settings.max_image_bytes)
+        plain = plain_archive(archive, self.settings.max_image_bytes)
         with open_archive(plain, filename) as source:
             what = f"archive {filename or 'upload'}"
             resolved = resolve(source, what)
@@ -232,12 +241,21 @@ class ImageImporter:
             raise
         except OSError as exc:
             raise ImageBuildError(f"importing {what}: {exc}") from exc
+        view = self.record(name, content, source.describe(), start)
+        report(ImportProgress("done", f"image {name} is {content.digest}"))
+        return view
+
+    def record(
+        self, name: str, content: OciContent, source: dict[str, Any], start: bool
+    ) -> ImageView:
+        """List ``content`` as image ``name`` (held with :meth:`reserve`): the content is
+        referenced, then the row inserted (a failed insert drops the reference)."""
         ref = self._ref(name)
         add_ref(content, ref)
         row = ImageRow(
             name=name,
             digest=content.digest,
-            source=source.describe(),
+            source=source,
             config=content.config.to_dict(),
             start=start,
             size_bytes=content.size_bytes,
@@ -248,11 +266,15 @@ class ImageImporter:
         except BaseException:
             drop_ref(content.path, ref)
             raise
-        report(ImportProgress("done", f"image {name} is {content.digest}"))
         return self.images.view(row)
 
     def _ref(self, name: str) -> str:
         return f"{self._ref_prefix}-{name}"
+
+    def ref_name(self, what: str) -> str:
+        """This daemon's name for a reference on content (``refs/<name>``) held by
+        something other than an image record (the build cache)."""
+        return f"{self._ref_prefix}-{what}"
 
     # -- delete ----------------------------------------------------------------------------
 
@@ -270,7 +292,7 @@ class ImageImporter:
         if row is None:
             raise NotFound(f"no image called {name!r}")
         if name in self._busy:
-            raise Conflict(f"image {name!r} is being imported")
+            raise Conflict(f"image {name!r} is being imported or built")
         # Under the create gate: no create can insert a sandbox of it meanwhile.
         async with self.sandboxes._create_gate:
             sandboxes, snapshots = self.users(name)
@@ -292,12 +314,12 @@ class ImageImporter:
                  "removed" if removed else "kept: other images use it")  # fmt: skip
 
 
-def _remove_spool(archive: Path) -> None:
+def remove_spool(archive: Path) -> None:
     archive.unlink(missing_ok=True)
     archive.with_suffix(".plain").unlink(missing_ok=True)
 
 
-def _plain_archive(path: Path, limit: int) -> Path:
+def plain_archive(path: Path, limit: int) -> Path:
     """``path`` itself, or a decompressed copy beside it for a gzip or zstd archive
     (``docker save | gzip``): tar members are read by seeking."""
     with path.open("rb") as f:

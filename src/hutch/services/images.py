@@ -58,6 +58,8 @@ class ImageDefaults:
 
 
 NO_DEFAULTS = ImageDefaults()
+#: Names of the step layers a Dockerfile build boots (no image name may start with ".").
+EPHEMERAL_PREFIX = ".build-"
 
 
 class ImageSource(Protocol):
@@ -149,8 +151,21 @@ class HostImages:
         self.store = store
         self.images_dir = images_dir
         self.boot = boot
+        # Step layers of Dockerfile builds a build sandbox boots from: found, not listed.
+        self._ephemeral: dict[str, ImageArtifacts] = {}
+
+    def add_ephemeral(self, image: ImageArtifacts) -> None:
+        """Let a sandbox be created from ``image`` (``ephemeral``, named ``.build-*``)
+        until :meth:`drop_ephemeral`; it is never listed."""
+        assert image.ephemeral and image.name.startswith(EPHEMERAL_PREFIX), image.name
+        self._ephemeral[image.name] = image
+
+    def drop_ephemeral(self, name: str) -> None:
+        self._ephemeral.pop(name, None)
 
     def find(self, name: str) -> ImageArtifacts | None:
+        if name.startswith(EPHEMERAL_PREFIX):
+            return self._ephemeral.get(name)
         if name in self.builtin.names():
             return self.builtin.find(name)
         row = self.store.get(name)
@@ -194,6 +209,8 @@ class HostImages:
 def _describe(source: dict[str, Any]) -> str:
     if source.get("type") == "registry":
         return f"pulled from {source.get('ref')}"
+    if source.get("type") == "dockerfile":
+        return f"built from {source.get('dockerfile')} (FROM {source.get('base')})"
     fmt = source.get("format", "archive")
     filename = source.get("filename")
     return f"imported from {fmt}" + (f" {filename}" if filename else "")
@@ -201,6 +218,10 @@ def _describe(source: dict[str, Any]) -> str:
 
 def resolve(images: ImageSource, name: str) -> ImageArtifacts:
     """The built image ``name``, or an error saying how to get it."""
+    if name.startswith(EPHEMERAL_PREFIX):
+        found = images.find(name)
+        if found is not None:
+            return found
     if name not in images.names():
         raise UnknownImage(f"unknown image {name!r}; available: {', '.join(images.names())}")
     image = images.find(name)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import shutil
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -22,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hutch.config import Settings
-from hutch.errors import Capacity, Conflict, HutchError, NotFound
+from hutch.errors import Capacity, Conflict, HutchError, NotFound, StateError
 from hutch.guest.client import ExecStream
 from hutch.guest.results import FileEntry
 from hutch.images.build import ImageArtifacts
@@ -339,11 +341,9 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
             self.states.insert(rec)
         async with self._lock(rec.id):
             try:
-                template = (
-                    self.backend.templates.find(image, spec.shape)
-                    if self.settings.templates
-                    else None
-                )
+                # An ephemeral image (a build step's layer) boots once: no template.
+                templates = self.settings.templates and not image.ephemeral
+                template = self.backend.templates.find(image, spec.shape) if templates else None
                 await self._network_for(rec, plan, pooled=pooled is not None)
                 if pooled is not None:
                     runtime = pooled[1]
@@ -361,7 +361,7 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
                     runtime = await self.backend.start_clone(rec, template)
                 else:
                     runtime = await self.backend.start(rec, image)
-                    if self.settings.templates:
+                    if templates:
                         self._schedule_template(image, spec.shape)
                 self.pool.refill(image)
                 if source is None:
@@ -399,6 +399,25 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
                 await self._teardown(rec.id)
                 self._finish(rec.id, SandboxState.DESTROYED)
         self._collect_snapshots()
+
+    async def take_disk(self, sandbox_id: str, dest: Path) -> None:
+        """Hard-link the disk of a sandbox paused in disk mode to ``dest`` (a copy if
+        another filesystem), for the image builder, which keeps it as a step layer. The
+        sandbox is unchanged; delete it afterwards."""
+        async with self._lock(sandbox_id):
+            rec = self.get(sandbox_id)
+            if rec.state is not SandboxState.PAUSED or rec.pause_mode is not PauseMode.DISK:
+                state = f"{rec.state} ({rec.pause_mode})" if rec.pause_mode else str(rec.state)
+                raise StateError(f"sandbox {sandbox_id}", state, ["paused (disk)"])
+            src = self.backend.disk_path(sandbox_id)
+
+            def link() -> None:
+                try:
+                    os.link(src, dest)
+                except OSError:
+                    shutil.copyfile(src, dest)
+
+            await asyncio.to_thread(link)
 
     async def _teardown(self, sandbox_id: str) -> None:
         self._stop_watching(sandbox_id)

@@ -25,9 +25,13 @@ def _run(argv: list[str], what: str) -> str:
     return done.stdout
 
 
-def create_overlay(base: Path, path: Path, size_gib: int) -> None:
-    """Create ``path`` as a qcow2 overlay of the raw image ``base`` with a virtual size of
+def create_overlay(base: Path, path: Path, size_gib: int, backing_format: str = "raw") -> None:
+    """Create ``path`` as a qcow2 overlay of the image ``base`` with a virtual size of
     ``size_gib`` GiB (it may exceed the base: the guest grows its filesystem).
+
+    ``backing_format``: ``raw`` (an image's ext4), or ``qcow2`` (a Dockerfile build's step
+    layer, written by hutch's own QEMU). Always given, never probed: a guest-written raw
+    image could pose as qcow2.
 
     ``base`` is recorded by absolute path and must stay where it is and unchanged.
     Raises ``InvalidArgument`` for a size out of range, ``StoreError`` when the base is
@@ -41,7 +45,12 @@ def create_overlay(base: Path, path: Path, size_gib: int) -> None:
         raise StoreError(f"base image {base} does not exist; build the image first")
     if path.exists():
         raise StoreError(f"{path} already exists; refusing to overwrite a sandbox disk")
-    base_size = base.stat().st_size
+    if backing_format not in ("raw", "qcow2"):
+        raise StoreError(f"base image format {backing_format!r}; accepted: raw, qcow2")
+    if backing_format == "raw":
+        base_size = base.stat().st_size
+    else:
+        base_size = int(overlay_info(base)["virtual-size"])
     if base_size > size_gib << 30:
         raise InvalidArgument(
             f"disk size {size_gib} GiB is smaller than the image ({base_size / (1 << 30):.2f} "
@@ -55,7 +64,7 @@ def create_overlay(base: Path, path: Path, size_gib: int) -> None:
             "-f",
             "qcow2",
             "-F",
-            "raw",
+            backing_format,
             "-b",
             str(base),
             str(path),

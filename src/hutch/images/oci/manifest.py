@@ -109,6 +109,7 @@ class ImageConfig:
     entrypoint: tuple[str, ...]
     cmd: tuple[str, ...]
     exposed_ports: tuple[str, ...]  # "8080/tcp", sorted
+    labels: dict[str, str] = field(default_factory=dict)
 
     @property
     def start_command(self) -> tuple[str, ...]:
@@ -123,6 +124,7 @@ class ImageConfig:
             "entrypoint": list(self.entrypoint),
             "cmd": list(self.cmd),
             "exposed_ports": list(self.exposed_ports),
+            "labels": dict(self.labels),
         }
 
 
@@ -326,6 +328,11 @@ def parse_config(data: bytes, what: str = "image config") -> ImageConfig:
     ports = cfg.get("ExposedPorts") or {}
     if not isinstance(ports, dict):
         raise InvalidImage(f"{what} ExposedPorts is not an object")
+    labels = cfg.get("Labels") or {}
+    if not isinstance(labels, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
+    ):
+        raise InvalidImage(f"{what} Labels is not an object of strings")
     return ImageConfig(
         os=str(os_name),
         architecture=str(arch),
@@ -336,4 +343,5 @@ def parse_config(data: bytes, what: str = "image config") -> ImageConfig:
         entrypoint=_str_list(cfg.get("Entrypoint"), "Entrypoint"),
         cmd=_str_list(cfg.get("Cmd"), "Cmd"),
         exposed_ports=tuple(sorted(str(p) for p in ports)),
+        labels=dict(labels),
     )

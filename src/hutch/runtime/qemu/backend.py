@@ -62,6 +62,9 @@ class QemuBackend:
     def pause_dir(self, sandbox_id: str) -> Path:
         return self.layout.pause_dir(sandbox_id)
 
+    def disk_path(self, sandbox_id: str) -> Path:
+        return self.paths(sandbox_id).disk
+
     def fork_dir(self, snapshot_id: str) -> Path:
         return self.layout.fork_dir(snapshot_id)
 
@@ -82,7 +85,9 @@ class QemuBackend:
         p = self.paths(rec.id)
         p.state.mkdir(parents=True, mode=0o700)
         p.run.mkdir(parents=True, mode=0o700)
-        await asyncio.to_thread(create_overlay, image.rootfs, p.disk, rec.shape.disk_gib)
+        await asyncio.to_thread(
+            create_overlay, image.rootfs, p.disk, rec.shape.disk_gib, image.rootfs_format
+        )
         cfg = self.vm_config(rec, image)
         write_config(p.vm_json, cfg)
         vm, agent = await self.booter.boot(cfg, p, rec.name or rec.id)

@@ -13,6 +13,7 @@ from pathlib import Path
 from hutch.crashpoints import crash_point
 from hutch.errors import HutchError, VmError
 from hutch.guest.client import AgentClient
+from hutch.images.agent_runtime import runtime_python_argv
 from hutch.models import PauseMode, SandboxRecord
 from hutch.runtime.qemu.boot import Booter
 from hutch.runtime.qemu.host import SandboxPaths
@@ -69,8 +70,10 @@ class QemuRuntime:
         connection.
         """
         if mode is PauseMode.DISK:
+            # An imported image may have no `sync`: its runtime's Python syncs there.
+            sync = ["sync"] if self.vm.cfg.runtime_disk is None else runtime_sync_argv()
             with contextlib.suppress(HutchError):
-                await self.agent.run(["sync"], timeout_s=30)
+                await self.agent.run(sync, timeout_s=30)
             await self.agent.close()
             await self.vm.kill(grace_s=10.0)
             crash_point("pause.disk_quit")
@@ -120,3 +123,8 @@ async def undo_interrupted_pause(vm: QemuVm) -> None:
         log.info("VM %s was %s after a daemon restart; resumed it", vm.cfg.name, status)
     except HutchError as exc:
         log.warning("could not resume adopted VM %s: %s", vm.cfg.name, exc)
+
+
+def runtime_sync_argv() -> list[str]:
+    """``sync`` through the agent runtime's own Python (an image may have no sync)."""
+    return runtime_python_argv("-c", "import os; os.sync()")

@@ -63,7 +63,9 @@ class QemuTemplates:
         work.state.mkdir(parents=True, mode=0o700)
         work.run.mkdir(parents=True, mode=0o700)
         try:
-            await asyncio.to_thread(create_overlay, image.rootfs, work.disk, shape.disk_gib)
+            await asyncio.to_thread(
+                create_overlay, image.rootfs, work.disk, shape.disk_gib, image.rootfs_format
+            )
             cfg = self.booter.vm_config(work, "template", shape, image, "hutch")
             write_config(work.vm_json, cfg)
             vm, agent = await self.booter.boot(cfg, work, "hutch")

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import builtins
 import os
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from typing import Generic, TypeVar, Unpack
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Generic, TypeVar, Unpack
 
 import httpx
 
@@ -28,10 +29,13 @@ from hutch.sdk._exec import (
 )
 from hutch.sdk._files import FileCalls, FileEntry, WrittenFile
 from hutch.sdk._images import (
+    BuildProgressCallback,
     ImageCalls,
     ImageProgressDecoder,
     ProgressCallback,
     archive_chunks,
+    context_chunks,
+    context_dockerfile,
     filename_of,
 )
 from hutch.sdk._sandboxes import (
@@ -255,20 +259,69 @@ class AsyncClient(AsyncClosesOnExit):
         )
         return await self._image_call(request, on_progress)
 
+    async def build_image(
+        self,
+        name: str,
+        context: str | os.PathLike[str] = ".",
+        *,
+        dockerfile: str | os.PathLike[str] | None = None,
+        build_args: Mapping[str, str] | None = None,
+        egress: Sequence[str] | None = None,
+        network: str | None = None,
+        vcpus: int | None = None,
+        memory_mib: int | None = None,
+        disk_gib: int | None = None,
+        timeout_s: int | None = None,
+        no_cache: bool = False,
+        start: bool = False,
+        on_progress: BuildProgressCallback | None = None,
+    ) -> ImageInfo:
+        """Build image ``name`` from a Dockerfile, ``docker build`` style: ``context`` is
+        a directory (what its ``.dockerignore`` names is not sent), ``dockerfile`` the
+        Dockerfile's path (default ``context/Dockerfile``; it may be outside the
+        context). RUN steps run in a build sandbox (a VM) of this shape, with these
+        ``egress`` rules (none: open) and ``network``; every step is cached by its
+        inputs (``no_cache``: run them all again). ``on_progress`` gets each
+        :class:`BuildEvent` (steps, RUN output). A failing RUN raises ``BuildFailed``
+        with its exit code and the end of its output; nothing is built then."""
+        root = os.fspath(context)
+        in_tar = context_dockerfile(Path(root), dockerfile)
+        body = _io.tar_pieces(context_chunks(root, in_tar))
+        request = self._images.build_request(
+            name,
+            body,
+            dockerfile=in_tar[0],
+            build_args=dict(build_args or {}),
+            egress=egress,
+            network=network,
+            vcpus=vcpus,
+            memory_mib=memory_mib,
+            disk_gib=disk_gib,
+            timeout_s=timeout_s,
+            no_cache=no_cache,
+            start=start,
+        )
+        return await self._image_call(request, on_progress)
+
     async def delete_image(self, name: str) -> None:
         """Delete an imported image (refused while a sandbox or snapshot uses it)."""
         await self.call(self._images.delete(name))
 
     async def _image_call(
-        self, request: httpx.Request, on_progress: ProgressCallback | None
+        self,
+        request: httpx.Request,
+        on_progress: Callable[[Any], None] | None,
     ) -> ImageInfo:
-        async with AsyncResponseStream(self, request, ImageProgressDecoder()) as stream:
+        decoder = ImageProgressDecoder()
+        async with AsyncResponseStream(self, request, decoder) as stream:
             async for item in stream:
                 if isinstance(item, ImageInfo):
                     return item
                 if on_progress is not None:
                     on_progress(item)
-        raise ProtocolError("the image import stream ended without its result")
+        if decoder.error is not None:
+            raise decoder.error
+        raise ProtocolError("the image stream ended without its result")
 
 
 class AsyncResponseStream(AsyncClosesOnExit, Generic[T]):
