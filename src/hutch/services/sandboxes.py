@@ -51,6 +51,7 @@ from hutch.services.pool import WarmPool
 from hutch.services.state import SandboxStates
 from hutch.store import Store
 from hutch.store.db import LIVE_STATES
+from hutch.vm.process import OUT_OF_MEMORY
 
 if TYPE_CHECKING:
     from hutch.services.network import NetworkService as NetworkManager
@@ -167,6 +168,7 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
         self._monitors.clear()
         if self.net is not None:
             await self.net.close()
+        self.backend.close()
 
     async def reconcile(self) -> None:
         """Make the database and the host agree after a start or crash (all of it; the
@@ -561,7 +563,14 @@ class SandboxService(LifecycleMixin, GuestOpsMixin, PoliciesMixin, NetworkingMix
             await self.backend.cleanup(sandbox_id)
             # A failed sandbox is never deleted again: its tap and address go now.
             await self._release_network(sandbox_id)
-            self._finish(sandbox_id, SandboxState.FAILED, "the VM stopped unexpectedly")
+            self._finish(sandbox_id, SandboxState.FAILED, _stopped_error(runtime.exit_reason()))
+
+
+def _stopped_error(reason: str | None) -> str:
+    """The error of a sandbox whose VM stopped on its own: an OOM kill says so first."""
+    if reason is not None and reason.startswith(OUT_OF_MEMORY):
+        return reason
+    return "the VM stopped unexpectedly" + (f" ({reason})" if reason else "")
 
 
 @dataclass(frozen=True)
