@@ -11,6 +11,7 @@ from bench.cases.exec_rt import run_exec
 from bench.cases.files import run_files
 from bench.cases.fork import run_fork
 from bench.cases.net import run_net
+from bench.cases.noisy import run_noisy
 from bench.cases.pause_resume import run_pause_resume
 
 __all__ = ["BENCHMARKS", "BenchContext", "Benchmark"]
@@ -32,5 +33,6 @@ BENCHMARKS: dict[str, Benchmark] = {
         Benchmark("fork", "fork of 10 vs cold boot", run_fork),
         Benchmark("net", "egress: enforcement path vs open NAT vs host", run_net),
         Benchmark("dns_flood", "another sandbox's exec during a DNS flood vs quiet", run_dns_flood),
+        Benchmark("noisy", "another sandbox's echo p99 under a neighbour's load", run_noisy),
     )
 }

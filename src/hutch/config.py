@@ -25,6 +25,14 @@ _N = TypeVar("_N", int, float)
 CONSOLE_LOG_BYTES_RANGE = (64 << 10, 1 << 30)
 #: Seconds pause, snapshot and fork wait for calls in flight in the sandbox.
 LIFECYCLE_WAIT_S_RANGE = (0.0, 3600.0)
+#: Per-sandbox cgroups (hutch.vm.cgroups): auto = when the host allows, on = required.
+CGROUP_MODES = ("auto", "on", "off")
+#: MiB of host memory a QEMU may use beyond guest RAM and the TCG translation cache.
+CGROUP_MEMORY_OVERHEAD_MIB_RANGE = (16, 65536)
+#: Percent of one core per vCPU a sandbox's QEMU may use (0: no quota, weights only).
+CGROUP_CPU_QUOTA_PCT_RANGE = (10, 10000)
+#: MiB of TCG translation cache per VM (QEMU's ``tb-size``).
+TCG_TB_MIB_RANGE = (8, 2048)
 
 
 @dataclass(frozen=True)
@@ -123,6 +131,18 @@ class Settings:
     # Bytes an imported image may hold: the archive uploaded and the files its layers
     # write, each (a decompression bomb would otherwise fill the disk).
     max_image_bytes: int = 32 << 30
+    # Each QEMU in a cgroup of its own with CPU, memory, I/O and pids limits: "auto" when
+    # the host allows it (root, a cgroup hutchd may manage), "on" refuses to start
+    # without, "off" never (ARCHITECTURE.md, "Resource limits").
+    cgroups: str = "auto"
+    # Host memory a QEMU may use beyond guest RAM (+ the TCG cache) before the kernel
+    # kills it and the sandbox fails with "out of memory".
+    cgroup_memory_overhead_mib: int = 64
+    # CPU quota per vCPU, percent of one core; 0 = no quota (CPU weights only).
+    cgroup_cpu_quota_pct: int = 100
+    # TCG's translation cache per VM, MiB (QEMU's default is 1 GiB, filled by a busy
+    # guest: host memory that is not guest RAM).
+    tcg_tb_mib: int = 64
     # Bytes the Dockerfile build cache (step layers under <state>/build-cache) may hold on
     # disk; past it the least recently used layers go after a build.
     build_cache_bytes: int = 20 << 30
@@ -333,6 +353,7 @@ def _from_mapping(base: Settings, values: dict[str, Any], source: str) -> Settin
                     f"{source}: lifecycle_wait_s={s.lifecycle_wait_s:g}; accepted: "
                     f"{lo_s:g}-{hi_s:g} seconds"
                 )
+        s = _cgroup_settings(s, values, source)
         limits = s.limits
         if "max_sandboxes" in values:
             limits = replace(limits, max_sandboxes=int(values["max_sandboxes"]))
@@ -353,6 +374,64 @@ def _from_mapping(base: Settings, values: dict[str, Any], source: str) -> Settin
         )
     if s.accel not in ACCEL_CHOICES:
         raise InvalidArgument(f"{source}: accel={s.accel!r}; accepted: {', '.join(ACCEL_CHOICES)}")
+    return s
+
+
+def _in_range(source: str, key: str, value: Any, bounds: tuple[int, int], what: str) -> int:
+    env = _ENV_OF.get(key, key)
+    shown = env if source == "environment" else f"{source}: {key}"
+    text = str(value).strip()
+    lo, hi = bounds
+    if isinstance(value, bool) or not text.isdigit() or not lo <= int(text) <= hi:
+        raise InvalidArgument(f"{shown}={value!r} is not valid; accepted: {lo}-{hi} ({what})")
+    return int(text)
+
+
+def _cgroup_settings(s: Settings, values: dict[str, Any], source: str) -> Settings:
+    if "cgroups" in values:
+        mode = str(values["cgroups"]).strip().lower()
+        if mode not in CGROUP_MODES:
+            shown = "HUTCH_CGROUPS" if source == "environment" else f"{source}: cgroups"
+            raise InvalidArgument(
+                f"{shown}={values['cgroups']!r} is not valid; accepted: {', '.join(CGROUP_MODES)}"
+            )
+        s = replace(s, cgroups=mode)
+    if "cgroup_memory_overhead_mib" in values:
+        s = replace(
+            s,
+            cgroup_memory_overhead_mib=_in_range(
+                source,
+                "cgroup_memory_overhead_mib",
+                values["cgroup_memory_overhead_mib"],
+                CGROUP_MEMORY_OVERHEAD_MIB_RANGE,
+                "MiB of host memory per sandbox beyond guest RAM and the TCG cache",
+            ),
+        )
+    if "cgroup_cpu_quota_pct" in values:
+        value = values["cgroup_cpu_quota_pct"]
+        s = replace(
+            s,
+            cgroup_cpu_quota_pct=0
+            if str(value).strip() == "0"
+            else _in_range(
+                source,
+                "cgroup_cpu_quota_pct",
+                value,
+                CGROUP_CPU_QUOTA_PCT_RANGE,
+                "percent of one core per vCPU, or 0 for no quota",
+            ),
+        )
+    if "tcg_tb_mib" in values:
+        s = replace(
+            s,
+            tcg_tb_mib=_in_range(
+                source,
+                "tcg_tb_mib",
+                values["tcg_tb_mib"],
+                TCG_TB_MIB_RANGE,
+                "MiB of TCG translation cache per sandbox",
+            ),
+        )
     return s
 
 
@@ -381,6 +460,10 @@ _ENV = {
     "HUTCH_DENY_LOG_RATE": "deny_log_rate",
     "HUTCH_DENY_LOG_BURST": "deny_log_burst",
     "HUTCH_MAX_IMAGE_BYTES": "max_image_bytes",
+    "HUTCH_CGROUPS": "cgroups",
+    "HUTCH_CGROUP_MEMORY_OVERHEAD_MIB": "cgroup_memory_overhead_mib",
+    "HUTCH_CGROUP_CPU_QUOTA_PCT": "cgroup_cpu_quota_pct",
+    "HUTCH_TCG_TB_MIB": "tcg_tb_mib",
     "HUTCH_BUILD_CACHE_BYTES": "build_cache_bytes",
     "HUTCH_E2B_LISTEN": "e2b_listen",
 }

@@ -43,6 +43,12 @@ class FakeRuntime:
     async def wait_exited(self) -> None:
         await self.proc.wait()
 
+    def exit_reason(self) -> str | None:
+        rc = self.proc.returncode
+        if rc is None:
+            return None
+        return f"signal {-rc}" if rc < 0 else f"exit status {rc}"
+
     async def destroy(self) -> None:
         with contextlib.suppress(Exception):
             await self.agent.close()
@@ -249,6 +255,9 @@ class FakeBackend:
         if runtime is not None:
             await runtime.destroy()
         shutil.rmtree(self.root / sandbox_id, ignore_errors=True)
+
+    def close(self) -> None:
+        pass  # holds nothing of its own
 
     def leftover_ids(self) -> set[str]:
         if not self.root.is_dir():

@@ -177,8 +177,14 @@ async def test_names_that_time_out_cannot_take_every_in_flight_slot(
     port = await resolver.start("127.0.0.1", 0)
     try:
         got = await asyncio.to_thread(flood, A_SRC, port, [BLACKHOLE] * 600, 1.0)
-        assert got["REFUSED"] == 600 - MAX_INFLIGHT_PER_SOURCE, got
-        assert await asyncio.to_thread(ask, B_SRC, port, "good.test") == "NOERROR"
+        # What the fix is about: A holds at most its share of the slots (before, all 600
+        # went in flight), and B is still answered. The REFUSED count is only bounded,
+        # not exact: on a loaded host loopback may drop some of 600 datagrams sent at
+        # once, or a reply may come more than the settle time after the one before.
+        assert resolver.queries_in_flight(A_SRC) == MAX_INFLIGHT_PER_SOURCE, got
+        assert set(got) <= {"REFUSED"}, got
+        assert 0 < got["REFUSED"] <= 600 - MAX_INFLIGHT_PER_SOURCE, got
+        assert await asyncio.to_thread(ask, B_SRC, port, "good.test", 10.0) == "NOERROR"
     finally:
         await resolver.close()
 

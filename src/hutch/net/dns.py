@@ -214,6 +214,10 @@ class Resolver:
             return False
         return self.limiter.allow(source)
 
+    def queries_in_flight(self, source: str) -> int:
+        """How many of ``source``'s queries wait for the upstream now (0 unlimited)."""
+        return self._inflight.get(source, 0)
+
     def _done(self, source: str) -> None:
         left = self._inflight.get(source, 1) - 1
         if left > 0:

@@ -33,6 +33,10 @@ class Runtime(Protocol):
     async def wait_exited(self) -> None:
         """Return when the VM has stopped for any reason."""
 
+    def exit_reason(self) -> str | None:
+        """Why the VM stopped, once it has, when known: "out of memory: ..." (the host
+        killed it at its memory limit), "exit status N", "signal SIGx"."""
+
     async def destroy(self) -> None:
         """Stop the VM and close the agent. Idempotent; never raises if already gone."""
 
@@ -136,6 +140,10 @@ class VmBackend(Protocol):
 
     async def cleanup(self, sandbox_id: str) -> None:
         """Remove every trace of a sandbox (process, sockets, disk). Idempotent."""
+
+    def close(self) -> None:
+        """Give back what the backend holds for itself (its cgroup sub-tree once empty);
+        VMs keep running, for the next start to adopt."""
 
     def leftover_ids(self) -> set[str]:
         """Sandbox ids that still have a process or files on this host."""

@@ -110,3 +110,4 @@ class Services:
         await self.core.close()
         if self.core.net is not None:
             await self.core.net.close()
+        self.core.backend.close()

@@ -28,6 +28,7 @@ from hutch.services.state import SandboxStates
 from hutch.store import Store
 from hutch.store.db import LIVE_STATES
 from hutch.teardown import TeardownStack
+from hutch.vm.process import OUT_OF_MEMORY
 
 __all__ = ["SandboxRegistry"]
 
@@ -153,7 +154,7 @@ class SandboxRegistry:
                 return  # paused, deleted or failed meanwhile: that call cleaned up
             # A failed sandbox is never deleted again: everything of it goes now.
             await self.teardown(sandbox_id, deleted=False)
-            self.finish(sandbox_id, SandboxState.FAILED, "the VM stopped unexpectedly")
+            self.finish(sandbox_id, SandboxState.FAILED, _stopped_error(runtime.exit_reason()))
 
     # -- the end of a sandbox ----------------------------------------------------------
 
@@ -306,3 +307,10 @@ class SandboxRegistry:
             self._snapshot_holds[snapshot_path] -= 1
             if self._snapshot_holds[snapshot_path] <= 0:
                 del self._snapshot_holds[snapshot_path]
+
+
+def _stopped_error(reason: str | None) -> str:
+    """The error of a sandbox whose VM stopped on its own: an OOM kill says so first."""
+    if reason is not None and reason.startswith(OUT_OF_MEMORY):
+        return reason
+    return "the VM stopped unexpectedly" + (f" ({reason})" if reason else "")

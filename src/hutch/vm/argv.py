@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from hutch.config import TCG_TB_MIB_RANGE
 from hutch.errors import InvalidArgument
 from hutch.models import MEMORY_MIB_RANGE, VCPUS_RANGE
 from hutch.vm.console import DEFAULT_LOG_BYTES, MIN_LOG_BYTES, console_fifo
@@ -22,6 +23,7 @@ __all__ = [
     "VmConfig",
     "build_argv",
     "guest_cmdline",
+    "in_cgroups",
 ]
 
 #: The virtio-serial port name the guest agent looks for.
@@ -106,6 +108,9 @@ class VmConfig:
     runtime_disk: Path | None = None
     #: Bytes of serial console kept per log file (``console.log`` and ``.1``).
     console_log_bytes: int = DEFAULT_LOG_BYTES
+    #: TCG's translation cache in MiB (``tb-size``); None: QEMU's default, 1 GiB, which
+    #: a busy guest fills and which is host memory that is not guest RAM.
+    tcg_tb_mib: int | None = None
 
 
 def _opt(path: Path) -> str:
@@ -153,6 +158,16 @@ def _validate(cfg: VmConfig) -> None:
         raise InvalidArgument(
             f"console_log_bytes={cfg.console_log_bytes!r}; give at least {MIN_LOG_BYTES}"
         )
+    if cfg.tcg_tb_mib is not None:
+        lo, hi = TCG_TB_MIB_RANGE
+        if (
+            isinstance(cfg.tcg_tb_mib, bool)
+            or not isinstance(cfg.tcg_tb_mib, int)
+            or not (lo <= cfg.tcg_tb_mib <= hi)
+        ):
+            raise InvalidArgument(
+                f"tcg_tb_mib={cfg.tcg_tb_mib!r} is out of range; accepted: {lo}-{hi}"
+            )
 
 
 def guest_cmdline(cfg: VmConfig) -> str:
@@ -187,7 +202,8 @@ def build_argv(cfg: VmConfig, qemu_binary: str = "qemu-system-x86_64") -> list[s
     if cfg.accel == "kvm":
         accel = ["-accel", "kvm", "-cpu", "host"]
     else:
-        accel = ["-accel", "tcg,thread=multi", "-cpu", TCG_CPU]
+        tb = f",tb-size={cfg.tcg_tb_mib}" if cfg.tcg_tb_mib is not None else ""
+        accel = ["-accel", f"tcg,thread=multi{tb}", "-cpu", TCG_CPU]
     machine = MACHINE
     memory: list[str] = []
     if cfg.memory_file is not None:
@@ -279,3 +295,19 @@ def build_argv(cfg: VmConfig, qemu_binary: str = "qemu-system-x86_64") -> list[s
         # passed with ``getfd``; ``exec:`` would be killed by spawn=deny).
         *(["-incoming", "defer"] if cfg.incoming else []),
     ]
+
+
+#: Joins the cgroups listed before ``--`` and execs the rest. QEMU is placed in its
+#: group between fork and exec, so it never runs outside it (not even its start-up),
+#: without a ``preexec_fn`` (unsafe in the daemon, which has threads). Exit status 125:
+#: a group could not be joined (the shell's message is in qemu.log).
+_JOIN_SCRIPT = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
+
+
+def in_cgroups(procs_files: list[Path], argv: list[str]) -> list[str]:
+    """``argv`` run inside the cgroups whose ``cgroup.procs`` files are given."""
+    if not procs_files:
+        return argv
+    if any(str(p) == "--" for p in procs_files):
+        raise InvalidArgument("a cgroup.procs path cannot be '--'")
+    return ["/bin/sh", "-c", _JOIN_SCRIPT, "hutch-cgroup-join", *map(str, procs_files), "--", *argv]

@@ -7,6 +7,12 @@ re-attaches with :meth:`QemuVm.adopt`. The serial console goes through a FIFO th
 Process liveness is tracked through a pidfd, which also works for a process that is not
 our child and can never name a reused pid.
 
+With a :class:`~hutch.vm.cgroup_driver.SandboxCgroup` QEMU runs in its own cgroup:
+created with its limits before QEMU starts, joined between fork and exec, recorded in
+``cgroup.json`` beside the pidfile (so :meth:`QemuVm.adopt` finds it again), consulted
+when QEMU exits (an OOM kill makes ``exit_reason`` say "out of memory") and removed once
+QEMU is gone (:meth:`QemuVm.kill`).
+
 States (``VmState``)::
 
     RUNNING ──kill()──► STOPPING ──► EXITED
@@ -30,15 +36,19 @@ from qemu.qmp import QMPClient
 from qemu.qmp import QMPError as _QMPError
 
 from hutch.errors import StateError, VmError
-from hutch.vm.argv import VmConfig, build_argv
+from hutch.vm.argv import VmConfig, build_argv, in_cgroups
+from hutch.vm.cgroup_driver import SandboxCgroup, record_path
 from hutch.vm.console import ConsolePump
 
-__all__ = ["QemuVm", "VmState", "cmdline_names", "kill_verified", "log_tail"]
+__all__ = ["OUT_OF_MEMORY", "QemuVm", "VmState", "cmdline_names", "kill_verified", "log_tail"]
 
 log = logging.getLogger(__name__)
 
 _LOG_TAIL_BYTES = 4000
 _KILL_WAIT_S = 5.0
+
+#: How ``exit_reason`` starts when the kernel's OOM killer ended QEMU.
+OUT_OF_MEMORY = "out of memory"
 
 
 class VmState(enum.StrEnum):
@@ -118,8 +128,11 @@ class QemuVm:
         pidfd: int,
         proc: subprocess.Popen[bytes] | None,
         console: ConsolePump | None = None,
+        cgroup: SandboxCgroup | None = None,
     ) -> None:
         self.cfg = cfg
+        #: The cgroup QEMU runs in (None: none, cgroups off or a VM launched before).
+        self.cgroup = cgroup
         self._console = console
         self.argv = argv
         self._pid = pid
@@ -131,26 +144,47 @@ class QemuVm:
         self._exited = asyncio.Event()
         self._kill_task: asyncio.Task[None] | None = None
         self.returncode: int | None = None
-        #: Why QEMU exited, when known: "killed by hutch", "exit status N", "signal SIGx".
+        #: Why QEMU exited, when known: "killed by hutch", "exit status N", "signal SIGx",
+        #: "out of memory: ..." (the OOM killer ended it; see ``OUT_OF_MEMORY``).
         self.exit_reason: str | None = None
         asyncio.get_running_loop().add_reader(pidfd, self._on_exit)
 
     # ------------------------------------------------------------------ creation
     @classmethod
-    async def launch(cls, cfg: VmConfig, *, ready_timeout_s: float = 10.0) -> QemuVm:
+    async def launch(
+        cls,
+        cfg: VmConfig,
+        *,
+        cgroup: SandboxCgroup | None = None,
+        ready_timeout_s: float = 10.0,
+    ) -> QemuVm:
         """Start QEMU for ``cfg`` and wait until QMP answers ``query-status``.
+
+        ``cgroup`` (not yet created): QEMU's group, made with its limits and joined
+        before QEMU runs; the VM owns it from then on.
 
         Raises ``VmError`` (with argv and the tail of ``qemu.log``) when QEMU exits or
         QMP does not answer within ``ready_timeout_s`` seconds; QEMU is killed and its
-        sockets and pidfile removed first, so nothing is left behind.
+        sockets, pidfile and cgroup removed first, so nothing is left behind.
         """
         argv = build_argv(cfg)
         for stale in (cfg.qmp_socket, cfg.agent_socket, cfg.pidfile):
             _unlink(stale)
+        spawn = argv
+        if cgroup is not None:
+            # Recorded before it exists: a daemon killed in between still finds it.
+            cgroup.save(record_path(cfg.pidfile))
+            try:
+                cgroup.create()
+            except VmError:
+                _unlink(record_path(cfg.pidfile))
+                raise
+            spawn = in_cgroups(cgroup.procs_files(), argv)
         # Before QEMU starts: it opens the console FIFOs the pump creates.
         try:
             console = ConsolePump.for_launch(cfg.console_log, cfg.console_log_bytes)
         except OSError as exc:
+            _release(cgroup, cfg)
             raise VmError(f"cannot set up the console of {cfg.name}: {exc}", argv=argv) from exc
         try:
             with cfg.qemu_log.open("wb") as out:
@@ -158,7 +192,7 @@ class QemuVm:
                 # (asyncio's child watcher would need the loop for the VM's whole life),
                 # and fork+exec blocks only for milliseconds.
                 proc = subprocess.Popen(  # noqa: ASYNC220
-                    argv,
+                    spawn,
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=subprocess.STDOUT,
@@ -169,9 +203,10 @@ class QemuVm:
                 )
         except OSError as exc:
             console.close()
+            _release(cgroup, cfg)
             raise VmError(f"cannot start QEMU: {exc}", argv=argv) from exc
         pidfd = os.pidfd_open(proc.pid)
-        vm = cls(cfg, argv, proc.pid, pidfd, proc, console)
+        vm = cls(cfg, argv, proc.pid, pidfd, proc, console, cgroup)
         started = time.monotonic()
         try:
             await vm._connect_qmp(ready_timeout_s)
@@ -218,7 +253,9 @@ class QemuVm:
         except OSError as exc:
             log.warning("vm %s: its console is not logged: %s", cfg.name, exc)
             console = None
-        vm = cls(cfg, build_argv(cfg), pid, pidfd, None, console)
+        # The group its launcher made (None for a VM launched without one).
+        cgroup = SandboxCgroup.load(record_path(cfg.pidfile))
+        vm = cls(cfg, build_argv(cfg), pid, pidfd, None, console, cgroup)
         try:
             await vm._connect_qmp(connect_timeout_s)
         except VmError:
@@ -322,7 +359,7 @@ class QemuVm:
 
         Idempotent and safe to call concurrently, after a crash, or on a VM that is
         already gone; never raises for that. Leaves the VM EXITED with its QMP and
-        agent sockets and pidfile removed.
+        agent sockets, pidfile and cgroup removed.
         """
         if self._kill_task is None:
             self._kill_task = asyncio.get_running_loop().create_task(self._kill(grace_s))
@@ -352,6 +389,8 @@ class QemuVm:
             self._close_console()
             for path in (self.cfg.qmp_socket, self.cfg.agent_socket, self.cfg.pidfile):
                 _unlink(path)
+            # After the exit was recorded: ``_on_exit`` read its OOM count first.
+            await asyncio.to_thread(_release, self.cgroup, self.cfg)
 
     def _signal(self, sig: signal.Signals) -> None:
         if self._pidfd is None:
@@ -397,6 +436,12 @@ class QemuVm:
                 reason = f"exit status {self.returncode}"
         else:
             reason = "exited (not our child: status unknown)"
+        if self.exit_reason is None and self.cgroup is not None and self.cgroup.oom_kills():
+            limit = self.cgroup.limits.memory_bytes >> 20
+            reason = (
+                f"{OUT_OF_MEMORY}: QEMU used all of its {limit} MiB of host memory (guest "
+                f"RAM {self.cfg.memory_mib} MiB + overhead) and the kernel killed it"
+            )
         if self.exit_reason is None:
             self.exit_reason = reason
         self._close_console()
@@ -408,3 +453,16 @@ class QemuVm:
 
     def __repr__(self) -> str:
         return f"<QemuVm {self.cfg.name} pid={self._pid} {self._state.value}>"
+
+
+def _release(cgroup: SandboxCgroup | None, cfg: VmConfig) -> None:
+    """Remove QEMU's cgroup and its record (QEMU must be gone). Never raises: a group
+    that stays busy is logged and reclaimed by the next start."""
+    if cgroup is None:
+        return
+    try:
+        cgroup.remove()
+    except VmError as exc:
+        log.warning("vm %s: %s", cfg.name, exc)
+        return
+    _unlink(record_path(cfg.pidfile))

@@ -75,6 +75,7 @@ from pathlib import Path
 from hutch.crashpoints import crash_point
 from hutch.errors import SnapshotError, VmError
 from hutch.vm.argv import VmConfig
+from hutch.vm.cgroup_driver import SandboxCgroup
 from hutch.vm.disk_chain import qcow2_backing_file, stop_disk_jobs
 from hutch.vm.process import QemuVm
 from hutch.vm.snapshot_manifest import (
@@ -452,8 +453,11 @@ async def restore(
     clone: bool,
     ready_timeout_s: float = 20.0,
     timeout_s: float = 300.0,
+    cgroup: SandboxCgroup | None = None,
 ) -> QemuVm:
     """Start a QEMU for ``cfg`` from ``snapshot_dir`` and let the guest run (``cont``).
+
+    ``cgroup``: the group QEMU runs in (``QemuVm.launch``).
 
     Resume (``clone=False``): ``cfg.disk`` must be the snapshot's disk; with a ram_in_file
     snapshot ``memory.ram`` is moved to ``cfg.memory_file`` (required) and mapped shared.
@@ -493,7 +497,7 @@ async def restore(
         if not clone and manifest.ram_in_file and cfg.memory_file is not None:
             os.chmod(cfg.memory_file, 0o600)
         t = time.perf_counter()
-        vm = await QemuVm.launch(run_cfg, ready_timeout_s=ready_timeout_s)
+        vm = await QemuVm.launch(run_cfg, cgroup=cgroup, ready_timeout_s=ready_timeout_s)
         launch_ms = _ms(t)
         version = await _qemu_version(vm)
         if version != manifest.qemu_version:

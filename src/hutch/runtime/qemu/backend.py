@@ -19,7 +19,7 @@ from hutch.crashpoints import crash_point
 from hutch.errors import GuestError, HutchError, Timeout, VmError
 from hutch.guest.client import AgentClient
 from hutch.images.build import ImageArtifacts
-from hutch.models import NetworkMode, SandboxRecord, SandboxState
+from hutch.models import SANDBOX_ID_RE, NetworkMode, SandboxRecord, SandboxState
 from hutch.net.addressing import tap_name
 from hutch.runtime.qemu.boot import Booter, GuestNetwork
 from hutch.runtime.qemu.host import HostLayout, SandboxPaths, read_config, write_config
@@ -28,6 +28,7 @@ from hutch.runtime.qemu.snapshots import QemuSnapshotFiles, discard_stale_saves,
 from hutch.runtime.qemu.templates import QemuTemplates, finish_template
 from hutch.storage.overlay import create_overlay
 from hutch.vm.argv import VmConfig
+from hutch.vm.cgroup_driver import record_path
 from hutch.vm.disk_chain import compact_if_deep
 from hutch.vm.process import QemuVm, kill_verified
 from hutch.vm.snapshot import create_clone_disk, load_manifest
@@ -114,6 +115,7 @@ class QemuBackend:
             run_as=self.booter.run_as,
             console_log_bytes=self.settings.console_log_bytes,
             incoming=False,
+            tcg_tb_mib=self.booter.tb_mib,
         )
         p.run.mkdir(parents=True, exist_ok=True, mode=0o700)
         hostname = rec.name or rec.id
@@ -153,6 +155,7 @@ class QemuBackend:
             run_as=self.booter.run_as,
             console_log_bytes=self.settings.console_log_bytes,
             incoming=False,
+            tcg_tb_mib=self.booter.tb_mib,
             name=rec.id,
             disk=p.disk,
             qmp_socket=p.qmp_socket,
@@ -221,6 +224,7 @@ class QemuBackend:
         against /proc, also with a pidfile and no vm.json: a crash between the two)."""
         p = self.paths(sandbox_id)
         await asyncio.to_thread(kill_verified, p.pidfile, str(p.run))
+        await asyncio.to_thread(self.booter.cgroups.release, sandbox_id, record_path(p.pidfile))
 
     async def cleanup(self, sandbox_id: str) -> None:
         p = self.paths(sandbox_id)
@@ -230,5 +234,10 @@ class QemuBackend:
         await asyncio.to_thread(shutil.rmtree, p.run, True)
         await asyncio.to_thread(shutil.rmtree, p.state, True)
 
+    def close(self) -> None:
+        self.booter.cgroups.close()
+
     def leftover_ids(self) -> set[str]:
-        return self.layout.leftover_ids()
+        # A group with no directory: a crash between making the group and the sandbox.
+        groups = {n for n in self.booter.cgroups.group_names() if SANDBOX_ID_RE.match(n)}
+        return self.layout.leftover_ids() | groups

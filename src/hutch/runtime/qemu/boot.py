@@ -19,6 +19,8 @@ from hutch.models import Shape
 from hutch.runtime.qemu.host import SandboxPaths
 from hutch.vm.accel import detect_accel, host_tsc_khz
 from hutch.vm.argv import VmConfig
+from hutch.vm.cgroup_driver import CgroupDriver
+from hutch.vm.cgroups import Policy
 from hutch.vm.console import console_tail
 from hutch.vm.process import QemuVm, log_tail
 from hutch.vm.runas import qemu_user
@@ -46,6 +48,9 @@ class Booter:
         self.settings = settings
         self.accel = detect_accel(settings.accel)
         self.run_as = qemu_user(settings)
+        # Every QEMU started here (boots, restores) runs in its own cgroup (hutch.vm.cgroups).
+        policy = Policy(settings.cgroup_memory_overhead_mib, settings.cgroup_cpu_quota_pct)
+        self.cgroups = CgroupDriver.detect(settings.cgroups, settings.daemon_tag, policy)
         self._boot_gate = asyncio.Semaphore(max(1, os.cpu_count() or 1))
         # The network layer owns addresses; the backend only passes them on to the guest.
         self.guest_network: GuestNetwork = guest_network or (lambda _sandbox_id: None)
@@ -77,7 +82,13 @@ class Booter:
             run_as=self.run_as,
             runtime_disk=image.runtime_disk,
             console_log_bytes=self.settings.console_log_bytes,
+            tcg_tb_mib=self.tb_mib,
         )
+
+    @property
+    def tb_mib(self) -> int | None:
+        """TCG's translation cache per VM (``HUTCH_TCG_TB_MIB``); None under KVM."""
+        return self.settings.tcg_tb_mib if self.accel == "tcg" else None
 
     async def boot(
         self, cfg: VmConfig, p: SandboxPaths, hostname: str
@@ -86,7 +97,7 @@ class Booter:
         time: a boot is CPU-bound (~12 s of a core under TCG), and a storm of them on a
         few cores pushes every one past the agent timeout; queued boots wait instead."""
         async with self._boot_gate:
-            vm = await QemuVm.launch(cfg)
+            vm = await QemuVm.launch(cfg, cgroup=self.cgroups.for_vm(p.run.name, cfg))
             try:
                 agent = await self.connect(vm, p, hostname=hostname)
             except BaseException:
@@ -99,7 +110,8 @@ class Booter:
     ) -> tuple[QemuVm, AgentClient]:
         """Restore ``cfg`` from ``snapshot_dir`` and connect its agent (the hello gives
         the guest its identity before user code runs again). Restores are not gated."""
-        vm = await restore(cfg, snapshot_dir, clone=clone)
+        cgroup = self.cgroups.for_vm(p.run.name, cfg)
+        vm = await restore(cfg, snapshot_dir, clone=clone, cgroup=cgroup)
         try:
             agent = await self.connect(vm, p, hostname=hostname)
         except BaseException:

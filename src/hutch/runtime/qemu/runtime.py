@@ -47,6 +47,9 @@ class QemuRuntime:
     async def wait_exited(self) -> None:
         await self.vm.wait_exited()
 
+    def exit_reason(self) -> str | None:
+        return self.vm.exit_reason
+
     async def destroy(self) -> None:
         with contextlib.suppress(Exception):
             await self.agent.close()

@@ -106,6 +106,7 @@ class QemuTemplates:
         if run_root.is_dir():
             for d in run_root.glob("tpl-*"):
                 shutil.rmtree(d, ignore_errors=True)
+        self.booter.cgroups.reclaim(lambda name: name.startswith("tpl-"))
 
 
 def finish_template(snapshot_dir: Path, cfg: VmConfig) -> None:
