@@ -1,4 +1,7 @@
-"""hutchd: wire settings, store, backend, service and REST app together, then serve."""
+"""hutchd: wire settings, store, backend, services and REST app together, then serve.
+
+:func:`build_services` is the composition root of the sandbox services.
+"""
 
 from __future__ import annotations
 
@@ -18,10 +21,24 @@ from hutch.api.redact import RedactingFormatter
 from hutch.config import Settings
 from hutch.e2b import create_e2b_app
 from hutch.e2b.keys import load_or_create_secret, write_e2b_key_file
+from hutch.models import NetworkMode
+from hutch.runtime.backend import VmBackend
 from hutch.runtime.qemu.backend import QemuBackend
-from hutch.services.images import HostImages, LocalBootSets, LocalImages
-from hutch.services.network import NetworkService as NetworkManager
+from hutch.services.composed import Services
+from hutch.services.files_extra import FilesExtraService
+from hutch.services.guest_ops import GuestOps
+from hutch.services.images import HostImages, ImageSource, LocalBootSets, LocalImages
+from hutch.services.interpreter import InterpreterService
+from hutch.services.lifecycle import LifecycleService
+from hutch.services.network import NetworkService
+from hutch.services.networking import NetworkingService
+from hutch.services.pool import WarmPool
+from hutch.services.processes import ProcessService
+from hutch.services.reaper import Reaper
+from hutch.services.reconcile import Reconciler
+from hutch.services.registry import SandboxRegistry
 from hutch.services.sandboxes import SandboxService
+from hutch.services.snapshots import SnapshotService
 from hutch.store import Store
 from hutch.store.images import ImageStore
 
@@ -57,7 +74,46 @@ def prepare_state_dir(settings: Settings) -> str:
     return key
 
 
-def build(settings: Settings) -> tuple[SandboxService, str]:
+def build_services(
+    settings: Settings,
+    store: Store,
+    backend: VmBackend,
+    images: ImageSource,
+    net: NetworkService | None = None,
+) -> Services:
+    """The one place the sandbox services are composed (the daemon and the tests).
+
+    ``net`` None (no root, or tests without netns): every sandbox gets network "none".
+    """
+    core = SandboxRegistry(settings, store, backend, images, net)
+    lifecycle = LifecycleService(core)
+    snapshots = SnapshotService(core, lifecycle)
+    guest = GuestOps(core, lifecycle)
+    networking = NetworkingService(core)
+    pool = WarmPool(
+        core,
+        settings.pool_size if settings.templates else 0,
+        prepare=networking.prepare_pooled,
+        network=NetworkMode.DEFAULT if net is not None else NetworkMode.NONE,
+    )
+    sandboxes = SandboxService(core, networking, snapshots, pool)
+    return Services(
+        core=core,
+        sandboxes=sandboxes,
+        lifecycle=lifecycle,
+        snapshots=snapshots,
+        guest=guest,
+        networking=networking,
+        pool=pool,
+        reaper=Reaper(core, sandboxes, lifecycle),
+        reconciler=Reconciler(core),
+        processes=ProcessService(guest),
+        interpreter=InterpreterService(guest),
+        files=FilesExtraService(guest),
+    )
+
+
+def build(settings: Settings) -> tuple[Services, str]:
     key = prepare_state_dir(settings)
     store = Store(settings.db_path)
 
@@ -65,9 +121,9 @@ def build(settings: Settings) -> tuple[SandboxService, str]:
         rec = store.get_sandbox(sandbox_id)
         return rec.name if rec else None
 
-    net: NetworkManager | None = None
+    net: NetworkService | None = None
     if os.geteuid() == 0:
-        net = NetworkManager(settings, store, names=name_of)
+        net = NetworkService(settings, store, names=name_of)
     else:
         # Taps and nftables need root: without it every sandbox gets network "none".
         log.warning("hutchd is not running as root: sandboxes get no network (network none)")
@@ -78,7 +134,7 @@ def build(settings: Settings) -> tuple[SandboxService, str]:
         settings.images_dir,
         LocalBootSets(settings.images_dir),
     )
-    return SandboxService(settings, store, backend, images, net=net), key
+    return build_services(settings, store, backend, images, net), key
 
 
 class ByListener:
@@ -109,15 +165,15 @@ def _listen_socket(host: str, port: int, what: str) -> socket.socket:
 
 
 async def serve(settings: Settings) -> None:
-    svc, key = build(settings)
-    app = create_app(svc, key)
+    services, key = build(settings)
+    app = create_app(services, key)
     sockets = [_listen_socket(settings.listen_host, settings.listen_port, "HUTCH_LISTEN")]
     e2b = None
     routed: ASGIApp = app
     if settings.e2b_listen is not None:
         host, port = settings.e2b_listen
         sockets.append(_listen_socket(host, port, "HUTCH_E2B_LISTEN"))
-        e2b = create_e2b_app(svc, key, load_or_create_secret(settings.e2b_secret_path))
+        e2b = create_e2b_app(services, key, load_or_create_secret(settings.e2b_secret_path))
         routed = ByListener(app, {port: e2b})
     config = uvicorn.Config(
         routed,
@@ -132,7 +188,7 @@ async def serve(settings: Settings) -> None:
         e2b_line = f", E2B API on http://{e2b_host}:{e2b_port}"
     print(
         f"hutchd {app.version}: listening on http://{settings.listen}{e2b_line}, "
-        f"state in {settings.state_dir}, accel {svc.backend.accel}",
+        f"state in {settings.state_dir}, accel {services.backend.accel}",
         file=sys.stderr,
         flush=True,
     )

@@ -16,9 +16,10 @@ import uvicorn
 
 from hutch.api import create_app
 from hutch.config import Limits, Settings
+from hutch.daemon import build_services
 from hutch.images.build import ImageArtifacts
+from hutch.services.composed import Services
 from hutch.services.images import ImageDefaults, ImageView
-from hutch.services.sandboxes import SandboxService
 from hutch.store import Store
 from tests.component.fake_backend import FakeBackend
 
@@ -65,22 +66,22 @@ def settings(tmp_path: Path) -> Settings:
 
 
 @pytest.fixture
-async def service(settings: Settings, tmp_path: Path) -> AsyncIterator[SandboxService]:
+async def service(settings: Settings, tmp_path: Path) -> AsyncIterator[Services]:
     backend = FakeBackend(tmp_path / "run")
-    svc = SandboxService(settings, Store(settings.db_path), backend, FakeImages(tmp_path))
+    svc = build_services(settings, Store(settings.db_path), backend, FakeImages(tmp_path))
     await svc.start()
     try:
         yield svc
     finally:
-        for rec in svc.list_sandboxes():
+        for rec in svc.sandboxes.list_sandboxes():
             if rec.state.is_live:
-                await svc.delete(rec.id)
+                await svc.sandboxes.delete(rec.id)
         await svc.close()
         assert backend.leftover_ids() == set(), "a test leaked sandbox resources"
 
 
 @pytest.fixture
-async def api(service: SandboxService) -> AsyncIterator[httpx.AsyncClient]:
+async def api(service: Services) -> AsyncIterator[httpx.AsyncClient]:
     """A client of the app served by a real uvicorn on loopback.
 
     httpx's in-memory ASGI transport buffers whole responses, which would hide whether

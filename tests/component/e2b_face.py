@@ -14,7 +14,7 @@ import uvicorn
 
 from hutch.e2b import create_e2b_app
 from hutch.e2b.keys import e2b_form
-from hutch.services.sandboxes import SandboxService
+from hutch.services.composed import Services
 
 TOKEN_SECRET = b"s" * 32
 
@@ -31,7 +31,7 @@ class Face:
 
 
 @asynccontextmanager
-async def serve_face(service: SandboxService, hutch_key: str) -> AsyncIterator[Face]:
+async def serve_face(service: Services, hutch_key: str) -> AsyncIterator[Face]:
     app = create_e2b_app(service, hutch_key, TOKEN_SECRET)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

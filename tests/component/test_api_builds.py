@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from hutch.services.sandboxes import SandboxService
+from hutch.services.composed import Services
 from tests.component.test_api_images import leftovers, served
 
 __all__ = ["served"]  # the fixture, shared with test_api_images
@@ -48,9 +48,9 @@ async def build(
     )
 
 
-def nothing_left(tmp_path: Path, svc: SandboxService) -> None:
+def nothing_left(tmp_path: Path, svc: Services) -> None:
     assert leftovers(tmp_path) == []
-    assert svc.list_sandboxes() == []  # no build sandbox was ever made
+    assert svc.sandboxes.list_sandboxes() == []  # no build sandbox was ever made
     cache = svc.settings.build_cache_dir
     assert not cache.exists() or [p.name for p in cache.iterdir()] == []
 
@@ -67,7 +67,7 @@ BAD = [
 
 @pytest.mark.parametrize(("dockerfile", "line", "word"), BAD)
 async def test_a_bad_dockerfile_is_400_naming_the_line(
-    served: tuple[httpx.AsyncClient, SandboxService],
+    served: tuple[httpx.AsyncClient, Services],
     tmp_path: Path,
     dockerfile: str,
     line: str,
@@ -85,7 +85,7 @@ async def test_a_bad_dockerfile_is_400_naming_the_line(
 
 
 async def test_bad_requests_name_what_is_accepted(
-    served: tuple[httpx.AsyncClient, SandboxService], tmp_path: Path
+    served: tuple[httpx.AsyncClient, Services], tmp_path: Path
 ) -> None:
     client, svc = served
     ok = {"Dockerfile": "FROM base\nARG V=1\nRUN echo $V\n"}
@@ -109,7 +109,7 @@ async def test_bad_requests_name_what_is_accepted(
 
 
 async def test_refusals_as_ndjson_carry_their_status(
-    served: tuple[httpx.AsyncClient, SandboxService], tmp_path: Path
+    served: tuple[httpx.AsyncClient, Services], tmp_path: Path
 ) -> None:
     client, svc = served
     async with client.stream(
@@ -128,7 +128,7 @@ async def test_refusals_as_ndjson_carry_their_status(
 
 
 async def test_a_restarted_daemon_removes_what_interrupted_builds_left(
-    served: tuple[httpx.AsyncClient, SandboxService], tmp_path: Path
+    served: tuple[httpx.AsyncClient, Services], tmp_path: Path
 ) -> None:
     """A build cut by a daemon stop leaves a build sandbox (tagged hutch.build) and maybe
     a step being committed (.work-*): the next start removes both, and keeps the build
@@ -140,7 +140,7 @@ async def test_a_restarted_daemon_removes_what_interrupted_builds_left(
     from hutch.services.images import HostImages
 
     _, svc = served
-    images = svc.image_source
+    images = svc.core.image_source
     assert isinstance(images, HostImages)
     step = ImageArtifacts(
         name=".build-stale-2", digest="1" * 16, kernel=tmp_path / "vmlinux",
@@ -148,23 +148,31 @@ async def test_a_restarted_daemon_removes_what_interrupted_builds_left(
         kernel_release="6.1.0-fake", cmdline="", size_bytes=1 << 30, ephemeral=True,
     )  # fmt: skip
     images.add_ephemeral(step)
-    stale = await svc.create(SandboxSpec(image=step.name, metadata={BUILD_TAG: "stale"}))
-    live = await svc.create(SandboxSpec(image=step.name, metadata={BUILD_TAG: "running"}))
-    mine = await svc.create(SandboxSpec(image=step.name))
+    stale = await svc.sandboxes.create(SandboxSpec(image=step.name, metadata={BUILD_TAG: "stale"}))
+    live = await svc.sandboxes.create(SandboxSpec(image=step.name, metadata={BUILD_TAG: "running"}))
+    mine = await svc.sandboxes.create(SandboxSpec(image=step.name))
     work = svc.settings.build_cache_dir / ".work-abc"
     work.mkdir(parents=True)
     (work / "disk.qcow2").write_bytes(b"half")
 
-    builder = ImageBuilder(svc.settings, images, svc, ImageImporter(svc.settings, images, svc))
+    builder = ImageBuilder(
+        svc.settings,
+        images,
+        ImageImporter(svc.settings, images, svc.core),
+        sandboxes=svc.sandboxes,
+        lifecycle=svc.lifecycle,
+        guest=svc.guest,
+        reconciler=svc.reconciler,
+    )
     builder._in_use["running"] = set()  # a build of this daemon, running now
     builder.start()
     try:
         for _ in range(100):
-            if svc.get(stale.id).state.value == "destroyed":
+            if svc.sandboxes.get(stale.id).state.value == "destroyed":
                 break
             await asyncio.sleep(0.05)
-        assert svc.get(stale.id).state.value == "destroyed"
-        assert svc.get(live.id).state.is_live and svc.get(mine.id).state.is_live
+        assert svc.sandboxes.get(stale.id).state.value == "destroyed"
+        assert svc.sandboxes.get(live.id).state.is_live and svc.sandboxes.get(mine.id).state.is_live
         assert not work.exists()
     finally:
         await builder.close()

@@ -18,9 +18,10 @@ import uvicorn
 
 from hutch.api import create_app
 from hutch.config import Limits, Settings
+from hutch.daemon import build_services
 from hutch.images.oci.boot import BootSet
+from hutch.services.composed import Services
 from hutch.services.images import HostImages, LocalImages
-from hutch.services.sandboxes import SandboxService
 from hutch.store import Store
 from hutch.store.images import ImageStore
 from tests.component.conftest import API_KEY
@@ -60,7 +61,7 @@ class FakeBootSets:
 
 
 @pytest.fixture
-async def served(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, SandboxService]]:
+async def served(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Services]]:
     settings = Settings(state_dir=tmp_path / "state", limits=Limits(max_sandboxes=10))
     store = Store(settings.db_path)
     images = HostImages(
@@ -70,7 +71,7 @@ async def served(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Sandb
         FakeBootSets(tmp_path / "boot"),
     )
     backend = FakeBackend(tmp_path / "run")
-    svc = SandboxService(settings, store, backend, images)
+    svc = build_services(settings, store, backend, images)
     await svc.start()
     app = create_app(svc, API_KEY, manage_service=False)
     sock = socket.socket()
@@ -92,9 +93,9 @@ async def served(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Sandb
         server.should_exit = True
         await task
         sock.close()
-        for rec in svc.list_sandboxes():
+        for rec in svc.sandboxes.list_sandboxes():
             if rec.state.is_live:
-                await svc.delete(rec.id)
+                await svc.sandboxes.delete(rec.id)
         await svc.close()
         assert backend.leftover_ids() == set()
 
@@ -128,7 +129,7 @@ def leftovers(tmp_path: Path) -> list[str]:
 
 
 async def test_import_an_archive_and_list_it_with_its_source(
-    served: tuple[httpx.AsyncClient, SandboxService], tmp_path: Path
+    served: tuple[httpx.AsyncClient, Services], tmp_path: Path
 ) -> None:
     client, _ = served
     img = image("one", env=["PATH=/bin", "A=1"], working_dir="/srv", exposed_ports=["8080/tcp"])
@@ -156,7 +157,7 @@ async def test_import_an_archive_and_list_it_with_its_source(
 
 
 async def test_docker_archive_with_ndjson_progress(
-    served: tuple[httpx.AsyncClient, SandboxService], tmp_path: Path
+    served: tuple[httpx.AsyncClient, Services], tmp_path: Path
 ) -> None:
     client, _ = served
     archive = tmp_path / "docker.tar"
@@ -180,7 +181,7 @@ async def test_docker_archive_with_ndjson_progress(
 
 
 async def test_names_are_checked(
-    served: tuple[httpx.AsyncClient, SandboxService], tmp_path: Path
+    served: tuple[httpx.AsyncClient, Services], tmp_path: Path
 ) -> None:
     client, _ = served
     archive = tmp_path / "a.tar"
@@ -262,7 +263,7 @@ def _tar(src: Path, out: Path) -> None:
     ids=["corrupt-layer", "other-architecture", "path-escape", "truncated"],
 )
 async def test_bad_archives_are_400_and_leave_nothing(
-    served: tuple[httpx.AsyncClient, SandboxService], tmp_path: Path, make: object, needle: str
+    served: tuple[httpx.AsyncClient, Services], tmp_path: Path, make: object, needle: str
 ) -> None:
     client, _ = served
     archive = make(tmp_path)  # type: ignore[operator]
@@ -286,7 +287,7 @@ async def test_bad_archives_are_400_and_leave_nothing(
 
 
 async def test_sandboxes_take_the_image_defaults_and_start_command(
-    served: tuple[httpx.AsyncClient, SandboxService], tmp_path: Path
+    served: tuple[httpx.AsyncClient, Services], tmp_path: Path
 ) -> None:
     client, _ = served
     img = image(
@@ -315,7 +316,7 @@ async def test_sandboxes_take_the_image_defaults_and_start_command(
 
 
 async def test_the_image_user_applies_unless_the_request_names_one(
-    served: tuple[httpx.AsyncClient, SandboxService], tmp_path: Path
+    served: tuple[httpx.AsyncClient, Services], tmp_path: Path
 ) -> None:
     """The fake sandbox cannot switch users (bubblewrap): running as the image's user
     fails there, which shows it was asked for; tests/vm checks it really switches."""
@@ -334,7 +335,7 @@ async def test_the_image_user_applies_unless_the_request_names_one(
 
 
 async def test_delete_is_refused_while_used_and_names_the_users(
-    served: tuple[httpx.AsyncClient, SandboxService], tmp_path: Path
+    served: tuple[httpx.AsyncClient, Services], tmp_path: Path
 ) -> None:
     client, _ = served
     img = image("used")
@@ -366,7 +367,7 @@ async def test_delete_is_refused_while_used_and_names_the_users(
 
 
 async def test_content_shared_by_two_names_stays_until_both_go(
-    served: tuple[httpx.AsyncClient, SandboxService], tmp_path: Path
+    served: tuple[httpx.AsyncClient, Services], tmp_path: Path
 ) -> None:
     client, _ = served
     archive = tmp_path / "s.tar"
@@ -383,7 +384,7 @@ async def test_content_shared_by_two_names_stays_until_both_go(
 
 
 async def test_pull_requests_are_validated(
-    served: tuple[httpx.AsyncClient, SandboxService],
+    served: tuple[httpx.AsyncClient, Services],
 ) -> None:
     client, _ = served
     r = await client.post("/v1/images", json={"name": "p", "ref": "Not A Ref"})
@@ -404,7 +405,7 @@ async def test_pull_requests_are_validated(
 
 
 async def test_two_imports_of_one_name_race_to_one_winner(
-    served: tuple[httpx.AsyncClient, SandboxService], tmp_path: Path
+    served: tuple[httpx.AsyncClient, Services], tmp_path: Path
 ) -> None:
     client, _ = served
     a, b = tmp_path / "a.tar", tmp_path / "b.tar"

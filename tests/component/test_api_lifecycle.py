@@ -151,23 +151,23 @@ async def test_policy_ranges(api: httpx.AsyncClient, body: dict[str, object]) ->
 
 
 async def test_auto_pause_then_auto_delete(api: httpx.AsyncClient, service: object) -> None:
-    from hutch.services.sandboxes import SandboxService
+    from hutch.services.composed import Services
 
-    assert isinstance(service, SandboxService)
+    assert isinstance(service, Services)
     offset = 0.0
-    service.clock = lambda: time.time() + offset
+    service.core.clock = lambda: time.time() + offset
     idle = await create(api, auto_pause_s=60, auto_delete_s=120)
     busy = await create(api, auto_pause_s=60)
     async with api.stream(
         "POST", f"/v1/sandboxes/{busy}/exec", json={"cmd": "sleep 3; echo done", "stream": True}
     ) as r:
         offset = 61.0
-        await service.apply_policies()
+        await service.reaper.apply_policies()
         assert (await api.get(f"/v1/sandboxes/{idle}")).json()["state"] == "paused"
         # An exec in progress keeps a sandbox from being idle.
         assert (await api.get(f"/v1/sandboxes/{busy}")).json()["state"] == "running"
         assert [line async for line in r.aiter_lines() if line][-1].startswith('{"type": "exit"')
     offset = 61.0 + 121.0
-    await service.apply_policies()
+    await service.reaper.apply_policies()
     assert (await api.get(f"/v1/sandboxes/{idle}")).json()["state"] == "destroyed"
     assert (await api.get(f"/v1/sandboxes/{busy}")).json()["state"] == "paused"

@@ -19,10 +19,11 @@ import httpx
 import pytest
 
 from hutch.config import Settings
+from hutch.daemon import build_services
 from hutch.net.dataplane import MemoryDataplane
 from hutch.net.views import EgressEvent
+from hutch.services.composed import Services
 from hutch.services.network import NetworkService as NetworkManager
-from hutch.services.sandboxes import SandboxService
 from hutch.store import Store
 from tests.component.conftest import FakeImages
 from tests.component.fake_backend import FakeBackend
@@ -31,7 +32,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture
-async def service(settings: Settings, tmp_path: Path) -> AsyncIterator[SandboxService]:
+async def service(settings: Settings, tmp_path: Path) -> AsyncIterator[Services]:
     """The conftest's service, plus a NetworkManager on the in-memory dataplane."""
     # The resolver forwards nowhere in these tests; name a loopback upstream so the
     # host's resolv.conf is not consulted.
@@ -44,14 +45,14 @@ async def service(settings: Settings, tmp_path: Path) -> AsyncIterator[SandboxSe
 
     net = NetworkManager(settings, store, names=name_of, dataplane=MemoryDataplane())
     backend = FakeBackend(tmp_path / "run")
-    svc = SandboxService(settings, store, backend, FakeImages(tmp_path), net=net)
+    svc = build_services(settings, store, backend, FakeImages(tmp_path), net=net)
     await svc.start()
     try:
         yield svc
     finally:
-        for rec in svc.list_sandboxes():
+        for rec in svc.sandboxes.list_sandboxes():
             if rec.state.is_live:
-                await svc.delete(rec.id)
+                await svc.sandboxes.delete(rec.id)
         await svc.close()
         assert backend.leftover_ids() == set(), "a test leaked sandbox resources"
 
@@ -128,7 +129,7 @@ async def test_create_with_egress_rules(api: httpx.AsyncClient) -> None:
 
 
 async def test_create_with_a_bad_rule_creates_nothing(
-    api: httpx.AsyncClient, service: SandboxService
+    api: httpx.AsyncClient, service: Services
 ) -> None:
     r = await api.post("/v1/sandboxes", json={"egress": ["good.test", "bad host"]})
     assert "bad host" in error(r, 400, "invalid_argument")
@@ -136,7 +137,7 @@ async def test_create_with_a_bad_rule_creates_nothing(
     assert "egress" in error(r, 400, "invalid_argument")
     r = await api.post("/v1/sandboxes", json={"egress": "good.test"})
     error(r, 400, "invalid_argument")
-    assert service.list_sandboxes() == []
+    assert service.sandboxes.list_sandboxes() == []
 
 
 # -- egress ---------------------------------------------------------------------------
@@ -179,12 +180,12 @@ async def test_egress_log_shape_and_limit(api: httpx.AsyncClient) -> None:
 
 
 async def test_egress_log_and_counters_show_recorded_decisions(
-    api: httpx.AsyncClient, service: SandboxService
+    api: httpx.AsyncClient, service: Services
 ) -> None:
     sb = await create(api, egress=["good.test"])
-    assert service.net is not None
+    assert service.core.net is not None
     # What the resolver and the proxy record (they are exercised in test_net_*.py).
-    service.net.log.record(
+    service.core.net.log.record(
         EgressEvent(
             1_800_000_000.25,
             sb["id"],
@@ -197,7 +198,7 @@ async def test_egress_log_and_counters_show_recorded_decisions(
             "a rule allows this name",
         )
     )
-    service.net.log.record(
+    service.core.net.log.record(
         EgressEvent(
             1_800_000_001.5,
             sb["id"],

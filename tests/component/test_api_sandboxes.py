@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from hutch.errors import VmError
-from hutch.services.sandboxes import SandboxService
+from hutch.services.composed import Services
 from tests.component.conftest import API_KEY
 
 pytestmark = pytest.mark.timeout(120)
@@ -149,20 +149,20 @@ async def test_unknown_ids(api: httpx.AsyncClient) -> None:
         assert r.status_code == 404
 
 
-async def test_capacity(api: httpx.AsyncClient, service: SandboxService) -> None:
+async def test_capacity(api: httpx.AsyncClient, service: Services) -> None:
     from tests.component.conftest import with_limits
 
-    service.settings = with_limits(service.settings, max_sandboxes=1)
+    service.core.settings = with_limits(service.settings, max_sandboxes=1)
     await create(api)
     r = await api.post("/v1/sandboxes", json={})
     assert r.status_code == 429 and r.json()["error"]["code"] == "capacity"
-    service.settings = with_limits(service.settings, max_sandboxes=10, max_memory_mib=600)
+    service.core.settings = with_limits(service.settings, max_sandboxes=10, max_memory_mib=600)
     r = await api.post("/v1/sandboxes", json={"memory_mib": 256})
     assert r.status_code == 429 and "HUTCH_MAX_MEMORY_MIB" in r.json()["error"]["message"]
 
 
 async def test_failed_boot_is_recorded_and_cleaned(
-    api: httpx.AsyncClient, service: SandboxService
+    api: httpx.AsyncClient, service: Services
 ) -> None:
     backend = service.backend
     backend.fail_next_start = VmError("qemu said no", argv=["qemu"], stderr="boom")  # type: ignore[attr-defined]
@@ -175,9 +175,7 @@ async def test_failed_boot_is_recorded_and_cleaned(
     await create(api)  # the daemon keeps serving
 
 
-async def test_vm_that_dies_is_marked_failed(
-    api: httpx.AsyncClient, service: SandboxService
-) -> None:
+async def test_vm_that_dies_is_marked_failed(api: httpx.AsyncClient, service: Services) -> None:
     sb = await create(api)
     runtime = service.backend.procs[str(sb["id"])]  # type: ignore[attr-defined]
     runtime.proc.kill()

@@ -203,12 +203,12 @@ async def test_contexts_survive_a_reconnect(
 ) -> None:
     """Contexts belong to the agent, not to the host's connection."""
     from hutch.guest.client import AgentClient
-    from hutch.services.sandboxes import SandboxService
+    from hutch.services.composed import Services
 
-    assert isinstance(service, SandboxService)
+    assert isinstance(service, Services)
     cid = await make_ctx(api, sid)
     await run(api, sid, cid, "survivor = 7")
-    runtime = service.runtime(sid)
+    runtime = service.guest.runtime(sid)
     old = runtime.agent
     await old.close()
     runtime.agent = await AgentClient.connect(old.socket_path, timeout_s=10)

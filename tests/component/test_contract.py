@@ -24,6 +24,7 @@ import pytest
 from hutch.api import create_app
 from hutch.config import Settings
 from hutch.contract.limits import EGRESS_LOG_MAX, MAX_EGRESS_RULES
+from hutch.daemon import build_services
 from hutch.errors import (
     Conflict,
     InvalidArgument,
@@ -34,8 +35,8 @@ from hutch.errors import (
 )
 from hutch.net.dataplane import MemoryDataplane
 from hutch.sdk import AsyncClient, AsyncSandbox, ExecExit, ExecOutput
+from hutch.services.composed import Services
 from hutch.services.network import NetworkService as NetworkManager
-from hutch.services.sandboxes import SandboxService
 from hutch.store import Store
 from hutch.testing import FakeHutch
 from tests.component.conftest import API_KEY, FakeImages
@@ -66,7 +67,7 @@ class Target:
 
 
 @contextlib.asynccontextmanager
-async def real_service(settings: Settings, tmp_path: Path) -> AsyncIterator[SandboxService]:
+async def real_service(settings: Settings, tmp_path: Path) -> AsyncIterator[Services]:
     settings = replace(settings, dns_upstream=("127.0.0.1", 9))  # forwards nowhere
     store = Store(settings.db_path)
 
@@ -76,14 +77,14 @@ async def real_service(settings: Settings, tmp_path: Path) -> AsyncIterator[Sand
 
     net = NetworkManager(settings, store, names=name_of, dataplane=MemoryDataplane())
     backend = FakeBackend(tmp_path / "run")
-    svc = SandboxService(settings, store, backend, FakeImages(tmp_path), net=net)
+    svc = build_services(settings, store, backend, FakeImages(tmp_path), net=net)
     await svc.start()
     try:
         yield svc
     finally:
-        for rec in svc.list_sandboxes():
+        for rec in svc.sandboxes.list_sandboxes():
             if rec.state.is_live:
-                await svc.delete(rec.id)
+                await svc.sandboxes.delete(rec.id)
         await svc.close()
         assert backend.leftover_ids() == set(), "a test leaked sandbox resources"
 

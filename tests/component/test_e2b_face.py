@@ -41,9 +41,9 @@ from e2b_code_interpreter import AsyncSandbox as AsyncCodeSandbox
 from e2b_code_interpreter import Sandbox as CodeSandbox
 
 from hutch.config import Settings
+from hutch.daemon import build_services
 from hutch.images.build import ImageArtifacts
 from hutch.services.images import ImageDefaults, ImageView
-from hutch.services.sandboxes import SandboxService
 from hutch.store import Store
 from tests.component.conftest import API_KEY, FakeImages
 from tests.component.e2b_face import Face, serve_face
@@ -80,15 +80,15 @@ class E2bImages(FakeImages):
 @pytest.fixture
 async def face(settings: Settings, tmp_path: Path) -> AsyncIterator[Face]:
     backend = FakeBackend(tmp_path / "run")
-    svc = SandboxService(settings, Store(settings.db_path), backend, E2bImages(tmp_path))
+    svc = build_services(settings, Store(settings.db_path), backend, E2bImages(tmp_path))
     await svc.start()
     try:
         async with serve_face(svc, API_KEY) as f:
             yield f
     finally:
-        for rec in svc.list_sandboxes():
+        for rec in svc.sandboxes.list_sandboxes():
             if rec.state.is_live:
-                await svc.delete(rec.id)
+                await svc.sandboxes.delete(rec.id)
         await svc.close()
         assert backend.leftover_ids() == set(), "a test leaked sandbox resources"
 
@@ -410,7 +410,7 @@ async def test_the_hosts_sandbox_quota_holds_through_the_face(
     is usable again."""
     one = replace(settings, limits=replace(settings.limits, max_sandboxes=1))
     backend = FakeBackend(tmp_path / "run")
-    svc = SandboxService(one, Store(one.db_path), backend, E2bImages(tmp_path))
+    svc = build_services(one, Store(one.db_path), backend, E2bImages(tmp_path))
     await svc.start()
     try:
         async with serve_face(svc, API_KEY) as f:

@@ -38,10 +38,11 @@ from schemathesis.checks import (
 
 from hutch.api import create_app
 from hutch.config import Limits, Settings
+from hutch.daemon import build_services
 from hutch.models import SandboxSpec
 from hutch.net.dataplane import MemoryDataplane
+from hutch.services.composed import Services
 from hutch.services.network import NetworkService as NetworkManager
-from hutch.services.sandboxes import SandboxService
 from hutch.store import Store
 from tests.component.conftest import API_KEY, FakeImages
 from tests.component.fake_backend import FakeBackend
@@ -84,7 +85,7 @@ class _AppThread:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="fuzz-app", daemon=True)
         self.backend = FakeBackend(root / "run")
-        self.svc: SandboxService | None = None
+        self.svc: Services | None = None
         self.server: uvicorn.Server | None = None
         self.serve_task: asyncio.Task[None] | None = None
         self.sock = socket.socket()
@@ -105,9 +106,9 @@ class _AppThread:
         # The real NetworkManager on an in-memory dataplane: the networking routes are
         # fuzzed too, without taps or nft on the host.
         net = NetworkManager(settings, store, names=lambda _sid: None, dataplane=MemoryDataplane())
-        self.svc = SandboxService(settings, store, self.backend, FakeImages(self.root), net=net)
+        self.svc = build_services(settings, store, self.backend, FakeImages(self.root), net=net)
         await self.svc.start()
-        rec = await self.svc.create(SandboxSpec(image="base"))
+        rec = await self.svc.sandboxes.create(SandboxSpec(image="base"))
         app = create_app(self.svc, API_KEY, manage_service=False)
         self.sock.bind(("127.0.0.1", 0))
         config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off")
@@ -124,9 +125,9 @@ class _AppThread:
             self.server.should_exit = True
             await self.serve_task
         if self.svc is not None:
-            for rec in self.svc.list_sandboxes():
+            for rec in self.svc.sandboxes.list_sandboxes():
                 if rec.state.is_live:
-                    await self.svc.delete(rec.id)
+                    await self.svc.sandboxes.delete(rec.id)
             await self.svc.close()
 
     def start(self) -> Served:

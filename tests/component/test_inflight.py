@@ -22,7 +22,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from hutch.config import Settings
-from hutch.services.sandboxes import SandboxService
+from hutch.services.composed import Services
 from tests.component.conftest import API_KEY
 
 pytestmark = pytest.mark.timeout(120)
@@ -152,10 +152,10 @@ async def test_calls_outlasting_the_wait_make_it_busy_and_are_not_cut(
 
 
 async def test_a_call_during_a_lifecycle_call_runs_after_it(
-    api: httpx.AsyncClient, service: SandboxService
+    api: httpx.AsyncClient, service: Services
 ) -> None:
     sid = await create(api, auto_resume=True)
-    lock = service._lock(sid)
+    lock = service.core.lock(sid)
     await lock.acquire()  # stands for a pause being under way: it holds the lock...
     pause = asyncio.create_task(api.post(f"/v1/sandboxes/{sid}/pause", json={}))
     await asyncio.sleep(0.2)
@@ -166,13 +166,13 @@ async def test_a_call_during_a_lifecycle_call_runs_after_it(
 
 
 async def test_auto_pause_never_pauses_over_a_call_that_just_started(
-    api: httpx.AsyncClient, service: SandboxService
+    api: httpx.AsyncClient, service: Services
 ) -> None:
     sid = await create(api, auto_pause_s=60)
-    service.clock = lambda: time.time() + 61  # idle long enough ...
-    lock = service._lock(sid)
+    service.core.clock = lambda: time.time() + 61  # idle long enough ...
+    lock = service.core.lock(sid)
     await lock.acquire()
-    policies = asyncio.create_task(service.apply_policies())
+    policies = asyncio.create_task(service.reaper.apply_policies())
     await asyncio.sleep(0.1)  # ... the reaper decided to pause and waits for the lock
     exec_call = asyncio.create_task(
         api.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "sleep 1; echo kept"})
@@ -183,8 +183,8 @@ async def test_auto_pause_never_pauses_over_a_call_that_just_started(
     assert (await api.get(f"/v1/sandboxes/{sid}")).json()["state"] == "running"
     r = await exec_call
     assert r.status_code == 200 and r.json()["stdout"] == "kept\n"
-    service.clock = lambda: time.time() + 200
-    await service.apply_policies()  # idle again: now it pauses
+    service.core.clock = lambda: time.time() + 200
+    await service.reaper.apply_policies()  # idle again: now it pauses
     assert (await api.get(f"/v1/sandboxes/{sid}")).json()["state"] == "paused"
 
 

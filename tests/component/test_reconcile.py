@@ -12,8 +12,8 @@ import httpx
 
 from hutch.api import create_app
 from hutch.config import Settings
+from hutch.daemon import build_services
 from hutch.models import PauseMode, SandboxRecord, SandboxState, Shape
-from hutch.services.sandboxes import SandboxService
 from hutch.store import Store
 from tests.component.conftest import API_KEY, FakeImages
 from tests.component.fake_backend import FakeBackend
@@ -48,7 +48,7 @@ async def test_the_api_serves_while_reconcile_checks(settings: Settings, tmp_pat
     store.insert_sandbox(checked)
     store.insert_sandbox(paused)
     backend = SlowToAdopt(tmp_path / "run")
-    svc = SandboxService(settings, store, backend, FakeImages(tmp_path))
+    svc = build_services(settings, store, backend, FakeImages(tmp_path))
     app = create_app(svc, API_KEY, manage_service=False)
     await svc.start(background=True)
     transport = httpx.ASGITransport(app=app)

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from hutch.config import Settings
+from hutch.daemon import build_services
 from hutch.runtime.qemu.backend import QemuBackend
+from hutch.services.composed import Services
 from hutch.services.images import LocalImages
-from hutch.services.sandboxes import SandboxService
 from hutch.store import Store
 from tests.conftest import ensure_image, test_images_dir
 
@@ -31,7 +32,7 @@ def qemu_pids_mentioning(marker: str) -> list[int]:
 
 
 @asynccontextmanager
-async def real_service(state: Path, **settings: Any) -> AsyncIterator[SandboxService]:
+async def real_service(state: Path, **settings: Any) -> AsyncIterator[Services]:
     """Start a service on ``state``; on exit delete every sandbox and check that no QEMU
     process of it is left."""
     ensure_image("base")
@@ -41,15 +42,15 @@ async def real_service(state: Path, **settings: Any) -> AsyncIterator[SandboxSer
         accel=os.environ.get("HUTCH_ACCEL", "auto"),
         **settings,
     )
-    svc = SandboxService(
+    svc = build_services(
         config, Store(config.db_path), QemuBackend(config), LocalImages(config.images_dir)
     )
     await svc.start()
     try:
         yield svc
     finally:
-        for rec in svc.list_sandboxes():
+        for rec in svc.sandboxes.list_sandboxes():
             if rec.state.is_live:
-                await svc.delete(rec.id)
+                await svc.sandboxes.delete(rec.id)
         await svc.close()
         assert qemu_pids_mentioning(str(config.run_dir)) == []

@@ -27,7 +27,7 @@ import pytest_asyncio
 from hutch.images.build import ImageArtifacts
 from hutch.models import PauseMode, SandboxSpec, SandboxState, Shape
 from hutch.runtime.qemu.backend import QemuBackend
-from hutch.services.sandboxes import SandboxService
+from hutch.services.composed import Services
 from hutch.vm.cgroup_driver import SandboxCgroup, record_path
 from hutch.vm.cgroups import PIDS_BASE
 from tests.conftest import ensure_image
@@ -54,7 +54,7 @@ def _settings() -> dict[str, object]:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def service(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[SandboxService]:
+async def service(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Services]:
     if os.geteuid() != 0:
         pytest.skip("per-sandbox cgroups need root")
     # Templates on: creates are restores from the shape's template (a restored QEMU is
@@ -64,16 +64,16 @@ async def service(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[San
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def neighbour(service: SandboxService) -> str:
-    return (await service.create(SandboxSpec(image="base", shape=SHAPE, name="quiet"))).id
+async def neighbour(service: Services) -> str:
+    return (await service.sandboxes.create(SandboxSpec(image="base", shape=SHAPE, name="quiet"))).id
 
 
-def backend_of(service: SandboxService) -> QemuBackend:
+def backend_of(service: Services) -> QemuBackend:
     assert isinstance(service.backend, QemuBackend)
     return service.backend
 
 
-def group_of(service: SandboxService, sid: str) -> SandboxCgroup:
+def group_of(service: Services, sid: str) -> SandboxCgroup:
     rec = record_path(backend_of(service).paths(sid).pidfile)
     cg = SandboxCgroup.load(rec)
     assert cg is not None, f"no cgroup record at {rec}"
@@ -87,12 +87,12 @@ def control(cg: SandboxCgroup, name: str) -> str:
     raise AssertionError(f"no {name} in {cg.dirs}")
 
 
-def qemu_pid(service: SandboxService, sid: str) -> int:
+def qemu_pid(service: Services, sid: str) -> int:
     (pid,) = qemu_pids_mentioning(str(backend_of(service).paths(sid).run))
     return pid
 
 
-def assert_in_its_group(service: SandboxService, sid: str) -> SandboxCgroup:
+def assert_in_its_group(service: Services, sid: str) -> SandboxCgroup:
     """QEMU of ``sid`` and all its threads are in the group named after it, in every
     hierarchy hutch limits, under the daemon's sub-tree; the limits are its shape's."""
     cg = group_of(service, sid)
@@ -126,30 +126,30 @@ def memory_file(cg: SandboxCgroup, v1: str, v2: str) -> Path:
     return next(d / name for d in cg.dirs if (d / name).exists())
 
 
-async def sh(service: SandboxService, sid: str, script: str, timeout_s: float = 120) -> str:
-    stream = await service.exec(sid, ["sh", "-c", script], timeout_s=timeout_s)
+async def sh(service: Services, sid: str, script: str, timeout_s: float = 120) -> str:
+    stream = await service.guest.exec(sid, ["sh", "-c", script], timeout_s=timeout_s)
     result = await stream.collect()
     assert result.exit_code == 0, (script, result)
     return result.stdout.decode()
 
 
 async def test_each_qemu_is_in_its_own_group_with_its_limits(
-    service: SandboxService, neighbour: str
+    service: Services, neighbour: str
 ) -> None:
     cg = assert_in_its_group(service, neighbour)
-    other = await service.create(SandboxSpec(image="base", shape=SHAPE))
+    other = await service.sandboxes.create(SandboxSpec(image="base", shape=SHAPE))
     other_cg = assert_in_its_group(service, other.id)
     assert set(cg.dirs).isdisjoint(other_cg.dirs)
-    await service.delete(other.id)
+    await service.sandboxes.delete(other.id)
     assert not any(d.exists() for d in other_cg.dirs)
     assert not record_path(backend_of(service).paths(other.id).pidfile).exists()
 
 
 async def test_filling_guest_ram_stays_inside_qemus_limit(
-    service: SandboxService, neighbour: str
+    service: Services, neighbour: str
 ) -> None:
     cg = group_of(service, neighbour)
-    stream = await service.exec(neighbour, ["python3", "-c", HOG], timeout_s=300)
+    stream = await service.guest.exec(neighbour, ["python3", "-c", HOG], timeout_s=300)
     result = await stream.collect()
     assert result.exit_code != 0  # the guest's kernel stopped it, not the host's
     peak = int(memory_file(cg, "memory.max_usage_in_bytes", "memory.peak").read_text())
@@ -166,14 +166,14 @@ async def test_filling_guest_ram_stays_inside_qemus_limit(
     assert peak > (SHAPE.memory_mib - 64) << 20, peak
     # ... and QEMU stayed within its limit: no OOM kill, the sandbox still answers.
     assert cg.oom_kills() == 0
-    assert service.get(neighbour).state is SandboxState.RUNNING
+    assert service.sandboxes.get(neighbour).state is SandboxState.RUNNING
     assert (await sh(service, neighbour, "echo alive")).strip() == "alive"
 
 
 async def test_qemu_over_its_limit_is_killed_alone_and_reported_out_of_memory(
-    service: SandboxService, neighbour: str
+    service: Services, neighbour: str
 ) -> None:
-    rec = await service.create(SandboxSpec(image="base", shape=SHAPE))
+    rec = await service.sandboxes.create(SandboxSpec(image="base", shape=SHAPE))
     cg = assert_in_its_group(service, rec.id)
     # Make the limit tighter than this guest's RAM (as if the overhead had been
     # underestimated): what the guest touches next must be refused by the host.
@@ -185,13 +185,13 @@ async def test_qemu_over_its_limit_is_killed_alone_and_reported_out_of_memory(
     else:
         memory_file(cg, "", "memory.max").write_text(tight)
     with contextlib.suppress(Exception):
-        stream = await service.exec(rec.id, ["python3", "-c", HOG], timeout_s=300)
+        stream = await service.guest.exec(rec.id, ["python3", "-c", HOG], timeout_s=300)
         await stream.collect()
     for _ in range(600):
-        if service.get(rec.id).state is SandboxState.FAILED:
+        if service.sandboxes.get(rec.id).state is SandboxState.FAILED:
             break
         await asyncio.sleep(0.1)
-    got = service.get(rec.id)
+    got = service.sandboxes.get(rec.id)
     assert got.state is SandboxState.FAILED, got
     assert (got.error or "").startswith("out of memory"), got.error
     # Confined: the neighbour and the daemon carry on; the group went with the sandbox.
@@ -200,8 +200,8 @@ async def test_qemu_over_its_limit_is_killed_alone_and_reported_out_of_memory(
     assert not any(d.exists() for d in cg.dirs)
 
 
-async def test_a_fork_bomb_stays_in_the_guest(service: SandboxService, neighbour: str) -> None:
-    rec = await service.create(SandboxSpec(image="base", shape=SHAPE))
+async def test_a_fork_bomb_stays_in_the_guest(service: Services, neighbour: str) -> None:
+    rec = await service.sandboxes.create(SandboxSpec(image="base", shape=SHAPE))
     cg = assert_in_its_group(service, rec.id)
     pids_max = int(control(cg, "pids.max"))
     pids_dir = next(d for d in cg.dirs if (d / "pids.current").exists())
@@ -221,21 +221,21 @@ async def test_a_fork_bomb_stays_in_the_guest(service: SandboxService, neighbour
     print(f"QEMU's group during the fork bomb: at most {most} of {pids_max} pids")
     assert 0 < most <= pids_max
     assert (await sh(service, neighbour, "echo alive", timeout_s=300)).strip() == "alive"
-    if service.get(rec.id).state is SandboxState.RUNNING:
-        await service.delete(rec.id)
+    if service.sandboxes.get(rec.id).state is SandboxState.RUNNING:
+        await service.sandboxes.delete(rec.id)
     else:
         for _ in range(300):
-            if service.get(rec.id).state is SandboxState.FAILED:
+            if service.sandboxes.get(rec.id).state is SandboxState.FAILED:
                 break
             await asyncio.sleep(0.1)
-        assert service.get(rec.id).state is SandboxState.FAILED
+        assert service.sandboxes.get(rec.id).state is SandboxState.FAILED
     assert not any(d.exists() for d in cg.dirs)
 
 
-async def test_a_guest_cannot_grow_its_disk_past_its_size(service: SandboxService) -> None:
-    rec = await service.create(SandboxSpec(image="base", shape=SHAPE))
+async def test_a_guest_cannot_grow_its_disk_past_its_size(service: Services) -> None:
+    rec = await service.sandboxes.create(SandboxSpec(image="base", shape=SHAPE))
     fill = "dd if=/dev/zero of=/var/tmp/fill bs=1M 2>&1; sync; df -k / | tail -1"
-    stream = await service.exec(rec.id, ["sh", "-c", fill], timeout_s=600)
+    stream = await service.guest.exec(rec.id, ["sh", "-c", fill], timeout_s=600)
     result = await stream.collect()
     assert b"No space left on device" in result.stdout, result
     disk = backend_of(service).paths(rec.id).disk
@@ -253,22 +253,22 @@ async def test_a_guest_cannot_grow_its_disk_past_its_size(service: SandboxServic
     assert info["actual-size"] <= size + (16 << 20), info
     assert disk.stat().st_size <= size + (16 << 20)
     assert (await sh(service, rec.id, "rm /var/tmp/fill; echo ok")).strip() == "ok"
-    await service.delete(rec.id)
+    await service.sandboxes.delete(rec.id)
 
 
 async def test_pause_resume_and_fork_put_restored_qemus_in_their_groups(
-    service: SandboxService, neighbour: str
+    service: Services, neighbour: str
 ) -> None:
     before = group_of(service, neighbour)
-    await service.pause(neighbour, PauseMode.MEMORY)
+    await service.lifecycle.pause(neighbour, PauseMode.MEMORY)
     # No QEMU while paused: no group either.
     assert not any(d.exists() for d in before.dirs)
-    await service.resume(neighbour)
+    await service.lifecycle.resume(neighbour)
     assert_in_its_group(service, neighbour)
-    (child,) = await service.fork(neighbour, 1)
+    (child,) = await service.snapshots.fork(neighbour, 1)
     child_cg = assert_in_its_group(service, child.id)
     assert (await sh(service, child.id, "echo forked")).strip() == "forked"
-    await service.delete(child.id)
+    await service.sandboxes.delete(child.id)
     assert not any(d.exists() for d in child_cg.dirs)
 
 
@@ -280,7 +280,7 @@ async def test_pooled_sandboxes_wait_and_serve_in_their_groups(
     state = tmp_path_factory.mktemp("cgpool")
     async with real_service(state, pool_size=1, **_settings()) as svc:
         backend = backend_of(svc)
-        first = await svc.create(SandboxSpec(image="base"))  # builds the default template
+        first = await svc.sandboxes.create(SandboxSpec(image="base"))  # builds the default template
         for _ in range(900):
             if svc.pool._ready.get((image.name, image.digest)):
                 break
@@ -290,7 +290,7 @@ async def test_pooled_sandboxes_wait_and_serve_in_their_groups(
         pooled_id = ready[0][0]
         # Waiting in the pool, before it has a row: already in its group.
         assert pooled_id in backend.booter.cgroups.group_names()
-        got = await svc.create(SandboxSpec(image="base"))
+        got = await svc.sandboxes.create(SandboxSpec(image="base"))
         assert got.id == pooled_id
         cg = group_of(svc, got.id)
         pid = qemu_pid(svc, got.id)
@@ -299,7 +299,7 @@ async def test_pooled_sandboxes_wait_and_serve_in_their_groups(
         )
         assert (await sh(svc, got.id, "echo pooled")).strip() == "pooled"
         for sid in (first.id, got.id):
-            await svc.delete(sid)
+            await svc.sandboxes.delete(sid)
         assert not any(d.exists() for d in cg.dirs)
     # The pool's refill is destroyed at close, with its group; then the sub-tree goes.
     assert not any(d.parent.exists() for d in cg.dirs)

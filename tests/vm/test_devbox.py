@@ -5,16 +5,16 @@ from __future__ import annotations
 import pytest
 
 from hutch.models import SandboxSpec, Shape
-from hutch.services.sandboxes import SandboxService
+from hutch.services.composed import Services
 from tests.conftest import ensure_image
 from tests.vm.test_sandbox_vm import run, service  # noqa: F401
 
 pytestmark = [pytest.mark.vm, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(900)]
 
 
-async def test_languages(service: SandboxService) -> None:  # noqa: F811
+async def test_languages(service: Services) -> None:  # noqa: F811
     ensure_image("devbox")
-    rec = await service.create(
+    rec = await service.sandboxes.create(
         SandboxSpec(image="devbox", shape=Shape(vcpus=2, memory_mib=1024, disk_gib=6))
     )
     try:
@@ -30,4 +30,4 @@ async def test_languages(service: SandboxService) -> None:  # noqa: F811
             service, rec.id, ["python3", "-c", "import pandas, numpy, matplotlib"], timeout_s=300
         )
     finally:
-        await service.delete(rec.id)
+        await service.sandboxes.delete(rec.id)

@@ -40,12 +40,13 @@ import uvicorn
 
 from hutch.api import create_app
 from hutch.config import Settings
+from hutch.daemon import build_services
 from hutch.errors import BuildFailed
 from hutch.models import SandboxSpec
 from hutch.runtime.qemu.backend import QemuBackend
 from hutch.sdk import AsyncClient, AsyncSandbox, BuildEvent
+from hutch.services.composed import Services
 from hutch.services.images import HostImages, LocalBootSets, LocalImages
-from hutch.services.sandboxes import SandboxService
 from hutch.store import Store
 from hutch.store.images import ImageStore
 from tests.conftest import test_images_dir
@@ -97,7 +98,7 @@ CMD ["sh", "-c", "echo started"]
 
 @dataclass
 class Env:
-    svc: SandboxService
+    svc: Services
     client: AsyncClient
     registry: Registry
     work: Path
@@ -118,16 +119,16 @@ async def env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
     images = HostImages(
         LocalImages(images_dir), ImageStore(store), images_dir, LocalBootSets(images_dir)
     )
-    svc = SandboxService(settings, store, QemuBackend(settings), images)
+    svc = build_services(settings, store, QemuBackend(settings), images)
     # Record what the builder asks for (the build sandboxes' specs), then do it.
     specs: list[SandboxSpec] = []
-    create = svc.create
+    create = svc.sandboxes.create
 
     async def recording_create(spec: SandboxSpec, *args: object, **kw: object) -> object:
         specs.append(spec)
         return await create(spec, *args, **kw)  # type: ignore[arg-type]
 
-    svc.create = recording_create  # type: ignore[method-assign,assignment]
+    svc.sandboxes.create = recording_create  # type: ignore[method-assign,assignment]
     app = create_app(svc, API_KEY)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
@@ -145,9 +146,9 @@ async def env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
         try:
             yield Env(svc, client, registry, work, specs)
         finally:
-            for rec in svc.list_sandboxes():
+            for rec in svc.sandboxes.list_sandboxes():
                 if rec.state.is_live:
-                    await svc.delete(rec.id)
+                    await svc.sandboxes.delete(rec.id)
             await client.aclose()
             server.should_exit = True
             await task
@@ -229,7 +230,7 @@ async def test_build_rebuild_and_run(env: Env) -> None:
     finally:
         await sb.kill()
     # Every build sandbox is gone once its step is kept.
-    assert [r.id for r in env.svc.list_sandboxes() if r.state.is_live] == []
+    assert [r.id for r in env.svc.sandboxes.list_sandboxes() if r.state.is_live] == []
 
 
 async def test_failing_run_reports_output_and_exit_code(env: Env) -> None:
@@ -251,7 +252,7 @@ async def test_failing_run_reports_output_and_exit_code(env: Env) -> None:
     assert len(env.specs) == before + 1 and env.specs[-1].network.value == "none"
     # Nothing half-built: no image, no build sandbox, no work directory of a step.
     assert "df-broken" not in {i.name for i in await env.client.list_images()}
-    assert [r.id for r in env.svc.list_sandboxes() if r.state.is_live] == []
+    assert [r.id for r in env.svc.sandboxes.list_sandboxes() if r.state.is_live] == []
     cache = env.svc.settings.build_cache_dir
     assert [p.name for p in cache.glob(".work-*")] == []
 

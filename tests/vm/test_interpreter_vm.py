@@ -14,8 +14,8 @@ import pytest_asyncio
 
 from hutch.errors import NotFound
 from hutch.models import SandboxSpec, Shape
+from hutch.services.composed import Services
 from hutch.services.interpreter import InterpreterService
-from hutch.services.sandboxes import SandboxService
 from tests.conftest import ensure_image
 from tests.vm.services import real_service
 
@@ -25,15 +25,15 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def service(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[SandboxService]:
+async def service(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Services]:
     ensure_image("devbox")
     async with real_service(tmp_path_factory.mktemp("interp"), templates=False) as svc:
         yield svc
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def sandbox(service: SandboxService) -> str:
-    rec = await service.create(
+async def sandbox(service: Services) -> str:
+    rec = await service.sandboxes.create(
         SandboxSpec(image="devbox", shape=Shape(vcpus=2, memory_mib=1024, disk_gib=6))
     )
     return rec.id
@@ -55,7 +55,7 @@ def result_of(outputs: list[dict[str, Any]]) -> dict[str, Any]:
     return last
 
 
-async def test_state_persists_across_runs(service: SandboxService, sandbox: str) -> None:
+async def test_state_persists_across_runs(service: Services, sandbox: str) -> None:
     interp = InterpreterService(service)
     ctx = await interp.create(sandbox)
     await run(interp, sandbox, ctx.id, "counter = 40")
@@ -65,7 +65,7 @@ async def test_state_persists_across_runs(service: SandboxService, sandbox: str)
     assert result_of(outputs)["text/plain"] == "42"
 
 
-async def test_matplotlib_plot_is_a_png(service: SandboxService, sandbox: str) -> None:
+async def test_matplotlib_plot_is_a_png(service: Services, sandbox: str) -> None:
     interp = InterpreterService(service)
     ctx = await interp.create(sandbox)
     code = (
@@ -88,7 +88,7 @@ async def test_matplotlib_plot_is_a_png(service: SandboxService, sandbox: str) -
     assert any("image/png" in o.get("data", {}) for o in outputs), outputs
 
 
-async def test_pandas_dataframe_is_an_html_table(service: SandboxService, sandbox: str) -> None:
+async def test_pandas_dataframe_is_an_html_table(service: Services, sandbox: str) -> None:
     interp = InterpreterService(service)
     ctx = await interp.create(sandbox)
     code = "import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': ['x', 'y']})"
@@ -99,7 +99,7 @@ async def test_pandas_dataframe_is_an_html_table(service: SandboxService, sandbo
     assert "a  b" in data["text/plain"]
 
 
-async def test_interrupt_and_restart(service: SandboxService, sandbox: str) -> None:
+async def test_interrupt_and_restart(service: Services, sandbox: str) -> None:
     interp = InterpreterService(service)
     ctx = await interp.create(sandbox)
     await run(interp, sandbox, ctx.id, "kept = 'yes'")
@@ -123,7 +123,7 @@ async def test_interrupt_and_restart(service: SandboxService, sandbox: str) -> N
     assert [o["ename"] for o in outputs if o["type"] == "error"] == ["NameError"]
 
 
-async def test_unknown_context_is_a_clear_404(service: SandboxService, sandbox: str) -> None:
+async def test_unknown_context_is_a_clear_404(service: Services, sandbox: str) -> None:
     interp = InterpreterService(service)
     with pytest.raises(NotFound) as info:
         await interp.run(sandbox, "ctx-0123456789ab", "1")

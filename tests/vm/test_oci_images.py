@@ -37,14 +37,15 @@ import uvicorn
 
 from hutch.api import create_app
 from hutch.config import Settings
+from hutch.daemon import build_services
 from hutch.errors import Conflict, InvalidArgument, InvalidImage, NotFound
 from hutch.images.build import ImageArtifacts
 from hutch.images.oci.importer import MOUNT_POINTS, content_dir
 from hutch.models import Shape
 from hutch.runtime.qemu.backend import QemuBackend
 from hutch.sdk import AsyncClient, AsyncSandbox
+from hutch.services.composed import Services
 from hutch.services.images import HostImages, LocalBootSets, LocalImages
-from hutch.services.sandboxes import SandboxService
 from hutch.store import Store
 from hutch.store.images import ImageStore
 from tests.conftest import ensure_image, test_images_dir
@@ -201,7 +202,7 @@ def model_listing(img: Image, exclude: tuple[str, ...] = BOOT_PATHS) -> list[str
 
 @dataclass
 class Env:
-    svc: SandboxService
+    svc: Services
     client: AsyncClient
     anon: Registry
     authed: Registry
@@ -229,7 +230,7 @@ async def env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
     images = HostImages(
         LocalImages(images_dir), ImageStore(store), images_dir, LocalBootSets(images_dir)
     )
-    svc = SandboxService(settings, store, QemuBackend(settings), images)
+    svc = build_services(settings, store, QemuBackend(settings), images)
     app = create_app(svc, API_KEY)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
@@ -255,9 +256,9 @@ async def env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
         try:
             yield Env(svc, client, anon, authed, debian, busybox, work)
         finally:
-            for rec in svc.list_sandboxes():
+            for rec in svc.sandboxes.list_sandboxes():
                 if rec.state.is_live:
-                    await svc.delete(rec.id)
+                    await svc.sandboxes.delete(rec.id)
             await client.aclose()
             server.should_exit = True
             await task
@@ -493,20 +494,20 @@ async def test_template_of_an_imported_image(env: Env) -> None:
     """A template is taken after the agent says boot work is done (the image has no
     pgrep or sync to wait with); a create then restores it instead of booting."""
     svc = env.svc
-    image = svc.image_source.find("busybox")
+    image = svc.core.image_source.find("busybox")
     assert image is not None and image.runtime_disk is not None
     backend = svc.backend
     assert isinstance(backend, QemuBackend)
     await backend.templates.build(image, SHAPE)
     assert backend.templates.find(image, SHAPE) is not None
-    svc.settings = dataclasses.replace(svc.settings, templates=True)
+    svc.core.settings = dataclasses.replace(svc.settings, templates=True)
     try:
         sb = await AsyncSandbox.create(
             "busybox", client=env.client, vcpus=SHAPE.vcpus, memory_mib=SHAPE.memory_mib,
             disk_gib=SHAPE.disk_gib,
         )  # fmt: skip
     finally:
-        svc.settings = dataclasses.replace(svc.settings, templates=False)
+        svc.core.settings = dataclasses.replace(svc.settings, templates=False)
     out = await sb.exec("hostname; df -m / | tail -1; echo $GREETING")
     lines = out.stdout.splitlines()
     assert lines[0] == sb.id
@@ -516,7 +517,7 @@ async def test_template_of_an_imported_image(env: Env) -> None:
 
 
 async def test_delete_an_unused_image(env: Env) -> None:
-    image = env.svc.image_source.find("busybox")
+    image = env.svc.core.image_source.find("busybox")
     assert image is not None
     backend = env.svc.backend
     assert isinstance(backend, QemuBackend) and backend.templates.find(image, SHAPE)

@@ -19,7 +19,7 @@ import pytest_asyncio
 from hutch.errors import SnapshotError
 from hutch.models import PauseMode, SandboxSpec, SandboxState, Shape
 from hutch.runtime.qemu.backend import QemuBackend
-from hutch.services.sandboxes import SandboxService
+from hutch.services.composed import Services
 from hutch.vm.disk_chain import disk_chain
 from tests.vm import guest_programs as gp
 from tests.vm.test_sandbox_vm import run, service  # noqa: F401
@@ -33,17 +33,19 @@ COUNTER = (
 )
 
 
-async def ask_holder(svc: SandboxService, sid: str) -> str:
+async def ask_holder(svc: Services, sid: str) -> str:
     return await run(svc, sid, gp.ASK_HOLDER, timeout_s=30)
 
 
-async def counter(svc: SandboxService, sid: str) -> int:
+async def counter(svc: Services, sid: str) -> int:
     return int((await run(svc, sid, ["cat", "/tmp/c"])).strip())
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def parent(service: SandboxService) -> AsyncIterator[str]:  # noqa: F811
-    rec = await service.create(SandboxSpec(image="base", shape=Shape(memory_mib=256), name="dad"))
+async def parent(service: Services) -> AsyncIterator[str]:  # noqa: F811
+    rec = await service.sandboxes.create(
+        SandboxSpec(image="base", shape=Shape(memory_mib=256), name="dad")
+    )
     await run(service, rec.id, gp.HOLDER)
     for _ in range(50):
         if (await run(service, rec.id, gp.HOLDER_UP)) == "y\n":
@@ -52,41 +54,41 @@ async def parent(service: SandboxService) -> AsyncIterator[str]:  # noqa: F811
     yield rec.id
 
 
-async def test_disk_pause_keeps_files_not_processes(service: SandboxService) -> None:  # noqa: F811
-    rec = await service.create(SandboxSpec(image="base", shape=Shape(memory_mib=256)))
+async def test_disk_pause_keeps_files_not_processes(service: Services) -> None:  # noqa: F811
+    rec = await service.sandboxes.create(SandboxSpec(image="base", shape=Shape(memory_mib=256)))
     await run(service, rec.id, COUNTER)
     await run(service, rec.id, ["sh", "-c", "echo on-disk > /root/kept; sync"])
     await asyncio.sleep(0.5)
-    paused = await service.pause(rec.id, PauseMode.DISK)
+    paused = await service.lifecycle.pause(rec.id, PauseMode.DISK)
     assert paused.pause_mode is PauseMode.DISK
-    await service.resume(rec.id)
+    await service.lifecycle.resume(rec.id)
     assert await run(service, rec.id, ["cat", "/root/kept"]) == "on-disk\n"
     procs = await run(service, rec.id, "ps -eo args | grep -c 'i=\\$((i+1))' || true")
     assert procs.strip() in ("0", "1"), procs  # 1 = the grep itself
     assert "while" not in await run(
         service, rec.id, "ps -eo args | grep -v grep | grep while || true"
     )
-    await service.delete(rec.id)
+    await service.sandboxes.delete(rec.id)
 
 
 async def test_named_snapshot_starts_new_sandboxes(
-    service: SandboxService,  # noqa: F811
+    service: Services,  # noqa: F811
     parent: str,
 ) -> None:
     secret = await ask_holder(service, parent)
-    snap = await service.snapshot(parent, "with-holder")
+    snap = await service.snapshots.snapshot(parent, "with-holder")
     assert snap.size_bytes > 0
-    assert service.get(parent).state is SandboxState.RUNNING
-    child = await service.create(SandboxSpec(image="base", snapshot_id=snap.id))
-    assert child.shape == service.get(parent).shape
+    assert service.sandboxes.get(parent).state is SandboxState.RUNNING
+    child = await service.sandboxes.create(SandboxSpec(image="base", snapshot_id=snap.id))
+    assert child.shape == service.sandboxes.get(parent).shape
     assert await ask_holder(service, child.id) == secret
     assert await run(service, child.id, ["hostname"]) != await run(service, parent, ["hostname"])
     # A snapshot of the child is built on this one too (snapshots delete in any order:
     # tests/e2e/test_crash_points.py).
-    grandchild_snap = await service.snapshot(child.id, "of-the-child")
-    await service.delete(child.id)
-    await service.delete_snapshot(grandchild_snap.id)
-    child = await service.create(SandboxSpec(image="base", snapshot_id=snap.id))
+    grandchild_snap = await service.snapshots.snapshot(child.id, "of-the-child")
+    await service.sandboxes.delete(child.id)
+    await service.snapshots.delete_snapshot(grandchild_snap.id)
+    child = await service.sandboxes.create(SandboxSpec(image="base", snapshot_id=snap.id))
 
     # A snapshot whose bytes changed is refused, never restored.
     state_file = Path(snap.path) / "state.mig"
@@ -97,11 +99,11 @@ async def test_named_snapshot_starts_new_sandboxes(
         f.seek(-1, 1)
         f.write(bytes([byte[0] ^ 0xFF]))
     with pytest.raises(SnapshotError):
-        await service.create(SandboxSpec(image="base", snapshot_id=snap.id))
-    failed = service.list_sandboxes(state=SandboxState.FAILED)
+        await service.sandboxes.create(SandboxSpec(image="base", snapshot_id=snap.id))
+    failed = service.sandboxes.list_sandboxes(state=SandboxState.FAILED)
     assert any("sha256" in (r.error or "") or "checksum" in (r.error or "") for r in failed)
     assert await run(service, parent, ["echo", "still-fine"]) == "still-fine\n"
-    await service.delete(child.id)
+    await service.sandboxes.delete(child.id)
 
 
 async def _chain_settles(disk: Path, layers: int, timeout_s: float = 120.0) -> None:
@@ -111,13 +113,13 @@ async def _chain_settles(disk: Path, layers: int, timeout_s: float = 120.0) -> N
         await asyncio.sleep(0.2)
 
 
-async def test_deep_disk_chains_are_compacted_while_running(service: SandboxService) -> None:  # noqa: F811
+async def test_deep_disk_chains_are_compacted_while_running(service: Services) -> None:  # noqa: F811
     backend = service.backend
     assert isinstance(backend, QemuBackend)
     allowed = backend.settings
     backend.settings = dataclasses.replace(allowed, max_disk_layers=1)
     try:
-        rec = await service.create(SandboxSpec(image="base", shape=Shape(memory_mib=256)))
+        rec = await service.sandboxes.create(SandboxSpec(image="base", shape=Shape(memory_mib=256)))
         await run(service, rec.id, COUNTER)
         await run(
             service,
@@ -128,14 +130,14 @@ async def test_deep_disk_chains_are_compacted_while_running(service: SandboxServ
         assert len(disk_chain(disk)[0]) == 1
         snapshots = backend.settings.state_dir / "snapshots"
         earlier = set(snapshots.glob("fork-*"))
-        (child,) = await service.fork(rec.id, 1)
+        (child,) = await service.snapshots.fork(rec.id, 1)
         (ours,) = set(snapshots.glob("fork-*")) - earlier
         # Both now sit on two layers (their own + the frozen fork disk): each streams
         # the frozen layer into its own and ends up on the raw image again.
         child_disk = backend.paths(child.id).disk
         # A pause while the stream may still run cancels it; the resume starts it again.
-        await service.pause(child.id, PauseMode.MEMORY)
-        await service.resume(child.id)
+        await service.lifecycle.pause(child.id, PauseMode.MEMORY)
+        await service.lifecycle.resume(child.id)
         for sid, d in ((rec.id, disk), (child.id, child_disk)):
             await _chain_settles(d, 1)
             assert disk_chain(d)[1] is not None, "the raw image is the only backing file"
@@ -144,12 +146,12 @@ async def test_deep_disk_chains_are_compacted_while_running(service: SandboxServ
             await asyncio.sleep(0.5)
             assert await counter(service, sid) > first, "processes kept running"
         assert ours.exists()
-        await service.delete(child.id)
+        await service.sandboxes.delete(child.id)
         # Nothing references the frozen fork disk any more: it is removed.
         assert not ours.exists()
-        await service.pause(rec.id, PauseMode.MEMORY)
-        await service.resume(rec.id)
+        await service.lifecycle.pause(rec.id, PauseMode.MEMORY)
+        await service.lifecycle.resume(rec.id)
         assert "OK" in await run(service, rec.id, "cd /root && sha256sum -c sum")
-        await service.delete(rec.id)
+        await service.sandboxes.delete(rec.id)
     finally:
         backend.settings = allowed

@@ -17,51 +17,51 @@ import pytest_asyncio
 
 from hutch.models import SandboxSpec, SandboxState, Shape
 from hutch.runtime.qemu.backend import QemuBackend
-from hutch.services.sandboxes import SandboxService
+from hutch.services.composed import Services
 from tests.vm.services import qemu_pids_mentioning, real_service
 
 pytestmark = [pytest.mark.vm, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(600)]
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def service(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[SandboxService]:
+async def service(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Services]:
     # These tests prove the cold-boot path; test_templates proves the other.
     async with real_service(tmp_path_factory.mktemp("vmstate"), templates=False) as svc:
         yield svc
 
 
-async def run(service: SandboxService, sid: str, cmd: list[str] | str, **kw: object) -> str:
-    stream = await service.exec(sid, cmd, **kw)  # type: ignore[arg-type]
+async def run(service: Services, sid: str, cmd: list[str] | str, **kw: object) -> str:
+    stream = await service.guest.exec(sid, cmd, **kw)  # type: ignore[arg-type]
     result = await stream.collect()
     assert result.exit_code == 0, (cmd, result)
     return result.stdout.decode()
 
 
-async def test_destroy_leaves_nothing(service: SandboxService) -> None:
-    rec = await service.create(SandboxSpec(image="base", shape=Shape(memory_mib=256)))
+async def test_destroy_leaves_nothing(service: Services) -> None:
+    rec = await service.sandboxes.create(SandboxSpec(image="base", shape=Shape(memory_mib=256)))
     backend = service.backend
     assert isinstance(backend, QemuBackend)
     paths = backend.paths(rec.id)
     assert paths.disk.exists() and paths.agent_socket.exists()
     pids = qemu_pids_mentioning(str(paths.run))
     assert len(pids) == 1
-    await service.delete(rec.id)
-    assert service.get(rec.id).state is SandboxState.DESTROYED
+    await service.sandboxes.delete(rec.id)
+    assert service.sandboxes.get(rec.id).state is SandboxState.DESTROYED
     assert qemu_pids_mentioning(str(paths.run)) == []
     assert not paths.state.exists() and not paths.run.exists()
-    await service.delete(rec.id)  # twice is fine
+    await service.sandboxes.delete(rec.id)  # twice is fine
 
 
-async def test_vm_killed_from_outside_is_detected(service: SandboxService) -> None:
-    rec = await service.create(SandboxSpec(image="base", shape=Shape(memory_mib=256)))
+async def test_vm_killed_from_outside_is_detected(service: Services) -> None:
+    rec = await service.sandboxes.create(SandboxSpec(image="base", shape=Shape(memory_mib=256)))
     assert isinstance(service.backend, QemuBackend)
     paths = service.backend.paths(rec.id)
     (pid,) = qemu_pids_mentioning(str(paths.run))
     os.kill(pid, signal.SIGKILL)
     for _ in range(200):
-        if service.get(rec.id).state is SandboxState.FAILED:
+        if service.sandboxes.get(rec.id).state is SandboxState.FAILED:
             break
         await asyncio.sleep(0.05)
-    got = service.get(rec.id)
+    got = service.sandboxes.get(rec.id)
     assert got.state is SandboxState.FAILED and "unexpectedly" in (got.error or "")
     assert not paths.state.exists()

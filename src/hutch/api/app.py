@@ -20,21 +20,33 @@ from hutch.api.routes import processes as process_routes
 from hutch.api.routes import pty as pty_routes
 from hutch.api.routes import watch as watch_routes
 from hutch.errors import HutchError
+from hutch.services.composed import Services
 from hutch.services.image_builder import ImageBuilder
 from hutch.services.image_import import ImageImporter
 from hutch.services.images import HostImages
-from hutch.services.processes import ProcessService
-from hutch.services.sandboxes import SandboxService
 from hutch.version import __version__
 
 
-def create_app(svc: SandboxService, api_key: str, *, manage_service: bool = True) -> FastAPI:
-    """Build the app. With ``manage_service`` the app starts and closes ``svc``."""
+def create_app(services: Services, api_key: str, *, manage_service: bool = True) -> FastAPI:
+    """Build the app. With ``manage_service`` the app starts and closes ``services``."""
 
-    source = getattr(svc, "image_source", None)  # None: only the spec is wanted
-    importer = ImageImporter(svc.settings, source, svc) if isinstance(source, HostImages) else None
+    core = getattr(services, "core", None)  # None: only the spec is wanted
+    source = getattr(core, "image_source", None)
+    importer = (
+        ImageImporter(core.settings, source, core)
+        if core is not None and isinstance(source, HostImages)
+        else None
+    )
     builder = (
-        ImageBuilder(svc.settings, source, svc, importer)
+        ImageBuilder(
+            services.settings,
+            source,
+            importer,
+            sandboxes=services.sandboxes,
+            lifecycle=services.lifecycle,
+            guest=services.guest,
+            reconciler=services.reconciler,
+        )
         if importer is not None and isinstance(source, HostImages)
         else None
     )
@@ -45,7 +57,7 @@ def create_app(svc: SandboxService, api_key: str, *, manage_service: bool = True
             importer.start()
         if manage_service:
             # The API serves while the VMs found on the host are checked.
-            await svc.start(background=True)
+            await services.start(background=True)
         if builder is not None:
             builder.start()
         try:
@@ -54,7 +66,7 @@ def create_app(svc: SandboxService, api_key: str, *, manage_service: bool = True
             if builder is not None:
                 await builder.close()
             if manage_service:
-                await svc.close()
+                await services.close()
 
     app = FastAPI(
         title="hutch",
@@ -62,8 +74,7 @@ def create_app(svc: SandboxService, api_key: str, *, manage_service: bool = True
         description="Micro-VM sandboxes for code written by AI agents.",
         lifespan=lifespan,
     )
-    app.state.service = svc
-    app.state.processes = ProcessService(svc)
+    app.state.services = services
     app.state.importer = importer
     app.state.builder = builder
     auth = [Depends(BearerAuth(api_key))]

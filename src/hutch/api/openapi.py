@@ -6,12 +6,12 @@ import json
 from typing import Any, cast
 
 from hutch.api.app import create_app
-from hutch.services.sandboxes import SandboxService
+from hutch.services.composed import Services
 
 
 def generate() -> dict[str, Any]:
     # The spec depends only on the routes; no service is started to produce it.
-    app = create_app(cast(SandboxService, None), api_key="unused", manage_service=False)
+    app = create_app(cast(Services, None), api_key="unused", manage_service=False)
     return app.openapi()
 
 

@@ -35,7 +35,7 @@ from hutch.e2b.rpc import RpcService, serve_rpc
 from hutch.e2b.views import e2b_state
 from hutch.e2b.wiring import Hutch
 from hutch.errors import HutchError, NotFound, Unauthorized
-from hutch.services.sandboxes import SandboxService
+from hutch.services.composed import Services
 
 __all__ = ["E2bApp", "create_e2b_app"]
 
@@ -111,7 +111,7 @@ class DataPlane:
             if not raw.isdigit():
                 raise E2bError(400, "signature_expiration must be a UNIX time")
             expiration = int(raw)
-            if expiration < self.face.hutch.sandboxes.clock():
+            if expiration < self.face.hutch.clock():
                 raise E2bError(401, "this signed URL has expired")
         operation = "read" if request.method == "GET" else "write"
         candidates = (
@@ -216,9 +216,11 @@ class E2bApp:
         await target(scope, receive, send)
 
 
-def create_e2b_app(svc: SandboxService, api_key: str, token_secret: bytes) -> E2bApp:
-    """The face over the daemon's service ``svc`` (started and closed by the REST app)."""
-    f = Face(hutch=Hutch.of(svc), tokens=TokenIssuer(token_secret), daemon_key=api_key.encode())
+def create_e2b_app(services: Services, api_key: str, token_secret: bytes) -> E2bApp:
+    """The face over the daemon's services (started and closed by the REST app)."""
+    f = Face(
+        hutch=Hutch.of(services), tokens=TokenIssuer(token_secret), daemon_key=api_key.encode()
+    )
     data_plane = DataPlane(f)
     control_app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
     control_app.state.e2b = f

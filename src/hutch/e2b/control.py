@@ -100,14 +100,14 @@ def _apply_timeout(f: Face, rec: SandboxRecord, timeout: int) -> SandboxRecord:
     sandboxes, a delete deadline for the others."""
     if rec.auto_pause_s is not None and rec.timeout_s is None:
         lo, hi = AUTO_PAUSE_S_RANGE
-        return f.hutch.sandboxes.set_auto_pause(rec.id, min(max(timeout, lo), hi))
-    return f.hutch.sandboxes.set_timeout(rec.id, timeout)
+        return f.hutch.policies.set_auto_pause(rec.id, min(max(timeout, lo), hi))
+    return f.hutch.policies.set_timeout(rec.id, timeout)
 
 
 def _rules_of(f: Face, rec: SandboxRecord) -> list[str] | None:
-    if f.hutch.sandboxes.net is None or str(rec.network) == "none":
+    if f.hutch.networking.net is None or str(rec.network) == "none":
         return None
-    return list(f.hutch.sandboxes.egress_get(rec.id).rules)
+    return list(f.hutch.networking.egress_get(rec.id).rules)
 
 
 def _created(f: Face, rec: SandboxRecord, status: int = 201) -> JSONResponse:
@@ -168,7 +168,7 @@ async def create_sandbox(request: Request, f: FaceDep, _: Principal) -> JSONResp
                 f"that long, which takes {lo}-{hi} seconds",
             )
     spec = SandboxSpec(
-        image=template.image or svc.settings.default_image,
+        image=template.image or svc.core.settings.default_image,
         env=str_map(body, "envVars"),
         metadata=str_map(body, "metadata"),
         timeout_s=None if auto_pause else timeout,
@@ -310,7 +310,7 @@ async def refresh(sandbox_id: str, request: Request, f: FaceDep, _: Principal) -
     body = await read_json(request)
     duration = _timeout(opt_int(body, "duration"), 60)
     rec = _live(f, sandbox_id)
-    now = f.hutch.sandboxes.clock()
+    now = f.hutch.clock()
     if rec.expires_at is None or rec.expires_at < now + duration:
         _apply_timeout(f, rec, duration)
     return Response(status_code=204)
@@ -324,7 +324,7 @@ async def pause_sandbox(sandbox_id: str, request: Request, f: FaceDep, _: Princi
     if rec.state in (SandboxState.PAUSED, SandboxState.PAUSING):
         raise E2bError(409, f"sandbox {sandbox_id} is already paused")
     _settled(rec)
-    await f.hutch.sandboxes.pause(sandbox_id, PauseMode.MEMORY if memory else PauseMode.DISK)
+    await f.hutch.lifecycle.pause(sandbox_id, PauseMode.MEMORY if memory else PauseMode.DISK)
     return Response(status_code=204)
 
 
@@ -334,10 +334,10 @@ async def _connect(f: Face, sandbox_id: str, body: dict[str, Any]) -> JSONRespon
     memory = opt_bool(body, "memory", True)
     rec = _live(f, sandbox_id)
     _settled(rec)
-    now = f.hutch.sandboxes.clock()
+    now = f.hutch.clock()
     if rec.state is SandboxState.RUNNING:
         if rec.timeout_s is not None and (rec.expires_at or 0) < now + timeout:
-            rec = f.hutch.sandboxes.set_timeout(rec.id, timeout)
+            rec = f.hutch.policies.set_timeout(rec.id, timeout)
         return _created(f, rec, 200)
     if memory is False and rec.pause_mode is PauseMode.MEMORY:
         raise unsupported(
@@ -347,7 +347,7 @@ async def _connect(f: Face, sandbox_id: str, body: dict[str, Any]) -> JSONRespon
         )
     # The deadline first: the reaper only looks at running sandboxes.
     _apply_timeout(f, rec, timeout)
-    return _created(f, await f.hutch.sandboxes.resume(sandbox_id), 201)
+    return _created(f, await f.hutch.lifecycle.resume(sandbox_id), 201)
 
 
 @router.post("/sandboxes/{sandbox_id}/connect")
@@ -379,7 +379,7 @@ async def fork_sandbox(sandbox_id: str, request: Request, f: FaceDep, _: Princip
     if not 1 <= count <= MAX_FORK_COUNT:
         raise E2bError(400, f"count={count}: accepted 1-{MAX_FORK_COUNT}")
     _settled(_live(f, sandbox_id))
-    children = await f.hutch.sandboxes.fork(sandbox_id, count)
+    children = await f.hutch.snapshots.fork(sandbox_id, count)
     results = []
     for child in children:
         child = _apply_timeout(f, child, timeout)
@@ -394,7 +394,7 @@ async def update_network(sandbox_id: str, request: Request, f: FaceDep, _: Princ
     body = await read_json(request)
     _live(f, sandbox_id)
     rules = egress_rules(body, opt_bool(body, "allow_internet_access"))
-    await f.hutch.sandboxes.egress_set(sandbox_id, rules or [])
+    await f.hutch.networking.egress_set(sandbox_id, rules or [])
     return Response(status_code=204)
 
 
@@ -404,7 +404,7 @@ async def sandbox_metrics(sandbox_id: str, f: FaceDep, _: Principal) -> JSONResp
     rec = _live(f, sandbox_id)
     if rec.state is not SandboxState.RUNNING:
         return JSONResponse([])
-    return JSONResponse([await metrics.sample(f.hutch.sandboxes, rec)])
+    return JSONResponse([await metrics.sample(f.hutch.guest, rec)])
 
 
 # -- snapshots -------------------------------------------------------------------------
@@ -427,7 +427,7 @@ async def create_snapshot(
     if not isinstance(name, str):
         raise E2bError(400, "name must be a string")
     _settled(_live(f, sandbox_id))
-    snap = await f.hutch.sandboxes.snapshot(sandbox_id, name)
+    snap = await f.hutch.snapshots.snapshot(sandbox_id, name)
     return JSONResponse(snapshot_info(snap), status_code=201)
 
 
@@ -438,7 +438,7 @@ def _snap_key(snap: SnapshotRecord) -> tuple[float, str]:
 @router.get("/snapshots")
 async def list_snapshots(request: Request, f: FaceDep, _: Principal) -> JSONResponse:
     q = request.query_params
-    snaps = f.hutch.sandboxes.list_snapshots()
+    snaps = f.hutch.snapshots.list_snapshots()
     if q.get("sandboxID"):
         snaps = [s for s in snaps if s.sandbox_id == q["sandboxID"]]
     if q.get("name"):
@@ -459,7 +459,7 @@ async def delete_template(template_id: str, f: FaceDep, _: Principal) -> Respons
             "are deleted here",
         )
     try:
-        await f.hutch.sandboxes.delete_snapshot(snapshot_id)
+        await f.hutch.snapshots.delete_snapshot(snapshot_id)
     except NotFound as exc:
         raise E2bError(404, f"snapshot {snapshot_id!r} not found") from exc
     return Response(status_code=204)

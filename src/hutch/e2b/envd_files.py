@@ -37,7 +37,7 @@ async def health() -> Response:
 async def download(hutch: Hutch, sandbox_id: str, path: str) -> Response:
     # A missing file is a 404, not a broken stream: the service reads the first chunk
     # before it hands the stream out, which holds its lease until its last byte.
-    chunks = await hutch.sandboxes.read_file(sandbox_id, path)
+    chunks = await hutch.guest.read_file(sandbox_id, path)
     return TrackedStream(
         chunks,
         what=f"download of {path} from {sandbox_id}",
@@ -67,7 +67,7 @@ async def _upload_chunks(up: UploadFile) -> AsyncIterator[bytes]:
 
 
 async def _write(hutch: Hutch, sandbox_id: str, path: str, data: AsyncIterator[bytes]) -> Any:
-    written = await hutch.sandboxes.write_file(sandbox_id, path, data)
+    written = await hutch.guest.write_file(sandbox_id, path, data)
     return {"name": posixpath.basename(written.path), "type": "file", "path": written.path}
 
 

@@ -134,24 +134,24 @@ class FilesystemRpc:
     # -- files -------------------------------------------------------------------------
 
     async def stat(self, call: Call, req: Message) -> Message:
-        return {"entry": entry_info(await self.hutch.sandboxes.stat(call.sandbox_id, _path(req)))}
+        return {"entry": entry_info(await self.hutch.guest.stat(call.sandbox_id, _path(req)))}
 
     async def make_dir(self, call: Call, req: Message) -> Message:
         path = _path(req)
-        svc = self.hutch.sandboxes
+        svc = self.hutch.guest
         with contextlib.suppress(NotFound):
             await svc.stat(call.sandbox_id, path)
             raise ConnectError("already_exists", f"{path} already exists")
         return {"entry": entry_info(await svc.mkdir(call.sandbox_id, path))}
 
     async def move(self, call: Call, req: Message) -> Message:
-        entry = await self.hutch.sandboxes.rename(
+        entry = await self.hutch.guest.rename(
             call.sandbox_id, _path(req, "source"), _path(req, "destination")
         )
         return {"entry": entry_info(entry)}
 
     async def remove(self, call: Call, req: Message) -> Message:
-        await self.hutch.sandboxes.remove(call.sandbox_id, _path(req), recursive=True)
+        await self.hutch.guest.remove(call.sandbox_id, _path(req), recursive=True)
         return {}
 
     async def list_dir(self, call: Call, req: Message) -> Message:
@@ -160,7 +160,7 @@ class FilesystemRpc:
             depth = int(depth)
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
             raise ConnectError("invalid_argument", f"depth={depth!r}: give 1 or more")
-        svc = self.hutch.sandboxes
+        svc = self.hutch.guest
         out: list[Message] = []
         level = [_path(req)]
         for _ in range(depth):

@@ -10,7 +10,7 @@ from typing import Any
 
 from hutch.e2b.errors import E2bError
 from hutch.models import SandboxRecord
-from hutch.services.sandboxes import SandboxService
+from hutch.services.guest_ops import GuestOps
 
 __all__ = ["parse_sample", "sample"]
 
@@ -50,7 +50,7 @@ def parse_sample(text: str, vcpus: int, now: float) -> dict[str, Any]:
     }
 
 
-async def sample(svc: SandboxService, rec: SandboxRecord) -> dict[str, Any]:
+async def sample(svc: GuestOps, rec: SandboxRecord) -> dict[str, Any]:
     out = bytearray()
     async with await svc.exec(rec.id, ["/bin/sh", "-c", SCRIPT], timeout_s=10) as stream:
         async for chunk in stream:

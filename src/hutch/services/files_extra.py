@@ -13,26 +13,26 @@ from collections.abc import AsyncIterable
 from hutch.guest.archive import ArchiveWritten, read_archive, write_archive
 from hutch.guest.watch import FileWatch, WatchEvent, start_watch
 from hutch.services.activity import LeasedBytes
-from hutch.services.sandboxes import SandboxService
+from hutch.services.guest_ops import GuestOps
 
 __all__ = ["ArchiveWritten", "FileWatch", "FilesExtraService", "WatchEvent"]
 
 
 class FilesExtraService:
-    def __init__(self, sandboxes: SandboxService) -> None:
-        self.sandboxes = sandboxes
+    def __init__(self, guest: GuestOps) -> None:
+        self.guest = guest
 
     async def watch(self, sandbox_id: str, path: str, *, recursive: bool = True) -> FileWatch:
         """Returns once the guest watches ``path``; iterate ``.events()``, then ``close()``."""
-        runtime = await self.sandboxes.ready(sandbox_id)
+        runtime = await self.guest.ready(sandbox_id)
         return await start_watch(runtime.agent, path, recursive=recursive)
 
     async def read_archive(self, sandbox_id: str, path: str) -> LeasedBytes:
         """A tar stream of directory ``path``; an error (no such directory) is raised
         here. In flight until its last byte or it is closed."""
-        lease = self.sandboxes.activity.work(sandbox_id, f"archive download {path}")
+        lease = self.guest.activity.work(sandbox_id, f"archive download {path}")
         try:
-            runtime = await self.sandboxes.ready(sandbox_id, lease)
+            runtime = await self.guest.ready(sandbox_id, lease)
         except BaseException:
             lease.release()
             raise
@@ -41,6 +41,6 @@ class FilesExtraService:
     async def write_archive(
         self, sandbox_id: str, path: str, data: bytes | AsyncIterable[bytes]
     ) -> ArchiveWritten:
-        with self.sandboxes.activity.work(sandbox_id, f"archive upload {path}") as lease:
-            runtime = await self.sandboxes.ready(sandbox_id, lease)
+        with self.guest.activity.work(sandbox_id, f"archive upload {path}") as lease:
+            runtime = await self.guest.ready(sandbox_id, lease)
             return await write_archive(runtime.agent, path, data)

@@ -8,18 +8,18 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterable, AsyncIterator
 from types import TracebackType
-from typing import TYPE_CHECKING
 
-from hutch.errors import StateError
 from hutch.guest.client import ExecStream
 from hutch.guest.results import ExecExit, ExecOutput, ExecResult, FileEntry
 from hutch.models import SandboxRecord, SandboxState
 from hutch.runtime.backend import Runtime
-from hutch.services.activity import Activity, Lease, LeasedBytes, describe_command
+from hutch.services.activity import Lease, LeasedBytes, describe_command
 from hutch.services.image_defaults import merged
 from hutch.services.images import ImageDefaults
+from hutch.services.lifecycle import LifecycleService
+from hutch.services.registry import SandboxRegistry
 
-__all__ = ["ExecCall", "GuestOpsMixin"]
+__all__ = ["ExecCall", "GuestOps"]
 
 
 class ExecCall:
@@ -74,29 +74,23 @@ class ExecCall:
         self.close()
 
 
-class GuestOpsMixin:
-    _runtimes: dict[str, Runtime]
-    activity: Activity
+class GuestOps:
+    """Calls into a running sandbox's guest (resumed first if it auto-resumes). Also
+    what the other guest services (processes, interpreter, archives) start from."""
 
-    if TYPE_CHECKING:
+    def __init__(self, core: SandboxRegistry, lifecycle: LifecycleService) -> None:
+        self.core = core
+        self.lifecycle = lifecycle
+        self.activity = core.activity
 
-        def get(self, sandbox_id: str) -> SandboxRecord: ...
+    def get(self, sandbox_id: str) -> SandboxRecord:
+        return self.core.get(sandbox_id)
 
-        def guest_defaults(self, rec: SandboxRecord) -> ImageDefaults: ...
-
-        async def resume(self, sandbox_id: str) -> SandboxRecord: ...
-
-    # -- guest operations --------------------------------------------------------------
+    def guest_defaults(self, rec: SandboxRecord) -> ImageDefaults:
+        return self.core.guest_defaults(rec)
 
     def runtime(self, sandbox_id: str) -> Runtime:
-        rec = self.get(sandbox_id)
-        runtime = self._runtimes.get(sandbox_id)
-        if rec.state is not SandboxState.RUNNING or runtime is None:
-            hint = ""
-            if rec.state is SandboxState.PAUSED:
-                hint = "resume it, or create sandboxes with auto_resume=true"
-            raise StateError(f"sandbox {sandbox_id}", str(rec.state), ["running"], hint)
-        return runtime
+        return self.core.running(sandbox_id)
 
     async def ready(self, sandbox_id: str, lease: Lease | None = None) -> Runtime:
         """The running sandbox's runtime, resuming it first if it is paused with
@@ -107,7 +101,7 @@ class GuestOpsMixin:
             await self.activity.inflight.wait_open(sandbox_id)
             rec = self.get(sandbox_id)
             if rec.state is SandboxState.PAUSED and rec.auto_resume:
-                await self.resume(sandbox_id)
+                await self.lifecycle.resume(sandbox_id)
                 continue  # a lifecycle call may have taken the sandbox meanwhile
             runtime = self.runtime(sandbox_id)
             if lease is not None:

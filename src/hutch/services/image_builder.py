@@ -72,9 +72,12 @@ from hutch.images.oci.importer import OciContent
 from hutch.models import NetworkMode, PauseMode, SandboxSpec, Shape
 from hutch.net.rules import parse_policy
 from hutch.services.build_base import Base, BuildProgress, Progress, resolve_base
+from hutch.services.guest_ops import GuestOps
 from hutch.services.image_import import ImageImporter, remove_spool
 from hutch.services.image_import import plain_archive as plain_context
 from hutch.services.images import EPHEMERAL_PREFIX, HostImages, ImageView
+from hutch.services.lifecycle import LifecycleService
+from hutch.services.reconcile import Reconciler
 from hutch.services.sandboxes import SandboxService
 from hutch.store.db import LIVE_STATES
 
@@ -174,12 +177,19 @@ class ImageBuilder:
         self,
         settings: Settings,
         images: HostImages,
-        sandboxes: SandboxService,
         importer: ImageImporter,
+        *,
+        sandboxes: SandboxService,
+        lifecycle: LifecycleService,
+        guest: GuestOps,
+        reconciler: Reconciler,
     ) -> None:
         self.settings = settings
         self.images = images
         self.sandboxes = sandboxes
+        self.lifecycle = lifecycle
+        self.guest = guest
+        self.reconciler = reconciler
         self.importer = importer
         self.layers = LayerStore(
             settings.build_cache_dir, images.images_dir, importer.ref_name("build-cache")
@@ -201,9 +211,9 @@ class ImageBuilder:
 
     async def _delete_orphans(self) -> None:
         # The service has a flag, not an event, for the end of its reconcile.
-        while not self.sandboxes.reconciled:  # noqa: ASYNC110
+        while not self.reconciler.reconciled:  # noqa: ASYNC110
             await asyncio.sleep(0.2)
-        for rec in self.sandboxes.store.list_sandboxes(states=LIVE_STATES):
+        for rec in self.sandboxes.core.store.list_sandboxes(states=LIVE_STATES):
             if BUILD_TAG in rec.metadata and rec.metadata[BUILD_TAG] not in self._in_use:
                 log.info("deleting build sandbox %s of an interrupted build", rec.id)
                 with contextlib.suppress(HutchError):
@@ -409,7 +419,7 @@ class ImageBuilder:
                 assert step.path is not None
                 await self._mkdir(sandbox_id, step, step.path)
             await self._seal(sandbox_id, step)
-            await self.sandboxes.pause(sandbox_id, PauseMode.DISK)
+            await self.lifecycle.pause(sandbox_id, PauseMode.DISK)
             disk = work / "disk.qcow2"
             await self.sandboxes.take_disk(sandbox_id, disk)
         except BaseException:
@@ -430,7 +440,7 @@ class ImageBuilder:
         deadline = loop.time() + _BOOT_WAIT_S
         while True:
             try:
-                await self.sandboxes.stat(sandbox_id, BOOT_DONE)
+                await self.guest.stat(sandbox_id, BOOT_DONE)
                 return
             except NotFound:
                 if loop.time() > deadline:
@@ -439,7 +449,7 @@ class ImageBuilder:
 
     async def _mkdir(self, sandbox_id: str, step: Step, path: str) -> None:
         try:
-            await self.sandboxes.mkdir(sandbox_id, path)
+            await self.guest.mkdir(sandbox_id, path)
         except (InvalidArgument, Conflict, NotFound) as exc:
             raise BuildFailed(
                 f"Dockerfile line {step.line}: {step.text}: cannot make the working "
@@ -453,7 +463,7 @@ class ImageBuilder:
         await self._mkdir(sandbox_id, step, run.cwd)
         tail = _Tail()
         try:
-            stream = await self.sandboxes.exec(
+            stream = await self.guest.exec(
                 sandbox_id, list(run.argv), env=dict(run.env), cwd=run.cwd, user=run.user
             )
         except (InvalidArgument, NotFound) as exc:
@@ -494,7 +504,7 @@ class ImageBuilder:
             "sources": [{"kind": s.kind, "name": s.name} for s in files],
         }
         argv = runtime_python_argv("-c", _SCRIPT, "copy", json.dumps(spec))
-        stream = await self.sandboxes.exec(
+        stream = await self.guest.exec(
             sandbox_id, argv, cwd="/", user="root", stdin=_chunks(copy_stream(ctx, files))
         )
         result = await stream.collect()
@@ -510,7 +520,7 @@ class ImageBuilder:
     async def _seal(self, sandbox_id: str, step: Step) -> None:
         """Put back the boot-time files, sync and freeze the guest's filesystem."""
         argv = runtime_python_argv("-c", _SCRIPT, "finish")
-        stream = await self.sandboxes.exec(sandbox_id, argv, cwd="/", user="root")
+        stream = await self.guest.exec(sandbox_id, argv, cwd="/", user="root")
         result = await stream.collect()
         if result.exit_code != 0:
             raise ImageBuildError(

@@ -44,6 +44,7 @@ from hutch.images.oci.importer import (
 from hutch.images.oci.ref import parse_ref
 from hutch.images.oci.registry import RegistryClient, RegistrySource
 from hutch.services.images import HostImages, ImageView
+from hutch.services.registry import SandboxRegistry
 from hutch.store.db import LIVE_STATES
 from hutch.store.images import ImageRow
 
@@ -78,11 +79,11 @@ def check_name(name: str) -> str:
 
 
 class ImageImporter:
-    def __init__(self, settings: Settings, images: HostImages, sandboxes: Any) -> None:
-        """``sandboxes``: the :class:`SandboxService` (for the images' users)."""
+    def __init__(self, settings: Settings, images: HostImages, core: SandboxRegistry) -> None:
+        """``core``: the sandboxes' registry (for the images' users)."""
         self.settings = settings
         self.images = images
-        self.sandboxes = sandboxes
+        self.core = core
         self._busy: set[str] = set()
         self._busy_lock = threading.Lock()
         # Records in this daemon's store that use a content directory, by file name
@@ -280,7 +281,7 @@ class ImageImporter:
 
     def users(self, name: str) -> tuple[list[str], list[str]]:
         """(live sandboxes, named snapshots) made from image ``name``."""
-        store = self.sandboxes.store
+        store = self.core.store
         sandboxes = [r.id for r in store.list_sandboxes(states=LIVE_STATES) if r.image == name]
         snapshots = [s.id for s in store.list_snapshots() if s.image == name]
         return sandboxes, snapshots
@@ -294,7 +295,7 @@ class ImageImporter:
         if name in self._busy:
             raise Conflict(f"image {name!r} is being imported or built")
         # Under the create gate: no create can insert a sandbox of it meanwhile.
-        async with self.sandboxes._create_gate:
+        async with self.core.create_gate:
             sandboxes, snapshots = self.users(name)
             if sandboxes or snapshots:
                 parts = []
@@ -309,7 +310,7 @@ class ImageImporter:
         removed = await asyncio.to_thread(
             drop_ref, content_dir(self.images.images_dir, row.digest), self._ref(name)
         )
-        await asyncio.to_thread(self.sandboxes.backend.templates.remove, name)
+        await asyncio.to_thread(self.core.backend.templates.remove, name)
         log.info("deleted image %s (%s; content %s)", name, row.digest,
                  "removed" if removed else "kept: other images use it")  # fmt: skip
 

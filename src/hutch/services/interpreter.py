@@ -24,8 +24,8 @@ from hutch.guest.contexts import (
     start_run,
 )
 from hutch.services.activity import Lease
+from hutch.services.guest_ops import GuestOps
 from hutch.services.image_defaults import merged
-from hutch.services.sandboxes import SandboxService
 
 __all__ = ["CodeRun", "ContextInfo", "InterpreterService", "RunEnd"]
 
@@ -60,8 +60,8 @@ class CodeRun:
 
 
 class InterpreterService:
-    def __init__(self, sandboxes: SandboxService) -> None:
-        self.sandboxes = sandboxes
+    def __init__(self, guest: GuestOps) -> None:
+        self.guest = guest
 
     def _check_id(self, sandbox_id: str, context_id: str) -> None:
         if not CONTEXT_ID_RE.match(context_id):
@@ -91,9 +91,9 @@ class InterpreterService:
         cwd: str | None = None,
         env: dict[str, str] | None = None,
     ) -> ContextInfo:
-        rec = self.sandboxes.get(sandbox_id)
-        runtime = await self.sandboxes.ready(sandbox_id)
-        env, cwd, _ = merged(self.sandboxes.guest_defaults(rec), rec, env, cwd, None)
+        rec = self.guest.get(sandbox_id)
+        runtime = await self.guest.ready(sandbox_id)
+        env, cwd, _ = merged(self.guest.guest_defaults(rec), rec, env, cwd, None)
         try:
             return await create_context(runtime.agent, language=language, cwd=cwd, env=env)
         except InvalidArgument as exc:
@@ -106,7 +106,7 @@ class InterpreterService:
             ) from exc
 
     async def list(self, sandbox_id: str) -> list[ContextInfo]:
-        runtime = await self.sandboxes.ready(sandbox_id)
+        runtime = await self.guest.ready(sandbox_id)
         return await list_contexts(runtime.agent)
 
     async def get(self, sandbox_id: str, context_id: str) -> ContextInfo:
@@ -118,18 +118,18 @@ class InterpreterService:
 
     async def delete(self, sandbox_id: str, context_id: str) -> None:
         self._check_id(sandbox_id, context_id)
-        runtime = await self.sandboxes.ready(sandbox_id)
+        runtime = await self.guest.ready(sandbox_id)
         await self._agent_call(sandbox_id, context_id, delete_context(runtime.agent, context_id))
 
     async def interrupt(self, sandbox_id: str, context_id: str) -> ContextInfo:
         self._check_id(sandbox_id, context_id)
-        runtime = await self.sandboxes.ready(sandbox_id)
+        runtime = await self.guest.ready(sandbox_id)
         await self._agent_call(sandbox_id, context_id, interrupt_context(runtime.agent, context_id))
         return await self.get(sandbox_id, context_id)
 
     async def restart(self, sandbox_id: str, context_id: str) -> ContextInfo:
         self._check_id(sandbox_id, context_id)
-        runtime = await self.sandboxes.ready(sandbox_id)
+        runtime = await self.guest.ready(sandbox_id)
         info: ContextInfo = await self._agent_call(
             sandbox_id, context_id, restart_context(runtime.agent, context_id)
         )
@@ -145,12 +145,12 @@ class InterpreterService:
     ) -> CodeRun:
         """Start running ``code``; iterate the run's outputs. The run is in flight (and
         activity) until its outputs end or it is closed."""
-        lease = self.sandboxes.activity.work(sandbox_id, f"code run in {context_id}")
+        lease = self.guest.activity.work(sandbox_id, f"code run in {context_id}")
         try:
             self._check_id(sandbox_id, context_id)
             if not isinstance(code, str):
                 raise InvalidArgument("code must be a string of Python source")
-            runtime = await self.sandboxes.ready(sandbox_id, lease)
+            runtime = await self.guest.ready(sandbox_id, lease)
             run: ContextRun = await self._agent_call(
                 sandbox_id,
                 context_id,

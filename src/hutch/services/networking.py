@@ -1,13 +1,11 @@
-"""The networking use cases of a sandbox (egress rules, ports, private networks), mixed
-into :class:`hutch.services.sandboxes.SandboxService`; the work is done by
+"""The networking use cases of a sandbox (egress rules, ports, private networks) and the
+network plumbing of its lifecycle (:class:`NetworkingService`); the work is done by
 :class:`hutch.services.network.NetworkService`."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from hutch.contract.limits import EGRESS_LOG_MAX
-from hutch.errors import NetworkError
+from hutch.errors import InvalidArgument, NetworkError
 from hutch.models import NetworkMode, SandboxRecord, SandboxSpec
 from hutch.net.rules import EgressPolicy, parse_policy
 from hutch.net.views import (
@@ -17,11 +15,10 @@ from hutch.net.views import (
     PortView,
     SandboxNetView,
 )
+from hutch.services.network import NetworkService
+from hutch.services.registry import SandboxRegistry
 
-if TYPE_CHECKING:
-    from hutch.services.network import NetworkService as NetworkManager
-
-__all__ = ["NetPlan", "NetworkingMixin"]
+__all__ = ["NetPlan", "NetworkingService"]
 
 #: Most egress log events one request returns.
 MAX_LOG_LIMIT = EGRESS_LOG_MAX
@@ -36,14 +33,12 @@ class NetPlan:
         self.network_ids = network_ids
 
 
-class NetworkingMixin:
-    net: NetworkManager | None
+class NetworkingService:
+    def __init__(self, core: SandboxRegistry) -> None:
+        self.core = core
+        self.net = core.net
 
-    # Provided by SandboxService.
-    def get(self, sandbox_id: str) -> SandboxRecord:
-        raise NotImplementedError
-
-    def _netman(self) -> NetworkManager:
+    def _netman(self) -> NetworkService:
         if self.net is None:
             raise NetworkError("networking is off in this daemon (it runs without root?)")
         return self.net
@@ -55,8 +50,6 @@ class NetworkingMixin:
         ids: list[str] = []
         if mode is NetworkMode.NONE:
             if spec.egress or spec.networks:
-                from hutch.errors import InvalidArgument
-
                 raise InvalidArgument(
                     'network "none" has no egress rules or private networks; drop '
                     '"egress"/"networks" or use network "default"'
@@ -68,30 +61,30 @@ class NetworkingMixin:
     # -- egress --------------------------------------------------------------------------
 
     def egress_get(self, sandbox_id: str) -> EgressView:
-        self.get(sandbox_id)
+        self.core.get(sandbox_id)
         return self._netman().egress_view(sandbox_id)
 
     async def egress_set(self, sandbox_id: str, rules: list[str]) -> EgressView:
-        self.get(sandbox_id)
+        self.core.get(sandbox_id)
         policy = parse_policy(rules)  # InvalidArgument names the bad rule; nothing changes
         return await self._netman().set_policy(sandbox_id, policy)
 
     def egress_log(self, sandbox_id: str, limit: int) -> list[EgressEvent]:
-        self.get(sandbox_id)
+        self.core.get(sandbox_id)
         return self._netman().events(sandbox_id, max(0, min(limit, MAX_LOG_LIMIT)))
 
     # -- ports ---------------------------------------------------------------------------
 
     async def expose_port(self, sandbox_id: str, port: int) -> PortView:
-        self.get(sandbox_id)
+        self.core.get(sandbox_id)
         return await self._netman().expose(sandbox_id, port)
 
     def list_ports(self, sandbox_id: str) -> list[PortView]:
-        self.get(sandbox_id)
+        self.core.get(sandbox_id)
         return self._netman().ports(sandbox_id)
 
     async def close_port(self, sandbox_id: str, port: int) -> None:
-        self.get(sandbox_id)
+        self.core.get(sandbox_id)
         await self._netman().unexpose(sandbox_id, port)
 
     # -- private networks ----------------------------------------------------------------
@@ -109,11 +102,11 @@ class NetworkingMixin:
         await self._netman().delete_network(id_or_name)
 
     async def join_network(self, sandbox_id: str, id_or_name: str) -> NetworkView:
-        self.get(sandbox_id)
+        self.core.get(sandbox_id)
         return await self._netman().join(sandbox_id, id_or_name)
 
     async def leave_network(self, sandbox_id: str, id_or_name: str) -> None:
-        self.get(sandbox_id)
+        self.core.get(sandbox_id)
         await self._netman().leave(sandbox_id, id_or_name)
 
     def sandbox_net(self, rec: SandboxRecord) -> SandboxNetView:
@@ -125,3 +118,22 @@ class NetworkingMixin:
         return SandboxNetView(
             rec.network, str(address) if address else None, self.net.networks_of(rec.id)
         )
+
+    # -- the network of a sandbox's lifecycle -------------------------------------------
+
+    async def attach(self, rec: SandboxRecord, plan: NetPlan, *, pooled: bool) -> None:
+        """Attach ``rec`` as ``plan`` says (a pooled VM is attached already: its policy
+        and networks are set instead)."""
+        if self.net is None or plan.mode is NetworkMode.NONE:
+            return
+        if pooled:
+            await self.net.set_policy(rec.id, plan.policy)
+            for nid in plan.network_ids:
+                await self.net.join(rec.id, nid)
+        else:
+            await self.net.attach(rec.id, plan.policy, plan.network_ids)
+
+    async def prepare_pooled(self, stub: SandboxRecord) -> None:
+        """A pooled VM gets its tap and address now, and no egress until handed out."""
+        if self.net is not None:
+            await self.net.attach(stub.id, parse_policy(["deny-all"]), [])

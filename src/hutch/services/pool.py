@@ -16,7 +16,8 @@ from collections.abc import Awaitable, Callable
 
 from hutch.images.build import ImageArtifacts
 from hutch.models import NetworkMode, SandboxRecord, SandboxState, Shape, new_sandbox_id
-from hutch.runtime.backend import Runtime, VmBackend
+from hutch.runtime.backend import Runtime
+from hutch.services.registry import SandboxRegistry
 
 log = logging.getLogger(__name__)
 
@@ -29,21 +30,23 @@ class WarmPool:
 
     def __init__(
         self,
-        backend: VmBackend,
+        core: SandboxRegistry,
         size: int,
         prepare: Callable[[SandboxRecord], Awaitable[None]] | None = None,
-        release: Callable[[str], Awaitable[None]] | None = None,
         network: NetworkMode = NetworkMode.DEFAULT,
     ) -> None:
-        """``prepare`` runs before a pooled VM starts (its network), ``release`` after
-        one is discarded; pooled VMs have ``network`` (only creates asking for it get one)."""
-        self.backend = backend
+        """``prepare`` runs before a pooled VM starts (its network); pooled VMs have
+        ``network`` (only creates asking for it get one). A pooled VM's resources are
+        registered on its teardown stack in ``core`` as they are made, so a create
+        that takes it goes on with that stack, and one discarded closes it."""
+        self.core = core
+        self.backend = core.backend
         self.network = network
         self.size = size
         self._prepare = prepare
-        self._release = release
         self._ready: dict[PoolKey, list[tuple[str, Runtime]]] = {}
         self._refills: dict[PoolKey, asyncio.Task[None]] = {}
+        self._discards: set[asyncio.Task[None]] = set()
 
     def take(self, image: ImageArtifacts, shape: Shape) -> tuple[str, Runtime] | None:
         """A ready sandbox (its id and runtime), or None."""
@@ -54,6 +57,10 @@ class WarmPool:
             sandbox_id, runtime = ready.pop(0)
             if not runtime.agent.closed:
                 return sandbox_id, runtime
+            # Its VM died while it waited: everything of it goes (in the background).
+            task = asyncio.create_task(self._discard(sandbox_id), name=f"hutch-pool-{sandbox_id}")
+            self._discards.add(task)
+            task.add_done_callback(self._discards.discard)
         return None
 
     def give_back(self, image: ImageArtifacts, item: tuple[str, Runtime]) -> None:
@@ -78,10 +85,14 @@ class WarmPool:
                 shape=self.SHAPE, created_at=time.time(), image_digest=image.digest,
                 network=self.network,
             )  # fmt: skip
+            self.core.own_files(stub.id)
             try:
                 if self._prepare is not None:
+                    self.core.own_network(stub.id)
                     await self._prepare(stub)
+                self.core.own_vm(stub.id)
                 runtime = await self.backend.start_clone(stub, template)
+                self.core.booted(stub.id, runtime)
             except Exception as exc:
                 log.warning("warm pool for %s: %s", image.name, exc)
                 await self._discard(stub.id)
@@ -93,15 +104,12 @@ class WarmPool:
         """Stop refilling and destroy every pooled VM (they have no rows to adopt)."""
         for task in self._refills.values():
             task.cancel()
-        await asyncio.gather(*self._refills.values(), return_exceptions=True)
+        await asyncio.gather(*self._refills.values(), *self._discards, return_exceptions=True)
         for ready in self._ready.values():
-            for sandbox_id, runtime in ready:
-                with contextlib.suppress(Exception):
-                    await runtime.destroy()
+            for sandbox_id, _ in ready:
                 await self._discard(sandbox_id)
         self._ready.clear()
 
     async def _discard(self, sandbox_id: str) -> None:
-        await self.backend.cleanup(sandbox_id)
-        if self._release is not None:
-            await self._release(sandbox_id)
+        with contextlib.suppress(Exception):
+            await self.core.teardown(sandbox_id, deleted=False)

@@ -20,8 +20,8 @@ from hutch.errors import Conflict, InvalidArgument
 from hutch.guest.processes import GuestProcesses, OutputStream, ProcessInfo
 from hutch.guest.pty import GuestPtys, PtyEnd, PtyInfo, PtySession
 from hutch.services.activity import Lease, describe_command
+from hutch.services.guest_ops import GuestOps
 from hutch.services.image_defaults import merged
-from hutch.services.sandboxes import SandboxService
 
 __all__ = ["AttachedPty", "OutputStream", "ProcessInfo", "ProcessService", "PtyInfo"]
 
@@ -73,21 +73,21 @@ class AttachedPty:
 
 
 class ProcessService:
-    def __init__(self, sandboxes: SandboxService) -> None:
-        self.sandboxes = sandboxes
+    def __init__(self, guest: GuestOps) -> None:
+        self.guest = guest
 
     async def _procs(self, sandbox_id: str) -> GuestProcesses:
-        return GuestProcesses((await self.sandboxes.ready(sandbox_id)).agent)
+        return GuestProcesses((await self.guest.ready(sandbox_id)).agent)
 
     async def _ptys(self, sandbox_id: str) -> GuestPtys:
-        return GuestPtys((await self.sandboxes.ready(sandbox_id)).agent)
+        return GuestPtys((await self.guest.ready(sandbox_id)).agent)
 
     def _defaults(
         self, sandbox_id: str, env: dict[str, str] | None, cwd: str | None, user: str | None
     ) -> tuple[dict[str, str], str | None, str | None]:
         """(env, cwd, user): the request's over the sandbox's over its image's."""
-        rec = self.sandboxes.get(sandbox_id)
-        return merged(self.sandboxes.guest_defaults(rec), rec, env, cwd, user)
+        rec = self.guest.get(sandbox_id)
+        return merged(self.guest.guest_defaults(rec), rec, env, cwd, user)
 
     # -- background processes ----------------------------------------------------------
 
@@ -108,8 +108,8 @@ class ProcessService:
         process reads /dev/null)."""
         env, cwd, user = self._defaults(sandbox_id, env, cwd, user)
         what = "background " + describe_command(cmd)
-        with self.sandboxes.activity.work(sandbox_id, what) as lease:
-            procs = GuestProcesses((await self.sandboxes.ready(sandbox_id, lease)).agent)
+        with self.guest.activity.work(sandbox_id, what) as lease:
+            procs = GuestProcesses((await self.guest.ready(sandbox_id, lease)).agent)
             pipe = keep_stdin or stdin is not None
             if isinstance(cmd, str):
                 info = await procs.start(
@@ -138,7 +138,7 @@ class ProcessService:
         self, sandbox_id: str, pid: int, offset: int = 0, *, follow: bool = False
     ) -> AsyncIterator[OutputStream]:
         """The process's output from ``offset``; the sandbox counts as busy meanwhile."""
-        with self.sandboxes.activity.busy(sandbox_id):
+        with self.guest.activity.busy(sandbox_id):
             stream = await (await self._procs(sandbox_id)).output(pid, offset, follow=follow)
             try:
                 yield stream
@@ -148,8 +148,8 @@ class ProcessService:
     async def write_stdin(
         self, sandbox_id: str, pid: int, data: bytes, *, eof: bool = False
     ) -> ProcessInfo:
-        with self.sandboxes.activity.work(sandbox_id, f"stdin of process {pid}") as lease:
-            procs = GuestProcesses((await self.sandboxes.ready(sandbox_id, lease)).agent)
+        with self.guest.activity.work(sandbox_id, f"stdin of process {pid}") as lease:
+            procs = GuestProcesses((await self.guest.ready(sandbox_id, lease)).agent)
             return await procs.write_stdin(pid, data, eof=eof)
 
     async def signal(self, sandbox_id: str, pid: int, signum: int) -> ProcessInfo:
@@ -161,7 +161,7 @@ class ProcessService:
         return await (await self._procs(sandbox_id)).kill(pid)
 
     async def wait(self, sandbox_id: str, pid: int, timeout_s: float | None = None) -> ProcessInfo:
-        with self.sandboxes.activity.busy(sandbox_id):
+        with self.guest.activity.busy(sandbox_id):
             return await (await self._procs(sandbox_id)).wait(pid, timeout_s)
 
     # -- terminals ---------------------------------------------------------------------
@@ -198,13 +198,13 @@ class ProcessService:
 
     def _attach_lease(self, sandbox_id: str, busy: bool) -> Lease:
         if busy:
-            return self.sandboxes.activity.busy(sandbox_id)
-        return Lease(self.sandboxes.activity, sandbox_id, None, counts_activity=False)
+            return self.guest.activity.busy(sandbox_id)
+        return Lease(self.guest.activity, sandbox_id, None, counts_activity=False)
 
     def attached(self, sandbox_id: str) -> Lease:
         """The sandbox is busy while one client of a shared terminal stream (see
         ``busy`` of :meth:`open_pty`) watches it: a lease, released on leaving ``with``."""
-        return self.sandboxes.activity.busy(sandbox_id)
+        return self.guest.activity.busy(sandbox_id)
 
     async def resize_pty(self, sandbox_id: str, pty_id: str, rows: int, cols: int) -> None:
         await (await self._ptys(sandbox_id)).resize(pty_id, rows, cols)

@@ -6,15 +6,15 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 
-from hutch.api.deps import service
+from hutch.api.deps import networking
 from hutch.api.net_schemas import Egress, EgressEvent, EgressLog, EgressRules
 from hutch.contract.limits import DEFAULT_EGRESS_LOG_LIMIT, EGRESS_LOG_MAX
-from hutch.services.sandboxes import SandboxService
+from hutch.services.networking import NetworkingService
 
 __all__ = ["EGRESS_LOG_MAX", "router"]
 
 router = APIRouter(prefix="/v1/sandboxes/{sandbox_id}/egress", tags=["network"])
-Service = Annotated[SandboxService, Depends(service)]
+Service = Annotated[NetworkingService, Depends(networking)]
 
 
 @router.get("", response_model=Egress)

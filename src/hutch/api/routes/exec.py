@@ -8,18 +8,17 @@ from typing import Annotated
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from hutch.api.deps import processes, service
+from hutch.api.deps import guest, processes
 from hutch.api.routes.processes import ProcessModel, process_model
 from hutch.api.schemas import ExecRequest, ExecResult
 from hutch.api.streaming import TrackedStream
 from hutch.contract.limits import COLLECTED_EXEC_MAX_BYTES
 from hutch.errors import HutchError, InvalidArgument, Timeout
-from hutch.services.guest_ops import ExecCall
+from hutch.services.guest_ops import ExecCall, GuestOps
 from hutch.services.processes import ProcessService
-from hutch.services.sandboxes import SandboxService
 
 router = APIRouter(prefix="/v1/sandboxes", tags=["exec"])
-Service = Annotated[SandboxService, Depends(service)]
+Service = Annotated[GuestOps, Depends(guest)]
 Procs = Annotated[ProcessService, Depends(processes)]
 
 # A non-streamed result is held in the daemon's memory; past this it is cut (the command

@@ -6,16 +6,16 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
-from hutch.api.deps import service
+from hutch.api.deps import guest
 from hutch.api.schemas import FileEntry, FileList, MkdirRequest, RenameRequest, WriteResult
 from hutch.api.streaming import TrackedStream
 from hutch.contract.limits import DEFAULT_FILE_MODE, PATH_MAX_CHARS
 from hutch.errors import InvalidArgument
+from hutch.services.guest_ops import GuestOps
 from hutch.services.sandboxes import FileEntry as GuestFileEntry
-from hutch.services.sandboxes import SandboxService
 
 router = APIRouter(prefix="/v1/sandboxes", tags=["files"])
-Service = Annotated[SandboxService, Depends(service)]
+Service = Annotated[GuestOps, Depends(guest)]
 _DEFAULT_MODE = format(DEFAULT_FILE_MODE, "04o")
 PathParam = Annotated[
     str,

@@ -10,15 +10,15 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Response
 
-from hutch.api.deps import service
+from hutch.api.deps import networking
 from hutch.api.net_schemas import JoinNetwork, Network, NetworkList, NetworkRequest
-from hutch.services.sandboxes import SandboxService
+from hutch.services.networking import NetworkingService
 
 __all__ = ["membership_router", "router"]
 
 router = APIRouter(prefix="/v1/networks", tags=["network"])
 membership_router = APIRouter(prefix="/v1/sandboxes/{sandbox_id}/networks", tags=["network"])
-Service = Annotated[SandboxService, Depends(service)]
+Service = Annotated[NetworkingService, Depends(networking)]
 
 
 @router.post("", status_code=201, response_model=Network)

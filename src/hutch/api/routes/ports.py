@@ -7,15 +7,15 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Response
 
-from hutch.api.deps import service
+from hutch.api.deps import networking
 from hutch.api.net_schemas import Port, PortList, PortRequest
 from hutch.contract.limits import PORT_RANGE
-from hutch.services.sandboxes import SandboxService
+from hutch.services.networking import NetworkingService
 
 __all__ = ["router"]
 
 router = APIRouter(prefix="/v1/sandboxes/{sandbox_id}/ports", tags=["network"])
-Service = Annotated[SandboxService, Depends(service)]
+Service = Annotated[NetworkingService, Depends(networking)]
 
 
 @router.post("", status_code=201, response_model=Port)

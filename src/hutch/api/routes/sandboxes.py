@@ -4,7 +4,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Response
 
-from hutch.api.deps import service
+from hutch.api.deps import lifecycle, networking, sandboxes, snapshots
 from hutch.api.net_schemas import SandboxNet
 from hutch.api.schemas import (
     CreateSandbox,
@@ -20,19 +20,25 @@ from hutch.contract.enums import DEFAULT_PAUSE_MODE
 from hutch.contract.limits import DEFAULT_FORK_COUNT
 from hutch.errors import InvalidArgument
 from hutch.models import SandboxRecord, SandboxSpec, SandboxState, Shape
+from hutch.services.lifecycle import LifecycleService
+from hutch.services.networking import NetworkingService
 from hutch.services.sandboxes import SandboxService
+from hutch.services.snapshots import SnapshotService
 
 router = APIRouter(prefix="/v1/sandboxes", tags=["sandboxes"])
-Service = Annotated[SandboxService, Depends(service)]
+Service = Annotated[SandboxService, Depends(sandboxes)]
+Lifecycle = Annotated[LifecycleService, Depends(lifecycle)]
+Snapshots = Annotated[SnapshotService, Depends(snapshots)]
+Net = Annotated[NetworkingService, Depends(networking)]
 
 
-def _view(svc: SandboxService, rec: SandboxRecord) -> Sandbox:
+def _view(net: NetworkingService, rec: SandboxRecord) -> Sandbox:
     """The sandbox as the API shows it, with its network block."""
-    return Sandbox.of(rec, SandboxNet.of(svc.sandbox_net(rec)))
+    return Sandbox.of(rec, SandboxNet.of(net.sandbox_net(rec)))
 
 
 @router.post("", status_code=201, response_model=Sandbox)
-async def create_sandbox(body: CreateSandbox, svc: Service) -> Sandbox:
+async def create_sandbox(body: CreateSandbox, svc: Service, net: Net) -> Sandbox:
     spec = SandboxSpec(
         image=body.image,
         shape=Shape(vcpus=body.vcpus, memory_mib=body.memory_mib, disk_gib=body.disk_gib),
@@ -48,12 +54,13 @@ async def create_sandbox(body: CreateSandbox, svc: Service) -> Sandbox:
         egress=None if body.egress is None else list(body.egress),
         networks=list(body.networks),
     )
-    return _view(svc, await svc.create(spec))
+    return _view(net, await svc.create(spec))
 
 
 @router.get("", response_model=SandboxList)
 async def list_sandboxes(
     svc: Service,
+    net: Net,
     state: SandboxState | None = None,
     metadata: Annotated[
         list[str] | None,
@@ -66,12 +73,12 @@ async def list_sandboxes(
         if not sep or not key:
             raise InvalidArgument(f"metadata filter {item!r} is not key=value")
         wanted[key] = value
-    return SandboxList(sandboxes=[_view(svc, r) for r in svc.list_sandboxes(state, wanted)])
+    return SandboxList(sandboxes=[_view(net, r) for r in svc.list_sandboxes(state, wanted)])
 
 
 @router.get("/{sandbox_id}", response_model=Sandbox)
-async def get_sandbox(sandbox_id: str, svc: Service) -> Sandbox:
-    return _view(svc, svc.get(sandbox_id))
+async def get_sandbox(sandbox_id: str, svc: Service, net: Net) -> Sandbox:
+    return _view(net, svc.get(sandbox_id))
 
 
 @router.delete("/{sandbox_id}", status_code=204, response_class=Response)
@@ -81,28 +88,30 @@ async def delete_sandbox(sandbox_id: str, svc: Service) -> Response:
 
 
 @router.post("/{sandbox_id}/pause", response_model=Sandbox)
-async def pause_sandbox(sandbox_id: str, svc: Service, body: PauseRequest | None = None) -> Sandbox:
+async def pause_sandbox(
+    sandbox_id: str, svc: Lifecycle, net: Net, body: PauseRequest | None = None
+) -> Sandbox:
     """Pause: `memory` keeps processes where they are; `disk` keeps only the disk."""
     mode = body.mode if body else DEFAULT_PAUSE_MODE
-    return _view(svc, await svc.pause(sandbox_id, mode))
+    return _view(net, await svc.pause(sandbox_id, mode))
 
 
 @router.post("/{sandbox_id}/resume", response_model=Sandbox)
-async def resume_sandbox(sandbox_id: str, svc: Service) -> Sandbox:
-    return _view(svc, await svc.resume(sandbox_id))
+async def resume_sandbox(sandbox_id: str, svc: Lifecycle, net: Net) -> Sandbox:
+    return _view(net, await svc.resume(sandbox_id))
 
 
 @router.post("/{sandbox_id}/fork", status_code=201, response_model=SandboxList)
 async def fork_sandbox(
-    sandbox_id: str, svc: Service, body: ForkRequest | None = None
+    sandbox_id: str, svc: Snapshots, net: Net, body: ForkRequest | None = None
 ) -> SandboxList:
     """New sandboxes, each a copy-on-write clone of this one (memory, processes, disk)."""
     count = body.count if body else DEFAULT_FORK_COUNT
-    return SandboxList(sandboxes=[_view(svc, r) for r in await svc.fork(sandbox_id, count)])
+    return SandboxList(sandboxes=[_view(net, r) for r in await svc.fork(sandbox_id, count)])
 
 
 @router.post("/{sandbox_id}/snapshots", status_code=201, response_model=Snapshot)
-async def snapshot_sandbox(sandbox_id: str, body: SnapshotRequest, svc: Service) -> Snapshot:
+async def snapshot_sandbox(sandbox_id: str, body: SnapshotRequest, svc: Snapshots) -> Snapshot:
     """Save memory, devices and disk under a name; start new sandboxes from it with
     `POST /v1/sandboxes {"snapshot": id}`."""
     return Snapshot.of(await svc.snapshot(sandbox_id, body.name))
@@ -112,17 +121,17 @@ snapshots_router = APIRouter(prefix="/v1/snapshots", tags=["snapshots"])
 
 
 @snapshots_router.get("", response_model=SnapshotList)
-async def list_snapshots(svc: Service) -> SnapshotList:
+async def list_snapshots(svc: Snapshots) -> SnapshotList:
     return SnapshotList(snapshots=[Snapshot.of(s) for s in svc.list_snapshots()])
 
 
 @snapshots_router.get("/{snapshot_id}", response_model=Snapshot)
-async def get_snapshot(snapshot_id: str, svc: Service) -> Snapshot:
+async def get_snapshot(snapshot_id: str, svc: Snapshots) -> Snapshot:
     return Snapshot.of(svc.get_snapshot(snapshot_id))
 
 
 @snapshots_router.delete("/{snapshot_id}", status_code=204, response_class=Response)
-async def delete_snapshot(snapshot_id: str, svc: Service) -> Response:
+async def delete_snapshot(snapshot_id: str, svc: Snapshots) -> Response:
     """Refused (409) while a sandbox's disk is built on the snapshot."""
     await svc.delete_snapshot(snapshot_id)
     return Response(status_code=204)

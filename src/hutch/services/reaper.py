@@ -1,12 +1,10 @@
-"""Lifecycle policies: ``timeout_s``, ``auto_pause_s`` and ``auto_delete_s``, applied by
-the reaper once a second; mixed into :class:`hutch.services.sandboxes.SandboxService`."""
+"""Lifecycle policies: ``timeout_s``, ``auto_pause_s`` and ``auto_delete_s``, set here and
+applied by the reaper (:class:`Reaper`) once a second."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from hutch.contract.names import check_range
 from hutch.errors import HutchError, StateError
@@ -17,37 +15,39 @@ from hutch.models import (
     SandboxRecord,
     SandboxState,
 )
-from hutch.services.activity import Activity
-from hutch.store import Store
+from hutch.services.lifecycle import LifecycleService
+from hutch.services.registry import SandboxRegistry
+from hutch.services.sandboxes import SandboxService
 
-__all__ = ["REAPER_INTERVAL_S", "PoliciesMixin"]
+__all__ = ["REAPER_INTERVAL_S", "Reaper"]
 
 log = logging.getLogger("hutch.services.sandboxes")
 
 REAPER_INTERVAL_S = 1.0
 
 
-class PoliciesMixin:
-    store: Store
-    clock: Callable[[], float]
-    activity: Activity
+class Reaper:
+    """The policies of each sandbox, and the task that applies them (``start``)."""
 
-    if TYPE_CHECKING:
+    def __init__(
+        self, core: SandboxRegistry, sandboxes: SandboxService, lifecycle: LifecycleService
+    ) -> None:
+        self.core = core
+        self.sandboxes = sandboxes
+        self.lifecycle = lifecycle
+        self._task: asyncio.Task[None] | None = None
 
-        def get(self, sandbox_id: str) -> SandboxRecord: ...
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._reap_expired(), name="hutch-reaper")
 
-        async def delete(self, sandbox_id: str) -> None: ...
-
-        async def pause(
-            self,
-            sandbox_id: str,
-            mode: PauseMode = ...,
-            *,
-            only_if: Callable[[SandboxRecord], bool] | None = None,
-        ) -> SandboxRecord: ...
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
 
     def _live(self, sandbox_id: str) -> SandboxRecord:
-        rec = self.get(sandbox_id)
+        rec = self.core.get(sandbox_id)
         if not rec.state.is_live or rec.state is SandboxState.STOPPING:
             raise StateError(f"sandbox {sandbox_id}", str(rec.state), ["running", "paused"])
         return rec
@@ -58,28 +58,28 @@ class PoliciesMixin:
         self._live(sandbox_id)
         if timeout_s is not None:
             check_range("timeout_s", timeout_s, TIMEOUT_S_RANGE, " seconds")
-        expires = None if timeout_s is None else self.clock() + timeout_s
-        self.store.update_sandbox(sandbox_id, timeout_s=timeout_s, expires_at=expires)
-        return self.get(sandbox_id)
+        expires = None if timeout_s is None else self.core.clock() + timeout_s
+        self.core.store.update_sandbox(sandbox_id, timeout_s=timeout_s, expires_at=expires)
+        return self.core.get(sandbox_id)
 
     def set_auto_pause(self, sandbox_id: str, auto_pause_s: int | None) -> SandboxRecord:
         """Pause the sandbox (memory) once idle for ``auto_pause_s`` (None: never)."""
         self._live(sandbox_id)
         if auto_pause_s is not None:
             check_range("auto_pause_s", auto_pause_s, AUTO_PAUSE_S_RANGE, " seconds")
-        self.store.update_sandbox(sandbox_id, auto_pause_s=auto_pause_s)
-        return self.get(sandbox_id)
+        self.core.store.update_sandbox(sandbox_id, auto_pause_s=auto_pause_s)
+        return self.core.get(sandbox_id)
 
     async def _auto_pause(self, sandbox_id: str) -> None:
         """Pause an idle sandbox, checking again once it is quiesced: a call that started
         since the check above (or waits at the gate) keeps it running."""
 
         def still_idle(rec: SandboxRecord) -> bool:
-            return bool(rec.auto_pause_s) and self.activity.idle_for(rec, self.clock()) >= (
-                rec.auto_pause_s or 0
-            )
+            return bool(rec.auto_pause_s) and self.core.activity.idle_for(
+                rec, self.core.clock()
+            ) >= (rec.auto_pause_s or 0)
 
-        rec = await self.pause(sandbox_id, PauseMode.MEMORY, only_if=still_idle)
+        rec = await self.lifecycle.pause(sandbox_id, PauseMode.MEMORY, only_if=still_idle)
         if rec.state is SandboxState.PAUSED:
             log.info("sandbox %s idle for %ss; paused", sandbox_id, rec.auto_pause_s)
 
@@ -91,20 +91,20 @@ class PoliciesMixin:
     async def apply_policies(self) -> None:
         """timeout_s, auto_pause_s and auto_delete_s: one pass (the reaper runs it every
         second)."""
-        now = self.clock()
-        for rec in self.store.list_sandboxes(states=[SandboxState.RUNNING]):
+        now = self.core.clock()
+        for rec in self.core.store.list_sandboxes(states=[SandboxState.RUNNING]):
             try:
                 if rec.expires_at is not None and rec.expires_at <= now:
                     log.info("sandbox %s reached timeout_s=%s; deleting", rec.id, rec.timeout_s)
-                    await self.delete(rec.id)
-                elif rec.auto_pause_s and self.activity.idle_for(rec, now) >= rec.auto_pause_s:
+                    await self.sandboxes.delete(rec.id)
+                elif rec.auto_pause_s and self.core.activity.idle_for(rec, now) >= rec.auto_pause_s:
                     await self._auto_pause(rec.id)
             except HutchError as exc:
                 log.error("lifecycle policy on sandbox %s failed: %s", rec.id, exc)
-        for rec in self.store.list_sandboxes(states=[SandboxState.PAUSED]):
+        for rec in self.core.store.list_sandboxes(states=[SandboxState.PAUSED]):
             if rec.auto_delete_s and rec.paused_at and now - rec.paused_at >= rec.auto_delete_s:
                 log.info("sandbox %s paused for %ss; deleting", rec.id, rec.auto_delete_s)
                 try:
-                    await self.delete(rec.id)
+                    await self.sandboxes.delete(rec.id)
                 except HutchError as exc:
                     log.error("could not delete sandbox %s: %s", rec.id, exc)

@@ -1,0 +1,113 @@
+"""The composed sandbox services of one daemon (:class:`Services`), built by
+:func:`hutch.daemon.build_services`, and their start and stop.
+
+Each service takes what it needs in its constructor::
+
+    SandboxRegistry(settings, store, backend, images, net)     the shared core
+    LifecycleService(core)                                      pause, resume
+    SnapshotService(core, lifecycle)                            fork, snapshots
+    GuestOps(core, lifecycle)                                   exec, files
+    NetworkingService(core)                                     egress, ports, networks
+    WarmPool(core, size, networking.prepare_pooled, mode)
+    SandboxService(core, networking, snapshots, pool)           create, get, list, delete
+    Reaper(core, sandboxes, lifecycle)                          timeout/auto-pause/delete
+    Reconciler(core)                                            start-up reconcile
+    ProcessService(guest), InterpreterService(guest), FilesExtraService(guest)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from hutch.config import Settings
+from hutch.runtime.backend import VmBackend
+from hutch.services.files_extra import FilesExtraService
+from hutch.services.guest_ops import GuestOps
+from hutch.services.interpreter import InterpreterService
+from hutch.services.lifecycle import LifecycleService
+from hutch.services.networking import NetworkingService
+from hutch.services.pool import WarmPool
+from hutch.services.processes import ProcessService
+from hutch.services.reaper import Reaper
+from hutch.services.reconcile import ReconcilePlan, Reconciler
+from hutch.services.registry import SandboxRegistry
+from hutch.services.sandboxes import SandboxService
+from hutch.services.snapshots import SnapshotService
+from hutch.store.db import LIVE_STATES
+
+__all__ = ["Services"]
+
+
+@dataclass
+class Services:
+    core: SandboxRegistry
+    sandboxes: SandboxService
+    lifecycle: LifecycleService
+    snapshots: SnapshotService
+    guest: GuestOps
+    networking: NetworkingService
+    pool: WarmPool
+    reaper: Reaper
+    reconciler: Reconciler
+    processes: ProcessService
+    interpreter: InterpreterService
+    files: FilesExtraService
+    _reconcile_task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    @property
+    def settings(self) -> Settings:
+        return self.core.settings
+
+    @property
+    def backend(self) -> VmBackend:
+        return self.core.backend
+
+    @property
+    def reconciled(self) -> bool:
+        return self.reconciler.reconciled
+
+    @property
+    def reconciling(self) -> int:
+        """Sandboxes still being checked after the start."""
+        return self.reconciler.reconciling
+
+    async def start(self, *, background: bool = False) -> None:
+        """Reconcile with the host, then start the warm pool and the reaper.
+
+        ``background`` (the daemon): return once the quick part is done and check the
+        VMs found on the host in a task, so the API serves meanwhile (``reconciled``
+        False, the sandboxes still being checked answer 503); else wait for all of it.
+        """
+        net = self.core.net
+        if net is not None:
+            # Before adoption: adopted guests are told their network again.
+            await net.start({r.id for r in self.core.store.list_sandboxes(states=LIVE_STATES)})
+        plan = await self.reconciler.host()
+        if background:
+            self._reconcile_task = asyncio.create_task(
+                self._after_start(plan), name="hutch-reconcile"
+            )
+        else:
+            await self._after_start(plan)
+
+    async def _after_start(self, plan: ReconcilePlan) -> None:
+        await self.reconciler.finish_start(plan)
+        default = self.core.image_source.find(self.core.settings.default_image)
+        if default is not None:
+            self.pool.refill(default)
+        self.reaper.start()
+
+    async def close(self) -> None:
+        """Stop background work and drop agent connections. VMs keep running (pooled
+        ones, which have no row to be adopted by, are destroyed)."""
+        await self.pool.close()
+        if self._reconcile_task is not None:
+            self._reconcile_task.cancel()
+            await asyncio.gather(self._reconcile_task, return_exceptions=True)
+        await self.reaper.close()
+        await self.sandboxes.close()
+        await self.core.close()
+        if self.core.net is not None:
+            await self.core.net.close()
+        self.core.backend.close()

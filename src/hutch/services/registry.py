@@ -1,0 +1,316 @@
+"""What every sandbox use case shares: the store and its state machine, the backend,
+the network, activity, and the books of the sandboxes this daemon has live (their
+runtimes, watchers, per-sandbox locks and teardown).
+
+One :class:`SandboxRegistry` is built per daemon (:func:`hutch.daemon.build_services`)
+and handed to each service's constructor; the services hold no sandbox books of their
+own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator
+
+from hutch.config import Settings
+from hutch.errors import Capacity, HutchError, StateError
+from hutch.models import SandboxRecord, SandboxState
+from hutch.runtime.backend import Runtime, VmBackend
+from hutch.services.activity import Activity
+from hutch.services.image_defaults import run_start_command
+from hutch.services.images import ImageDefaults, ImageSource
+from hutch.services.network import NetworkService
+from hutch.services.state import SandboxStates
+from hutch.store import Store
+from hutch.store.db import LIVE_STATES
+from hutch.teardown import TeardownStack
+from hutch.vm.process import OUT_OF_MEMORY
+
+__all__ = ["SandboxRegistry"]
+
+log = logging.getLogger("hutch.services.sandboxes")
+
+
+class SandboxRegistry:
+    """The shared core of the sandbox services (see the module docstring)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        backend: VmBackend,
+        images: ImageSource,
+        net: NetworkService | None = None,
+    ) -> None:
+        """``net`` None (tests without root): every sandbox gets network "none"."""
+        self.settings = settings
+        self.store = store
+        self.states = SandboxStates(store)
+        self.backend = backend
+        self.image_source = images
+        self.net = net
+        # ``clock``: the wall clock of activity, pauses and the reaper (tests move it).
+        self.clock: Callable[[], float] = time.time
+        # Idle tracking for auto_pause_s and the calls in flight that pause, snapshot and
+        # fork wait for.
+        self.activity = Activity(clock=lambda: self.clock())
+        if net is not None:
+            net.forwarder.activity = self.activity.in_use  # an open inbound connection is use
+        self.runtimes: dict[str, Runtime] = {}
+        self._booting: dict[str, Runtime] = {}
+        self._teardowns: dict[str, TeardownStack] = {}
+        self._owned: dict[str, set[str]] = {}
+        self._monitors: dict[str, asyncio.Task[None]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        #: Capacity checks and the rows they admit, as one step (creates, forks, resumes,
+        #: image removal).
+        self.create_gate = asyncio.Lock()
+        # Snapshot directories an operation is about to clone (kept from collection).
+        self._snapshot_holds: Counter[str] = Counter()
+
+    # -- reads -------------------------------------------------------------------------
+
+    def get(self, sandbox_id: str) -> SandboxRecord:
+        return self.states.get(sandbox_id)
+
+    def guest_defaults(self, rec: SandboxRecord) -> ImageDefaults:
+        """What ``rec`` takes from its image config (env, cwd, user, start command)."""
+        return self.image_source.defaults(rec.image)
+
+    def running(self, sandbox_id: str) -> Runtime:
+        """The runtime of a running sandbox; StateError (with a hint) otherwise."""
+        rec = self.get(sandbox_id)
+        runtime = self.runtimes.get(sandbox_id)
+        if rec.state is not SandboxState.RUNNING or runtime is None:
+            hint = ""
+            if rec.state is SandboxState.PAUSED:
+                hint = "resume it, or create sandboxes with auto_resume=true"
+            raise StateError(f"sandbox {sandbox_id}", str(rec.state), ["running"], hint)
+        return runtime
+
+    async def run_image_start(self, rec: SandboxRecord, runtime: Runtime) -> None:
+        """The image's start command, in a sandbox that just booted (or came from a
+        template, which never runs it); fork children and snapshot clones carry theirs
+        over in memory."""
+        await run_start_command(runtime.agent, rec, self.guest_defaults(rec))
+
+    # -- admission ---------------------------------------------------------------------
+
+    def check_capacity(self, memory_mib: int, extra_sandboxes: int) -> None:
+        count, memory = self.store.live_usage()
+        limits = self.settings.limits
+        if count + extra_sandboxes > limits.max_sandboxes:
+            raise Capacity(
+                f"this host has {count} sandboxes and the limit is {limits.max_sandboxes} "
+                "(HUTCH_MAX_SANDBOXES); delete some or raise the limit"
+            )
+        if memory + memory_mib > limits.memory_budget_mib:
+            raise Capacity(
+                f"not enough memory: {memory} MiB reserved + {memory_mib} MiB asked > "
+                f"{limits.memory_budget_mib} MiB (HUTCH_MAX_MEMORY_MIB)"
+            )
+
+    def lock(self, sandbox_id: str) -> asyncio.Lock:
+        """The sandbox's lock: one lifecycle change (create, delete, pause, resume, fork,
+        snapshot, a watcher's cleanup) at a time."""
+        return self._locks.setdefault(sandbox_id, asyncio.Lock())
+
+    # -- live runtimes -----------------------------------------------------------------
+
+    def attach(self, sandbox_id: str, runtime: Runtime) -> None:
+        """``runtime`` is the sandbox's now, watched for a VM that stops on its own."""
+        self.runtimes[sandbox_id] = runtime
+        self._booting.pop(sandbox_id, None)
+        self._monitors[sandbox_id] = asyncio.create_task(
+            self._watch(sandbox_id, runtime), name=f"hutch-watch-{sandbox_id}"
+        )
+
+    def detach(self, sandbox_id: str) -> Runtime | None:
+        """Stop watching the sandbox's runtime and drop it from the books (its VM is
+        being paused, frozen or destroyed by the caller); the runtime, or None."""
+        self.stop_watching(sandbox_id)
+        return self.runtimes.pop(sandbox_id, None)
+
+    def stop_watching(self, sandbox_id: str) -> None:
+        monitor = self._monitors.pop(sandbox_id, None)
+        if monitor is not None and monitor is not asyncio.current_task():
+            monitor.cancel()
+
+    async def _watch(self, sandbox_id: str, runtime: Runtime) -> None:
+        """Notice a VM that stops on its own, record why, and clean up after it."""
+        await runtime.wait_exited()
+        rec = self.store.get_sandbox(sandbox_id)
+        if rec is None or rec.state is not SandboxState.RUNNING:
+            return
+        tail = runtime.console_tail(2000)
+        log.warning("sandbox %s stopped on its own; console tail:\n%s", sandbox_id, tail)
+        async with self.lock(sandbox_id):
+            current = self.states.current(sandbox_id)
+            if current is None or current.state is not SandboxState.RUNNING:
+                return  # paused, deleted or failed meanwhile: that call cleaned up
+            # A failed sandbox is never deleted again: everything of it goes now.
+            await self.teardown(sandbox_id, deleted=False)
+            self.finish(sandbox_id, SandboxState.FAILED, _stopped_error(runtime.exit_reason()))
+
+    # -- the end of a sandbox ----------------------------------------------------------
+
+    # Every resource of a sandbox is registered on its TeardownStack the moment it is
+    # about to exist (before the call that makes it, so that a call cut half way is
+    # undone too); the end of a sandbox is closing that stack, once. The steps, in the
+    # order they are registered and undone last-first:
+    #   "files"   its overlay, run dir and sandbox dir (``backend.cleanup``, which also
+    #             SIGKILLs a QEMU still named by its pidfile)      row inserted
+    #   "network" its tap, address lease and nft entry (``net.detach``)  before attach
+    #   "vm"      its QEMU process: the runtime held, else the pidfile's  before boot
+    # A sandbox found in the store at a start (adopted, paused, or to be cleaned) owns
+    # all three (:meth:`own_all`).
+
+    def _stack(self, sandbox_id: str) -> TeardownStack:
+        stack = self._teardowns.get(sandbox_id)
+        if stack is None:
+            stack = self._teardowns[sandbox_id] = TeardownStack()
+            self._owned[sandbox_id] = set()
+        return stack
+
+    def _own(self, sandbox_id: str, name: str, undo: Callable[[], Awaitable[None]]) -> None:
+        if sandbox_id not in self._teardowns and name != "files":
+            # Not made in this daemon's life (a row found at the start): all it may own.
+            self.own_all(sandbox_id)
+            return
+        stack = self._stack(sandbox_id)
+        if name not in self._owned[sandbox_id]:
+            self._owned[sandbox_id].add(name)
+            stack.register(f"{name} of {sandbox_id}", undo)
+
+    def own_files(self, sandbox_id: str) -> None:
+        """The sandbox's files on the host are about to exist (its row is written)."""
+        self._own(sandbox_id, "files", lambda: self.backend.cleanup(sandbox_id))
+
+    def own_network(self, sandbox_id: str) -> None:
+        """The sandbox is about to be attached to the network (tap, lease, nft entry)."""
+        if self.net is not None:
+            self._own(sandbox_id, "network", lambda: self.release_network(sandbox_id))
+
+    def own_vm(self, sandbox_id: str) -> None:
+        """A QEMU is about to be started for the sandbox (boot, clone, resume)."""
+        self._own(sandbox_id, "vm", lambda: self._end_vm(sandbox_id))
+
+    def own_all(self, sandbox_id: str) -> None:
+        """A sandbox whose resources may all exist already (found in the store at a
+        start, or a pooled VM handed out)."""
+        self.own_files(sandbox_id)
+        self.own_network(sandbox_id)
+        self.own_vm(sandbox_id)
+
+    def booted(self, sandbox_id: str, runtime: Runtime) -> None:
+        """``runtime`` exists for the sandbox but is not attached yet (a create or a
+        pool that just booted it): a teardown before :meth:`attach` ends it too."""
+        self._booting[sandbox_id] = runtime
+
+    def _held(self, sandbox_id: str) -> list[Runtime]:
+        found = (self.runtimes.get(sandbox_id), self._booting.get(sandbox_id))
+        return list({id(r): r for r in found if r is not None}.values())
+
+    async def _end_vm(self, sandbox_id: str) -> None:
+        self.stop_watching(sandbox_id)
+        held = self._held(sandbox_id)
+        self.runtimes.pop(sandbox_id, None)
+        self._booting.pop(sandbox_id, None)
+        if not held:
+            await self.backend.kill_vm(sandbox_id)
+        for runtime in held:
+            await runtime.destroy()
+
+    async def teardown(self, sandbox_id: str, *, deleted: bool = True) -> None:
+        """Everything of the sandbox on this host goes (its stack is closed): its VM,
+        its network, its files. ``deleted``: streams still open end saying the sandbox
+        was deleted (not for a VM that stopped on its own: they say that).
+
+        Every step runs even if one fails; the first failure is then raised.
+        """
+        # Here, in the caller's task: the stack runs its steps in a task of its own, and
+        # a watcher tearing down after its VM must not be cancelled by them.
+        self.stop_watching(sandbox_id)
+        if deleted:
+            for runtime in self._held(sandbox_id):
+                runtime.agent.close_reason = f"sandbox {sandbox_id} was deleted while this call ran"
+        if sandbox_id not in self._teardowns:
+            self.own_all(sandbox_id)  # nothing registered it in this daemon's life
+        stack = self._teardowns.pop(sandbox_id)
+        self._owned.pop(sandbox_id, None)
+        failures = await stack.close()
+        if failures:
+            raise failures[0][1]
+
+    async def release_network(self, sandbox_id: str) -> None:
+        if self.net is not None:
+            try:
+                await self.net.detach(sandbox_id)
+            except HutchError as exc:
+                log.warning("could not release the network of %s: %s", sandbox_id, exc)
+
+    def finish(self, sandbox_id: str, state: SandboxState, error: str | None = None) -> None:
+        """The sandbox ended ``state`` (destroyed or failed): its books go."""
+        self.states.ended(sandbox_id, state, error)
+        self._locks.pop(sandbox_id, None)
+        self._teardowns.pop(sandbox_id, None)  # closed by a teardown, or nothing on it
+        self._owned.pop(sandbox_id, None)
+        self.activity.forget(sandbox_id)
+
+    def finish_create(self, sandbox_id: str, state: SandboxState, error: str | None = None) -> None:
+        """A create that did not get its sandbox running ends it ``state``, or destroyed
+        if a delete asked for that meanwhile (the delete, waiting for the lock, then
+        finds nothing left to do)."""
+        current = self.states.current(sandbox_id)
+        if current is not None and current.state is SandboxState.STOPPING:
+            state, error = SandboxState.DESTROYED, None
+        self.finish(sandbox_id, state, error)
+
+    async def close(self) -> None:
+        """Stop watching and drop every agent connection. The VMs keep running."""
+        monitors = list(self._monitors.values())
+        for task in monitors:
+            task.cancel()
+        await asyncio.gather(*monitors, return_exceptions=True)
+        for runtime in list(self.runtimes.values()):
+            with contextlib.suppress(Exception):
+                await runtime.agent.close()
+        self.runtimes.clear()
+        self._monitors.clear()
+
+    # -- snapshot files ----------------------------------------------------------------
+
+    def collect_snapshots(self) -> None:
+        """Remove the snapshot directories nothing reaches any more. Synchronous on
+        purpose: no step of another operation runs between reading the references and
+        removing, and each operation writes its reference (a snapshot row, ``resume_from``,
+        a hold) before it creates the directory."""
+        live = self.store.list_sandboxes(states=LIVE_STATES)
+        keep = {snap.path for snap in self.store.list_snapshots(ready=None)}
+        keep |= {rec.resume_from for rec in live if rec.resume_from is not None}
+        keep |= set(self._snapshot_holds)
+        for name in self.backend.snapshots.collect({rec.id for rec in live}, keep):
+            log.info("removed snapshot %s: nothing is built on it any more", name)
+
+    @contextlib.contextmanager
+    def holding(self, snapshot_path: str) -> Iterator[None]:
+        """Keep ``snapshot_path`` from collection while a clone of it is being made (its
+        overlay, which then keeps it, does not exist yet)."""
+        self._snapshot_holds[snapshot_path] += 1
+        try:
+            yield
+        finally:
+            self._snapshot_holds[snapshot_path] -= 1
+            if self._snapshot_holds[snapshot_path] <= 0:
+                del self._snapshot_holds[snapshot_path]
+
+
+def _stopped_error(reason: str | None) -> str:
+    """The error of a sandbox whose VM stopped on its own: an OOM kill says so first."""
+    if reason is not None and reason.startswith(OUT_OF_MEMORY):
+        return reason
+    return "the VM stopped unexpectedly" + (f" ({reason})" if reason else "")

@@ -1,0 +1,214 @@
+"""Fork and named snapshots of sandboxes (:class:`SnapshotService`).
+
+A fork pauses the parent into a frozen snapshot, then restores the parent and every
+child from it as copy-on-write clones (``start_clone``); a named snapshot is the same
+freeze with a row of its own. Both hold the parent running and quiesced
+(:meth:`LifecycleService.running_as_it_was`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from hutch.crashpoints import crash_point
+from hutch.errors import InvalidArgument, NotFound
+from hutch.models import (
+    FORK_COUNT_RANGE,
+    SNAPSHOT_ID_RE,
+    NetworkMode,
+    PauseMode,
+    SandboxRecord,
+    SandboxState,
+    SnapshotRecord,
+    new_sandbox_id,
+    new_snapshot_id,
+    validate_name,
+)
+from hutch.services.lifecycle import LifecycleService
+from hutch.services.registry import SandboxRegistry
+
+__all__ = ["FORK_PARALLELISM", "SnapshotService"]
+
+log = logging.getLogger("hutch.services.sandboxes")
+
+#: Clones restored at once during a fork (each reads the snapshot and boots a QEMU).
+FORK_PARALLELISM = 4
+
+
+class SnapshotService:
+    def __init__(self, core: SandboxRegistry, lifecycle: LifecycleService) -> None:
+        self.core = core
+        self.lifecycle = lifecycle
+
+    async def fork(self, sandbox_id: str, count: int = 1) -> list[SandboxRecord]:
+        """``count`` new sandboxes, each a copy-on-write clone of this one as it is now.
+
+        The parent is left as it was (running, or paused again if it was paused).
+        """
+        lo, hi = FORK_COUNT_RANGE
+        if isinstance(count, bool) or not isinstance(count, int) or not lo <= count <= hi:
+            raise InvalidArgument(f"count={count!r} is out of range; accepted: {lo}-{hi}")
+        async with self.lifecycle.running_as_it_was(sandbox_id, "fork") as parent:
+            return await self._fork_locked(parent, count)
+
+    async def _fork_locked(self, parent: SandboxRecord, count: int) -> list[SandboxRecord]:
+        async with self.core.create_gate:
+            self.core.check_capacity(parent.shape.memory_mib * count, extra_sandboxes=count)
+            children = []
+            for _ in range(count):
+                child = replace(
+                    parent,
+                    id=new_sandbox_id(),
+                    name=None,
+                    state=SandboxState.CREATING,
+                    created_at=time.time(),
+                    started_at=None,
+                    expires_at=None,
+                    ended_at=None,
+                    error=None,
+                    pause_mode=None,
+                    paused_at=None,
+                    resume_from=None,
+                    resume_clone=False,
+                    parent_id=parent.id,
+                )
+                self.core.states.insert(child)
+                self.core.own_files(child.id)
+                children.append(child)
+        crash_point("fork.rows")
+        snapshot_dir = self.core.backend.fork_dir("fork-" + secrets.token_hex(6))
+        try:
+            await self._freeze_parent(parent, snapshot_dir)
+        except BaseException as exc:
+            for child in children:
+                await self.core.teardown(child.id)
+                self.core.finish(child.id, SandboxState.FAILED, f"fork failed: {exc}")
+            raise
+        crash_point("fork.parent")
+        gate = asyncio.Semaphore(FORK_PARALLELISM)
+
+        async def start(child: SandboxRecord) -> SandboxRecord | BaseException:
+            async with gate, self.core.lock(child.id):
+                current = self.core.states.current(child.id)
+                if current is not None and current.state is not SandboxState.CREATING:
+                    return current  # deleted before its turn came: as the delete left it
+                net = self.core.net
+                try:
+                    if net is not None and child.network is NetworkMode.DEFAULT:
+                        # Same rules and networks as the parent; its own address and name.
+                        self.core.own_network(child.id)
+                        await net.attach(
+                            child.id,
+                            net.policy_of(parent.id),
+                            net.networks_of(parent.id),
+                        )
+                    self.core.own_vm(child.id)
+                    runtime = await self.core.backend.start_clone(child, snapshot_dir)
+                except BaseException as exc:
+                    await self.core.teardown(child.id)
+                    self.core.finish(child.id, SandboxState.FAILED, str(exc))
+                    return exc
+                self.core.attach(child.id, runtime)
+                return self.core.states.running(child)
+
+        results = await asyncio.gather(*(start(c) for c in children))
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            raise failures[0]
+        return [r for r in results if isinstance(r, SandboxRecord)]
+
+    async def _freeze_parent(self, parent: SandboxRecord, snapshot_dir: Path) -> None:
+        """Save the running ``parent`` into ``snapshot_dir`` and bring it back as a clone
+        of it. On failure the parent is running (or, if it cannot come back, paused on
+        the snapshot) and the error is raised."""
+        runtime = self.core.runtimes[parent.id]
+        self.core.stop_watching(parent.id)
+        runtime.agent.close_reason = (
+            f"sandbox {parent.id} was frozen for a fork or snapshot: this stream ended, but "
+            "what runs in the guest keeps running; attach or read again"
+        )
+        self.core.states.move(
+            parent.id,
+            SandboxState.PAUSING,
+            pause_mode=PauseMode.MEMORY,
+            resume_from=str(snapshot_dir),
+            resume_clone=True,
+        )
+        try:
+            await runtime.freeze(snapshot_dir)
+        except BaseException:
+            self.core.attach(parent.id, runtime)
+            self.core.states.running_again(parent.id)
+            raise
+        self.core.runtimes.pop(parent.id, None)
+        self.core.states.move(parent.id, SandboxState.RESUMING)
+        try:
+            self.core.own_vm(parent.id)
+            self.core.attach(parent.id, await self.core.backend.start_clone(parent, snapshot_dir))
+        except BaseException:
+            self.core.states.move(parent.id, SandboxState.PAUSED)
+            raise
+        self.core.states.running_again(parent.id)
+
+    # -- named snapshots ----------------------------------------------------------------
+
+    async def snapshot(self, sandbox_id: str, name: str) -> SnapshotRecord:
+        """Save the sandbox's memory, devices and disk under ``name``. The sandbox is
+        paused for the moment of the save and then runs on (or stays paused).
+
+        The snapshot's row is written (not ready: unlisted) before any of its files, so
+        a daemon killed during the save finds it and finishes or drops it.
+        """
+        validate_name(name)
+        async with self.lifecycle.running_as_it_was(sandbox_id, "snapshot") as parent:
+            snap_id = new_snapshot_id()
+            snapshot_dir = self.core.backend.fork_dir(snap_id)
+            snap = SnapshotRecord(
+                id=snap_id,
+                name=name,
+                sandbox_id=parent.id,
+                image=parent.image,
+                shape=parent.shape,
+                path=str(snapshot_dir),
+                size_bytes=0,
+                created_at=time.time(),
+            )
+            self.core.store.insert_snapshot(snap, ready=False)
+            crash_point("snapshot.row")
+            try:
+                await self._freeze_parent(parent, snapshot_dir)
+            except BaseException:
+                # Its files, if any, go with collection (unless the parent is paused on them).
+                self.core.store.delete_snapshot(snap_id)
+                raise
+            crash_point("snapshot.frozen")
+            snap = replace(
+                snap,
+                size_bytes=await asyncio.to_thread(self.core.backend.snapshots.size, snapshot_dir),
+            )
+            self.core.store.finish_snapshot(snap_id, snap.size_bytes)
+        return snap
+
+    def get_snapshot(self, snapshot_id: str) -> SnapshotRecord:
+        snap = (
+            self.core.store.get_snapshot(snapshot_id) if SNAPSHOT_ID_RE.match(snapshot_id) else None
+        )
+        if snap is None:
+            raise NotFound(f"no snapshot {snapshot_id!r}; ids look like snap-0123456789ab")
+        return snap
+
+    def list_snapshots(self) -> list[SnapshotRecord]:
+        return self.core.store.list_snapshots()
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        """Delete the snapshot, in any order with the sandboxes and snapshots built on
+        it: it is no longer listed nor restorable at once; its files go now, or, while
+        another disk is built on its disk, when the last of those goes."""
+        self.get_snapshot(snapshot_id)
+        self.core.store.delete_snapshot(snapshot_id)
+        self.core.collect_snapshots()
