@@ -37,6 +37,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -150,14 +151,12 @@ def _publish(final: Path, work: Path) -> None:
     os.rename(work, final)
 
 
-SCRATCH_FORMAT = "hutch-scratch-v1"
-
-
-def scratch_base(images_dir: Path) -> OciContent:
-    """The base for ``FROM scratch``: an empty filesystem with the mount points a guest
-    needs (/proc /sys /dev /run /tmp), made once."""
-    hexd = hashlib.sha256(SCRATCH_FORMAT.encode()).hexdigest()
-    digest = f"sha256:{hexd}"
+def _content_once(
+    images_dir: Path, digest: str, what: str, fill: Callable[[Path], None]
+) -> OciContent:
+    """The content directory of ``digest``, made by ``fill(work)`` (which writes
+    ``rootfs.ext4`` and the content files into ``work``) unless it exists: made once
+    under a lock, published by a rename, nothing left behind if ``fill`` fails."""
     final = content_dir(images_dir, digest)
     final.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(final.parent / f"{final.name}.lock"):
@@ -166,26 +165,41 @@ def scratch_base(images_dir: Path) -> OciContent:
             return found
         work = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
         try:
-            root = work / "root"
-            root.mkdir(mode=0o755)
-            os.chmod(root, 0o755)
-            for name, mode in MOUNT_POINTS:
-                (root / name).mkdir()
-                os.chmod(root / name, mode)
-            size = ext4_size_bytes(0, len(MOUNT_POINTS))
-            make_ext4(root, work / "rootfs.ext4", size, ROOTFS_LABEL, uuid.UUID(hex=hexd[:32]))
-            shutil.rmtree(root)
-            (work / "rootfs.ext4").chmod(0o444)
-            _write_content(work, digest, oci_config({"Env": []}, 0.0, ["FROM scratch"]),
-                           {"scratch": True})  # fmt: skip
+            fill(work)
             _publish(final, work)
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
             raise
     loaded = find_content(images_dir, digest)
     if loaded is None:
-        raise ImageBuildError(f"the scratch base was made but is not found in {final}")
+        raise ImageBuildError(f"{what} was made but is not found in {final}")
     return loaded
+
+
+SCRATCH_FORMAT = "hutch-scratch-v1"
+
+
+def scratch_base(images_dir: Path) -> OciContent:
+    """The base for ``FROM scratch``: an empty filesystem with the mount points a guest
+    needs (/proc /sys /dev /run /tmp), made once."""
+    hexd = hashlib.sha256(SCRATCH_FORMAT.encode()).hexdigest()
+    digest = f"sha256:{hexd}"
+
+    def fill(work: Path) -> None:
+        root = work / "root"
+        root.mkdir(mode=0o755)
+        os.chmod(root, 0o755)
+        for name, mode in MOUNT_POINTS:
+            (root / name).mkdir()
+            os.chmod(root / name, mode)
+        size = ext4_size_bytes(0, len(MOUNT_POINTS))
+        make_ext4(root, work / "rootfs.ext4", size, ROOTFS_LABEL, uuid.UUID(hex=hexd[:32]))
+        shutil.rmtree(root)
+        (work / "rootfs.ext4").chmod(0o444)
+        _write_content(work, digest, oci_config({"Env": []}, 0.0, ["FROM scratch"]),
+                       {"scratch": True})  # fmt: skip
+
+    return _content_once(images_dir, digest, "the scratch base", fill)
 
 
 def builtin_base(name: str, images_dir: Path) -> OciContent:
@@ -197,34 +211,22 @@ def builtin_base(name: str, images_dir: Path) -> OciContent:
         tree = prepare_tree(recipe, host_mirror_lines(recipe.suite), images_dir)
     hexd = hashlib.sha256(f"{BASE_FORMAT}\0{name}\0{tree.digest}".encode()).hexdigest()
     digest = f"sha256:{hexd}"
-    final = content_dir(images_dir, digest)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with file_lock(final.parent / f"{final.name}.lock"):
-        found = find_content(images_dir, digest)
-        if found is not None:
-            return found
-        work = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
-        try:
-            root = work / "root"
-            _proc.run(["cp", "-al", tree.root, root], what="linking the package tree")
-            # mmdebstrap leaves the build host's resolver config; a guest gets its own.
-            (root / "etc/resolv.conf").unlink(missing_ok=True)
-            size = ext4_size_bytes(tree.size_bytes, tree.files)
-            make_ext4(root, work / "rootfs.ext4", size, ROOTFS_LABEL, uuid.UUID(hex=hexd[:32]))
-            shutil.rmtree(root)
-            (work / "rootfs.ext4").chmod(0o444)
-            config = {"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]}
-            history = [f"hutch built-in image {name} (packages: {', '.join(recipe.packages)})"]
-            _write_content(work, digest, oci_config(config, time.time(), history),
-                           {"builtin": name, "tree_digest": tree.digest})  # fmt: skip
-            _publish(final, work)
-        except BaseException:
-            shutil.rmtree(work, ignore_errors=True)
-            raise
-    loaded = find_content(images_dir, digest)
-    if loaded is None:
-        raise ImageBuildError(f"the base of {name} was made but is not found in {final}")
-    return loaded
+
+    def fill(work: Path) -> None:
+        root = work / "root"
+        _proc.run(["cp", "-al", tree.root, root], what="linking the package tree")
+        # mmdebstrap leaves the build host's resolver config; a guest gets its own.
+        (root / "etc/resolv.conf").unlink(missing_ok=True)
+        size = ext4_size_bytes(tree.size_bytes, tree.files)
+        make_ext4(root, work / "rootfs.ext4", size, ROOTFS_LABEL, uuid.UUID(hex=hexd[:32]))
+        shutil.rmtree(root)
+        (work / "rootfs.ext4").chmod(0o444)
+        config = {"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]}
+        history = [f"hutch built-in image {name} (packages: {', '.join(recipe.packages)})"]
+        _write_content(work, digest, oci_config(config, time.time(), history),
+                       {"builtin": name, "tree_digest": tree.digest})  # fmt: skip
+
+    return _content_once(images_dir, digest, f"the base of {name}", fill)
 
 
 def flatten(
@@ -236,29 +238,17 @@ def flatten(
 ) -> OciContent:
     """The image of a build: ``top``'s whole chain as one raw ext4 in the content
     directory of ``digest`` (found there if an earlier build made it)."""
-    final = content_dir(images_dir, digest)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with file_lock(final.parent / f"{final.name}.lock"):
-        found = find_content(images_dir, digest)
-        if found is not None:
-            return found
-        work = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
-        try:
-            rootfs = work / "rootfs.ext4"
-            _qemu_img(
-                ["convert", "-q", "-f", top.format, "-O", "raw", str(top.disk), str(rootfs)],
-                "flattening the build's layers",
-            )
-            rootfs.chmod(0o444)
-            _write_content(work, digest, config_bytes, {"build": build})
-            _publish(final, work)
-        except BaseException:
-            shutil.rmtree(work, ignore_errors=True)
-            raise
-    loaded = find_content(images_dir, digest)
-    if loaded is None:
-        raise ImageBuildError(f"the built image {digest} is not found in {final}")
-    return loaded
+
+    def fill(work: Path) -> None:
+        rootfs = work / "rootfs.ext4"
+        _qemu_img(
+            ["convert", "-q", "-f", top.format, "-O", "raw", str(top.disk), str(rootfs)],
+            "flattening the build's layers",
+        )
+        rootfs.chmod(0o444)
+        _write_content(work, digest, config_bytes, {"build": build})
+
+    return _content_once(images_dir, digest, f"the built image {digest}", fill)
 
 
 class LayerStore:
