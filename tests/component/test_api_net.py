@@ -19,9 +19,9 @@ import httpx
 import pytest
 
 from hutch.config import Settings
+from hutch.contract.views import EgressEvent
 from hutch.daemon import build_services
 from hutch.net.dataplane import MemoryDataplane
-from hutch.net.views import EgressEvent
 from hutch.services.composed import Services
 from hutch.services.network import NetworkService as NetworkManager
 from hutch.store import Store

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from hutch.contract.views import EgressEvent, Verdict
 from hutch.net.egress_log import EgressLog
-from hutch.net.views import EgressEvent, Verdict
 
 
 def event(sid: str, n: int, verdict: Verdict = "allow") -> EgressEvent:

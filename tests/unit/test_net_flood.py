@@ -12,13 +12,13 @@ import dns.rcode
 import pytest
 
 from hutch.config import NetLimits
+from hutch.contract.views import EgressEvent
 from hutch.net.dns import refused_reply
 from hutch.net.egress_log import EgressLog
 from hutch.net.learned import LearnedElements
 from hutch.net.nft import LearnedAddress
 from hutch.net.nft_apply import SandboxCounters
 from hutch.net.summaries import Summaries
-from hutch.net.views import EgressEvent
 
 SID = "sb-0123456789ab"
 

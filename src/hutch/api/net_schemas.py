@@ -1,6 +1,6 @@
 """Request and response bodies of the networking part of the REST API (issue 5).
 
-Responses are built from the service's views (``hutch.net.views``) by attribute: the
+Responses are built from the service's views (``hutch.contract.views``) by attribute: the
 API layer talks to services only, so it reads the views' fields without importing the
 network driver package (``tests/unit/test_layers.py``).
 """

@@ -52,12 +52,12 @@ import dns.rdataclass
 import dns.rdatatype
 import dns.rrset
 
+from hutch.contract.views import EgressEvent, Verdict
 from hutch.errors import NetworkError
 from hutch.net.destinations import ForbiddenCheck, classify_destination, filter_answer
 from hutch.net.egress_log import EgressLog
 from hutch.net.ratelimit import KeyedLimiter, Rate
 from hutch.net.rules import EgressPolicy, normalize_name
-from hutch.net.views import EgressEvent, Verdict
 
 __all__ = [
     "INTERNAL_SUFFIX",

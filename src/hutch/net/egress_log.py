@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from hutch.contract.limits import EGRESS_LOG_MAX
-from hutch.net.views import EgressEvent
+from hutch.contract.views import EgressEvent
 
 __all__ = ["DEFAULT_CAPACITY", "EgressLog"]
 

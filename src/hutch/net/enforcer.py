@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from hutch.config import NetLimits
+from hutch.contract.views import EgressEvent, EgressView
 from hutch.errors import HutchError, NetworkError
 from hutch.net import links, nft_apply
 from hutch.net.addressing import AddressPool, Block, host_addresses, tap_prefix
@@ -53,7 +54,6 @@ from hutch.net.proxy import EgressProxy
 from hutch.net.ratelimit import Rate
 from hutch.net.rules import EgressPolicy
 from hutch.net.summaries import Summaries
-from hutch.net.views import EgressEvent, EgressView
 
 __all__ = ["Enforcer", "Entry", "Snapshot", "default_upstream"]
 

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from ipaddress import IPv4Address, ip_address
 from typing import Literal, Protocol
 
+from hutch.contract.views import EgressEvent, Verdict
 from hutch.errors import NetworkError
 from hutch.net.destinations import ForbiddenCheck, opened_by_ip_rule
 from hutch.net.dns import SandboxDirectory, SandboxNet
@@ -49,7 +50,6 @@ from hutch.net.http_head import HeadError, RequestHead, parse_request_head
 from hutch.net.http_relay import relay_one_request
 from hutch.net.ratelimit import KeyedLimiter, Rate
 from hutch.net.rules import EgressPolicy, normalize_name
-from hutch.net.views import EgressEvent, Verdict
 
 __all__ = [
     "EgressProxy",

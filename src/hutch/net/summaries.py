@@ -16,12 +16,12 @@ from ipaddress import IPv4Address
 from typing import Literal
 
 from hutch.config import NetLimits
+from hutch.contract.views import EgressEvent
 from hutch.net.dns import SandboxNet
 from hutch.net.egress_log import EgressLog
 from hutch.net.nft import KERNEL_CEILING
 from hutch.net.nft_apply import SandboxCounters
 from hutch.net.ratelimit import KeyedLimiter
-from hutch.net.views import EgressEvent
 
 __all__ = ["LimiterKind", "Summaries"]
 

@@ -27,6 +27,7 @@ from ipaddress import IPv4Address
 from hutch.config import Settings
 from hutch.contract.limits import MAX_NETWORKS_PER_SANDBOX
 from hutch.contract.names import NETWORK_ID_RE as _NETWORK_ID_RE
+from hutch.contract.views import EgressEvent, EgressView, NetworkView, PortView
 from hutch.errors import Conflict, HutchError, InvalidArgument, NotFound
 from hutch.models import NAME_RE
 from hutch.net.addressing import AddressPool, Block, guest_mac, tap_name
@@ -36,7 +37,6 @@ from hutch.net.enforcer import Enforcer, Entry, Snapshot, default_upstream
 from hutch.net.inbound import PortForwarder
 from hutch.net.nft import SandboxNet
 from hutch.net.rules import EgressPolicy, parse_policy
-from hutch.net.views import EgressEvent, EgressView, NetworkView, PortView
 from hutch.store.db import Store
 from hutch.store.net import NetStore, NetworkRow
 from hutch.vm.runas import qemu_uid

@@ -5,16 +5,16 @@ network plumbing of its lifecycle (:class:`NetworkingService`); the work is done
 from __future__ import annotations
 
 from hutch.contract.limits import EGRESS_LOG_MAX
-from hutch.errors import InvalidArgument, NetworkError
-from hutch.models import NetworkMode, SandboxRecord, SandboxSpec
-from hutch.net.rules import EgressPolicy, parse_policy
-from hutch.net.views import (
+from hutch.contract.views import (
     EgressEvent,
     EgressView,
     NetworkView,
     PortView,
     SandboxNetView,
 )
+from hutch.errors import InvalidArgument, NetworkError
+from hutch.models import NetworkMode, SandboxRecord, SandboxSpec
+from hutch.net.rules import EgressPolicy, parse_policy
 from hutch.services.network import NetworkService
 from hutch.services.registry import SandboxRegistry
 
