@@ -56,7 +56,7 @@ def result_of(outputs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 async def test_state_persists_across_runs(service: Services, sandbox: str) -> None:
-    interp = InterpreterService(service)
+    interp = service.interpreter
     ctx = await interp.create(sandbox)
     await run(interp, sandbox, ctx.id, "counter = 40")
     outputs, status = await run(interp, sandbox, ctx.id, "counter += 2\nprint('ok')\ncounter")
@@ -66,7 +66,7 @@ async def test_state_persists_across_runs(service: Services, sandbox: str) -> No
 
 
 async def test_matplotlib_plot_is_a_png(service: Services, sandbox: str) -> None:
-    interp = InterpreterService(service)
+    interp = service.interpreter
     ctx = await interp.create(sandbox)
     code = (
         "import matplotlib.pyplot as plt\n"
@@ -89,7 +89,7 @@ async def test_matplotlib_plot_is_a_png(service: Services, sandbox: str) -> None
 
 
 async def test_pandas_dataframe_is_an_html_table(service: Services, sandbox: str) -> None:
-    interp = InterpreterService(service)
+    interp = service.interpreter
     ctx = await interp.create(sandbox)
     code = "import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': ['x', 'y']})"
     outputs, status = await run(interp, sandbox, ctx.id, code)
@@ -100,7 +100,7 @@ async def test_pandas_dataframe_is_an_html_table(service: Services, sandbox: str
 
 
 async def test_interrupt_and_restart(service: Services, sandbox: str) -> None:
-    interp = InterpreterService(service)
+    interp = service.interpreter
     ctx = await interp.create(sandbox)
     await run(interp, sandbox, ctx.id, "kept = 'yes'")
     long_run = asyncio.create_task(run(interp, sandbox, ctx.id, "import time\ntime.sleep(300)"))
@@ -124,7 +124,7 @@ async def test_interrupt_and_restart(service: Services, sandbox: str) -> None:
 
 
 async def test_unknown_context_is_a_clear_404(service: Services, sandbox: str) -> None:
-    interp = InterpreterService(service)
+    interp = service.interpreter
     with pytest.raises(NotFound) as info:
         await interp.run(sandbox, "ctx-0123456789ab", "1")
     assert "ctx-0123456789ab" in info.value.message
