@@ -22,6 +22,16 @@ from hutch.sdk import BuildEvent, ImageInfo, ImageProgress
 __all__ = ["image", "images"]
 
 
+def _bar_columns() -> tuple[TextColumn | BarColumn | TimeElapsedColumn, ...]:
+    """The progress bar of an image build, import or pull."""
+    return (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(),
+    )
+
+
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
 def images(as_json: bool) -> None:
@@ -75,12 +85,7 @@ def _build_progress(name: str) -> Iterator[Callable[[str, float | None], None]]:
 
         yield plain
         return
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.percentage:>3.0f}%"),
-        TimeElapsedColumn(),
-    )
+    columns = _bar_columns()
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task(f"{name}: starting", total=1.0)
 
@@ -274,12 +279,7 @@ def _import_progress(name: str) -> Iterator[Callable[[ImageProgress], None]]:
 
         yield plain
         return
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.percentage:>3.0f}%"),
-        TimeElapsedColumn(),
-    )
+    columns = _bar_columns()
     with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task(f"{name}: starting", total=None)
 
