@@ -30,6 +30,7 @@ from hutch.contract.names import (
     SNAPSHOT_ID_RE,
     check_range,
     validate_env,
+    validate_env_secrets,
     validate_metadata,
     validate_name,
 )
@@ -120,6 +121,9 @@ class SandboxSpec:
     egress: list[str] | None = None
     #: Private networks (ids or names) to join at create.
     networks: list[str] = field(default_factory=list)
+    #: ``{VAR: secret name}``: environment variables whose values are the project's
+    #: secrets, resolved (current version) each time a command's environment is built.
+    env_secrets: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.auto_pause_s is not None:
@@ -127,6 +131,7 @@ class SandboxSpec:
         if self.auto_delete_s is not None:
             check_range("auto_delete_s", self.auto_delete_s, AUTO_DELETE_S_RANGE, " seconds")
         validate_env(self.env)
+        validate_env_secrets(self.env_secrets, self.env)
         validate_metadata(self.metadata)
         if self.name is not None:
             validate_name(self.name)
@@ -167,6 +172,8 @@ class SandboxRecord:
     #: The named snapshot this sandbox was created from.
     snapshot_id: str | None = None
     network: NetworkMode = NetworkMode.DEFAULT
+    #: ``{VAR: secret name}`` (names only; values are resolved at each command).
+    env_secrets: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from hutch.services.networking import NetworkingService
 from hutch.services.processes import ProcessService
 from hutch.services.reaper import Reaper
 from hutch.services.sandboxes import SandboxService
+from hutch.services.secrets import SecretService
 from hutch.services.snapshots import SnapshotService
 
 
@@ -57,3 +58,7 @@ def interpreter(conn: HTTPConnection) -> InterpreterService:
 
 def files_extra(conn: HTTPConnection) -> FilesExtraService:
     return services(conn).files
+
+
+def secrets(conn: HTTPConnection) -> SecretService:
+    return services(conn).secrets

@@ -25,7 +25,7 @@ from hutch.contract.limits import (
     DEFAULT_FORK_COUNT,
     FORK_COUNT_RANGE,
 )
-from hutch.contract.names import validate_name
+from hutch.contract.names import validate_env_secrets, validate_name
 from hutch.contract.requests import SHAPE_FIELDS, CreateRequest
 from hutch.errors import InvalidArgument
 from hutch.sdk._core import Call, ClientCore, check_path, list_of, nothing, one
@@ -68,6 +68,7 @@ class CreateArgs(TypedDict, total=False):
     network: NetworkModeArg
     egress: Sequence[str] | None
     networks: Sequence[str] | None
+    env_secrets: Mapping[str, str] | None
 
 
 # -- checks before sending ------------------------------------------------------------
@@ -137,6 +138,8 @@ def create_body(image: str, args: CreateArgs) -> dict[str, Any]:
         if isinstance(networks, str):
             raise InvalidArgument(f"networks must be a list of ids or names, got {networks!r}")
         body["networks"] = [check_ref(n, "networks item") for n in networks]
+    if "env_secrets" in body:
+        validate_env_secrets(body["env_secrets"], body.get("env"))
     return body
 
 
@@ -203,6 +206,8 @@ class SandboxInfo:
     auto_delete_s: int | None = None
     snapshot_id: str | None = None
     network: SandboxNetInfo | None = None
+    #: ``{VAR: secret name}``: the secrets every command gets as variables (names only).
+    env_secrets: dict[str, str] = field(default_factory=dict)
 
     @property
     def is_paused(self) -> bool:
@@ -239,6 +244,9 @@ class SandboxInfo:
                 if maybe(obj, "network", dict, w) is None
                 else SandboxNetInfo.from_dict(obj["network"])
             ),
+            env_secrets={
+                str(k): str(v) for k, v in (maybe(obj, "env_secrets", dict, w) or {}).items()
+            },
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -265,6 +273,7 @@ class SandboxInfo:
             "auto_delete_s": self.auto_delete_s,
             "snapshot_id": self.snapshot_id,
             "network": None if self.network is None else self.network.to_dict(),
+            "env_secrets": dict(self.env_secrets),
         }
 
 

@@ -13,6 +13,7 @@ Each service takes what it needs in its constructor::
     Reaper(core, sandboxes, lifecycle)                          timeout/auto-pause/delete
     Reconciler(core)                                            start-up reconcile
     ProcessService(guest), InterpreterService(guest), FilesExtraService(guest)
+    SecretService(SecretStore(store), SecretKey(<state>/secrets.key))   also core.secrets
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from hutch.services.reaper import Reaper
 from hutch.services.reconcile import ReconcilePlan, Reconciler
 from hutch.services.registry import SandboxRegistry
 from hutch.services.sandboxes import SandboxService
+from hutch.services.secrets import SecretService
 from hutch.services.snapshots import SnapshotService
 from hutch.store.db import LIVE_STATES
 
@@ -53,6 +55,7 @@ class Services:
     processes: ProcessService
     interpreter: InterpreterService
     files: FilesExtraService
+    secrets: SecretService
     _reconcile_task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @property

@@ -20,6 +20,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from hutch.contract.auth import DEFAULT_PROJECT
 from hutch.errors import Capacity, Conflict, HutchError, NotFound, StateError
 from hutch.guest.client import ExecStream
 from hutch.guest.results import FileEntry
@@ -91,6 +92,8 @@ class SandboxService:
             # A snapshot fixes the machine: its image and shape come with it.
             spec = replace(spec, image=source.image, shape=source.shape)
         image = resolve(self.core.image_source, spec.image)
+        # Names only are kept with the sandbox; each must exist (and decrypt) now.
+        self.core.secrets.check_refs(spec.env_secrets, DEFAULT_PROJECT)
         plan = self.networking.plan_network(spec)
         if self.core.net is None:
             plan.mode = NetworkMode.NONE
@@ -122,6 +125,7 @@ class SandboxService:
                 auto_delete_s=spec.auto_delete_s,
                 snapshot_id=spec.snapshot_id,
                 network=plan.mode,
+                env_secrets=dict(spec.env_secrets),
             )
             self.core.states.insert(rec)
             if pooled is not None:

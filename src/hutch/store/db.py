@@ -25,6 +25,7 @@ _COLUMNS = (
     "env_json", "metadata_json", "timeout_s", "created_at", "started_at", "expires_at",
     "ended_at", "error", "pause_mode", "paused_at", "resume_from", "resume_clone",
     "parent_id", "auto_resume", "auto_pause_s", "auto_delete_s", "snapshot_id", "network",
+    "env_secrets_json",
 )  # fmt: skip
 _UPDATABLE = {
     "state", "image_digest", "started_at", "expires_at", "ended_at", "error", "name",
@@ -266,6 +267,7 @@ def _to_row(rec: SandboxRecord) -> tuple[Any, ...]:
         rec.auto_delete_s,
         rec.snapshot_id,
         str(rec.network),
+        json.dumps(rec.env_secrets),
     )
 
 
@@ -296,4 +298,5 @@ def _from_row(row: tuple[Any, ...]) -> SandboxRecord:
         auto_delete_s=values["auto_delete_s"],
         snapshot_id=values["snapshot_id"],
         network=NetworkMode(values["network"]),
+        env_secrets=json.loads(values["env_secrets_json"]),
     )

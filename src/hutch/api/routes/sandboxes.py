@@ -53,6 +53,7 @@ async def create_sandbox(body: CreateSandbox, svc: Service, net: Net) -> Sandbox
         network=body.network,
         egress=None if body.egress is None else list(body.egress),
         networks=list(body.networks),
+        env_secrets=dict(body.env_secrets),
     )
     return _view(net, await svc.create(spec))
 

@@ -49,6 +49,7 @@ from hutch.sdk._sandboxes import (
 from hutch.sdk._streams import BytesDecoder, StreamDecoder, StreamState
 from hutch.sdk._sync._closing import ClosesOnExit
 from hutch.sdk._sync.net import Networks
+from hutch.sdk._sync.secrets import Secrets
 
 __all__ = ["Client", "ResponseStream"]
 
@@ -80,6 +81,8 @@ class Client(ClosesOnExit):
         self._images = ImageCalls(self.core)
         #: Private networks: ``client.networks.create(name)``, ``.list()``, ...
         self.networks = Networks(self)
+        #: Write-only secrets: ``client.secrets.set(name, value)``, ``.list()``, ...
+        self.secrets = Secrets(self)
 
     @property
     def base_url(self) -> str:
