@@ -101,12 +101,21 @@ class HutchTools:
             memory_mib=a["memory_mib"],
             disk_gib=a["disk_gib"],
             env=a.get("env"),
+            env_secrets=a.get("env_secrets"),
             metadata=a.get("metadata"),
             name=a.get("name"),
             timeout_s=a.get("timeout_s"),
             snapshot=a.get("snapshot"),
         )
         return ToolResult(info.to_dict(), f"Created {_describe(info)}.")
+
+    async def _list_secrets(self, a: dict[str, Any]) -> ToolResult:
+        found = await self.client.secrets.list()
+        data = {"secrets": [s.to_dict() for s in found]}
+        if not found:
+            return ToolResult(data, "No secrets.")
+        names = ", ".join(f"{s.name} (version {s.version})" for s in found)
+        return ToolResult(data, f"{len(found)} secret(s): {names}.")
 
     async def _list_sandboxes(self, a: dict[str, Any]) -> ToolResult:
         found = await self.client.list_sandboxes(a.get("state"), a.get("metadata"))
@@ -332,5 +341,6 @@ _HANDLERS: dict[str, Handler] = {
     "fork_sandbox": HutchTools._fork_sandbox,
     "set_egress": HutchTools._set_egress,
     "get_egress": HutchTools._get_egress,
+    "list_secrets": HutchTools._list_secrets,
 }
 assert set(_HANDLERS) == set(TOOLS_BY_NAME), "every tool spec needs a handler"
