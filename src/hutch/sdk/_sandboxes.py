@@ -3,7 +3,7 @@ snapshots, images and health. :class:`SandboxCalls` builds each request and says
 read its answer; the value types are what the calls return (frozen, parsed from the API's
 JSON; ``to_dict()`` gives back the API form, which the CLI's ``--json`` prints).
 
-The 15 create fields are declared once, in the contract
+The 16 create fields are declared once, in the contract
 (:class:`hutch.contract.requests.CreateRequest`); :class:`CreateArgs` types them as
 keyword arguments for the handles and the clients, and :func:`create_body` checks them
 and builds the body.
