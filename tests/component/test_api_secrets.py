@@ -150,6 +150,15 @@ async def test_a_sandbox_gets_the_current_value_in_every_kind_of_command(
     _no_value(r)
     old_pid = r.json()["pid"]
 
+    # A code context started now has the value in its kernel's environment.
+    r = await api.post(f"/v1/sandboxes/{sid}/contexts", json={})
+    assert r.status_code == 201, r.text
+    _no_value(r)
+    cid = r.json()["id"]
+    code = {"code": "import os; os.environ['OPENAI_API_KEY']"}
+    r = await api.post(f"/v1/sandboxes/{sid}/contexts/{cid}/run", json=code)
+    assert r.json()["result"] == {"text/plain": repr(VALUE)}, r.text
+
     # Rotation: the next command of the same sandbox gets version 2.
     assert (await _put(api, "openai", ROTATED)).json()["version"] == 2
     assert (await _exec(api, sid, ["printenv", "OPENAI_API_KEY"]))["stdout"] == f"{ROTATED}\n"
@@ -162,6 +171,10 @@ async def test_a_sandbox_gets_the_current_value_in_every_kind_of_command(
         _no_value(r)
         r = await api.get(f"{base}/{pid}/output")
         assert r.json()["stdout"] == f"{want}\n", r.text
+
+    # The context's kernel started before the rotation: it keeps version 1.
+    r = await api.post(f"/v1/sandboxes/{sid}/contexts/{cid}/run", json=code)
+    assert r.json()["result"] == {"text/plain": repr(VALUE)}, r.text
 
     # A fork child names the same secret and gets the current value.
     r = await api.post(f"/v1/sandboxes/{sid}/fork", json={"count": 1})
