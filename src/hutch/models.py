@@ -11,6 +11,7 @@ import enum
 import secrets
 from dataclasses import dataclass, field
 
+from hutch.contract.auth import DEFAULT_PROJECT
 from hutch.contract.enums import NetworkMode, PauseMode
 from hutch.contract.limits import (
     AUTO_DELETE_S_RANGE,
@@ -121,6 +122,8 @@ class SandboxSpec:
     egress: list[str] | None = None
     #: Private networks (ids or names) to join at create.
     networks: list[str] = field(default_factory=list)
+    #: The project the sandbox is created in (the caller's, issue 10).
+    project: str = DEFAULT_PROJECT
     #: ``{VAR: secret name}``: environment variables whose values are the project's
     #: secrets, resolved (current version) each time a command's environment is built.
     env_secrets: dict[str, str] = field(default_factory=dict)
@@ -172,6 +175,8 @@ class SandboxRecord:
     #: The named snapshot this sandbox was created from.
     snapshot_id: str | None = None
     network: NetworkMode = NetworkMode.DEFAULT
+    #: The project it belongs to (issue 10); never changes.
+    project: str = DEFAULT_PROJECT
     #: ``{VAR: secret name}`` (names only; values are resolved at each command).
     env_secrets: dict[str, str] = field(default_factory=dict)
 
@@ -188,3 +193,4 @@ class SnapshotRecord:
     path: str
     size_bytes: int
     created_at: float
+    project: str = DEFAULT_PROJECT

@@ -229,3 +229,27 @@ def _assert_nowhere(state_dir: Path) -> None:
     assert seen >= 2  # at least the database and the key file were read
     db = json.dumps(sorted(p.name for p in state_dir.iterdir()))
     assert "hutch.db" in db
+
+
+async def test_secrets_are_per_project(api: httpx.AsyncClient) -> None:
+    other = {"Hutch-Project": "other"}
+    await _put(api, "tok", VALUE)
+    assert (await api.get("/v1/secrets", headers=other)).json()["secrets"] == []
+    r = await api.get("/v1/secrets/tok", headers=other)
+    assert r.status_code == 404
+    assert r.json()["error"]["message"] == "no secret named 'tok' in project 'other'"
+    # A sandbox of another project cannot name this project's secret ...
+    r = await api.post("/v1/sandboxes", json={"env_secrets": {"T": "tok"}}, headers=other)
+    assert r.status_code == 400
+    assert "names secret 'tok', which does not exist in project 'other'" in r.text
+    # ... and the same name there is another secret, with its own value and versions.
+    r = await api.put("/v1/secrets/tok", json={"value": ROTATED}, headers=other)
+    assert r.status_code == 201 and r.json()["project"] == "other"
+    sid = (
+        await api.post("/v1/sandboxes", json={"env_secrets": {"T": "tok"}}, headers=other)
+    ).json()["id"]
+    r = await api.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "echo $T"}, headers=other)
+    assert r.json()["stdout"] == f"{ROTATED}\n"
+    # The default project's secret is not held by the other project's sandbox.
+    assert (await api.delete("/v1/secrets/tok")).status_code == 204
+    assert (await api.delete("/v1/secrets/tok", headers=other)).status_code == 409

@@ -17,7 +17,6 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
 
 from hutch.config import Settings
-from hutch.contract.auth import DEFAULT_PROJECT
 from hutch.errors import Capacity, HutchError, StateError
 from hutch.models import SandboxRecord, SandboxState
 from hutch.runtime.backend import Runtime, VmBackend
@@ -83,8 +82,8 @@ class SandboxRegistry:
 
     # -- reads -------------------------------------------------------------------------
 
-    def get(self, sandbox_id: str) -> SandboxRecord:
-        return self.states.get(sandbox_id)
+    def get(self, sandbox_id: str, project: str | None = None) -> SandboxRecord:
+        return self.states.get(sandbox_id, project)
 
     def guest_defaults(self, rec: SandboxRecord) -> ImageDefaults:
         """What ``rec`` takes from its image config (env, cwd, user, start command)."""
@@ -95,7 +94,7 @@ class SandboxRegistry:
         for the one command being built (never stored with the sandbox)."""
         if not rec.env_secrets:
             return {}
-        return self.secrets.env_for(rec.env_secrets, DEFAULT_PROJECT, sandbox_id=rec.id)
+        return self.secrets.env_for(rec.env_secrets, rec.project, sandbox_id=rec.id)
 
     def running(self, sandbox_id: str) -> Runtime:
         """The runtime of a running sandbox; StateError (with a hint) otherwise."""

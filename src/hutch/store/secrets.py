@@ -121,11 +121,10 @@ class SecretStore:
 
 
 def _users(db: sqlite3.Connection, project: str, name: str) -> list[str]:
-    del project  # sandboxes have no project column yet: every sandbox is 'default's
     live = ", ".join("?" for _ in LIVE_STATES)
     rows = db.execute(
-        f"SELECT id, env_secrets_json FROM sandboxes WHERE state IN ({live}) "
+        f"SELECT id, env_secrets_json FROM sandboxes WHERE project = ? AND state IN ({live}) "
         "AND env_secrets_json != '{}' ORDER BY created_at, id",
-        tuple(str(s) for s in LIVE_STATES),
+        (project, *(str(s) for s in LIVE_STATES)),
     ).fetchall()
     return [sid for sid, refs in rows if name in json.loads(refs).values()]
