@@ -15,6 +15,7 @@ from hutch.services.processes import ProcessService
 from hutch.services.reaper import Reaper
 from hutch.services.sandboxes import SandboxService
 from hutch.services.snapshots import SnapshotService
+from hutch.services.volumes import VolumeService
 
 
 def services(conn: HTTPConnection) -> Services:
@@ -57,3 +58,7 @@ def interpreter(conn: HTTPConnection) -> InterpreterService:
 
 def files_extra(conn: HTTPConnection) -> FilesExtraService:
     return services(conn).files
+
+
+def volumes(conn: HTTPConnection) -> VolumeService:
+    return services(conn).volumes
