@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import os
 import struct
@@ -102,8 +103,34 @@ def op_volume_mount(st: Stream, h: dict[str, Any]) -> dict[str, Any]:
     rc = _lib().mount(device.encode(), path.encode(), b"ext4", flags, None)
     if rc != 0:
         err = ctypes.get_errno()
-        raise AgentError("io_error", f"mount {device} on {path}: {os.strerror(err)}")
+        hint = ""
+        if read_only and err == errno.EROFS:
+            hint = (
+                " (its journal needs recovery: the last sandbox that used it ended without "
+                "a clean unmount; mount it read-write once)"
+            )
+        raise AgentError("io_error", f"mount {device} on {path}: {os.strerror(err)}{hint}")
+    if not read_only:
+        # A volume grown while no VM had it open grew as a file only (the host never
+        # parses a filesystem a guest wrote): its ext4 catches up here.
+        _grow_to_device(path)
     return {"device": device}
+
+
+def _grow_to_device(path: str) -> int:
+    """Grow the ext4 at ``path`` to its device's size (online); the device's bytes."""
+    size = _device_bytes(path)
+    vfs = os.statvfs(path)
+    blocks = size // vfs.f_frsize
+    if blocks > vfs.f_blocks:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.ioctl(fd, EXT4_IOC_RESIZE_FS, struct.pack("Q", blocks))
+        except OSError as exc:
+            raise os_error(exc) from exc
+        finally:
+            os.close(fd)
+    return size
 
 
 def _device_bytes(path: str) -> int:
@@ -128,17 +155,8 @@ def op_fs_grow(st: Stream, h: dict[str, Any]) -> dict[str, Any]:
             raise AgentError("io_error", f"the disk under {path} is still {size} bytes, not {want}")
         time.sleep(0.05)
         size = _device_bytes(path)
-    vfs = os.statvfs(path)
-    blocks = size // vfs.f_frsize
-    if blocks > vfs.f_blocks:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            fcntl.ioctl(fd, EXT4_IOC_RESIZE_FS, struct.pack("Q", blocks))
-        except OSError as exc:
-            raise os_error(exc) from exc
-        finally:
-            os.close(fd)
-    return {"blocks": blocks, "size_bytes": size}
+    size = _grow_to_device(path)
+    return {"blocks": os.statvfs(path).f_blocks, "size_bytes": size}
 
 
 def op_volume_freeze(st: Stream, h: dict[str, Any]) -> dict[str, Any]:

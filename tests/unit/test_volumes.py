@@ -130,8 +130,11 @@ def test_a_volume_file_is_whole_or_absent(tmp_path: Path) -> None:
     assert used is not None and used < 32 * MIB
     with pytest.raises(StoreError, match="refusing to overwrite"):
         files.create("vol-00000000000a", 32 * MIB)
+    before = path.read_bytes()[: 32 * MIB]
     files.grow_offline("vol-00000000000a", 48 * MIB)
     assert files.size("vol-00000000000a") == 48 * MIB
+    # The file only: the filesystem a guest wrote is not touched on the host.
+    assert path.read_bytes()[: 32 * MIB] == before
     # A size mkfs refuses: nothing is left behind.
     with pytest.raises(StoreError):
         files.create("vol-00000000000b", 4096)

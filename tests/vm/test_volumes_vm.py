@@ -1,10 +1,11 @@
 """Exclusive volumes on real micro-VMs: data outlives its sandbox and mounts in the next
-one, the size is the device's end, a memory-mode pause keeps the mount and its data,
+one, the size is the device's end, a memory-mode pause keeps the mount and its data (a
+disk-mode resume mounts it again),
 fork and named snapshots are refused, and a volume and the sandbox's own disk grow live
 (``df`` in the guest sees it).
 
-Two cold boots in all: the first sandbox runs through the module; the second mounts the
-volume after the first is deleted.
+Three boots in all: the first sandbox runs through the module (and boots again once, for
+its disk-mode resume); the second mounts the volume after the first is deleted.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ async def df_total(svc: Services, sid: str, path: str) -> int:
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def volume(service: Services) -> AsyncIterator[str]:  # noqa: F811
     info = await service.volumes.create("data", GIB)
+    await service.volumes.create("logs", 64 * 1024**2)
     yield info.volume.id
 
 
@@ -47,10 +49,11 @@ async def first(service: Services, volume: str) -> AsyncIterator[str]:  # noqa: 
         SandboxSpec(
             image="base",
             shape=Shape(memory_mib=256),
-            volumes=[VolumeMount("data", "/data")],
+            volumes=[VolumeMount("data", "/data"), VolumeMount("logs", "/var/log/app")],
         )
     )
     await sh(service, rec.id, "echo hello-from-first > /data/hello && sync")
+    await sh(service, rec.id, "echo log-line > /var/log/app/log")  # no sync: the delete
     yield rec.id
 
 
@@ -63,6 +66,7 @@ async def test_the_volume_is_mounted_and_recorded(
     assert " ext4 " in mounts and "rw," in mounts, mounts
     info = service.volumes.get("data")
     assert [(m.sandbox_id, m.path) for m in info.mounts] == [(first, "/data")]
+    assert " /var/log/app " in await sh(service, first, "cat /proc/mounts")
     assert info.used_bytes is not None and 0 < info.used_bytes < GIB
     # Exclusive: a second sandbox is refused before anything boots.
     with pytest.raises(Conflict, match="mounted by sandbox"):
@@ -114,6 +118,16 @@ async def test_memory_pause_keeps_the_mount_and_its_data(
     assert await sh(service, first, "cat /data/after") == "after-resume\n"
 
 
+async def test_disk_pause_mounts_the_volume_again(
+    service: Services,  # noqa: F811
+    first: str,
+) -> None:
+    await service.lifecycle.pause(first, PauseMode.DISK)
+    await service.lifecycle.resume(first)  # a boot: the volume is attached and mounted
+    assert " /data " in await sh(service, first, "cat /proc/mounts")
+    assert await sh(service, first, "cat /data/after") == "after-resume\n"
+
+
 async def test_fork_and_snapshot_are_refused(
     service: Services,  # noqa: F811
     first: str,
@@ -150,23 +164,32 @@ async def test_data_outlives_its_sandbox_and_mounts_in_a_new_one(
     volume: str,
     first: str,
 ) -> None:
-    await service.sandboxes.delete(first)
+    await service.sandboxes.delete(first)  # flushes and freezes both volumes first
     assert service.volumes.get("data").mounts == []
+    # Unattached: the file grows; the guest grows its ext4 at the next read-write mount.
+    await service.volumes.grow("data", 3 * GIB)
     second = await service.sandboxes.create(
         SandboxSpec(
             image="base",
             shape=Shape(memory_mib=256),
-            volumes=[VolumeMount(volume, "/mnt/data", read_only=True)],
+            volumes=[
+                VolumeMount(volume, "/mnt/data"),
+                # Read-only on a read-only device: only a clean journal mounts, so this
+                # proves the delete left the volume clean (its last write was not synced).
+                VolumeMount("logs", "/mnt/logs", read_only=True),
+            ],
         )
     )
     try:
         assert await sh(service, second.id, "cat /mnt/data/hello") == "hello-from-first\n"
         assert await sh(service, second.id, "cat /mnt/data/after") == "after-resume\n"
-        assert await df_total(service, second.id, "/mnt/data") > GIB  # the grown size
-        write = await service.guest.exec(second.id, ["sh", "-c", "echo x > /mnt/data/new"])
+        assert await df_total(service, second.id, "/mnt/data") > 2 * GIB + GIB // 2
+        assert await sh(service, second.id, "cat /mnt/logs/log") == "log-line\n"
+        write = await service.guest.exec(second.id, ["sh", "-c", "echo x > /mnt/logs/new"])
         result = await write.collect()
         assert result.exit_code != 0 and b"Read-only file system" in result.stderr
     finally:
         await service.sandboxes.delete(second.id)
     await service.volumes.delete("data")
+    await service.volumes.delete("logs")
     assert not service.core.volume_files.path(volume).exists()

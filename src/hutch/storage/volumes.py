@@ -92,13 +92,13 @@ class VolumeFiles:
             return None
 
     def grow_offline(self, volume_id: str, size_bytes: int) -> None:
-        """Grow a volume no VM has open: the file, then its ext4 (``resize2fs``)."""
+        """Grow a volume no VM has open: the file only. Its ext4 grows in the guest at
+        the next read-write mount (the agent's ``volume_mount``): the host never runs
+        e2fsck or resize2fs on a filesystem a guest wrote, which is hostile input."""
         path = self.path(volume_id)
         if size_bytes <= path.stat().st_size:
             return
-        _run(["e2fsck", "-f", "-p", str(path)], f"checking volume {volume_id}")
         os.truncate(path, size_bytes)
-        _run(["resize2fs", str(path)], f"growing volume {volume_id}")
 
     def sweep(self, known_ids: set[str]) -> list[str]:
         """Remove unfinished creates and files of volumes no row names (a crash between a
