@@ -11,6 +11,7 @@ import enum
 import secrets
 from dataclasses import dataclass, field
 
+from hutch.contract.auth import DEFAULT_PROJECT
 from hutch.contract.enums import NetworkMode, PauseMode
 from hutch.contract.limits import (
     AUTO_DELETE_S_RANGE,
@@ -123,6 +124,8 @@ class SandboxSpec:
     networks: list[str] = field(default_factory=list)
     #: Volumes (ids or names in the project) to mount at create.
     volumes: list[VolumeMount] = field(default_factory=list)
+    #: The project the sandbox is created in (the caller's, issue 10).
+    project: str = DEFAULT_PROJECT
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "volumes", validate_mounts(self.volumes))
@@ -171,6 +174,8 @@ class SandboxRecord:
     #: The named snapshot this sandbox was created from.
     snapshot_id: str | None = None
     network: NetworkMode = NetworkMode.DEFAULT
+    #: The project it belongs to (issue 10); never changes.
+    project: str = DEFAULT_PROJECT
 
 
 @dataclass(frozen=True)
@@ -185,3 +190,4 @@ class SnapshotRecord:
     path: str
     size_bytes: int
     created_at: float
+    project: str = DEFAULT_PROJECT

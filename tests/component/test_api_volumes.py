@@ -223,3 +223,32 @@ async def test_a_sandbox_that_fails_releases_its_volumes(service: Services) -> N
         SandboxSpec(image="base", volumes=[VolumeMount("data", "/data")])
     )
     assert service.volumes.get("data").mounts[0].sandbox_id == rec.id
+
+
+async def test_volumes_are_per_project(api: httpx.AsyncClient, service: Services) -> None:
+    other = {"Hutch-Project": "other"}
+    mine = await make_volume(api)
+    r = await api.post("/v1/volumes", json={"name": "data", "size": 64 * MIB}, headers=other)
+    assert r.status_code == 201, r.text  # the name is free in another project
+    theirs = r.json()
+    assert theirs["project"] == "other"
+    listed = (await api.get("/v1/volumes", headers=other)).json()["volumes"]
+    assert [v["id"] for v in listed] == [theirs["id"]]
+    # Another project's volume is not found, exactly as a missing one: by id, by delete,
+    # and as a mount of a create.
+    for r in (
+        await api.get(f"/v1/volumes/{mine['id']}", headers=other),
+        await api.delete(f"/v1/volumes/{mine['id']}", headers=other),
+        await api.post(
+            "/v1/sandboxes",
+            json={"volumes": [{"volume": mine["id"], "path": "/d"}]},
+            headers=other,
+        ),
+    ):
+        assert r.status_code == 404 and r.json()["error"]["code"] == "not_found", r.text
+    r = await api.post(
+        "/v1/sandboxes", json={"volumes": [{"volume": "data", "path": "/d"}]}, headers=other
+    )
+    assert r.status_code == 201, r.text
+    assert service.volumes.get(theirs["id"], "other").mounts[0].sandbox_id == r.json()["id"]
+    assert service.volumes.get(mine["id"]).mounts == []

@@ -41,7 +41,6 @@ import uvicorn
 
 from hutch.api import create_app
 from hutch.config import Settings
-from hutch.contract.auth import DEFAULT_PROJECT
 from hutch.daemon import build_services
 from hutch.errors import BuildFailed
 from hutch.models import SandboxSpec
@@ -126,9 +125,9 @@ async def env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
     specs: list[SandboxSpec] = []
     create = svc.sandboxes.create
 
-    async def recording_create(spec: SandboxSpec, project: str = DEFAULT_PROJECT) -> object:
+    async def recording_create(spec: SandboxSpec, *args: object, **kw: object) -> object:
         specs.append(spec)
-        return await create(spec, project)
+        return await create(spec, *args, **kw)
 
     svc.sandboxes.create = recording_create  # type: ignore[method-assign,assignment]
     app = create_app(svc, API_KEY)

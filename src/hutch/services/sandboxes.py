@@ -20,7 +20,6 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from hutch.contract.auth import DEFAULT_PROJECT
 from hutch.errors import Capacity, Conflict, HutchError, InvalidArgument, NotFound, StateError
 from hutch.guest.client import ExecStream
 from hutch.guest.results import FileEntry
@@ -77,22 +76,28 @@ class SandboxService:
 
     # -- queries -----------------------------------------------------------------------
 
-    def get(self, sandbox_id: str) -> SandboxRecord:
-        return self.core.states.get(sandbox_id)
+    def get(self, sandbox_id: str, project: str | None = None) -> SandboxRecord:
+        """With ``project``: another project's sandbox is not found (as a missing one)."""
+        return self.core.states.get(sandbox_id, project)
 
     def list_sandboxes(
-        self, state: SandboxState | None = None, metadata: dict[str, str] | None = None
+        self,
+        state: SandboxState | None = None,
+        metadata: dict[str, str] | None = None,
+        *,
+        project: str | None = None,
     ) -> list[SandboxRecord]:
+        """``project``'s sandboxes (None: every project's, for the daemon's own use)."""
         states = [state] if state else [s for s in SandboxState if s is not SandboxState.DESTROYED]
-        return self.core.store.list_sandboxes(states=states, metadata=metadata)
+        return self.core.store.list_sandboxes(states=states, metadata=metadata, project=project)
 
     def images(self) -> list[ImageView]:
         return self.core.image_source.list()
 
     # -- create / delete ---------------------------------------------------------------
 
-    async def create(self, spec: SandboxSpec, project: str = DEFAULT_PROJECT) -> SandboxRecord:
-        """``project``: the caller's project; the volumes named in ``spec`` are its own."""
+    async def create(self, spec: SandboxSpec) -> SandboxRecord:
+        """The volumes named in ``spec`` are those of ``spec.project``."""
         source: SnapshotRecord | None = None
         if spec.snapshot_id is not None and spec.volumes:
             raise InvalidArgument(
@@ -100,7 +105,7 @@ class SandboxService:
                 "restores only into the devices it was saved with; create without 'snapshot'"
             )
         if spec.snapshot_id is not None:
-            source = self.snapshots.get_snapshot(spec.snapshot_id)
+            source = self.snapshots.get_snapshot(spec.snapshot_id, spec.project)
             # A snapshot fixes the machine: its image and shape come with it.
             spec = replace(spec, image=source.image, shape=source.shape)
         image = resolve(self.core.image_source, spec.image)
@@ -112,7 +117,7 @@ class SandboxService:
         # template has them, and microvm cannot hot-plug a disk).
         use_pool = source is None and plan.mode is self.pool.network and not spec.volumes
         new_id = new_sandbox_id()
-        mounts: list[PlannedMount] = self.volumes.plan(new_id, spec.volumes, project)
+        mounts: list[PlannedMount] = self.volumes.plan(new_id, spec.volumes, spec.project)
         pooled = self.pool.take(image, spec.shape) if use_pool else None
         async with self.core.create_gate:
             # Capacity is checked and the row inserted under one lock so that concurrent
@@ -139,6 +144,7 @@ class SandboxService:
                 auto_delete_s=spec.auto_delete_s,
                 snapshot_id=spec.snapshot_id,
                 network=plan.mode,
+                project=spec.project,
             )
             self.core.states.insert(rec)
             if pooled is not None:

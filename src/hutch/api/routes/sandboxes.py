@@ -4,7 +4,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Response
 
-from hutch.api.deps import lifecycle, networking, sandboxes, snapshots, volumes
+from hutch.api.deps import Caller, lifecycle, networking, sandboxes, snapshots, volumes
 from hutch.api.net_schemas import SandboxNet
 from hutch.api.schemas import (
     CreateSandbox,
@@ -17,10 +17,10 @@ from hutch.api.schemas import (
     SnapshotRequest,
 )
 from hutch.api.volume_schemas import PatchSandbox
-from hutch.contract.auth import DEFAULT_PROJECT
+from hutch.contract.auth import Permission
 from hutch.contract.enums import DEFAULT_PAUSE_MODE
 from hutch.contract.limits import DEFAULT_FORK_COUNT
-from hutch.errors import InvalidArgument
+from hutch.errors import Forbidden, InvalidArgument
 from hutch.models import SandboxRecord, SandboxSpec, SandboxState, Shape
 from hutch.services.lifecycle import LifecycleService
 from hutch.services.networking import NetworkingService
@@ -42,7 +42,16 @@ def _view(net: NetworkingService, rec: SandboxRecord) -> Sandbox:
 
 
 @router.post("", status_code=201, response_model=Sandbox)
-async def create_sandbox(body: CreateSandbox, svc: Service, net: Net) -> Sandbox:
+async def create_sandbox(body: CreateSandbox, svc: Service, net: Net, who: Caller) -> Sandbox:
+    if body.volumes:
+        # Mounting a volume is using it: writing to it, or reading for read-only mounts.
+        needed = (
+            Permission.VOLUME_READ
+            if all(m.read_only for m in body.volumes)
+            else Permission.VOLUME_WRITE
+        )
+        if not who.may(needed):
+            raise Forbidden(f"role {who.role} may not mount volumes (permission {needed!r})")
     spec = SandboxSpec(
         image=body.image,
         shape=Shape(vcpus=body.vcpus, memory_mib=body.memory_mib, disk_gib=body.disk_gib),
@@ -58,14 +67,16 @@ async def create_sandbox(body: CreateSandbox, svc: Service, net: Net) -> Sandbox
         egress=None if body.egress is None else list(body.egress),
         networks=list(body.networks),
         volumes=[m.to_mount() for m in body.volumes],
+        project=who.project,
     )
-    return _view(net, await svc.create(spec, DEFAULT_PROJECT))
+    return _view(net, await svc.create(spec))
 
 
 @router.get("", response_model=SandboxList)
 async def list_sandboxes(
     svc: Service,
     net: Net,
+    who: Caller,
     state: SandboxState | None = None,
     metadata: Annotated[
         list[str] | None,
@@ -78,7 +89,9 @@ async def list_sandboxes(
         if not sep or not key:
             raise InvalidArgument(f"metadata filter {item!r} is not key=value")
         wanted[key] = value
-    return SandboxList(sandboxes=[_view(net, r) for r in svc.list_sandboxes(state, wanted)])
+    return SandboxList(
+        sandboxes=[_view(net, r) for r in svc.list_sandboxes(state, wanted, project=who.project)]
+    )
 
 
 @router.get("/{sandbox_id}", response_model=Sandbox)
@@ -144,8 +157,8 @@ snapshots_router = APIRouter(prefix="/v1/snapshots", tags=["snapshots"])
 
 
 @snapshots_router.get("", response_model=SnapshotList)
-async def list_snapshots(svc: Snapshots) -> SnapshotList:
-    return SnapshotList(snapshots=[Snapshot.of(s) for s in svc.list_snapshots()])
+async def list_snapshots(svc: Snapshots, who: Caller) -> SnapshotList:
+    return SnapshotList(snapshots=[Snapshot.of(s) for s in svc.list_snapshots(who.project)])
 
 
 @snapshots_router.get("/{snapshot_id}", response_model=Snapshot)
