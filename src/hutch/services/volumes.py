@@ -187,9 +187,11 @@ class VolumeService:
 
     async def grow(self, ref: str, size_bytes: int, project: str = DEFAULT_PROJECT) -> VolumeInfo:
         """Grow a volume to ``size_bytes`` (never shrink). Mounted by a running sandbox:
-        live (QMP ``block_resize``, then the guest grows its ext4; ``df`` sees it); not
-        mounted: the file and its ext4 on the host. A sandbox paused in memory mode holds
-        the old size in its saved device state: resume it first."""
+        live (QMP ``block_resize``, then the guest grows its ext4; ``df`` sees it). Not
+        mounted (or its sandbox paused in disk mode): the file only; the guest grows the
+        ext4 at its next read-write mount (the host never parses a guest-written
+        filesystem). A sandbox paused in memory mode holds the old size in its saved
+        device state: resume it first."""
         row = self._row(project, ref)
         validate_size(size_bytes)
         if size_bytes < row.size_bytes:
