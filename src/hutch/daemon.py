@@ -41,6 +41,7 @@ from hutch.services.sandboxes import SandboxService
 from hutch.services.secret_box import SecretKey
 from hutch.services.secrets import SecretService
 from hutch.services.snapshots import SnapshotService
+from hutch.services.volumes import VolumeService
 from hutch.store import Store
 from hutch.store.images import ImageStore
 from hutch.store.secrets import SecretStore
@@ -101,7 +102,8 @@ def build_services(
         prepare=networking.prepare_pooled,
         network=NetworkMode.DEFAULT if net is not None else NetworkMode.NONE,
     )
-    sandboxes = SandboxService(core, networking, snapshots, pool)
+    volumes = VolumeService(core)
+    sandboxes = SandboxService(core, networking, snapshots, pool, volumes)
     return Services(
         core=core,
         sandboxes=sandboxes,
@@ -115,6 +117,7 @@ def build_services(
         processes=ProcessService(guest),
         interpreter=InterpreterService(guest),
         files=FilesExtraService(guest),
+        volumes=volumes,
         secrets=secrets,
     )
 

@@ -35,6 +35,7 @@ from hutch.contract.names import (
     validate_metadata,
     validate_name,
 )
+from hutch.contract.volumes import VolumeMount, validate_mounts
 
 __all__ = [
     "AUTO_DELETE_S_RANGE",
@@ -122,6 +123,8 @@ class SandboxSpec:
     egress: list[str] | None = None
     #: Private networks (ids or names) to join at create.
     networks: list[str] = field(default_factory=list)
+    #: Volumes (ids or names in the project) to mount at create.
+    volumes: list[VolumeMount] = field(default_factory=list)
     #: The project the sandbox is created in (the caller's, issue 10).
     project: str = DEFAULT_PROJECT
     #: ``{VAR: secret name}``: environment variables whose values are the project's
@@ -129,6 +132,7 @@ class SandboxSpec:
     env_secrets: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "volumes", validate_mounts(self.volumes))
         if self.auto_pause_s is not None:
             check_range("auto_pause_s", self.auto_pause_s, AUTO_PAUSE_S_RANGE, " seconds")
         if self.auto_delete_s is not None:

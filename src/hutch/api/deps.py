@@ -24,6 +24,7 @@ from hutch.services.reaper import Reaper
 from hutch.services.sandboxes import SandboxService
 from hutch.services.secrets import SecretService
 from hutch.services.snapshots import SnapshotService
+from hutch.services.volumes import VolumeService
 
 
 def services(conn: HTTPConnection) -> Services:
@@ -117,6 +118,10 @@ def principal(conn: HTTPConnection) -> Principal:
 
 #: A route's parameter for the request's principal.
 Caller = Annotated[Principal, Depends(principal)]
+
+
+def volumes(conn: HTTPConnection) -> VolumeService:
+    return services(conn).volumes
 
 
 def secrets(conn: HTTPConnection) -> SecretService:

@@ -281,6 +281,11 @@ class FakeHutch:
                 check_range(key, value, bounds, unit)
         if request.name is not None:
             validate_name(request.name)
+        for mount in request.volumes:
+            # The fake keeps no volumes (it has no /v1/volumes): every one is unknown,
+            # as a volume of another project is to the daemon.
+            ref = mount.get("volume") if isinstance(mount, dict) else mount
+            raise NotFound(f"volume {ref!r} not found in project 'default'")
         if not isinstance(request.env_secrets, dict):
             raise InvalidArgument("env_secrets: Input should be a valid dictionary")
         validate_env_secrets(request.env_secrets, request.env)
