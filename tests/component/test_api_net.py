@@ -125,6 +125,7 @@ async def test_create_with_egress_rules(api: httpx.AsyncClient) -> None:
         "denied": 0,
         "rate_limited": 0,
         "log_dropped": 0,
+        "policy": None,
     }
 
 
@@ -153,6 +154,7 @@ async def test_egress_put_get_and_bad_rules_keep_the_old(api: httpx.AsyncClient)
         "denied": 0,
         "rate_limited": 0,
         "log_dropped": 0,
+        "policy": None,
     }
     r = await api.put(url, json={"rules": ["good.test", "[2001:db8::1]:443"]})
     assert r.status_code == 200, r.text

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,10 +27,11 @@ from hutch.net.destinations import Forbidden
 from hutch.net.dns import SandboxNetInfo
 from hutch.net.egress_log import EgressLog
 from hutch.net.proxy import EgressProxy, sniff
-from hutch.net.rules import normalize_name, parse_policy
+from hutch.net.rules import normalize_name, parse_policy, policy_from_stored
 
 SERVER = "127.0.0.20"
 RULES_SRC, OPEN_SRC, DENY_SRC, UNKNOWN_SRC = "127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.9"
+ORDERED_SRC = "127.0.0.5"  # an ordered policy (hutch.contract.egress_policy)
 BIG = random.Random(5).randbytes(16 * 1024 * 1024)
 
 RESOLVE = {
@@ -208,7 +210,21 @@ def sandboxes(https_port: int) -> dict[IPv4Address, SandboxNetInfo]:
         IPv4Address(RULES_SRC): SandboxNetInfo("sb-rules", rules),
         IPv4Address(OPEN_SRC): SandboxNetInfo("sb-open", parse_policy([])),
         IPv4Address(DENY_SRC): SandboxNetInfo("sb-deny", parse_policy(["deny-all"])),
+        IPv4Address(ORDERED_SRC): SandboxNetInfo("sb-ordered", ordered_policy()),
     }
+
+
+def ordered_policy(*first: dict[str, str]) -> Any:
+    return policy_from_stored(
+        {
+            "default": "deny",
+            "rules": [
+                *first,
+                {"action": "deny", "host": "other.test"},
+                {"action": "allow", "host": "*.test"},  # other.test is denied above
+            ],
+        }
+    )
 
 
 @pytest.fixture
@@ -583,6 +599,43 @@ async def test_revalidate_cuts_relayed_connections_the_new_rules_deny(env: Env) 
     assert (event.verdict, event.name, event.protocol) == ("deny", "good.test", "tls")
     assert "rules changed" in event.reason and "no rule allows good.test on port" in event.reason
     assert env.proxy.revalidate("sb-rules", parse_policy(["other.test"])) == 0  # gone already
+
+
+async def test_an_ordered_policy_first_match_decides_and_names_the_rule(env: Env) -> None:
+    """Deny before allow: other.test shares the address and certificate of good.test and
+    matches the later ``*.test`` allow, yet the earlier deny wins, by SNI and by Host."""
+    assert await env.tls("good.test", src=ORDERED_SRC) == b"hello good.test\n"
+    allowed = env.log.events("sb-ordered")[-1]
+    assert (allowed.verdict, allowed.rule) == ("allow", "rules[1] allow *.test")
+    with pytest.raises((ConnectionError, ssl.SSLError, asyncio.IncompleteReadError)):
+        await env.tls("other.test", src=ORDERED_SRC)
+    denied = env.log.events("sb-ordered")[-1]
+    assert (denied.verdict, denied.name, denied.rule) == (
+        "deny",
+        "other.test",
+        "rules[0] deny other.test",
+    )
+    reply = await env.get("other.test", src=ORDERED_SRC)
+    assert reply.startswith(b"HTTP/1.1 403 Forbidden")
+    assert b"rules[0] deny other.test denies other.test on port" in reply
+    reply = await env.get("good.test", src=ORDERED_SRC)
+    assert reply.startswith(b"HTTP/1.1 200")
+    assert env.resolver.asked == ["good.test", "good.test"]  # denied before any lookup
+    reply = await env.get("good.example", src=ORDERED_SRC)
+    assert b"no rule allows good.example on port" in reply and b"the default is deny" in reply
+    # A live change: a deny put first cuts the open connection it now denies.
+    env.dialled = env.https_port
+    reader, writer = await asyncio.open_connection(
+        "127.0.0.1", env.port, ssl=env.ca, server_hostname="good.test",
+        local_addr=(ORDERED_SRC, 0),
+    )  # fmt: skip
+    assert await reader.readline() == b"hello good.test\n"
+    keep = ordered_policy({"action": "deny", "host": "api.test"})
+    assert env.proxy.revalidate("sb-ordered", keep) == 0
+    cut = ordered_policy({"action": "deny", "host": "good.test"})
+    assert env.proxy.revalidate("sb-ordered", cut) == 1
+    writer.close()
+    assert "rules changed" in env.log.events("sb-ordered")[-1].reason
 
 
 async def test_a_private_answer_is_used_only_under_an_ip_rule_covering_it(env: Env) -> None:

@@ -327,6 +327,47 @@ def test_cidr_and_ip_port_rules(alpha: Guest, fakenet: FakeInternet) -> None:
     )
 
 
+def test_an_ordered_policy_first_match_wins(alpha: Guest, fakenet: FakeInternet) -> None:
+    """An ordered policy on the same enforcement: a deny before a wildcard allow holds
+    for DNS and for SNI/Host on a shared address; an ip deny is cut out of a cidr allow;
+    the default denies the rest. Then the order reversed: the allow wins."""
+    cdn_net = ipaddress.IPv4Network(f"{fakenet.cdn}/28", strict=False)
+    assert ipaddress.IPv4Address(fakenet.web) not in cdn_net
+    policy = {
+        "default": "deny",
+        "rules": [
+            {"action": "deny", "host": "www.good.test"},
+            {"action": "allow", "host": "*.good.test"},
+            {"action": "allow", "host": "good.test:443"},
+            {"action": "deny", "host": f"{fakenet.cdn}"},
+            {"action": "allow", "host": str(cdn_net)},
+        ],
+    }
+    info = alpha.sb.set_egress(policy=policy)
+    assert info.mode == "rules" and info.policy is not None
+    assert info.rules[0] == "rules[0] deny www.good.test" and info.rules[-1] == "default deny"
+    seen = alpha.expect(
+        {
+            "good.test 443": (https("good.test"), True),
+            "good.test 80 (default)": (http("good.test"), False),
+            "www.good.test by name": (resolve("www.good.test"), False),
+            "www.good.test SNI on good.test's address": (
+                https("www.good.test", addr=fakenet.web),
+                False,
+            ),
+            "denied ip inside the allowed cidr": (tcp(fakenet.cdn, 2222), False),
+            "other.test (default)": (resolve("other.test"), False),
+        }
+    )
+    assert seen["good.test 443"]["seen"]["sni"] == "good.test"
+    denied = [
+        e for e in alpha.sb.egress.log(200) if e.name == "www.good.test" and e.protocol == "tls"
+    ]
+    assert denied and denied[-1].rule == "rules[0] deny www.good.test", denied
+    alpha.sb.set_egress(policy={**policy, "rules": [policy["rules"][1], policy["rules"][0]]})
+    alpha.expect({"www.good.test (allow first)": (https("www.good.test"), True)})
+
+
 def test_dns_rebinding_is_refused(alpha: Guest, fakenet: FakeInternet) -> None:
     """Allowed names that resolve into loopback, private or metadata ranges: the proxy
     resolves them itself and refuses (the guest dials a public address)."""

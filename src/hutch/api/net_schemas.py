@@ -8,7 +8,7 @@ network driver package (``tests/unit/test_layers.py``).
 from __future__ import annotations
 
 import datetime as dt
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -21,6 +21,7 @@ from hutch.contract.limits import (
     NAME_MAX_CHARS,
     PORT_RANGE,
 )
+from hutch.errors import InvalidArgument
 from hutch.models import NetworkMode
 
 __all__ = [
@@ -32,10 +33,13 @@ __all__ = [
     "EgressRuleText",
     "EgressRules",
     "JoinNetwork",
+    "NamedPolicy",
+    "NamedPolicyList",
     "Network",
     "NetworkList",
     "NetworkRef",
     "NetworkRequest",
+    "PolicyDocument",
     "Port",
     "PortList",
     "PortRequest",
@@ -72,12 +76,103 @@ def _iso(ts: float) -> dt.datetime:
 # -- egress ---------------------------------------------------------------------------
 
 
-class EgressRules(_Strict):
-    rules: list[EgressRuleText] = Field(
-        max_length=MAX_EGRESS_RULES,
-        description='Replaces every rule at once. `[]`: open egress; `["deny-all"]`: '
-        "nothing leaves. An invalid rule rejects the whole list and the old rules stay.",
+_POLICY_RULE = (
+    "a policy rule: `{action: allow|deny|transform, host, methods?, path?, set_headers?, "
+    "remove_headers?}`; `host` in the rule forms above (name, `*.name`, ip, cidr, with "
+    "`:port`); `path` a prefix on whole segments (`/docs`) or a glob (`/docs/*`); "
+    "`set_headers` values literal or with `{secret:NAME}`"
+)
+
+
+class PolicyDocument(_Strict):
+    """An ordered egress policy: the first rule that matches decides, else `default`."""
+
+    default: str | None = Field(
+        default=None, description="`allow` or `deny` (the default): when no rule matches."
     )
+    inspection: str | None = Field(
+        default=None,
+        description="`none` (the default: addresses and names only), `partial`, `full`, "
+        "`learn`. This daemon enforces `none`; the others are refused (400) until they land.",
+    )
+    dry_run: bool | None = Field(
+        default=None, description="Log would-be denials without denying (not available yet)."
+    )
+    rules: list[dict[str, Any]] = Field(
+        default_factory=list,
+        max_length=MAX_EGRESS_RULES,
+        description="In order; each is " + _POLICY_RULE + ".",
+    )
+
+
+class EgressRules(_Strict):
+    """Today's rule list (`{rules: ["good.test"]}`), an ordered policy (`{default,
+    inspection, rules: [{action, host, ...}]}`), or a named policy (`{policy: name}`)."""
+
+    rules: list[EgressRuleText | dict[str, Any]] | None = Field(
+        default=None,
+        max_length=MAX_EGRESS_RULES,
+        description="Replaces every rule at once. Strings: today's list (`[]`: open egress; "
+        '`["deny-all"]`: nothing leaves; any rule: only what a rule allows). Objects (with '
+        "`default`/`inspection`): " + _POLICY_RULE + ". An invalid rule rejects the whole "
+        "request (400 naming `rules[i].field`) and the old rules stay.",
+    )
+    default: str | None = Field(
+        default=None, description=PolicyDocument.model_fields["default"].description
+    )
+    inspection: str | None = Field(
+        default=None, description=PolicyDocument.model_fields["inspection"].description
+    )
+    dry_run: bool | None = Field(
+        default=None, description=PolicyDocument.model_fields["dry_run"].description
+    )
+    policy: Annotated[str, Field(min_length=1, max_length=NAME_MAX_CHARS)] | None = Field(
+        default=None,
+        description="A named policy of the project (`/v1/egress-policies`) to copy; "
+        "later edits of the named policy do not change this sandbox.",
+    )
+
+    def requested(self) -> tuple[list[str] | dict[str, Any] | None, str | None]:
+        """(rule list or policy document, named policy) as the service takes them."""
+        fields = {"default": self.default, "inspection": self.inspection, "dry_run": self.dry_run}
+        given = {k: v for k, v in fields.items() if v is not None}
+        rules = self.rules
+        if self.policy is not None:
+            if given or rules is not None:
+                raise InvalidArgument(
+                    'give either "policy" (a named policy) or the rules/policy fields, not both'
+                )
+            return None, self.policy
+        if given or any(isinstance(r, dict) for r in rules or []):
+            return {**given, "rules": list(rules or [])}, None
+        if rules is None:
+            raise InvalidArgument(
+                'give "rules" (a list), a policy ("default", "inspection", "rules") or '
+                '"policy" (a named policy)'
+            )
+        return [str(r) for r in rules], None
+
+
+class NamedPolicy(_FromView):
+    name: str
+    project: str
+    policy: dict[str, Any] = Field(description="The policy document, in canonical form.")
+    created_at: dt.datetime
+    updated_at: dt.datetime
+
+    @classmethod
+    def of(cls, view: Any) -> NamedPolicy:
+        return cls(
+            name=view.name,
+            project=view.project,
+            policy=view.policy,
+            created_at=_iso(view.created_at),
+            updated_at=_iso(view.updated_at),
+        )
+
+
+class NamedPolicyList(BaseModel):
+    policies: list[NamedPolicy]
 
 
 class Egress(_FromView):
@@ -93,6 +188,11 @@ class Egress(_FromView):
     log_dropped: int = Field(
         description="Of `denied`, packets past the sandbox's log budget: counted but not in "
         "the egress log one by one (a summary line there says how many)."
+    )
+    policy: dict[str, Any] | None = Field(
+        default=None,
+        description="The ordered policy in force, in canonical form (then `rules` has one "
+        "line per rule and the default); null when the egress is a plain rule list.",
     )
 
     @classmethod

@@ -121,6 +121,7 @@ def create(
     auto_delete_s: int | None,
     network: str,
     egress: tuple[str, ...],
+    egress_policy: str | None,
     join: tuple[str, ...],
     as_json: bool,
 ) -> None:
@@ -145,7 +146,7 @@ def create(
             snapshot=snapshot,
             auto_pause_s=auto_pause_s,
             auto_delete_s=auto_delete_s,
-            **network_create_kwargs(network, egress, join),
+            **network_create_kwargs(network, egress, join, egress_policy),
         )
     if as_json:
         print_json(info.to_dict())

@@ -4,7 +4,7 @@ API, MCP and CLI layers (pure data; the REST schemas read them by attribute)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from hutch.contract.egress import EgressMode
 from hutch.contract.enums import NetworkMode
@@ -34,6 +34,9 @@ class EgressView:
     rate_limited: int = 0
     # Of ``denied``, packets past the sandbox's log budget: counted, not logged one by one.
     log_dropped: int = 0
+    # The ordered policy in force (``hutch.contract.egress_policy``, canonical document);
+    # None when the egress is a plain rule list.
+    policy: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

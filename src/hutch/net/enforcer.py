@@ -301,7 +301,8 @@ class Enforcer:
             denied += nft.denied
             limited += nft.rate_limited
             unlogged = nft.unlogged
-        return EgressView(policy.texts(), policy.mode, allowed, denied, limited, unlogged)
+        document = policy.ordered.document() if policy.ordered is not None else None
+        return EgressView(policy.texts(), policy.mode, allowed, denied, limited, unlogged, document)
 
     def events(self, sandbox_id: str, limit: int) -> list[EgressEvent]:
         return self.log.events(sandbox_id, limit)

@@ -407,7 +407,19 @@ class EgressProxy:
             raise _Denied(f"{name!r} is not a valid hostname")
         if policy.mode == "deny-all":
             raise _Denied("egress is deny-all")
-        if policy.mode == "rules":
+        if policy.mode == "rules" and policy.ordered is not None:
+            # Ordered: the first rule whose host matches decides, and a denial names it.
+            decided = policy.ordered.decide_connection(name, None, port)
+            if decided.verdict != "allow":
+                if decided.rule is None:
+                    raise _Denied(f"no rule allows {name} on port {port} (the default is deny)")
+                raise _Denied(
+                    f"{decided.rule.canonical} denies {name} on port {port}",
+                    decided.rule.canonical,
+                )
+            assert decided.rule is not None
+            rule_text = decided.rule.canonical
+        elif policy.mode == "rules":
             rule = policy.match_name(name, port)
             if rule is None:
                 raise _Denied(f"no rule allows {name} on port {port}")

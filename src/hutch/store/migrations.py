@@ -108,4 +108,16 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (project, name)
     );
     """,
+    # 7: named egress policies, reusable per project (``project`` is 'default' until
+    # projects exist); a sandbox gets a copy at create or PUT (its own row in egress_rules)
+    """
+    CREATE TABLE egress_policies (
+        project      TEXT NOT NULL,
+        name         TEXT NOT NULL,
+        policy_json  TEXT NOT NULL,
+        created_at   REAL NOT NULL,
+        updated_at   REAL NOT NULL,
+        PRIMARY KEY (project, name)
+    );
+    """,
 )

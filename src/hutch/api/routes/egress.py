@@ -26,10 +26,13 @@ async def get_egress(sandbox_id: str, svc: Service) -> Egress:
 
 @router.put("", response_model=Egress)
 async def set_egress(sandbox_id: str, body: EgressRules, svc: Service) -> Egress:
-    """Replace the rules; they apply at once (no restart), to open connections too: those
-    the new rules no longer allow are cut. An invalid rule rejects the whole list (400
-    naming the rule) and the previous rules stay."""
-    return Egress.of(await svc.egress_set(sandbox_id, list(body.rules)))
+    """Replace the rules with a rule list, an ordered policy or a copy of a named policy.
+    They apply at once (no restart) to new connections and requests; open connections
+    the new rules no longer allow by destination are cut, and a request already relayed
+    is not evaluated again. An invalid rule rejects the whole request (400 naming the
+    rule and field) and the previous rules stay."""
+    rules, name = body.requested()
+    return Egress.of(await svc.egress_set(sandbox_id, rules, name))
 
 
 @router.get("/log", response_model=EgressLog)

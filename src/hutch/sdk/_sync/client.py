@@ -48,7 +48,7 @@ from hutch.sdk._sandboxes import (
 )
 from hutch.sdk._streams import BytesDecoder, StreamDecoder, StreamState
 from hutch.sdk._sync._closing import ClosesOnExit
-from hutch.sdk._sync.net import Networks
+from hutch.sdk._sync.net import EgressPolicies, Networks
 
 __all__ = ["Client", "ResponseStream"]
 
@@ -80,6 +80,8 @@ class Client(ClosesOnExit):
         self._images = ImageCalls(self.core)
         #: Private networks: ``client.networks.create(name)``, ``.list()``, ...
         self.networks = Networks(self)
+        #: Named egress policies: ``client.egress_policies.put(name, policy)``, ...
+        self.egress_policies = EgressPolicies(self)
 
     @property
     def base_url(self) -> str:
