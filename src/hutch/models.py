@@ -12,6 +12,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
+from hutch.contract.auth import DEFAULT_PROJECT
 from hutch.contract.enums import NetworkMode, PauseMode
 from hutch.contract.limits import (
     AUTO_DELETE_S_RANGE,
@@ -124,6 +125,8 @@ class SandboxSpec:
     egress_policy: str | None = None
     #: Private networks (ids or names) to join at create.
     networks: list[str] = field(default_factory=list)
+    #: The project the sandbox is created in (the caller's, issue 10).
+    project: str = DEFAULT_PROJECT
 
     def __post_init__(self) -> None:
         if self.auto_pause_s is not None:
@@ -171,6 +174,8 @@ class SandboxRecord:
     #: The named snapshot this sandbox was created from.
     snapshot_id: str | None = None
     network: NetworkMode = NetworkMode.DEFAULT
+    #: The project it belongs to (issue 10); never changes.
+    project: str = DEFAULT_PROJECT
 
 
 @dataclass(frozen=True)
@@ -185,3 +190,4 @@ class SnapshotRecord:
     path: str
     size_bytes: int
     created_at: float
+    project: str = DEFAULT_PROJECT

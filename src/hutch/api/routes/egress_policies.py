@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Response
 
-from hutch.api.deps import networking
+from hutch.api.deps import Caller, networking
 from hutch.api.net_schemas import NamedPolicy, NamedPolicyList, PolicyDocument
 from hutch.contract.names import NAME_PATTERN
 from hutch.services.networking import NetworkingService
@@ -20,9 +20,10 @@ PolicyName = Annotated[str, Path(pattern=NAME_PATTERN, description="The policy's
 
 
 @router.get("", response_model=NamedPolicyList)
-async def list_policies(svc: Service) -> NamedPolicyList:
+async def list_policies(svc: Service, who: Caller) -> NamedPolicyList:
     """The project's named policies, by name."""
-    return NamedPolicyList(policies=[NamedPolicy.of(v) for v in svc.policies.list()])
+    found = svc.policies.list(who.project)
+    return NamedPolicyList(policies=[NamedPolicy.of(v) for v in found])
 
 
 @router.put(
@@ -31,23 +32,23 @@ async def list_policies(svc: Service) -> NamedPolicyList:
     responses={201: {"model": NamedPolicy, "description": "Created."}},
 )
 async def put_policy(
-    name: PolicyName, body: PolicyDocument, svc: Service, response: Response
+    name: PolicyName, body: PolicyDocument, svc: Service, who: Caller, response: Response
 ) -> NamedPolicy:
     """Create (201) or replace (200) a named policy. It is validated as a sandbox's
     policy is (400 naming `rules[i].field`); sandboxes that got a copy keep theirs."""
     doc = body.model_dump(exclude_none=True)
-    view, created = svc.policies.put(name, doc)
+    view, created = svc.policies.put(name, doc, who.project)
     response.status_code = 201 if created else 200
     return NamedPolicy.of(view)
 
 
 @router.get("/{name}", response_model=NamedPolicy)
-async def get_policy(name: PolicyName, svc: Service) -> NamedPolicy:
-    return NamedPolicy.of(svc.policies.get(name))
+async def get_policy(name: PolicyName, svc: Service, who: Caller) -> NamedPolicy:
+    return NamedPolicy.of(svc.policies.get(name, who.project))
 
 
 @router.delete("/{name}", status_code=204)
-async def delete_policy(name: PolicyName, svc: Service) -> Response:
+async def delete_policy(name: PolicyName, svc: Service, who: Caller) -> Response:
     """Delete it; sandboxes that got a copy keep it."""
-    svc.policies.delete(name)
+    svc.policies.delete(name, who.project)
     return Response(status_code=204)
