@@ -618,9 +618,15 @@ async def test_an_ordered_policy_first_match_decides_and_names_the_rule(env: Env
     reply = await env.get("other.test", src=ORDERED_SRC)
     assert reply.startswith(b"HTTP/1.1 403 Forbidden")
     assert b"rules[0] deny other.test denies other.test on port" in reply
-    reply = await env.get("good.test", src=ORDERED_SRC)
+    reply = await env.get("good.test", "/docs/a?token=s3cret", src=ORDERED_SRC)
     assert reply.startswith(b"HTTP/1.1 200")
     assert env.resolver.asked == ["good.test", "good.test"]  # denied before any lookup
+    # The log keeps the method and the path, never the query; each event its rule.
+    http = env.log.events("sb-ordered")[-1]
+    assert (http.protocol, http.method, http.path, http.rule_index) == ("http", "GET", "/docs/a", 1)
+    assert not any("s3cret" in repr(e) for e in env.log.events("sb-ordered"))
+    counts = [(c.index, c.allowed, c.denied) for c in env.log.rule_counts("sb-ordered")]
+    assert counts == [(0, 0, 2), (1, 2, 0)]
     reply = await env.get("good.example", src=ORDERED_SRC)
     assert b"no rule allows good.example on port" in reply and b"the default is deny" in reply
     # A live change: a deny put first cuts the open connection it now denies.

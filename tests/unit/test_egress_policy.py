@@ -317,6 +317,11 @@ def test_names_first_match_at_the_address_level() -> None:
     assert p.name_ports("api.good.test") == (22, 443)
     assert p.name_ports("evil.good.test") == ()
     assert p.name_allowed_any_port("other.test") is None
+    # An allow only on a port denied before it allows nothing: no DNS answer either.
+    shadowed = _lowered(
+        {"action": "deny", "host": "*.test:8443"}, {"action": "allow", "host": "a.test:8443"}
+    )
+    assert shadowed.name_allowed_any_port("a.test") is None and shadowed.name_ports("a.test") == ()
 
 
 def test_ip_rules_are_lowered_with_earlier_denials_cut_out() -> None:

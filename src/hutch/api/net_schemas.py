@@ -194,10 +194,22 @@ class Egress(_FromView):
         description="The ordered policy in force, in canonical form (then `rules` has one "
         "line per rule and the default); null when the egress is a plain rule list.",
     )
+    rule_counts: list[RuleCount] = Field(
+        default_factory=list,
+        description="Per rule of the ordered policy (by index; rules that decided nothing "
+        "yet are left out): resolver answers and proxied connections it allowed or denied. "
+        "They start from zero when the policy is replaced.",
+    )
 
     @classmethod
     def of(cls, view: object) -> Egress:
         return cls.model_validate(view)
+
+
+class RuleCount(_FromView):
+    index: int = Field(description="The rule's index in `policy.rules`.")
+    allowed: int
+    denied: int
 
 
 class EgressEvent(BaseModel):
@@ -210,6 +222,19 @@ class EgressEvent(BaseModel):
     verdict: Literal["allow", "deny"]
     rule: str | None = Field(description="The rule that matched; null: none did.")
     reason: str
+    method: str | None = Field(
+        default=None, description="A plain-HTTP request's method (null: not HTTP)."
+    )
+    path: str | None = Field(
+        default=None,
+        description="A plain-HTTP request's path, without its query (query values may "
+        "hold secrets and are never logged).",
+    )
+    rule_index: int | None = Field(
+        default=None,
+        description="The index of the ordered policy's rule that decided (null: a plain "
+        "rule list, the default, or not a rule's decision).",
+    )
 
     @classmethod
     def of(cls, event: object) -> EgressEvent:
@@ -229,6 +254,9 @@ class EgressEventView(_FromView):
     verdict: Literal["allow", "deny"]
     rule: str | None
     reason: str
+    method: str | None = None
+    path: str | None = None
+    rule_index: int | None = None
 
 
 class EgressLog(BaseModel):

@@ -403,16 +403,41 @@ class OrderedPolicy:
                 return ConnectionDecision("allow" if rule.action == "allow" else "deny", rule)
         return ConnectionDecision(self.default, None)
 
+    def name_denied_by(self, name: str) -> PolicyRule | None:
+        """The deny rule that ends :meth:`name_may_be_allowed`'s search for ``name``
+        (None: no rule did; the default, or the name is allowed)."""
+        denied: set[int] = set()
+        for rule in self.rules:
+            if not matches_host(rule.host, name, None, None):
+                continue
+            if rule.action != "deny":
+                if rule.host.port is not None and rule.host.port in denied:
+                    continue  # shadowed, as in name_may_be_allowed
+                return None
+            if rule.needs_http:
+                continue
+            if rule.host.port is None:
+                return rule
+            denied.add(rule.host.port)
+        return None
+
     def name_may_be_allowed(self, name: str) -> PolicyRule | None:
         """For DNS (no port known yet): the first rule by which some connection to
         ``name`` on some port could be allowed, or None when none can. A deny rule for
-        the name on any port (and needing no request) ends the search."""
+        the name on any port (and needing no request) ends the search; an allow on a port
+        an earlier deny took is skipped (as in :meth:`name_ports`)."""
+        denied: set[int] = set()
         for rule in self.rules:
             if not matches_host(rule.host, name, None, None):
                 continue
             if rule.action == "deny":
-                if rule.host.port is None and not rule.needs_http:
+                if rule.needs_http:
+                    continue
+                if rule.host.port is None:
                     return None
+                denied.add(rule.host.port)
+                continue
+            if rule.host.port is not None and rule.host.port in denied:
                 continue
             return rule
         return None

@@ -194,9 +194,28 @@ def _sniff_http(buf: bytes) -> Sniffed | None:
 
 
 class _Denied(Exception):
-    def __init__(self, reason: str, rule: str | None = None) -> None:
+    def __init__(self, reason: str, rule: str | None = None, index: int | None = None) -> None:
         super().__init__(reason)
-        self.reason, self.rule = reason, rule
+        self.reason, self.rule, self.index = reason, rule, index
+
+
+@dataclass(frozen=True)
+class _Http:
+    """What the egress log keeps of a plain-HTTP request: the method and the path
+    without its query (query values can hold secrets)."""
+
+    method: str | None = None
+    path: str | None = None
+
+    @classmethod
+    def of(cls, seen: Sniffed) -> _Http:
+        if seen.request is None:
+            return cls()
+        target = seen.request.target
+        if "://" in target:  # absolute form: the path part
+            rest = target.split("://", 1)[1]
+            target = "/" + rest.split("/", 1)[1] if "/" in rest else "/"
+        return cls(seen.request.method, target.split("?", 1)[0])
 
 
 @dataclass(eq=False)
@@ -320,38 +339,28 @@ class EgressProxy:
             self._event(sandbox, "-", None, "tcp", None, "deny", None, f"no original port: {exc}")
             return
         seen, raw = await self._peek(reader)
+        http = _Http.of(seen)
         if seen.error is not None or seen.name is None:
             reason = seen.error or "no name"
             self._event(
-                sandbox, seen.name or "-", port, seen.protocol, seen.name, "deny", None, reason
-            )
+                sandbox, seen.name or "-", port, seen.protocol, seen.name, "deny", None, reason,
+                http=http,
+            )  # fmt: skip
             await self._refuse(writer, seen, port, reason)
             return
         try:
-            rule, upstream, addr = await self._decide_and_connect(sandbox, seen.name, port)
+            rule, index, upstream, addr = await self._decide_and_connect(sandbox, seen.name, port)
         except _Denied as denied:
             self._event(
-                sandbox,
-                seen.name,
-                port,
-                seen.protocol,
-                seen.name,
-                "deny",
-                denied.rule,
-                denied.reason,
-            )
+                sandbox, seen.name, port, seen.protocol, seen.name, "deny", denied.rule,
+                denied.reason, http=http, index=denied.index,
+            )  # fmt: skip
             await self._refuse(writer, seen, port, denied.reason)
             return
         self._event(
-            sandbox,
-            str(addr),
-            port,
-            seen.protocol,
-            seen.name,
-            "allow",
-            rule,
-            "allowed by rule" if rule else "open egress",
-        )
+            sandbox, str(addr), port, seen.protocol, seen.name, "allow", rule,
+            "allowed by rule" if rule else "open egress", http=http, index=index,
+        )  # fmt: skip
         up_reader, up_writer = upstream
         relay = _Relay(sandbox, seen.name, port, seen.protocol, (writer, up_writer))
         self._relays.add(relay)
@@ -400,9 +409,13 @@ class EgressProxy:
 
     async def _decide_and_connect(
         self, sandbox: SandboxNet, name: str, port: int
-    ) -> tuple[str | None, tuple[asyncio.StreamReader, asyncio.StreamWriter], IPv4Address]:
+    ) -> tuple[
+        str | None, int | None, tuple[asyncio.StreamReader, asyncio.StreamWriter], IPv4Address
+    ]:
+        """(rule text, ordered rule index, the upstream connection, its address)."""
         policy = sandbox.policy
         rule_text: str | None = None
+        index: int | None = None
         if normalize_name(name) is None:
             raise _Denied(f"{name!r} is not a valid hostname")
         if policy.mode == "deny-all":
@@ -416,9 +429,10 @@ class EgressProxy:
                 raise _Denied(
                     f"{decided.rule.canonical} denies {name} on port {port}",
                     decided.rule.canonical,
+                    decided.rule.index,
                 )
             assert decided.rule is not None
-            rule_text = decided.rule.canonical
+            rule_text, index = decided.rule.canonical, decided.rule.index
         elif policy.mode == "rules":
             rule = policy.match_name(name, port)
             if rule is None:
@@ -445,9 +459,10 @@ class EgressProxy:
             try:
                 async with asyncio.timeout(self._connect_timeout_s):
                     conn = await asyncio.open_connection(str(addr), port)
-                return rule_text, conn, addr
+                return rule_text, index, conn, addr
             except (OSError, TimeoutError) as exc:
                 errors.append(f"{addr}: {exc or 'timed out'}")
+        # Failures after the rule allowed carry no index: they are not the rule's decision.
         raise _Denied(f"cannot connect to {name}:{port} ({'; '.join(errors)})", rule_text)
 
     async def _refuse(
@@ -476,7 +491,11 @@ class EgressProxy:
         verdict: Verdict,
         rule: str | None,
         reason: str,
+        *,
+        http: _Http | None = None,
+        index: int | None = None,
     ) -> None:
+        h = http or _Http()
         self._log.record(
             EgressEvent(
                 time.time(),
@@ -488,6 +507,9 @@ class EgressProxy:
                 verdict,
                 rule,
                 reason,
+                h.method,
+                h.path,
+                index,
             )
         )
 

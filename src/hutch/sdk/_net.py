@@ -10,7 +10,7 @@ fields use them too); the value types are what the calls return. The shells
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 from urllib.parse import quote
@@ -158,6 +158,9 @@ class EgressInfo:
     #: The ordered policy in force (canonical document); None for a plain rule list
     #: (``rules`` then are its rules; for a policy they are one line per rule).
     policy: dict[str, Any] | None = None
+    #: Per rule of the ordered policy: ``{"index", "allowed", "denied"}`` (resolver
+    #: answers and proxied connections; rules that decided nothing yet left out).
+    rule_counts: list[dict[str, int]] = field(default_factory=list)
 
     @classmethod
     def from_dict(cls, obj: Any) -> EgressInfo:
@@ -170,6 +173,7 @@ class EgressInfo:
             rate_limited=maybe(obj, "rate_limited", int, w) or 0,
             log_dropped=maybe(obj, "log_dropped", int, w) or 0,
             policy=maybe(obj, "policy", dict, w),
+            rule_counts=[dict(c) for c in (maybe(obj, "rule_counts", list, w) or [])],
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -181,6 +185,7 @@ class EgressInfo:
             "rate_limited": self.rate_limited,
             "log_dropped": self.log_dropped,
             "policy": self.policy,
+            "rule_counts": [dict(c) for c in self.rule_counts],
         }
 
 
@@ -200,6 +205,11 @@ class EgressEvent:
     verdict: str
     rule: str | None
     reason: str
+    #: Plain HTTP through the proxy: the method and the path without its query.
+    method: str | None = None
+    path: str | None = None
+    #: The ordered policy's rule that decided (its index), None otherwise.
+    rule_index: int | None = None
 
     @classmethod
     def from_dict(cls, obj: Any) -> EgressEvent:
@@ -214,6 +224,9 @@ class EgressEvent:
             verdict=need(obj, "verdict", str, w),
             rule=maybe(obj, "rule", str, w),
             reason=need(obj, "reason", str, w),
+            method=maybe(obj, "method", str, w),
+            path=maybe(obj, "path", str, w),
+            rule_index=maybe(obj, "rule_index", int, w),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -227,6 +240,9 @@ class EgressEvent:
             "verdict": self.verdict,
             "rule": self.rule,
             "reason": self.reason,
+            "method": self.method,
+            "path": self.path,
+            "rule_index": self.rule_index,
         }
 
 

@@ -311,6 +311,7 @@ class FakeNet:
             if sb.egress_doc is not None
             else mode_of(sb.egress),
             "policy": sb.egress_doc,
+            "rule_counts": [],
             "allowed": sb.allowed,
             "denied": sb.denied,
             "rate_limited": sb.rate_limited,
