@@ -32,6 +32,16 @@ from hutch.net.rules import normalize_name, parse_policy, policy_from_stored
 SERVER = "127.0.0.20"
 RULES_SRC, OPEN_SRC, DENY_SRC, UNKNOWN_SRC = "127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.9"
 ORDERED_SRC = "127.0.0.5"  # an ordered policy (hutch.contract.egress_policy)
+PARTIAL_SRC = "127.0.0.6"  # an ordered policy with method/path rules, inspection partial
+PARTIAL = {
+    "default": "deny",
+    "inspection": "partial",
+    "rules": [
+        {"action": "deny", "host": "api.test", "methods": ["POST"], "path": "/admin"},
+        {"action": "allow", "host": "api.test", "methods": ["GET", "HEAD"], "path": "/docs"},
+        {"action": "allow", "host": "good.test"},
+    ],
+}
 BIG = random.Random(5).randbytes(16 * 1024 * 1024)
 
 RESOLVE = {
@@ -211,6 +221,7 @@ def sandboxes(https_port: int) -> dict[IPv4Address, SandboxNetInfo]:
         IPv4Address(OPEN_SRC): SandboxNetInfo("sb-open", parse_policy([])),
         IPv4Address(DENY_SRC): SandboxNetInfo("sb-deny", parse_policy(["deny-all"])),
         IPv4Address(ORDERED_SRC): SandboxNetInfo("sb-ordered", ordered_policy()),
+        IPv4Address(PARTIAL_SRC): SandboxNetInfo("sb-partial", policy_from_stored(PARTIAL)),
     }
 
 
@@ -642,6 +653,35 @@ async def test_an_ordered_policy_first_match_decides_and_names_the_rule(env: Env
     assert env.proxy.revalidate("sb-ordered", cut) == 1
     writer.close()
     assert "rules changed" in env.log.events("sb-ordered")[-1].reason
+
+
+async def test_partial_inspection_decides_plain_http_by_method_and_path(env: Env) -> None:
+    """GET /docs allowed, POST /admin denied with a 403 naming the rule, the default for
+    the rest; TLS to a host whose rules need the request is refused (no TLS termination
+    yet: fail closed), other allowed TLS passes as before."""
+    docs = await env.get("api.test", "/docs/intro?q=1", src=PARTIAL_SRC)
+    assert docs.startswith(b"HTTP/1.1 200"), docs
+    event = env.log.events("sb-partial")[-1]
+    assert (event.verdict, event.method, event.path, event.rule_index) == (
+        "allow", "GET", "/docs/intro", 1,
+    )  # fmt: skip
+    post = b"POST /admin HTTP/1.1\r\nHost: api.test\r\nContent-Length: 2\r\n\r\nhi"
+    reply = await env.http(post, src=PARTIAL_SRC)
+    assert reply.startswith(b"HTTP/1.1 403 Forbidden"), reply
+    assert b"rules[0] deny POST api.test/admin denies POST /admin on api.test:" in reply
+    event = env.log.events("sb-partial")[-1]
+    assert (event.verdict, event.rule, event.method, event.path) == (
+        "deny", "rules[0] deny POST api.test/admin", "POST", "/admin",
+    )  # fmt: skip
+    reply = await env.get("api.test", "/admin", src=PARTIAL_SRC)  # GET: no rule matches
+    assert b"no rule allows GET /admin on api.test:" in reply and b"default is deny" in reply
+    reply = await env.get("api.test", "/docs/../admin", src=PARTIAL_SRC)  # ambiguous path
+    assert reply.startswith(b"HTTP/1.1 403")
+    assert env.resolver.asked == ["api.test"]  # only the allowed request looked it up
+    with pytest.raises((ConnectionError, ssl.SSLError, asyncio.IncompleteReadError)):
+        await env.tls("api.test", src=PARTIAL_SRC)
+    assert "TLS inspection is not available yet" in env.log.events("sb-partial")[-1].reason
+    assert await env.tls("good.test", src=PARTIAL_SRC) == b"hello good.test\n"
 
 
 async def test_a_private_answer_is_used_only_under_an_ip_rule_covering_it(env: Env) -> None:

@@ -191,6 +191,8 @@ def test_connection_level_decisions() -> None:
          "rules[0]", "needs set_headers or remove_headers"),
         ({"rules": [{"action": "transform", "host": "10.0.0.1", "remove_headers": ["X"]}]},
          "rules[0].host", "needs a name"),
+        ({"rules": [{"action": "allow", "host": "10.0.0.0/8", "path": "/x"}]},
+         "rules[0].path", "needs a host name"),
         ({"rules": [{"action": "transform", "host": "a.test", "set_headers": {"Host": "b"}}]},
          "rules[0].set_headers.Host", "belongs to the proxy"),
         ({"rules": [{"action": "transform", "host": "a.test", "set_headers": {"X": "{secret:}"}}]},
@@ -275,8 +277,17 @@ def test_the_document_round_trips_in_canonical_form() -> None:
 
 
 def test_what_is_not_available_yet_is_refused_by_name() -> None:
+    partial = {
+        "inspection": "partial",
+        "rules": [{"action": "allow", "host": "a.test", "path": "/d"}],
+    }
+    require_available(parse_policy_document(partial))  # plain HTTP by method and path
     for doc, says in [
         ({"inspection": "full"}, 'inspection: "full" is not available'),
+        ({"inspection": "learn"}, 'inspection: "learn" is not available'),
+        ({"inspection": "partial", "rules": [
+            {"action": "transform", "host": "a.test", "remove_headers": ["X"]}]},
+         'rules[0].action: "transform" is not available'),
         ({"dry_run": True}, "dry_run: true is not available"),
         ({"default": "allow", "rules": [{"action": "deny", "host": "a.test"}]},
          'default: "allow" with deny rules (rules[0])'),

@@ -368,6 +368,41 @@ def test_an_ordered_policy_first_match_wins(alpha: Guest, fakenet: FakeInternet)
     alpha.expect({"www.good.test (allow first)": (https("www.good.test"), True)})
 
 
+def test_partial_inspection_decides_plain_http_by_method_and_path(alpha: Guest) -> None:
+    """inspection partial, plain HTTP from the guest: GET /docs allowed, POST /admin
+    denied with a 403 naming the rule, the default for the rest; HTTPS to that host is
+    refused (its request cannot be read without TLS termination, not built yet)."""
+    alpha.sb.set_egress(
+        policy={
+            "default": "deny",
+            "inspection": "partial",
+            "rules": [
+                {"action": "deny", "host": "good.test", "methods": ["POST"], "path": "/admin"},
+                {"action": "allow", "host": "good.test", "methods": ["GET"], "path": "/docs"},
+            ],
+        }
+    )
+    seen = alpha.expect(
+        {
+            "GET /docs/a": (http("good.test", path="/docs/a?x=1"), True),
+            "GET /admin (default)": (http("good.test", path="/admin"), False),
+            "GET /docsearch (segments)": (http("good.test", path="/docsearch"), False),
+            "https good.test": (https("good.test", path="/docs"), False),
+        }
+    )
+    assert seen["GET /admin (default)"]["status"] == 403
+    post = alpha.sb.exec(
+        "curl -s -w ' %{http_code}' -X POST --data x http://good.test/admin", timeout_s=60
+    )
+    assert post.stdout.endswith(" 403"), post
+    assert "rules[0] deny POST good.test/admin denies POST /admin on good.test:80" in post.stdout
+    events = [e for e in alpha.sb.egress.log(50) if e.method is not None]
+    assert ("GET", "/docs/a", 1, "allow") in [
+        (e.method, e.path, e.rule_index, e.verdict) for e in events
+    ], events
+    assert not any("x=1" in (e.path or "") for e in events)
+
+
 def test_dns_rebinding_is_refused(alpha: Guest, fakenet: FakeInternet) -> None:
     """Allowed names that resolve into loopback, private or metadata ranges: the proxy
     resolves them itself and refuses (the guest dials a public address)."""

@@ -469,15 +469,24 @@ class OrderedPolicy:
 
 def require_available(policy: OrderedPolicy) -> None:
     """Refuse what the daemon does not enforce yet (the API v1 as served today):
-    inspection other than ``none``, ``dry_run``, and a ``default: allow`` with deny rules
-    (address-level enforcement is an allow list). InvalidArgument says what is accepted;
-    the previous policy stays."""
-    if policy.inspection != "none":
+    inspection ``full`` and ``learn``, ``transform`` rules, ``dry_run``, and a
+    ``default: allow`` with deny rules (address-level enforcement is an allow list).
+    ``partial`` is served for plain HTTP only: requests are decided by method and path;
+    TLS to a destination whose rules need the request is refused (no TLS termination
+    yet). InvalidArgument says what is accepted; the previous policy stays."""
+    if policy.inspection not in ("none", "partial"):
         raise InvalidArgument(
             f'egress policy inspection: "{policy.inspection}" is not available on this '
-            'daemon yet; accepted: "none" (addresses and names; path, method and '
-            "transform rules need TLS inspection)"
+            'daemon yet; accepted: "none" (addresses and names) or "partial" (plus '
+            "methods and paths of plain-HTTP requests; TLS termination is not built yet)"
         )
+    for rule in policy.rules:
+        if rule.action == "transform":
+            raise InvalidArgument(
+                f'egress policy rules[{rule.index}].action: "transform" is not available on '
+                "this daemon yet (it needs the secrets store and TLS termination); "
+                "accepted: allow, deny"
+            )
     if policy.dry_run:
         raise InvalidArgument(
             "egress policy dry_run: true is not available on this daemon yet; accepted: false"
@@ -622,6 +631,13 @@ def _parse_rule(raw: object, index: int) -> PolicyRule:
         )
     if action == "transform" and not (set_headers or remove):
         raise _Invalid(where, 'a "transform" rule needs set_headers or remove_headers')
+    if (methods is not None or path is not None) and host.kind in ("ip", "cidr"):
+        field_name = "methods" if methods is not None else "path"
+        raise _Invalid(
+            f"{where}.{field_name}",
+            "needs a host name (requests are matched by their Host and SNI); an ip/cidr "
+            "rule decides by address only",
+        )
     if action == "transform" and host.kind in ("ip", "cidr"):
         raise _Invalid(
             f"{where}.host",

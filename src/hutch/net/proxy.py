@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from ipaddress import IPv4Address, ip_address
 from typing import Literal, Protocol
 
+from hutch.contract.egress_policy import HttpRequest
 from hutch.contract.views import EgressEvent, Verdict
 from hutch.errors import NetworkError
 from hutch.net.destinations import ForbiddenCheck, opened_by_ip_rule
@@ -199,6 +200,14 @@ class _Denied(Exception):
         self.reason, self.rule, self.index = reason, rule, index
 
 
+def _path_of(target: str) -> str:
+    """A request target's path without its query (for 403 bodies and the log)."""
+    if "://" in target:
+        rest = target.split("://", 1)[1]
+        target = "/" + rest.split("/", 1)[1] if "/" in rest else "/"
+    return target.split("?", 1)[0]
+
+
 @dataclass(frozen=True)
 class _Http:
     """What the egress log keeps of a plain-HTTP request: the method and the path
@@ -211,11 +220,7 @@ class _Http:
     def of(cls, seen: Sniffed) -> _Http:
         if seen.request is None:
             return cls()
-        target = seen.request.target
-        if "://" in target:  # absolute form: the path part
-            rest = target.split("://", 1)[1]
-            target = "/" + rest.split("/", 1)[1] if "/" in rest else "/"
-        return cls(seen.request.method, target.split("?", 1)[0])
+        return cls(seen.request.method, _path_of(seen.request.target))
 
 
 @dataclass(eq=False)
@@ -349,7 +354,9 @@ class EgressProxy:
             await self._refuse(writer, seen, port, reason)
             return
         try:
-            rule, index, upstream, addr = await self._decide_and_connect(sandbox, seen.name, port)
+            rule, index, upstream, addr = await self._decide_and_connect(
+                sandbox, seen.name, port, seen.request
+            )
         except _Denied as denied:
             self._event(
                 sandbox, seen.name, port, seen.protocol, seen.name, "deny", denied.rule,
@@ -408,11 +415,12 @@ class EgressProxy:
             return Sniffed("unknown", None, why), buf
 
     async def _decide_and_connect(
-        self, sandbox: SandboxNet, name: str, port: int
+        self, sandbox: SandboxNet, name: str, port: int, request: RequestHead | None = None
     ) -> tuple[
         str | None, int | None, tuple[asyncio.StreamReader, asyncio.StreamWriter], IPv4Address
     ]:
-        """(rule text, ordered rule index, the upstream connection, its address)."""
+        """(rule text, ordered rule index, the upstream connection, its address).
+        ``request``: the plain-HTTP request, for rules that need it (methods, path)."""
         policy = sandbox.policy
         rule_text: str | None = None
         index: int | None = None
@@ -423,7 +431,9 @@ class EgressProxy:
         if policy.mode == "rules" and policy.ordered is not None:
             # Ordered: the first rule whose host matches decides, and a denial names it.
             decided = policy.ordered.decide_connection(name, None, port)
-            if decided.verdict != "allow":
+            if decided.verdict == "inspect":
+                rule_text, index = self._decide_request(policy, name, port, request)
+            elif decided.verdict != "allow":
                 if decided.rule is None:
                     raise _Denied(f"no rule allows {name} on port {port} (the default is deny)")
                 raise _Denied(
@@ -431,8 +441,9 @@ class EgressProxy:
                     decided.rule.canonical,
                     decided.rule.index,
                 )
-            assert decided.rule is not None
-            rule_text, index = decided.rule.canonical, decided.rule.index
+            else:
+                assert decided.rule is not None
+                rule_text, index = decided.rule.canonical, decided.rule.index
         elif policy.mode == "rules":
             rule = policy.match_name(name, port)
             if rule is None:
@@ -464,6 +475,43 @@ class EgressProxy:
                 errors.append(f"{addr}: {exc or 'timed out'}")
         # Failures after the rule allowed carry no index: they are not the rule's decision.
         raise _Denied(f"cannot connect to {name}:{port} ({'; '.join(errors)})", rule_text)
+
+    @staticmethod
+    def _decide_request(
+        policy: EgressPolicy, name: str, port: int, request: RequestHead | None
+    ) -> tuple[str | None, int | None]:
+        """A rule needs the request (methods, path): the plain-HTTP request decides,
+        first match in order (:meth:`OrderedPolicy.decide`). TLS is refused: its request
+        cannot be read without TLS termination, which is not built yet (fail closed)."""
+        assert policy.ordered is not None
+        first = policy.ordered.decide_connection(name, None, port).rule
+        assert first is not None
+        if request is None:
+            raise _Denied(
+                f"{first.canonical} needs the HTTP request, which TLS hides from hutch "
+                f"(TLS inspection is not available yet): {name} on port {port} is refused",
+                first.canonical,
+                first.index,
+            )
+        decision = policy.ordered.decide(
+            HttpRequest(name, None, port, request.method, request.target)
+        )
+        if decision.rule is None:
+            if decision.allowed:
+                return None, None
+            raise _Denied(
+                f"no rule allows {request.method} {_path_of(request.target)} on {name}:{port} "
+                "(the default is deny)"
+            )
+        rule = decision.rule
+        if not decision.allowed:
+            raise _Denied(
+                f"{rule.canonical} denies {request.method} {_path_of(request.target)} on "
+                f"{name}:{port}",
+                rule.canonical,
+                rule.index,
+            )
+        return rule.canonical, rule.index
 
     async def _refuse(
         self, writer: asyncio.StreamWriter, seen: Sniffed, port: int, reason: str

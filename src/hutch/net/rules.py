@@ -123,7 +123,9 @@ class EgressPolicy:
             if port is None:
                 return self.ordered.name_may_be_allowed(norm)
             decided = self.ordered.decide_connection(norm, None, port)
-            return decided.rule if decided.verdict == "allow" else None
+            # "inspect": the request decides (the proxy asks it); the destination may be
+            # reached, so a connection relayed for it is not cut by a rule change.
+            return decided.rule if decided.verdict in ("allow", "inspect") else None
         for rule in self.rules:
             if _matches_name(rule, norm, port):
                 return rule
