@@ -40,6 +40,12 @@ PARTIAL = {
         {"action": "deny", "host": "api.test", "methods": ["POST"], "path": "/admin"},
         {"action": "allow", "host": "api.test", "methods": ["GET", "HEAD"], "path": "/docs"},
         {"action": "allow", "host": "good.test"},
+        {
+            "action": "transform",
+            "host": "other.test",
+            "set_headers": {"X-Api-Key": "k-123"},
+            "remove_headers": ["Cookie"],
+        },
     ],
 }
 BIG = random.Random(5).randbytes(16 * 1024 * 1024)
@@ -118,6 +124,7 @@ class Lenient:
     bodies by Content-Length or chunked. ``seen``: (method, target, host, body) served."""
 
     seen: list[tuple[str, str, str | None, bytes]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)  # of each request served
     port: int = 0
     ignore_close: bool = False  # like a careless server: keep-alive whatever is asked
     finished: asyncio.Event = field(default_factory=asyncio.Event)
@@ -140,6 +147,7 @@ class Lenient:
                     while (await reader.readline()).strip():
                         pass
                 self.seen.append((method, target, headers.get("host"), body))
+                self.headers.append(headers)
                 answer = f"{method} {target} {hashlib.sha256(body).hexdigest()}".encode()
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(answer))
                 writer.write(answer)
@@ -682,6 +690,29 @@ async def test_partial_inspection_decides_plain_http_by_method_and_path(env: Env
         await env.tls("api.test", src=PARTIAL_SRC)
     assert "TLS inspection is not available yet" in env.log.events("sb-partial")[-1].reason
     assert await env.tls("good.test", src=PARTIAL_SRC) == b"hello good.test\n"
+
+
+async def test_a_transform_rewrites_headers_and_placeholders_are_refused(env: Env) -> None:
+    """A transform (literal values: the secrets store is not wired yet) sets and removes
+    headers of a plain-HTTP request; a request carrying a {secret:...} placeholder is
+    refused before any upstream connection opens."""
+    head = (
+        b"GET /x HTTP/1.1\r\nHost: other.test\r\nCookie: session=1\r\n"
+        b"x-api-key: the-guests-own\r\n\r\n"
+    )
+    reply = await env.lenient_http(head, src=PARTIAL_SRC)
+    assert reply.startswith(b"HTTP/1.1 200"), reply
+    got = env.lenient.headers[-1]
+    assert got["x-api-key"] == "k-123" and "cookie" not in got
+    assert got["connection"] == "close"
+    event = env.log.events("sb-partial")[-1]
+    assert (event.verdict, event.rule_index) == ("allow", 3)
+    served = len(env.lenient.seen)
+    asked = list(env.resolver.asked)
+    sneaky = b"GET /x HTTP/1.1\r\nHost: other.test\r\nAuthorization: Bearer {SECRET:openai}\r\n\r\n"
+    reply = await env.lenient_http(sneaky, src=PARTIAL_SRC)
+    assert reply.startswith(b"HTTP/1.1 403") and b"placeholder" in reply
+    assert len(env.lenient.seen) == served and env.resolver.asked == asked  # nothing opened
 
 
 async def test_a_private_answer_is_used_only_under_an_ip_rule_covering_it(env: Env) -> None:

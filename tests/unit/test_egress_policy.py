@@ -282,12 +282,14 @@ def test_what_is_not_available_yet_is_refused_by_name() -> None:
         "rules": [{"action": "allow", "host": "a.test", "path": "/d"}],
     }
     require_available(parse_policy_document(partial))  # plain HTTP by method and path
+    literal = {"action": "transform", "host": "a.test", "set_headers": {"X-Key": "v"}}
+    require_available(parse_policy_document({"inspection": "partial", "rules": [literal]}))
     for doc, says in [
         ({"inspection": "full"}, 'inspection: "full" is not available'),
         ({"inspection": "learn"}, 'inspection: "learn" is not available'),
         ({"inspection": "partial", "rules": [
-            {"action": "transform", "host": "a.test", "remove_headers": ["X"]}]},
-         'rules[0].action: "transform" is not available'),
+            {"action": "transform", "host": "a.test", "set_headers": {"A": "{secret:k}"}}]},
+         "rules[0].set_headers.A: {secret:k} needs the secrets store"),
         ({"dry_run": True}, "dry_run: true is not available"),
         ({"default": "allow", "rules": [{"action": "deny", "host": "a.test"}]},
          'default: "allow" with deny rules (rules[0])'),
@@ -360,3 +362,20 @@ def test_lists_keep_their_meaning_and_storage() -> None:
     with pytest.raises(InvalidArgument, match="list of rules or a policy object"):
         policy_from_stored("good.test")
     assert lower_policy(parse_policy_document({})).mode == "deny-all"
+
+
+def test_rewrite_fields_sets_and_removes_and_keeps_connection_close_last() -> None:
+    from hutch.net.http_head import HeadError, parse_request_head, rewrite_fields
+
+    req = parse_request_head(
+        b"GET / HTTP/1.1\r\nHost: a.test\r\nCookie: c\r\nX-Key: old\r\nAccept: */*\r\n\r\n"
+    )
+    assert req is not None
+    head = rewrite_fields(req.head, [("X-Key", "new")], ["cookie"])
+    assert head == (
+        b"GET / HTTP/1.1\r\nHost: a.test\r\nAccept: */*\r\nX-Key: new\r\nConnection: close\r\n\r\n"
+    )
+    again = parse_request_head(head)
+    assert again is not None and again.head == head  # still a strictly valid head
+    with pytest.raises(HeadError, match="control character"):
+        rewrite_fields(req.head, [("X-Key", "a\r\nEvil: 1")], [])

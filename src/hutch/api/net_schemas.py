@@ -93,8 +93,9 @@ class PolicyDocument(_Strict):
     inspection: str | None = Field(
         default=None,
         description="`none` (the default: addresses and names only), `partial`, `full`, "
-        "`learn`. This daemon serves `none` and `partial` (plain-HTTP requests by method "
-        "and path; HTTPS to a host whose rules need the request is refused); `full` and "
+        "`learn`. This daemon serves `none` and `partial` (plain-HTTP requests by method, "
+        "path and literal transforms; HTTPS to a host whose rules need the request is "
+        "refused); `full` and "
         "`learn` are refused (400) until TLS termination lands.",
     )
     dry_run: bool | None = Field(

@@ -469,8 +469,9 @@ class OrderedPolicy:
 
 def require_available(policy: OrderedPolicy) -> None:
     """Refuse what the daemon does not enforce yet (the API v1 as served today):
-    inspection ``full`` and ``learn``, ``transform`` rules, ``dry_run``, and a
-    ``default: allow`` with deny rules (address-level enforcement is an allow list).
+    inspection ``full`` and ``learn``, ``{secret:NAME}`` in a transform (no secrets
+    store yet: literal values only), ``dry_run``, and a ``default: allow`` with deny
+    rules (address-level enforcement is an allow list).
     ``partial`` is served for plain HTTP only: requests are decided by method and path;
     TLS to a destination whose rules need the request is refused (no TLS termination
     yet). InvalidArgument says what is accepted; the previous policy stays."""
@@ -481,12 +482,13 @@ def require_available(policy: OrderedPolicy) -> None:
             "methods and paths of plain-HTTP requests; TLS termination is not built yet)"
         )
     for rule in policy.rules:
-        if rule.action == "transform":
-            raise InvalidArgument(
-                f'egress policy rules[{rule.index}].action: "transform" is not available on '
-                "this daemon yet (it needs the secrets store and TLS termination); "
-                "accepted: allow, deny"
-            )
+        for header, tpl in rule.set_headers:
+            if tpl.secrets:
+                raise InvalidArgument(
+                    f"egress policy rules[{rule.index}].set_headers.{header}: "
+                    f"{{secret:{tpl.secrets[0]}}} needs the secrets store, which this daemon "
+                    "does not have yet; accepted: literal values"
+                )
     if policy.dry_run:
         raise InvalidArgument(
             "egress policy dry_run: true is not available on this daemon yet; accepted: false"

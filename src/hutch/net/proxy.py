@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import re
 import socket
@@ -47,7 +48,7 @@ from hutch.errors import NetworkError
 from hutch.net.destinations import ForbiddenCheck, opened_by_ip_rule
 from hutch.net.dns import SandboxDirectory, SandboxNet
 from hutch.net.egress_log import EgressLog
-from hutch.net.http_head import HeadError, RequestHead, parse_request_head
+from hutch.net.http_head import HeadError, RequestHead, parse_request_head, rewrite_fields
 from hutch.net.http_relay import relay_one_request
 from hutch.net.ratelimit import KeyedLimiter, Rate
 from hutch.net.rules import EgressPolicy, normalize_name
@@ -55,6 +56,7 @@ from hutch.net.rules import EgressPolicy, normalize_name
 __all__ = [
     "EgressProxy",
     "NameResolver",
+    "SecretResolver",
     "Sniffed",
     "close_writer",
     "pipe_both",
@@ -198,6 +200,18 @@ class _Denied(Exception):
     def __init__(self, reason: str, rule: str | None = None, index: int | None = None) -> None:
         super().__init__(reason)
         self.reason, self.rule, self.index = reason, rule, index
+
+
+class SecretResolver(Protocol):
+    """Where a transform's ``{secret:NAME}`` values come from (the secrets store's
+    ``reveal(name, project)``). Not wired yet: the contract refuses secret references
+    until the store is on main, so :func:`_no_secrets` stands in and refuses."""
+
+    def reveal(self, name: str, project: str) -> str: ...
+
+
+def _no_secrets(name: str) -> str:
+    raise LookupError(f"secret {name!r}: this daemon has no secrets store yet")
 
 
 def _path_of(target: str) -> str:
@@ -354,8 +368,9 @@ class EgressProxy:
             await self._refuse(writer, seen, port, reason)
             return
         try:
+            rewritten: list[RequestHead] = []  # a transform's head, decided before connecting
             rule, index, upstream, addr = await self._decide_and_connect(
-                sandbox, seen.name, port, seen.request
+                sandbox, seen.name, port, seen.request, rewritten
             )
         except _Denied as denied:
             self._event(
@@ -386,9 +401,8 @@ class EgressProxy:
         try:
             if seen.request is not None:
                 body = raw[seen.request.consumed :]
-                cut = await relay_one_request(
-                    reader, writer, up_reader, up_writer, seen.request, body
-                )
+                request = rewritten[0] if rewritten else seen.request
+                cut = await relay_one_request(reader, writer, up_reader, up_writer, request, body)
                 if cut is not None:
                     self._event(sandbox, str(addr), port, "http", seen.name, "deny", rule, cut)
             else:
@@ -415,12 +429,18 @@ class EgressProxy:
             return Sniffed("unknown", None, why), buf
 
     async def _decide_and_connect(
-        self, sandbox: SandboxNet, name: str, port: int, request: RequestHead | None = None
+        self,
+        sandbox: SandboxNet,
+        name: str,
+        port: int,
+        request: RequestHead | None = None,
+        rewritten: list[RequestHead] | None = None,
     ) -> tuple[
         str | None, int | None, tuple[asyncio.StreamReader, asyncio.StreamWriter], IPv4Address
     ]:
         """(rule text, ordered rule index, the upstream connection, its address).
-        ``request``: the plain-HTTP request, for rules that need it (methods, path)."""
+        ``request``: the plain-HTTP request, for rules that need it (methods, path);
+        a transform rule's rewritten request is put in ``rewritten``."""
         policy = sandbox.policy
         rule_text: str | None = None
         index: int | None = None
@@ -432,7 +452,9 @@ class EgressProxy:
             # Ordered: the first rule whose host matches decides, and a denial names it.
             decided = policy.ordered.decide_connection(name, None, port)
             if decided.verdict == "inspect":
-                rule_text, index = self._decide_request(policy, name, port, request)
+                rule_text, index, head = self._decide_request(policy, name, port, request)
+                if head is not None and rewritten is not None:
+                    rewritten.append(head)
             elif decided.verdict != "allow":
                 if decided.rule is None:
                     raise _Denied(f"no rule allows {name} on port {port} (the default is deny)")
@@ -479,10 +501,13 @@ class EgressProxy:
     @staticmethod
     def _decide_request(
         policy: EgressPolicy, name: str, port: int, request: RequestHead | None
-    ) -> tuple[str | None, int | None]:
-        """A rule needs the request (methods, path): the plain-HTTP request decides,
-        first match in order (:meth:`OrderedPolicy.decide`). TLS is refused: its request
-        cannot be read without TLS termination, which is not built yet (fail closed)."""
+    ) -> tuple[str | None, int | None, RequestHead | None]:
+        """A rule needs the request (methods, path, transform): the plain-HTTP request
+        decides, first match in order (:meth:`OrderedPolicy.decide`); a transform gives
+        the rewritten request. TLS is refused: its request cannot be read without TLS
+        termination, which is not built yet (fail closed). A request carrying a
+        ``{secret:`` placeholder is refused: only a transform rule fills secrets, never
+        the guest's own request."""
         assert policy.ordered is not None
         first = policy.ordered.decide_connection(name, None, port).rule
         assert first is not None
@@ -493,12 +518,17 @@ class EgressProxy:
                 first.canonical,
                 first.index,
             )
+        if b"{secret:" in request.head.lower():
+            raise _Denied(
+                "the request carries a {secret:...} placeholder; hutch fills secrets only "
+                "through a transform rule bound to the host, never from the guest's request"
+            )
         decision = policy.ordered.decide(
             HttpRequest(name, None, port, request.method, request.target)
         )
         if decision.rule is None:
             if decision.allowed:
-                return None, None
+                return None, None, None
             raise _Denied(
                 f"no rule allows {request.method} {_path_of(request.target)} on {name}:{port} "
                 "(the default is deny)"
@@ -511,7 +541,14 @@ class EgressProxy:
                 rule.canonical,
                 rule.index,
             )
-        return rule.canonical, rule.index
+        if decision.action != "transform":
+            return rule.canonical, rule.index, None
+        try:
+            values = [(n, tpl.render(_no_secrets)) for n, tpl in rule.set_headers]
+            head = rewrite_fields(request.head, values, rule.remove_headers)
+        except (HeadError, LookupError) as exc:
+            raise _Denied(f"{rule.canonical} cannot transform: {exc}", rule.canonical) from exc
+        return rule.canonical, rule.index, dataclasses.replace(request, head=head)
 
     async def _refuse(
         self, writer: asyncio.StreamWriter, seen: Sniffed, port: int, reason: str
