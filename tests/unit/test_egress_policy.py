@@ -213,6 +213,31 @@ def test_validation_names_the_field_and_what_is_accepted(doc: Any, where: str, s
     assert says in str(err.value)
 
 
+def test_request_rules_open_only_the_web_ports() -> None:
+    """A path rule is enforced where requests are read (80/443 through the proxy): for
+    the address level it opens those ports only, so HTTP on another port cannot skip it."""
+    p = policy_from_stored(
+        {
+            "inspection": "partial",
+            "rules": [
+                {"action": "deny", "host": "api.test", "methods": ["POST"], "path": "/admin"},
+                {"action": "allow", "host": "api.test", "path": "/docs"},
+                {"action": "deny", "host": "*.test:22"},
+                {"action": "allow", "host": "web.test:443", "path": "/"},
+            ],
+        }
+    )
+    assert p.name_ports("api.test") == (80, 443)
+    assert p.name_ports("web.test") == (443,)
+    with pytest.raises(InvalidArgument, match=r"rules\[0\]\.host: port 8080: requests are read"):
+        parse_policy_document(
+            {
+                "inspection": "partial",
+                "rules": [{"action": "allow", "host": "a.test:8080", "path": "/"}],
+            }
+        )
+
+
 def test_request_rules_need_inspection() -> None:
     for rule, where in [
         ({"action": "allow", "host": "a.test", "path": "/x"}, "rules[0].path"),

@@ -368,7 +368,9 @@ def test_an_ordered_policy_first_match_wins(alpha: Guest, fakenet: FakeInternet)
     alpha.expect({"www.good.test (allow first)": (https("www.good.test"), True)})
 
 
-def test_partial_inspection_decides_plain_http_by_method_and_path(alpha: Guest) -> None:
+def test_partial_inspection_decides_plain_http_by_method_and_path(
+    alpha: Guest, fakenet: FakeInternet
+) -> None:
     """inspection partial, plain HTTP from the guest: GET /docs allowed, POST /admin
     denied with a 403 naming the rule, the default for the rest; HTTPS to that host is
     refused (its request cannot be read without TLS termination, not built yet)."""
@@ -388,6 +390,9 @@ def test_partial_inspection_decides_plain_http_by_method_and_path(alpha: Guest) 
             "GET /admin (default)": (http("good.test", path="/admin"), False),
             "GET /docsearch (segments)": (http("good.test", path="/docsearch"), False),
             "https good.test": (https("good.test", path="/docs"), False),
+            # Request rules open the web ports only: another port of the same (learned)
+            # address would carry HTTP past the path check.
+            "tcp 2222 of good.test": (tcp(fakenet.web, 2222), False),
         }
     )
     assert seen["GET /admin (default)"]["status"] == 403

@@ -460,6 +460,13 @@ class OrderedPolicy:
                 continue
             if rule.action == "deny":
                 continue  # a request-level deny: the request decides, not the address
+            if rule.needs_http:
+                # Requests are read on the web ports only (the proxy): a request rule
+                # opens those, never every port (HTTP on another port would skip it).
+                for web in (80, 443) if port is None else (port,):
+                    if web not in denied and web not in ports:
+                        ports.append(web)
+                continue
             if port is None:
                 return (None,)
             if port not in denied and port not in ports:
@@ -633,6 +640,13 @@ def _parse_rule(raw: object, index: int) -> PolicyRule:
         )
     if action == "transform" and not (set_headers or remove):
         raise _Invalid(where, 'a "transform" rule needs set_headers or remove_headers')
+    needs_request = methods is not None or path is not None or action == "transform"
+    if needs_request and host.port is not None and host.port not in (80, 443):
+        raise _Invalid(
+            f"{where}.host",
+            f"port {host.port}: requests are read on ports 80 and 443 only (where hutch's "
+            "proxy sees them); accepted: no port (both), :80 or :443",
+        )
     if (methods is not None or path is not None) and host.kind in ("ip", "cidr"):
         field_name = "methods" if methods is not None else "path"
         raise _Invalid(
@@ -659,8 +673,8 @@ def _check_enforceable(policy: OrderedPolicy) -> None:
     address and port sets. "Every port but P" is no such set: a deny on a non-web port
     followed by an allow on any port of an overlapping destination would open P."""
     for later in policy.rules:
-        if later.action == "deny" or later.host.port is not None:
-            continue
+        if later.action == "deny" or later.host.port is not None or later.needs_http:
+            continue  # request rules open the web ports only (see name_ports)
         for earlier in policy.rules[: later.index]:
             if earlier.action != "deny" or earlier.needs_http or earlier.host.port is None:
                 continue
