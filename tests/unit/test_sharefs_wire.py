@@ -149,3 +149,16 @@ def test_random_bodies_never_raise() -> None:
         body = struct.pack("<IH", rng.randrange(2**32), rng.choice([*list(Op), 0, 500]))
         body += bytes(rng.randrange(256) for _ in range(n))
         assert isinstance(decode_request(body), Request | Malformed)
+
+
+def test_mountinfo_parsing_finds_mount_points_with_escapes() -> None:
+    from pathlib import Path
+
+    from hutch.storage.shared_mounts import mount_points
+
+    text = (
+        "36 35 98:0 / /mnt/a\\040b rw,noatime master:1 - ext4 /dev/loop0 rw\n"
+        "37 35 98:0 / /state/shared/v1 rw,nosuid,nodev,noexec - ext4 /dev/loop1 rw\n"
+        "garbage\n"
+    )
+    assert mount_points(text) == [Path("/mnt/a b"), Path("/state/shared/v1")]
