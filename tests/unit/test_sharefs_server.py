@@ -249,6 +249,12 @@ def test_handles_are_bounded_never_reused_and_closed_with_the_session(tree: Path
     (again,) = g.ok(Op.OPEN, b"d/f", os.O_RDONLY)
     assert again not in handles
     assert s.open_handles == 4
+    # A new session (after a reconnect) never accepts the old one's handles.
+    s2 = ShareFsSession(tree)
+    g2 = Guest(s2)
+    for h in handles:
+        assert g2.err(Op.READ, h, 0, 1) == errno.EBADF
+    s2.close()
     s.close()
     s.close()
     assert len(os.listdir("/proc/self/fd")) == before
@@ -305,16 +311,26 @@ async def test_serve_stream_answers_pipelined_requests_and_closes_handles(tree: 
     reader, writer = await asyncio.open_unix_connection(sock=host)
     task = asyncio.create_task(serve_stream(reader, writer, session))
     g_reader, g_writer = await asyncio.open_unix_connection(sock=guest_sock)
-    g_writer.write(encode_request(1, Op.OPEN, b"d/f", os.O_RDONLY) + b"junk")
-    g_writer.write(encode_request(2, Op.READ, 1, 0, 5))
-    await g_writer.drain()
     dec = FrameDecoder()
-    replies: list[bytes] = []
-    while len(replies) < 2:
-        replies += [r for r in dec.feed(await g_reader.read(65536)) if isinstance(r, bytes)]
-    assert decode_reply(Op.OPEN, replies[0]) == (1, 0, (1,))
-    assert decode_reply(Op.READ, replies[1]) == (2, 0, (b"hello",))
+
+    async def replies(n: int) -> list[bytes]:
+        got: list[bytes] = []
+        while len(got) < n:
+            got += [r for r in dec.feed(await g_reader.read(65536)) if isinstance(r, bytes)]
+        return got
+
+    g_writer.write(encode_request(1, Op.OPEN, b"d/f", os.O_RDONLY) + b"junk")
+    await g_writer.drain()
+    (opened,) = await replies(1)
+    req_id, err, (handle,) = decode_reply(Op.OPEN, opened)
+    assert (req_id, err) == (1, 0)
+    g_writer.write(encode_request(2, Op.READ, handle, 0, 5) + encode_request(3, Op.STATFS))
+    await g_writer.drain()
+    read, statfs = await replies(2)
+    assert decode_reply(Op.READ, read) == (2, 0, (b"hello",))
+    assert decode_reply(Op.STATFS, statfs)[:2] == (3, 0)
     assert session.open_handles == 1
     g_writer.close()
+    await g_writer.wait_closed()
     await asyncio.wait_for(task, 10)
     assert session.open_handles == 0

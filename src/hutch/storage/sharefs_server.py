@@ -11,7 +11,8 @@ Hostile input, so:
 - a file opened for I/O must be a regular file (opened ``O_NONBLOCK``, so a FIFO that
   got there some other way cannot hang the server);
 - at most ``max_handles`` open files per connection (EMFILE past it), handle numbers are
-  never reused (a stale one is EBADF), and all of them close with the connection;
+  never reused, not even across sessions (a random 62-bit base each: a handle the guest
+  kept from before a reconnect is EBADF), and all of them close with the connection;
 - every failure is an errno reply: :meth:`ShareFsSession.handle` never raises.
 
 The size limit is not enforced here: the tree lives on a filesystem of the volume's size
@@ -25,6 +26,7 @@ import contextlib
 import errno
 import logging
 import os
+import secrets
 import stat
 from collections.abc import Callable
 
@@ -102,7 +104,10 @@ class ShareFsSession:
         self.read_only = read_only
         self.max_handles = max_handles
         self._handles: dict[int, int] = {}
-        self._next_handle = 1
+        # Handle numbers start at a random base per session: after a reconnect (a
+        # resume, a fork child, a daemon restart) the guest may still hold handles of
+        # the old session, and they must be EBADF here, never another file's handle.
+        self._next_handle = secrets.randbits(62) + 1
         self._decoder = FrameDecoder()
         self._ops: dict[Op, Callable[..., tuple[object, ...]]] = {
             Op.STAT: self._stat,
