@@ -284,6 +284,8 @@ def test_read_only_sessions_refuse_every_write(tree: Path) -> None:
     try:
         assert g.err(Op.CREATE, b"x", os.O_WRONLY, 0o644) == errno.EROFS
         assert g.err(Op.OPEN, b"d/f", os.O_RDWR) == errno.EROFS
+        assert g.err(Op.OPEN, b"d/f", os.O_RDONLY | os.O_TRUNC) == errno.EROFS
+        assert (tree / "d" / "f").read_bytes() == b"hello"  # not truncated on the way
         assert g.err(Op.UNLINK, b"d/f") == errno.EROFS
         assert g.err(Op.SETATTR, b"d/f", SET_SIZE, 0, 0, 0, 0) == errno.EROFS
         assert g.ok(Op.READ, g.ok(Op.OPEN, b"d/f", os.O_RDONLY)[0], 0, 5) == (b"hello",)

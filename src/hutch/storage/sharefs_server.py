@@ -237,11 +237,12 @@ class ShareFsSession:
             os.close(fd)
 
     def _open(self, path: bytes, flags: int) -> tuple[object, ...]:
-        fd = self.root.open(path, (flags & _OPEN_KEEP) | os.O_NONBLOCK)
-        self._regular(fd)
-        if self.read_only and flags & os.O_ACCMODE != os.O_RDONLY:
-            os.close(fd)
+        flags &= _OPEN_KEEP
+        # Before the open: O_TRUNC acts at open time.
+        if self.read_only and (flags & os.O_ACCMODE != os.O_RDONLY or flags & os.O_TRUNC):
             raise OSError(errno.EROFS, "read-only volume")
+        fd = self.root.open(path, flags | os.O_NONBLOCK)
+        self._regular(fd)
         return (self._add_handle(fd),)
 
     def _create(self, path: bytes, flags: int, mode: int) -> tuple[object, ...]:
