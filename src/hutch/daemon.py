@@ -39,6 +39,7 @@ from hutch.services.reconcile import Reconciler
 from hutch.services.registry import SandboxRegistry
 from hutch.services.sandboxes import SandboxService
 from hutch.services.snapshots import SnapshotService
+from hutch.services.usage import UsageService
 from hutch.store import Store
 from hutch.store.images import ImageStore
 
@@ -110,6 +111,7 @@ def build_services(
         processes=ProcessService(guest),
         interpreter=InterpreterService(guest),
         files=FilesExtraService(guest),
+        usage=UsageService(core),
     )
 
 

@@ -10,14 +10,16 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hutch.api import errors, spec
-from hutch.api.auth import BearerAuth
+from hutch.api.auth import BearerAuth, act_for_request, load_or_create_key
 from hutch.api.limits import BodyLimit
 from hutch.api.routes import archive as archive_routes
 from hutch.api.routes import contexts as context_routes
 from hutch.api.routes import egress, files, images, meta, networks, ports, sandboxes
 from hutch.api.routes import exec as exec_routes
+from hutch.api.routes import metrics as metrics_routes
 from hutch.api.routes import processes as process_routes
 from hutch.api.routes import pty as pty_routes
+from hutch.api.routes import usage as usage_routes
 from hutch.api.routes import watch as watch_routes
 from hutch.errors import HutchError
 from hutch.services.composed import Services
@@ -31,6 +33,11 @@ def create_app(services: Services, api_key: str, *, manage_service: bool = True)
     """Build the app. With ``manage_service`` the app starts and closes ``services``."""
 
     core = getattr(services, "core", None)  # None: only the spec is wanted
+    metrics_token = (
+        load_or_create_key(core.settings.metrics_token_path, prefix="hm_")
+        if core is not None
+        else None
+    )
     source = getattr(core, "image_source", None)
     importer = (
         ImageImporter(core.settings, source, core)
@@ -77,7 +84,7 @@ def create_app(services: Services, api_key: str, *, manage_service: bool = True)
     app.state.services = services
     app.state.importer = importer
     app.state.builder = builder
-    auth = [Depends(BearerAuth(api_key))]
+    auth = [Depends(BearerAuth(api_key)), Depends(act_for_request)]
     app.include_router(meta.health_router)
     app.include_router(meta.router, dependencies=auth)
     app.include_router(images.router, dependencies=auth)
@@ -96,6 +103,8 @@ def create_app(services: Services, api_key: str, *, manage_service: bool = True)
     app.include_router(ports.router, dependencies=auth)
     app.include_router(networks.router, dependencies=auth)
     app.include_router(networks.membership_router, dependencies=auth)
+    app.include_router(usage_routes.router, dependencies=auth)
+    app.include_router(metrics_routes.router(metrics_token or "", api_key))
     app.add_exception_handler(HutchError, errors.handle_hutch_error)
     app.add_exception_handler(RequestValidationError, errors.handle_validation_error)
     app.add_exception_handler(StarletteHTTPException, errors.handle_http_error)

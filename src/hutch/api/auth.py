@@ -22,18 +22,21 @@ from pathlib import Path
 
 from fastapi import Request
 
+from hutch.contract.auth import Principal
 from hutch.errors import Unauthorized
+from hutch.services.events import act_as
 
-__all__ = ["BearerAuth", "check_bearer", "check_key", "load_or_create_key"]
+__all__ = ["BearerAuth", "act_for_request", "check_bearer", "check_key", "load_or_create_key"]
 
 MISSING_HEADER = (
     "missing API key: send 'Authorization: Bearer <key>' (the key is in <state_dir>/api-key)"
 )
 
 
-def load_or_create_key(path: Path) -> str:
-    """Return the daemon's API key, creating it (0600) on first start. The file holds
-    the key and a newline."""
+def load_or_create_key(path: Path, prefix: str = "hk_") -> str:
+    """Return the daemon's API key (or another secret of its: the metrics scrape token,
+    ``prefix`` hm_), creating it (0600) on first start. The file holds the key and a
+    newline."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         key = path.read_text().strip()
@@ -42,7 +45,7 @@ def load_or_create_key(path: Path) -> str:
             return key
     except FileNotFoundError:
         pass
-    key = "hk_" + secrets.token_urlsafe(32)
+    key = prefix + secrets.token_urlsafe(32)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(key + "\n")
@@ -61,6 +64,14 @@ def check_bearer(header: str, key: bytes) -> None:
     if scheme.lower() != "bearer" or not sep or not token:
         raise Unauthorized(MISSING_HEADER)
     check_key(token, key)
+
+
+async def act_for_request(request: Request) -> None:
+    """The request's events record its caller: until keys per project exist, every
+    caller holds the admin key. Async on purpose: it runs in the request's own task, so
+    the context it sets is the route's."""
+    client = request.client
+    act_as(Principal.admin(source=client.host if client else ""))
 
 
 class BearerAuth:

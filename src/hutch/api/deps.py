@@ -15,6 +15,7 @@ from hutch.services.processes import ProcessService
 from hutch.services.reaper import Reaper
 from hutch.services.sandboxes import SandboxService
 from hutch.services.snapshots import SnapshotService
+from hutch.services.usage import UsageService
 
 
 def services(conn: HTTPConnection) -> Services:
@@ -57,3 +58,8 @@ def interpreter(conn: HTTPConnection) -> InterpreterService:
 
 def files_extra(conn: HTTPConnection) -> FilesExtraService:
     return services(conn).files
+
+
+def usage(conn: HTTPConnection) -> UsageService:
+    """Usage, cost and the event log."""
+    return services(conn).usage

@@ -27,6 +27,7 @@ from hutch.cli.processes import kill, logs, ps
 from hutch.cli.sandboxes import create, inspect, ls, rm
 from hutch.cli.shell import shell
 from hutch.cli.snapshots import snapshot
+from hutch.cli.usage import events, usage
 from hutch.cli.watch import watch
 from hutch.errors import HutchError
 from hutch.sdk import DaemonUnreachable
@@ -123,6 +124,8 @@ for _command in (
     ps,
     logs,
     kill,
+    usage,
+    events,
 ):
     cli.add_command(_command)
 

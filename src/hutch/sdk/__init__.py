@@ -6,8 +6,9 @@ A client only (it imports the contract, never the daemon's code). Layout, after 
   builds its requests, reads its answers and holds its value types: ``_sandboxes``
   (create, lifecycle, snapshots, images), ``_exec``, ``_files`` (+ ``_tar``),
   ``_processes``, ``_contexts`` (code interpreter), ``_net`` (egress, ports, networks),
-  ``_pty`` (terminals); ``_streams`` decodes streamed bodies. The create and command
-  fields are the contract's (``hutch.contract.requests``), declared once.
+  ``_pty`` (terminals), ``_usage`` (usage, cost, the event log); ``_streams`` decodes
+  streamed bodies. The create and command fields are the contract's
+  (``hutch.contract.requests``), declared once.
 - the shells that do I/O: ``_async/``, written by hand, and ``_sync/``, generated from it
   by ``scripts/unasync.py`` (a test fails when it is stale); where the two must differ,
   ``_io_async``/``_io_sync``.
@@ -57,6 +58,7 @@ from hutch.sdk._sync.net import Egress, Networks, Ports, SandboxNetworks
 from hutch.sdk._sync.processes import Process, Processes
 from hutch.sdk._sync.pty import Pty, Terminal
 from hutch.sdk._sync.sandbox import Sandbox
+from hutch.sdk._usage import Event, EventPage, Usage, UsageRow
 from hutch.version import __version__
 
 __all__ = [
@@ -88,6 +90,8 @@ __all__ = [
     "Egress",
     "EgressEvent",
     "EgressInfo",
+    "Event",
+    "EventPage",
     "ExecEvent",
     "ExecExit",
     "ExecOutput",
@@ -127,6 +131,8 @@ __all__ = [
     "SnapshotInfo",
     "Terminal",
     "Timeouts",
+    "Usage",
+    "UsageRow",
     "WatchEvent",
     "WrittenFile",
     "__version__",

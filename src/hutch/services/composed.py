@@ -13,6 +13,7 @@ Each service takes what it needs in its constructor::
     Reaper(core, sandboxes, lifecycle)                          timeout/auto-pause/delete
     Reconciler(core)                                            start-up reconcile
     ProcessService(guest), InterpreterService(guest), FilesExtraService(guest)
+    UsageService(core)                                          usage, cost, event log
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from hutch.services.reconcile import ReconcilePlan, Reconciler
 from hutch.services.registry import SandboxRegistry
 from hutch.services.sandboxes import SandboxService
 from hutch.services.snapshots import SnapshotService
+from hutch.services.usage import UsageService
 from hutch.store.db import LIVE_STATES
 
 __all__ = ["Services"]
@@ -53,6 +55,7 @@ class Services:
     processes: ProcessService
     interpreter: InterpreterService
     files: FilesExtraService
+    usage: UsageService
     _reconcile_task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @property

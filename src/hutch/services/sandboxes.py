@@ -85,6 +85,10 @@ class SandboxService:
     # -- create / delete ---------------------------------------------------------------
 
     async def create(self, spec: SandboxSpec) -> SandboxRecord:
+        with self.core.metrics.timed("create"):
+            return await self._create(spec)
+
+    async def _create(self, spec: SandboxSpec) -> SandboxRecord:
         source: SnapshotRecord | None = None
         if spec.snapshot_id is not None:
             source = self.snapshots.get_snapshot(spec.snapshot_id)
@@ -97,6 +101,14 @@ class SandboxService:
         # Pooled VMs have the daemon's network mode; other sandboxes are restored.
         use_pool = source is None and plan.mode is self.pool.network
         pooled = self.pool.take(image, spec.shape) if use_pool else None
+        # An ephemeral image (a build step's layer) boots once: no template.
+        templates = self.core.settings.templates and not image.ephemeral
+        template = (
+            self.core.backend.templates.find(image, spec.shape)
+            if templates and pooled is None and source is None
+            else None
+        )
+        origin = "pool" if pooled else "snapshot" if source else "template" if template else "cold"
         async with self.core.create_gate:
             # Capacity is checked and the row inserted under one lock so that concurrent
             # creates cannot overshoot the limits together.
@@ -123,17 +135,13 @@ class SandboxService:
                 snapshot_id=spec.snapshot_id,
                 network=plan.mode,
             )
-            self.core.states.insert(rec)
+            self.core.states.insert(rec, origin=origin)
             if pooled is not None:
                 self.core.own_all(rec.id)  # the pool registered them: a no-op
             else:
                 self.core.own_files(rec.id)
         async with self.core.lock(rec.id):
             try:
-                # An ephemeral image (a build step's layer) boots once: no template.
-                templates = self.core.settings.templates and not image.ephemeral
-                find = self.core.backend.templates.find
-                template = find(image, spec.shape) if templates else None
                 self.core.own_network(rec.id)
                 await self.networking.attach(rec, plan, pooled=pooled is not None)
                 self.core.own_vm(rec.id)

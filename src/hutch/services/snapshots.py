@@ -15,6 +15,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from hutch.contract.auth import DEFAULT_PROJECT
 from hutch.crashpoints import crash_point
 from hutch.errors import InvalidArgument, NotFound
 from hutch.models import (
@@ -29,6 +30,7 @@ from hutch.models import (
     new_snapshot_id,
     validate_name,
 )
+from hutch.services.events import because, project_of
 from hutch.services.lifecycle import LifecycleService
 from hutch.services.registry import SandboxRegistry
 
@@ -53,8 +55,16 @@ class SnapshotService:
         lo, hi = FORK_COUNT_RANGE
         if isinstance(count, bool) or not isinstance(count, int) or not lo <= count <= hi:
             raise InvalidArgument(f"count={count!r} is out of range; accepted: {lo}-{hi}")
-        async with self.lifecycle.running_as_it_was(sandbox_id, "fork") as parent:
-            return await self._fork_locked(parent, count)
+        with because("fork"), self.core.metrics.timed("fork"):
+            async with self.lifecycle.running_as_it_was(sandbox_id, "fork") as parent:
+                children = await self._fork_locked(parent, count)
+        self.core.events.record(
+            "sandbox.forked",
+            project=project_of(parent),
+            sandbox_id=parent.id,
+            data={"children": [c.id for c in children]},
+        )
+        return children
 
     async def _fork_locked(self, parent: SandboxRecord, count: int) -> list[SandboxRecord]:
         async with self.core.create_gate:
@@ -77,7 +87,7 @@ class SnapshotService:
                     resume_clone=False,
                     parent_id=parent.id,
                 )
-                self.core.states.insert(child)
+                self.core.states.insert(child, origin="fork")
                 self.core.own_files(child.id)
                 children.append(child)
         crash_point("fork.rows")
@@ -165,6 +175,17 @@ class SnapshotService:
         a daemon killed during the save finds it and finishes or drops it.
         """
         validate_name(name)
+        with because("snapshot"), self.core.metrics.timed("snapshot"):
+            snap = await self._snapshot(sandbox_id, name)
+        self.core.events.record(
+            "snapshot.created",
+            project=DEFAULT_PROJECT,
+            sandbox_id=snap.sandbox_id,
+            data={"snapshot": snap.id, "name": snap.name, "size_bytes": snap.size_bytes},
+        )
+        return snap
+
+    async def _snapshot(self, sandbox_id: str, name: str) -> SnapshotRecord:
         async with self.lifecycle.running_as_it_was(sandbox_id, "snapshot") as parent:
             snap_id = new_snapshot_id()
             snapshot_dir = self.core.backend.fork_dir(snap_id)
@@ -209,6 +230,12 @@ class SnapshotService:
         """Delete the snapshot, in any order with the sandboxes and snapshots built on
         it: it is no longer listed nor restorable at once; its files go now, or, while
         another disk is built on its disk, when the last of those goes."""
-        self.get_snapshot(snapshot_id)
+        snap = self.get_snapshot(snapshot_id)
         self.core.store.delete_snapshot(snapshot_id)
+        self.core.events.record(
+            "snapshot.deleted",
+            project=DEFAULT_PROJECT,
+            sandbox_id=snap.sandbox_id,
+            data={"snapshot": snap.id, "name": snap.name},
+        )
         self.core.collect_snapshots()
