@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import stat
+from typing import Any
 
 import httpx
 import pytest
@@ -23,7 +24,7 @@ async def create(api: httpx.AsyncClient, **body: object) -> str:
     return str(r.json()["id"])
 
 
-async def events(api: httpx.AsyncClient, sid: str, **params: object) -> list[dict]:  # type: ignore[type-arg]
+async def events(api: httpx.AsyncClient, sid: str, **params: str | int) -> list[dict[str, Any]]:
     r = await api.get(f"/v1/sandboxes/{sid}/events", params=params)
     assert r.status_code == 200, r.text
     return list(r.json()["events"])

@@ -13,12 +13,12 @@ from hutch.contract.auth import Principal
 from hutch.errors import InvalidArgument, StateError, StoreError
 from hutch.models import PauseMode, SandboxRecord, SandboxState, Shape, SnapshotRecord
 from hutch.services.events import EventLog, act_as, because, internal, lifecycle_event, scrub
-from hutch.services.metering import Prices, changes, held, usage
+from hutch.services.metering import Prices, Usage, changes, held, usage
 from hutch.services.metrics import Metrics
 from hutch.services.state import SandboxStates
 from hutch.store import Store
 from hutch.store.images import ImageRow, ImageStore
-from hutch.store.meter import MeterStore
+from hutch.store.meter import IntervalRow, MeterStore
 from hutch.store.migrations import MIGRATIONS
 
 S = SandboxState
@@ -45,7 +45,9 @@ def record(clock: Clock, sid: str = "sb-000000000001") -> SandboxRecord:
     return SandboxRecord(id=sid, image="base", state=S.CREATING, shape=SHAPE, created_at=clock())
 
 
-def total(meter: MeterStore, clock: Clock, start: float, end: float, group_by: str = "sandbox"):  # type: ignore[no-untyped-def]
+def total(
+    meter: MeterStore, clock: Clock, start: float, end: float, group_by: str = "sandbox"
+) -> Usage:
     rows = meter.intervals(project=None, start=start, end=end)
     return usage(rows, start=start, end=end, now=clock(), group_by=group_by, prices=PRICES)
 
@@ -275,7 +277,7 @@ def test_snapshots_and_images_hold_storage_until_deleted(tmp_path: Path) -> None
     images.insert(ImageRow("img", "sha256:x", {}, {}, False, 500_000_000, 50.0))
     images.delete("img")
     kinds = {(iv.kind, iv.subject) for iv in meter.intervals(project=None, start=0, end=1e12)}
-    assert ("image", "image:/img") in kinds
+    assert ("image", "image:default/img") in kinds
 
 
 def test_usage_survives_a_restart_and_a_schema_migration(tmp_path: Path) -> None:
@@ -283,7 +285,9 @@ def test_usage_survives_a_restart_and_a_schema_migration(tmp_path: Path) -> None
     upgrade they are billed from then on, and what is billed survives reopening."""
     path = tmp_path / "hutch.db"
     db = sqlite3.connect(path)
-    for version, script in enumerate(MIGRATIONS[:6], start=1):
+    # Every migration before the meter's (the projects migration of issue 10 included).
+    meter = next(i for i, m in enumerate(MIGRATIONS) if "CREATE TABLE meter" in m)
+    for version, script in enumerate(MIGRATIONS[:meter], start=1):
         db.executescript(script)
         db.execute(f"PRAGMA user_version = {version}")
     db.execute(
@@ -292,6 +296,7 @@ def test_usage_survives_a_restart_and_a_schema_migration(tmp_path: Path) -> None
         "NULL), ('sb-00000000000b', 'base', 'paused', 1, 1024, 4, 1, 1, 'memory'), "
         "('sb-00000000000c', 'base', 'destroyed', 1, 1024, 4, 1, 1, NULL)"
     )
+    db.execute("UPDATE sandboxes SET project = 'other' WHERE id = 'sb-00000000000b'")
     db.execute(
         "INSERT INTO snapshots (id, name, sandbox_id, image, vcpus, memory_mib, disk_gib, "
         "path, size_bytes, created_at) VALUES ('snap-00000000000a', 's', 'sb-00000000000a', "
@@ -316,6 +321,7 @@ def test_usage_survives_a_restart_and_a_schema_migration(tmp_path: Path) -> None
         ("snap-00000000000a", "snapshot"),
     }
     assert all(before - 1 <= r.started_at <= after + 1 and r.ended_at is None for r in rows)
+    assert {r.project for r in rows if r.subject == "sb-00000000000b"} == {"other"}
     # The old rows stay readable, and the meter moves on from them.
     clock = Clock(after + 60)
     st = SandboxStates(store, clock=clock)
@@ -332,7 +338,7 @@ def test_usage_survives_a_restart_and_a_schema_migration(tmp_path: Path) -> None
     assert a.vcpu_seconds == pytest.approx(2 * (after + 60 - a_start(rows)), abs=2.5)
 
 
-def a_start(rows: list) -> float:  # type: ignore[type-arg]
+def a_start(rows: list[IntervalRow]) -> float:
     return next(r.started_at for r in rows if r.subject == "sb-00000000000a")
 
 

@@ -32,7 +32,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import Any
 
-from hutch.contract.auth import DEFAULT_PROJECT, Principal
+from hutch.contract.auth import Principal
 from hutch.models import SandboxRecord, SandboxState
 from hutch.store.meter import EventRow, MeterStore, append_event_in
 
@@ -101,8 +101,8 @@ def internal(reason: str | None = None) -> None:
 
 
 def project_of(rec: SandboxRecord) -> str:
-    """The sandbox's project (every row is in ``default`` until projects land)."""
-    return str(getattr(rec, "project", DEFAULT_PROJECT) or DEFAULT_PROJECT)
+    """The sandbox's project (what its events and meter intervals are filed under)."""
+    return rec.project
 
 
 def scrub(text: str, secrets: Iterable[str] = ()) -> str:

@@ -7,7 +7,7 @@ import datetime as dt
 from collections.abc import AsyncIterator, Iterable
 
 from hutch.contract.auth import Permission, Principal
-from hutch.errors import HutchError, InvalidArgument, NotFound
+from hutch.errors import Forbidden, HutchError, InvalidArgument, NotFound
 from hutch.models import SandboxRecord
 from hutch.services.events import EVENT_TYPES, project_of
 from hutch.services.metering import GROUP_BY, Prices, Usage, usage
@@ -80,7 +80,10 @@ class UsageService:
             raise InvalidArgument(f"group_by={group_by!r}; accepted: {', '.join(GROUP_BY)}")
         admin = principal.may(Permission.PROJECT_MANAGE)
         if group_by == "project" and not admin:
-            raise InvalidArgument("group_by=project is for the admin key; use sandbox or day")
+            raise Forbidden(
+                f"role {principal.role} may not group usage by project (the admin key "
+                "may); use group_by=sandbox or day"
+            )
         now = self.core.clock()
         end = now if end is None else end
         if start is None:
@@ -131,10 +134,8 @@ class UsageService:
 
     def _sandbox(self, principal: Principal, sandbox_id: str) -> SandboxRecord:
         """The sandbox, ended ones included; another project's is not found."""
-        rec = self.core.states.get(sandbox_id)
-        if project_of(rec) != principal.project and not principal.may(Permission.PROJECT_MANAGE):
-            raise NotFound(f"no sandbox {sandbox_id}")
-        return rec
+        admin = principal.may(Permission.PROJECT_MANAGE)
+        return self.core.states.get(sandbox_id, None if admin else principal.project)
 
     def events(
         self,

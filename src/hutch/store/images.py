@@ -1,8 +1,8 @@
 """The imported-images table. Same database and transactions as ``hutch.store.db``.
 
 A row names an image (``project``, ``name``) and the content it boots (``digest``, the
-manifest digest: the content directory under the images dir). ``project`` is '' (global)
-until projects exist.
+manifest digest: the content directory under the images dir). Rows made before projects
+existed were moved into ``default`` (migration 7).
 """
 
 from __future__ import annotations
@@ -13,13 +13,15 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from hutch.contract.auth import DEFAULT_PROJECT
 from hutch.errors import Conflict
 from hutch.store.db import Store
 from hutch.store.meter_sql import close_intervals_in, open_interval_in
 
 __all__ = ["GLOBAL", "ImageRow", "ImageStore"]
 
-GLOBAL = ""
+#: The project an image row is in when none is named.
+GLOBAL = DEFAULT_PROJECT
 _COLUMNS = "project, name, digest, source_json, config_json, start, size_bytes, created_at"
 
 
@@ -69,7 +71,7 @@ class ImageStore:
                 )  # fmt: skip
                 # Storage from its import to its removal, in the same transaction.
                 open_interval_in(
-                    db, row.project or "default", _subject(row.project, row.name), "image",
+                    db, row.project or DEFAULT_PROJECT, _subject(row.project, row.name), "image",
                     row.size_bytes / 1e9, row.created_at,
                 )  # fmt: skip
         except Conflict:

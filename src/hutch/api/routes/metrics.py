@@ -9,16 +9,17 @@ import hmac
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 
-from hutch.api.deps import services
-from hutch.errors import Unauthorized
+from hutch.api.deps import authenticate, services
+from hutch.contract.auth import Permission
+from hutch.errors import Forbidden, Unauthorized
 
 __all__ = ["CONTENT_TYPE", "router"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def router(metrics_token: str, api_key: str) -> APIRouter:
-    accepted = [t.encode() for t in (metrics_token, api_key) if t]
+def router(metrics_token: str) -> APIRouter:
+    scrape = metrics_token.encode()
     r = APIRouter(tags=["meta"])
 
     @r.get(
@@ -36,10 +37,17 @@ def router(metrics_token: str, api_key: str) -> APIRouter:
                 "missing scrape token: send 'Authorization: Bearer <token>' (the token is "
                 "in <state_dir>/metrics-token; the admin key is accepted too)"
             )
-        given = token.encode(errors="surrogatepass")
-        # Each compared in constant time, all of them always.
-        if not any([hmac.compare_digest(given, t) for t in accepted]):
-            raise Unauthorized("wrong metrics token (see <state_dir>/metrics-token)")
+        if not (scrape and hmac.compare_digest(token.encode(errors="surrogatepass"), scrape)):
+            # Not the scrape token: a key, which must be the instance's admin key.
+            try:
+                who = authenticate(request, token)
+            except Unauthorized:
+                raise Unauthorized(
+                    "wrong metrics token (see <state_dir>/metrics-token; the admin key "
+                    "is accepted too)"
+                ) from None
+            if not who.may(Permission.PROJECT_MANAGE):
+                raise Forbidden(f"role {who.role} may not read /metrics (the admin key may)")
         body = services(request).usage.metrics_text()
         return PlainTextResponse(body, media_type=CONTENT_TYPE)
 

@@ -11,11 +11,9 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import StreamingResponse
 
-from hutch.api.deps import usage
+from hutch.api.deps import Caller, usage
 from hutch.api.meter_schemas import Event, EventList, Prices, UsageReport, UsageRow
 from hutch.api.streaming import TrackedStream
-from hutch.contract.auth import Principal
-from hutch.services.events import acting
 from hutch.services.usage import EVENTS_PAGE_MAX, UsageService, parse_time
 
 __all__ = ["router"]
@@ -31,11 +29,6 @@ Types = Annotated[
 ]
 
 
-def _principal() -> Principal:
-    """The caller (set for the request by the API's auth dependencies)."""
-    return acting().principal or Principal.admin()
-
-
 def _split(types: list[str] | None) -> list[str]:
     return [t for item in types or [] for t in item.split(",") if t.strip()]
 
@@ -43,6 +36,7 @@ def _split(types: list[str] | None) -> list[str]:
 @router.get("/v1/usage", response_model=UsageReport)
 async def get_usage(
     svc: Service,
+    who: Caller,
     project: Annotated[str | None, Query(description="Admin only: another project.")] = None,
     start: Annotated[
         str | None,
@@ -59,7 +53,7 @@ async def get_usage(
     """Quantities (per second) and cost over [from, to), grouped by sandbox, UTC day or
     project (admin only)."""
     scope, result = svc.usage(
-        _principal(),
+        who,
         project=project,
         start=None if start is None else parse_time(start, "from"),
         end=None if end is None else parse_time(end, "to"),
@@ -89,15 +83,14 @@ Limit = Annotated[int, Query(ge=1, le=EVENTS_PAGE_MAX)]
 @router.get("/v1/events", response_model=EventList)
 async def list_events(
     svc: Service,
+    who: Caller,
     types: Types = None,
     sandbox: Annotated[str | None, Query(description="Only this sandbox's.")] = None,
     after: After = 0,
     limit: Limit = 100,
 ) -> EventList:
     """The project's audit trail, oldest first: who (key id, address) did what."""
-    rows = svc.events(
-        _principal(), sandbox_id=sandbox, types=_split(types), after=after, limit=limit
-    )
+    rows = svc.events(who, sandbox_id=sandbox, types=_split(types), after=after, limit=limit)
     return EventList(events=[Event.of(r) for r in rows], next_after=rows[-1].seq if rows else after)
 
 
@@ -109,6 +102,7 @@ async def list_events(
 async def sandbox_events(
     sandbox_id: str,
     svc: Service,
+    who: Caller,
     types: Types = None,
     after: After = 0,
     limit: Limit = 100,
@@ -121,15 +115,12 @@ async def sandbox_events(
     ] = False,
 ) -> EventList | StreamingResponse:
     """One sandbox's trace (ended sandboxes' too, while retention keeps them)."""
-    principal = _principal()
     if not follow:
-        rows = svc.events(
-            principal, sandbox_id=sandbox_id, types=_split(types), after=after, limit=limit
-        )
+        rows = svc.events(who, sandbox_id=sandbox_id, types=_split(types), after=after, limit=limit)
         return EventList(
             events=[Event.of(r) for r in rows], next_after=rows[-1].seq if rows else after
         )
-    stream = svc.follow(principal, sandbox_id, types=_split(types), after=after)
+    stream = svc.follow(who, sandbox_id, types=_split(types), after=after)
 
     async def lines() -> AsyncIterator[bytes]:
         async for row in stream:
