@@ -40,6 +40,7 @@ from hutch.services.registry import SandboxRegistry
 from hutch.services.sandboxes import SandboxService
 from hutch.services.snapshots import SnapshotService
 from hutch.services.usage import UsageService
+from hutch.services.volumes import VolumeService
 from hutch.store import Store
 from hutch.store.images import ImageStore
 
@@ -97,7 +98,8 @@ def build_services(
         prepare=networking.prepare_pooled,
         network=NetworkMode.DEFAULT if net is not None else NetworkMode.NONE,
     )
-    sandboxes = SandboxService(core, networking, snapshots, pool)
+    volumes = VolumeService(core)
+    sandboxes = SandboxService(core, networking, snapshots, pool, volumes)
     return Services(
         core=core,
         sandboxes=sandboxes,
@@ -112,6 +114,7 @@ def build_services(
         interpreter=InterpreterService(guest),
         files=FilesExtraService(guest),
         usage=UsageService(core),
+        volumes=volumes,
     )
 
 

@@ -144,6 +144,21 @@ def test_a_vm_lost_across_a_restart_is_billed_to_its_last_heartbeat(tmp_path: Pa
     assert failed[0].data["billed_until"] == pytest.approx(t0 + 20)
 
 
+def test_a_grown_disk_is_billed_at_its_new_size_from_the_grow(tmp_path: Path) -> None:
+    clock = Clock()
+    t0 = clock.now
+    st, meter, _ = states(tmp_path, clock)
+    st.insert(record(clock))
+    st.running(st.get("sb-000000000001"))
+    clock.now = t0 + 3600
+    st.disk_grown("sb-000000000001", 8)
+    clock.now = t0 + 7200
+    assert st.get("sb-000000000001").shape.disk_gib == 8
+    (row,) = total(meter, clock, t0, t0 + 7200).rows
+    assert row.disk_gb_hours == pytest.approx((4 + 8) * 1.073741824)
+    assert row.vcpu_seconds == pytest.approx(2 * 7200)  # the VM's interval runs on
+
+
 def test_a_refused_transition_writes_nothing(tmp_path: Path) -> None:
     clock = Clock()
     st, meter, _ = states(tmp_path, clock)

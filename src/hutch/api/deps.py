@@ -25,6 +25,7 @@ from hutch.services.reaper import Reaper
 from hutch.services.sandboxes import SandboxService
 from hutch.services.snapshots import SnapshotService
 from hutch.services.usage import UsageService
+from hutch.services.volumes import VolumeService
 
 
 def services(conn: HTTPConnection) -> Services:
@@ -130,3 +131,7 @@ async def acting(who: Caller) -> None:
 def usage(conn: HTTPConnection) -> UsageService:
     """Usage, cost and the event log."""
     return services(conn).usage
+
+
+def volumes(conn: HTTPConnection) -> VolumeService:
+    return services(conn).volumes

@@ -104,6 +104,15 @@ ROUTE_PERMISSIONS: dict[tuple[str, str], Permission] = {
     ("GET", "/v1/usage"): P.USAGE_READ,
     ("GET", "/v1/events"): P.EVENTS_READ,
     ("GET", f"{_SB}/events"): P.EVENTS_READ,
+    # volumes (a create that mounts one also needs volume.write, or volume.read for
+    # read-only mounts: checked by the create route)
+    ("POST", "/v1/volumes"): P.VOLUME_WRITE,
+    ("GET", "/v1/volumes"): P.VOLUME_READ,
+    ("GET", "/v1/volumes/{volume}"): P.VOLUME_READ,
+    ("PATCH", "/v1/volumes/{volume}"): P.VOLUME_WRITE,
+    ("DELETE", "/v1/volumes/{volume}"): P.VOLUME_WRITE,
+    # growing a sandbox's own disk takes host storage, as a create does
+    ("PATCH", _SB): P.SANDBOX_CREATE,
 }
 
 

@@ -32,6 +32,7 @@ from hutch.models import (
 from hutch.services.events import because, project_of
 from hutch.services.lifecycle import LifecycleService
 from hutch.services.registry import SandboxRegistry
+from hutch.services.volumes import refuse_copy
 
 __all__ = ["FORK_PARALLELISM", "SnapshotService"]
 
@@ -54,6 +55,7 @@ class SnapshotService:
         lo, hi = FORK_COUNT_RANGE
         if isinstance(count, bool) or not isinstance(count, int) or not lo <= count <= hi:
             raise InvalidArgument(f"count={count!r} is out of range; accepted: {lo}-{hi}")
+        refuse_copy(self.core, sandbox_id, "fork")
         with because("fork"), self.core.metrics.timed("fork"):
             async with self.lifecycle.running_as_it_was(sandbox_id, "fork") as parent:
                 children = await self._fork_locked(parent, count)
@@ -174,6 +176,7 @@ class SnapshotService:
         a daemon killed during the save finds it and finishes or drops it.
         """
         validate_name(name)
+        refuse_copy(self.core, sandbox_id, "a named snapshot")
         with because("snapshot"), self.core.metrics.timed("snapshot"):
             snap = await self._snapshot(sandbox_id, name)
         self.core.events.record(

@@ -178,6 +178,17 @@ class SandboxStates:
         )
         return after
 
+    def disk_grown(self, sandbox_id: str, disk_gib: int) -> None:
+        """The sandbox's disk is ``disk_gib`` GiB now (a live grow): its ``disk`` interval
+        closes and one of the new size opens, in the transaction of the row's change."""
+        rec = self.store.get_sandbox(sandbox_id)
+        if rec is None:
+            raise NotFound(f"no sandbox {sandbox_id}")
+        grown = replace(rec, shape=replace(rec.shape, disk_gib=disk_gib))
+        self.store.update_sandbox(
+            sandbox_id, also=lambda db: self._record(db, rec, grown, None, {}), disk_gib=disk_gib
+        )
+
     def _record(
         self,
         db: sqlite3.Connection,

@@ -281,6 +281,12 @@ class Sandbox:
         ends once the sandbox has ended."""
         return self._client.follow_events(self.id, types=types, after=after)
 
+    def grow_disk(self, disk_gib: int) -> SandboxInfo:
+        """Grow this sandbox's own disk to ``disk_gib`` GiB while it runs (no restart):
+        ``df /`` in the guest shows the new size at once. Disks only grow."""
+        self._info = self._client.grow_disk(self.id, disk_gib)
+        return self._info
+
     def pause(self, mode: PauseModeArg = DEFAULT_PAUSE_MODE) -> SandboxInfo:
         """Pause the sandbox and update :attr:`info` (state ``paused``).
 
