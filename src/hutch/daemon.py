@@ -38,11 +38,14 @@ from hutch.services.reaper import Reaper
 from hutch.services.reconcile import Reconciler
 from hutch.services.registry import SandboxRegistry
 from hutch.services.sandboxes import SandboxService
+from hutch.services.secret_box import SecretKey
+from hutch.services.secrets import SecretService
 from hutch.services.snapshots import SnapshotService
 from hutch.services.usage import UsageService
 from hutch.services.volumes import VolumeService
 from hutch.store import Store
 from hutch.store.images import ImageStore
+from hutch.store.secrets import SecretStore
 
 log = logging.getLogger("hutch")
 
@@ -87,7 +90,9 @@ def build_services(
 
     ``net`` None (no root, or tests without netns): every sandbox gets network "none".
     """
-    core = SandboxRegistry(settings, store, backend, images, net)
+    secrets = SecretService(SecretStore(store), SecretKey(settings.secrets_key_path))
+    secrets.prepare()  # the key file is created on the first start
+    core = SandboxRegistry(settings, store, backend, images, net, secrets)
     lifecycle = LifecycleService(core)
     snapshots = SnapshotService(core, lifecycle)
     guest = GuestOps(core, lifecycle)
@@ -115,6 +120,7 @@ def build_services(
         files=FilesExtraService(guest),
         usage=UsageService(core),
         volumes=volumes,
+        secrets=secrets,
     )
 
 

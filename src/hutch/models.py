@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import secrets
 from dataclasses import dataclass, field
+from typing import Any
 
 from hutch.contract.auth import DEFAULT_PROJECT
 from hutch.contract.enums import NetworkMode, PauseMode
@@ -31,6 +32,7 @@ from hutch.contract.names import (
     SNAPSHOT_ID_RE,
     check_range,
     validate_env,
+    validate_env_secrets,
     validate_metadata,
     validate_name,
 )
@@ -118,14 +120,20 @@ class SandboxSpec:
     auto_delete_s: int | None = None
     snapshot_id: str | None = None
     network: NetworkMode = NetworkMode.DEFAULT
-    #: Egress rules (``hutch.contract.egress``); None or [] = open egress.
-    egress: list[str] | None = None
+    #: Egress rules (``hutch.contract.egress``) or a policy document
+    #: (``hutch.contract.egress_policy``); None or [] = open egress.
+    egress: list[str] | dict[str, Any] | None = None
+    #: A named egress policy of the project to copy (instead of ``egress``).
+    egress_policy: str | None = None
     #: Private networks (ids or names) to join at create.
     networks: list[str] = field(default_factory=list)
     #: Volumes (ids or names in the project) to mount at create.
     volumes: list[VolumeMount] = field(default_factory=list)
     #: The project the sandbox is created in (the caller's, issue 10).
     project: str = DEFAULT_PROJECT
+    #: ``{VAR: secret name}``: environment variables whose values are the project's
+    #: secrets, resolved (current version) each time a command's environment is built.
+    env_secrets: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "volumes", validate_mounts(self.volumes))
@@ -134,6 +142,7 @@ class SandboxSpec:
         if self.auto_delete_s is not None:
             check_range("auto_delete_s", self.auto_delete_s, AUTO_DELETE_S_RANGE, " seconds")
         validate_env(self.env)
+        validate_env_secrets(self.env_secrets, self.env)
         validate_metadata(self.metadata)
         if self.name is not None:
             validate_name(self.name)
@@ -176,6 +185,8 @@ class SandboxRecord:
     network: NetworkMode = NetworkMode.DEFAULT
     #: The project it belongs to (issue 10); never changes.
     project: str = DEFAULT_PROJECT
+    #: ``{VAR: secret name}`` (names only; values are resolved at each command).
+    env_secrets: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,12 @@ from hutch.contract.limits import (
     TIMEOUT_S_RANGE,
     VCPUS_RANGE,
 )
-from hutch.contract.names import NAME_PATTERN, SANDBOX_ID_PATTERN, SNAPSHOT_ID_PATTERN
+from hutch.contract.names import (
+    NAME_PATTERN,
+    SANDBOX_ID_PATTERN,
+    SECRET_NAME_PATTERN,
+    SNAPSHOT_ID_PATTERN,
+)
 from hutch.contract.volumes import MAX_VOLUMES_PER_SANDBOX
 
 __all__ = [
@@ -152,6 +157,13 @@ CREATE_SANDBOX = ToolSpec(
             "env": {
                 **_STRING_MAP,
                 "description": "Environment variables for every command in the sandbox.",
+            },
+            "env_secrets": {
+                "type": "object",
+                "additionalProperties": {"type": "string", "pattern": SECRET_NAME_PATTERN},
+                "description": "Environment variables whose values are stored secrets of "
+                "the project, as {VAR: secret name} (list_secrets shows the names). Every "
+                "command in the sandbox gets the current value; no tool shows it.",
             },
             "metadata": {
                 **_STRING_MAP,
@@ -405,7 +417,10 @@ SET_EGRESS = ToolSpec(
         "Replace a sandbox's outbound network rules, live. With no rules egress is open; "
         "once any rule exists everything not allowed is denied (DNS too). "
         + _RULES_HELP
-        + " An invalid rule rejects the whole list and the old rules stay."
+        + " Instead of rules, give `policy`: an ordered policy object (first match wins) "
+        '{"default": "deny", "rules": [{"action": "deny", "host": "evil.example.com"}, '
+        '{"action": "allow", "host": "*.example.com:443"}]}, or `policy_name` (a saved one).'
+        " An invalid rule rejects the whole request and the old rules stay."
     ),
     parameters=_obj(
         {
@@ -416,8 +431,18 @@ SET_EGRESS = ToolSpec(
                 "items": {"type": "string", "minLength": 1, "maxLength": EGRESS_RULE_MAX_CHARS},
                 "description": 'All rules ([] opens egress, ["deny-all"] closes it).',
             },
+            "policy": {
+                "type": "object",
+                "description": "An ordered policy {default: allow|deny, rules: [{action: "
+                "allow|deny, host}]}; give this, policy_name or rules.",
+            },
+            "policy_name": {
+                "type": "string",
+                "minLength": 1,
+                "description": "The name of a saved policy to copy; give this, policy or rules.",
+            },
         },
-        ["sandbox_id", "rules"],
+        ["sandbox_id"],
     ),
     idempotent=True,
 )
@@ -428,6 +453,17 @@ GET_EGRESS = ToolSpec(
     description="A sandbox's outbound network rules, its mode (open, rules or deny-all) "
     "and how many connections were allowed and denied.",
     parameters=_obj({"sandbox_id": _SANDBOX_ID}, ["sandbox_id"]),
+    read_only=True,
+    idempotent=True,
+)
+
+LIST_SECRETS = ToolSpec(
+    name="list_secrets",
+    title="List secrets",
+    description="The names and versions of the project's stored secrets (never their "
+    "values: no tool reads one). Give a sandbox one as an environment variable with "
+    "create_sandbox's env_secrets.",
+    parameters=_obj({}, []),
     read_only=True,
     idempotent=True,
 )
@@ -446,5 +482,6 @@ TOOLS: tuple[ToolSpec, ...] = (
     FORK_SANDBOX,
     SET_EGRESS,
     GET_EGRESS,
+    LIST_SECRETS,
 )
 TOOLS_BY_NAME: dict[str, ToolSpec] = {spec.name: spec for spec in TOOLS}

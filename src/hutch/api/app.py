@@ -14,11 +14,21 @@ from hutch.api.auth import Authenticator, load_or_create_key
 from hutch.api.limits import BodyLimit
 from hutch.api.routes import archive as archive_routes
 from hutch.api.routes import contexts as context_routes
-from hutch.api.routes import egress, files, images, meta, networks, ports, sandboxes
+from hutch.api.routes import (
+    egress,
+    egress_policies,
+    files,
+    images,
+    meta,
+    networks,
+    ports,
+    sandboxes,
+)
 from hutch.api.routes import exec as exec_routes
 from hutch.api.routes import metrics as metrics_routes
 from hutch.api.routes import processes as process_routes
 from hutch.api.routes import pty as pty_routes
+from hutch.api.routes import secrets as secret_routes
 from hutch.api.routes import usage as usage_routes
 from hutch.api.routes import volumes as volume_routes
 from hutch.api.routes import watch as watch_routes
@@ -91,6 +101,7 @@ def create_app(services: Services, api_key: str, *, manage_service: bool = True)
     app.include_router(meta.health_router)
     app.include_router(meta.router, dependencies=auth)
     app.include_router(images.router, dependencies=auth)
+    app.include_router(secret_routes.router, dependencies=auth)
     app.include_router(sandboxes.router, dependencies=auth)
     app.include_router(sandboxes.snapshots_router, dependencies=auth)
     app.include_router(exec_routes.router, dependencies=auth)
@@ -103,6 +114,7 @@ def create_app(services: Services, api_key: str, *, manage_service: bool = True)
     app.include_router(pty_routes.router, dependencies=auth)
     app.include_router(pty_routes.ws_router())  # authenticates itself (first message)
     app.include_router(egress.router, dependencies=auth)
+    app.include_router(egress_policies.router, dependencies=auth)
     app.include_router(ports.router, dependencies=auth)
     app.include_router(networks.router, dependencies=auth)
     app.include_router(networks.membership_router, dependencies=auth)

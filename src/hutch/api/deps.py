@@ -23,6 +23,7 @@ from hutch.services.networking import NetworkingService
 from hutch.services.processes import ProcessService
 from hutch.services.reaper import Reaper
 from hutch.services.sandboxes import SandboxService
+from hutch.services.secrets import SecretService
 from hutch.services.snapshots import SnapshotService
 from hutch.services.usage import UsageService
 from hutch.services.volumes import VolumeService
@@ -135,3 +136,7 @@ def usage(conn: HTTPConnection) -> UsageService:
 
 def volumes(conn: HTTPConnection) -> VolumeService:
     return services(conn).volumes
+
+
+def secrets(conn: HTTPConnection) -> SecretService:
+    return services(conn).secrets

@@ -36,6 +36,11 @@ PUBLIC: frozenset[tuple[str, str]] = frozenset(
 SELF_CHECKED: frozenset[tuple[str, str]] = frozenset({("GET", "/metrics")})
 
 ROUTE_PERMISSIONS: dict[tuple[str, str], Permission] = {
+    # secrets: reading is names, versions and times; no route reads a value
+    ("GET", "/v1/secrets"): P.SECRET_READ,
+    ("GET", "/v1/secrets/{name}"): P.SECRET_READ,
+    ("PUT", "/v1/secrets/{name}"): P.SECRET_WRITE,
+    ("DELETE", "/v1/secrets/{name}"): P.SECRET_WRITE,
     # images
     ("GET", "/v1/images"): P.IMAGE_READ,
     ("POST", "/v1/images"): P.IMAGE_WRITE,
@@ -90,6 +95,12 @@ ROUTE_PERMISSIONS: dict[tuple[str, str], Permission] = {
     ("GET", f"{_SB}/egress"): P.SANDBOX_READ,
     ("PUT", f"{_SB}/egress"): P.EGRESS_WRITE,
     ("GET", f"{_SB}/egress/log"): P.SANDBOX_READ,
+    # named egress policies of the project (issue 12): reading them is reading the
+    # network setup; writing them is writing egress (no new permission)
+    ("GET", "/v1/egress-policies"): P.NETWORK_READ,
+    ("GET", "/v1/egress-policies/{name}"): P.NETWORK_READ,
+    ("PUT", "/v1/egress-policies/{name}"): P.EGRESS_WRITE,
+    ("DELETE", "/v1/egress-policies/{name}"): P.EGRESS_WRITE,
     ("POST", f"{_SB}/ports"): P.PORT_WRITE,
     ("GET", f"{_SB}/ports"): P.SANDBOX_READ,
     ("DELETE", f"{_SB}/ports/{{port}}"): P.PORT_WRITE,

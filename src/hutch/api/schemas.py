@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from hutch.api.image_schemas import ImageConfigModel, ImageSourceModel
-from hutch.api.net_schemas import EgressRuleText, NetworkRef, SandboxNet
+from hutch.api.net_schemas import EgressRuleText, NetworkRef, PolicyDocument, SandboxNet
 from hutch.api.volume_schemas import MAX_VOLUMES_PER_SANDBOX, VolumeMountBody
 from hutch.contract.enums import DEFAULT_NETWORK_MODE, DEFAULT_PAUSE_MODE
 from hutch.contract.limits import (
@@ -23,6 +23,7 @@ from hutch.contract.limits import (
     DEFAULT_VCPUS,
     DISK_GIB_RANGE,
     ENV_MAX_VARS,
+    ENV_SECRETS_MAX,
     EXEC_TIMEOUT_S_MAX,
     FORK_COUNT_RANGE,
     ID_MAX_CHARS,
@@ -86,10 +87,17 @@ class CreateSandbox(Strict):
         default=DEFAULT_NETWORK_MODE,
         description="`default`: an address and NAT, filtered by `egress`; `none`: no network.",
     )
-    egress: list[EgressRuleText] | None = Field(
+    egress: (
+        Annotated[list[EgressRuleText], Field(max_length=MAX_EGRESS_RULES)] | PolicyDocument | None
+    ) = Field(
         default=None,
-        max_length=MAX_EGRESS_RULES,
-        description="Egress rules (see PUT /v1/sandboxes/{id}/egress); null or []: open.",
+        description="Egress rules, or an ordered policy `{default, inspection, rules}` (see "
+        "PUT /v1/sandboxes/{id}/egress); null or []: open.",
+    )
+    egress_policy: Annotated[str, Field(min_length=1, max_length=NAME_MAX_CHARS)] | None = Field(
+        default=None,
+        description="A named policy of the project (`/v1/egress-policies`) to copy "
+        "(instead of `egress`).",
     )
     networks: list[NetworkRef] = Field(
         default_factory=list,
@@ -101,6 +109,15 @@ class CreateSandbox(Strict):
         max_length=MAX_VOLUMES_PER_SANDBOX,
         description="Volumes of the project to mount at create (mounting on a running "
         "sandbox is not supported: microvm has no device hot-plug).",
+    )
+    env_secrets: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=ENV_SECRETS_MAX,
+        description=(
+            "Environment variables whose values are the project's secrets, {VAR: secret "
+            "name}: every command gets each secret's current value (code in the guest sees "
+            "it). Only the names are stored with the sandbox and shown."
+        ),
     )
 
 
@@ -131,6 +148,9 @@ class Sandbox(BaseModel):
     auto_delete_s: int | None
     snapshot_id: str | None
     network: SandboxNet
+    env_secrets: dict[str, str] = Field(
+        description="{VAR: secret name}; the values are never shown."
+    )
 
     @classmethod
     def of(cls, rec: SandboxRecord, net: SandboxNet | None = None) -> Sandbox:
@@ -163,6 +183,7 @@ class Sandbox(BaseModel):
             auto_delete_s=rec.auto_delete_s,
             snapshot_id=rec.snapshot_id,
             network=net,
+            env_secrets=dict(rec.env_secrets),
         )
 
 

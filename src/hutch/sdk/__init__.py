@@ -6,9 +6,9 @@ A client only (it imports the contract, never the daemon's code). Layout, after 
   builds its requests, reads its answers and holds its value types: ``_sandboxes``
   (create, lifecycle, snapshots, images), ``_exec``, ``_files`` (+ ``_tar``),
   ``_processes``, ``_contexts`` (code interpreter), ``_net`` (egress, ports, networks),
-  ``_pty`` (terminals), ``_usage`` (usage, cost, the event log); ``_streams`` decodes
-  streamed bodies. The create and command fields are the contract's
-  (``hutch.contract.requests``), declared once.
+  ``_secrets`` (write-only secrets), ``_pty`` (terminals), ``_usage`` (usage, cost, the
+  event log); ``_streams`` decodes streamed bodies. The create and command fields are the
+  contract's (``hutch.contract.requests``), declared once.
 - the shells that do I/O: ``_async/``, written by hand, and ``_sync/``, generated from it
   by ``scripts/unasync.py`` (a test fails when it is stale); where the two must differ,
   ``_io_async``/``_io_sync``.
@@ -24,10 +24,17 @@ from hutch.contract.volumes import VolumeMount
 from hutch.sdk._async.client import AsyncClient, AsyncResponseStream
 from hutch.sdk._async.contexts import AsyncContext, AsyncContexts
 from hutch.sdk._async.files import AsyncFiles, AsyncFileWatcher
-from hutch.sdk._async.net import AsyncEgress, AsyncNetworks, AsyncPorts, AsyncSandboxNetworks
+from hutch.sdk._async.net import (
+    AsyncEgress,
+    AsyncEgressPolicies,
+    AsyncNetworks,
+    AsyncPorts,
+    AsyncSandboxNetworks,
+)
 from hutch.sdk._async.processes import AsyncProcess, AsyncProcesses
 from hutch.sdk._async.pty import AsyncPty, AsyncTerminal
 from hutch.sdk._async.sandbox import AsyncSandbox
+from hutch.sdk._async.secrets import AsyncSecrets
 from hutch.sdk._async.volumes import AsyncVolumes
 from hutch.sdk._config import DEFAULT_URL, Timeouts
 from hutch.sdk._contexts import ContextInfo, Execution, ExecutionError, Result
@@ -35,7 +42,14 @@ from hutch.sdk._errors import ApiKeyMissing, ClientClosed, DaemonUnreachable, Pr
 from hutch.sdk._exec import ExecEvent, ExecExit, ExecOutput, ExecResult
 from hutch.sdk._files import ArchiveWritten, FileEntry, WatchEvent, WrittenFile
 from hutch.sdk._images import BuildEvent, ImageProgress
-from hutch.sdk._net import EgressEvent, EgressInfo, NetworkInfo, NetworkModeArg, PortInfo
+from hutch.sdk._net import (
+    EgressEvent,
+    EgressInfo,
+    NamedPolicyInfo,
+    NetworkInfo,
+    NetworkModeArg,
+    PortInfo,
+)
 from hutch.sdk._processes import (
     ProcessChunk,
     ProcessDropped,
@@ -53,13 +67,15 @@ from hutch.sdk._sandboxes import (
     SandboxNetInfo,
     SnapshotInfo,
 )
+from hutch.sdk._secrets import SecretInfo
 from hutch.sdk._sync.client import Client, ResponseStream
 from hutch.sdk._sync.contexts import Context, Contexts
 from hutch.sdk._sync.files import Files, FileWatcher
-from hutch.sdk._sync.net import Egress, Networks, Ports, SandboxNetworks
+from hutch.sdk._sync.net import Egress, EgressPolicies, Networks, Ports, SandboxNetworks
 from hutch.sdk._sync.processes import Process, Processes
 from hutch.sdk._sync.pty import Pty, Terminal
 from hutch.sdk._sync.sandbox import Sandbox
+from hutch.sdk._sync.secrets import Secrets
 from hutch.sdk._sync.volumes import Volumes
 from hutch.sdk._usage import Event, EventPage, Usage, UsageRow
 from hutch.sdk._volumes import VolumeInfo, VolumeUser
@@ -73,6 +89,7 @@ __all__ = [
     "AsyncContext",
     "AsyncContexts",
     "AsyncEgress",
+    "AsyncEgressPolicies",
     "AsyncFileWatcher",
     "AsyncFiles",
     "AsyncNetworks",
@@ -83,6 +100,7 @@ __all__ = [
     "AsyncResponseStream",
     "AsyncSandbox",
     "AsyncSandboxNetworks",
+    "AsyncSecrets",
     "AsyncTerminal",
     "AsyncVolumes",
     "BuildEvent",
@@ -95,6 +113,7 @@ __all__ = [
     "Egress",
     "EgressEvent",
     "EgressInfo",
+    "EgressPolicies",
     "Event",
     "EventPage",
     "ExecEvent",
@@ -109,6 +128,7 @@ __all__ = [
     "Health",
     "ImageInfo",
     "ImageProgress",
+    "NamedPolicyInfo",
     "NetworkInfo",
     "NetworkModeArg",
     "Networks",
@@ -133,6 +153,8 @@ __all__ = [
     "SandboxInfo",
     "SandboxNetInfo",
     "SandboxNetworks",
+    "SecretInfo",
+    "Secrets",
     "SnapshotInfo",
     "Terminal",
     "Timeouts",

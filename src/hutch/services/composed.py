@@ -15,6 +15,7 @@ Each service takes what it needs in its constructor::
     Reconciler(core)                                            start-up reconcile
     ProcessService(guest), InterpreterService(guest), FilesExtraService(guest)
     UsageService(core)                                          usage, cost, event log
+    SecretService(SecretStore(store), SecretKey(<state>/secrets.key))   also core.secrets
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from hutch.services.reaper import Reaper
 from hutch.services.reconcile import ReconcilePlan, Reconciler
 from hutch.services.registry import SandboxRegistry
 from hutch.services.sandboxes import SandboxService
+from hutch.services.secrets import SecretService
 from hutch.services.snapshots import SnapshotService
 from hutch.services.usage import UsageService
 from hutch.services.volumes import VolumeService
@@ -59,6 +61,7 @@ class Services:
     files: FilesExtraService
     usage: UsageService
     volumes: VolumeService
+    secrets: SecretService
     _reconcile_task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @property

@@ -188,7 +188,36 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX volume_mounts_sandbox ON volume_mounts(sandbox_id);
     """,
-    # 9: the event log (traces, audit trail) and the meter (ARCHITECTURE.md, "Metering
+    # 9: secrets (write-only values, sealed with AES-256-GCM under <state>/secrets.key;
+    # only the current version of each is kept) and the sandboxes' env_secrets
+    # ({VAR: secret name}, resolved when a command's environment is built)
+    """
+    CREATE TABLE secrets (
+        project     TEXT NOT NULL DEFAULT 'default',
+        name        TEXT NOT NULL,
+        version     INTEGER NOT NULL,
+        key_id      TEXT NOT NULL,
+        nonce       BLOB NOT NULL,
+        ciphertext  BLOB NOT NULL,
+        created_at  REAL NOT NULL,
+        updated_at  REAL NOT NULL,
+        PRIMARY KEY (project, name)
+    );
+    ALTER TABLE sandboxes ADD COLUMN env_secrets_json TEXT NOT NULL DEFAULT '{}';
+    """,
+    # 10: named egress policies, reusable per project (issue 12); a sandbox gets a copy
+    # at create or PUT (its own row in egress_rules)
+    """
+    CREATE TABLE egress_policies (
+        project      TEXT NOT NULL,
+        name         TEXT NOT NULL,
+        policy_json  TEXT NOT NULL,
+        created_at   REAL NOT NULL,
+        updated_at   REAL NOT NULL,
+        PRIMARY KEY (project, name)
+    );
+    """,
+    # 11: the event log (traces, audit trail) and the meter (ARCHITECTURE.md, "Metering
     # and events"). ``seq`` is AUTOINCREMENT so a pruned number is never handed out again
     # (followers page with ``after=<seq>``). Meter intervals are written in the same
     # transaction as the state change they follow; an open one has ``ended_at`` NULL and

@@ -48,7 +48,8 @@ from hutch.sdk._sandboxes import (
 )
 from hutch.sdk._streams import BytesDecoder, StreamDecoder, StreamState
 from hutch.sdk._sync._closing import ClosesOnExit
-from hutch.sdk._sync.net import Networks
+from hutch.sdk._sync.net import EgressPolicies, Networks
+from hutch.sdk._sync.secrets import Secrets
 from hutch.sdk._sync.volumes import Volumes
 from hutch.sdk._usage import Event, EventDecoder, EventPage, TimeArg, Usage, UsageCalls
 
@@ -83,8 +84,12 @@ class Client(ClosesOnExit):
         self._usage = UsageCalls(self.core)
         #: Private networks: ``client.networks.create(name)``, ``.list()``, ...
         self.networks = Networks(self)
+        #: Named egress policies: ``client.egress_policies.put(name, policy)``, ...
+        self.egress_policies = EgressPolicies(self)
         #: Volumes: ``client.volumes.create(name, size)``, ``.list()``, ``.grow()``, ...
         self.volumes = Volumes(self)
+        #: Write-only secrets: ``client.secrets.set(name, value)``, ``.list()``, ...
+        self.secrets = Secrets(self)
 
     @property
     def base_url(self) -> str:

@@ -7,7 +7,7 @@ import builtins
 import contextlib
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Unpack
+from typing import Any, Unpack
 
 import httpx
 
@@ -18,6 +18,7 @@ from hutch.sdk import _io_sync as _io
 from hutch.sdk._config import Timeouts
 from hutch.sdk._contexts import Execution, ResultCallback, TextCallback
 from hutch.sdk._exec import CommandArgs, ExecEvent, ExecResult
+from hutch.sdk._net import EgressInfo
 from hutch.sdk._sandboxes import CreateArgs, PauseModeArg, SandboxInfo, SnapshotInfo
 from hutch.sdk._sync._closing import ClosesOnExit
 from hutch.sdk._sync.client import Client, ResponseStream
@@ -111,7 +112,11 @@ class Sandbox:
         ``"none"`` (no network at all). ``egress``: rules such as ``["pypi.org",
         "*.github.com:443", "10.0.0.0/8"]`` (None or []: open; ``["deny-all"]``: nothing
         leaves); change them later with ``sb.egress.set``. ``networks``: private
-        networks (ids or names) to join; members reach each other by sandbox name."""
+        networks (ids or names) to join; members reach each other by sandbox name.
+
+        ``env_secrets``: ``{"VAR": "secret name"}`` (see ``client.secrets``): every command
+        in the sandbox gets VAR = the secret's current value (the code in the guest sees
+        it; no answer of the daemon carries it). Unknown names raise ``InvalidArgument``."""
         conn = _Connection(client, api_key, base_url, http_timeout, transport)
         try:
             info = conn.client.create_sandbox(image, **options)
@@ -280,6 +285,16 @@ class Sandbox:
         """Iterate this sandbox's events as they happen (after ``after``); the stream
         ends once the sandbox has ended."""
         return self._client.follow_events(self.id, types=types, after=after)
+
+    def set_egress(
+        self,
+        rules: Sequence[str] | None = None,
+        *,
+        policy: Mapping[str, Any] | str | None = None,
+    ) -> EgressInfo:
+        """The same as ``sb.egress.set(rules, policy=...)``: a rule list, an ordered
+        policy document or the name of a policy in ``client.egress_policies``."""
+        return self.egress.set(rules, policy=policy)
 
     def grow_disk(self, disk_gib: int) -> SandboxInfo:
         """Grow this sandbox's own disk to ``disk_gib`` GiB while it runs (no restart):
