@@ -17,6 +17,7 @@ from hutch.api.routes import contexts as context_routes
 from hutch.api.routes import egress, files, images, meta, networks, ports, sandboxes
 from hutch.api.routes import exec as exec_routes
 from hutch.api.routes import processes as process_routes
+from hutch.api.routes import projects as project_routes
 from hutch.api.routes import pty as pty_routes
 from hutch.api.routes import watch as watch_routes
 from hutch.errors import HutchError
@@ -77,7 +78,7 @@ def create_app(services: Services, api_key: str, *, manage_service: bool = True)
     app.state.services = services
     app.state.importer = importer
     app.state.builder = builder
-    app.state.auth = Authenticator(api_key)
+    app.state.auth = Authenticator(api_key, services.projects if core is not None else None)
     # Every route but health: the caller's principal, allowed the route's permission.
     auth = [Depends(deps.principal)]
     app.include_router(meta.health_router)
@@ -98,6 +99,7 @@ def create_app(services: Services, api_key: str, *, manage_service: bool = True)
     app.include_router(ports.router, dependencies=auth)
     app.include_router(networks.router, dependencies=auth)
     app.include_router(networks.membership_router, dependencies=auth)
+    app.include_router(project_routes.router, dependencies=auth)
     app.add_exception_handler(HutchError, errors.handle_hutch_error)
     app.add_exception_handler(RequestValidationError, errors.handle_validation_error)
     app.add_exception_handler(StarletteHTTPException, errors.handle_http_error)

@@ -11,8 +11,8 @@ from starlette.requests import HTTPConnection
 
 from hutch.api.auth import PROJECT_HEADER, Authenticator, bearer_token, requested_project
 from hutch.api.permissions import permission_for
-from hutch.contract.auth import Permission, Principal
-from hutch.errors import Forbidden, HutchError
+from hutch.contract.auth import Permission, Principal, Role
+from hutch.errors import Forbidden, HutchError, NotFound
 from hutch.services.composed import Services
 from hutch.services.files_extra import FilesExtraService
 from hutch.services.guest_ops import GuestOps
@@ -20,6 +20,7 @@ from hutch.services.interpreter import InterpreterService
 from hutch.services.lifecycle import LifecycleService
 from hutch.services.networking import NetworkingService
 from hutch.services.processes import ProcessService
+from hutch.services.projects import ProjectService
 from hutch.services.reaper import Reaper
 from hutch.services.sandboxes import SandboxService
 from hutch.services.snapshots import SnapshotService
@@ -59,6 +60,10 @@ def processes(conn: HTTPConnection) -> ProcessService:
     return services(conn).processes
 
 
+def projects(conn: HTTPConnection) -> ProjectService:
+    return services(conn).projects
+
+
 def interpreter(conn: HTTPConnection) -> InterpreterService:
     return services(conn).interpreter
 
@@ -95,6 +100,8 @@ def authorize(conn: HTTPConnection, who: Principal) -> Principal:
     if not who.may(permission):
         raise Forbidden(f"role {who.role} may not {permission} (permission {permission!r})")
     params = conn.path_params
+    if "project" in params and who.role is not Role.ADMIN and params["project"] != who.project:
+        raise NotFound(f"no project {params['project']!r}")
     if "sandbox_id" in params:
         services(conn).sandboxes.get(params["sandbox_id"], who.project)
     if "snapshot_id" in params:

@@ -95,6 +95,15 @@ ROUTE_PERMISSIONS: dict[tuple[str, str], Permission] = {
     ("DELETE", "/v1/networks/{network_id}"): P.NETWORK_WRITE,
     ("POST", f"{_SB}/networks"): P.NETWORK_WRITE,
     ("DELETE", f"{_SB}/networks/{{network_id}}"): P.NETWORK_WRITE,
+    # projects (admin) and their keys (owner)
+    ("POST", "/v1/projects"): P.PROJECT_MANAGE,
+    ("GET", "/v1/projects"): P.PROJECT_READ,
+    ("GET", "/v1/projects/{project}"): P.PROJECT_READ,
+    ("PATCH", "/v1/projects/{project}"): P.PROJECT_MANAGE,
+    ("DELETE", "/v1/projects/{project}"): P.PROJECT_MANAGE,
+    ("POST", "/v1/projects/{project}/keys"): P.KEY_MANAGE,
+    ("GET", "/v1/projects/{project}/keys"): P.KEY_MANAGE,
+    ("DELETE", "/v1/projects/{project}/keys/{key_id}"): P.KEY_MANAGE,
 }
 
 
