@@ -41,6 +41,7 @@ from hutch.sdk._processes import (
     ProcessInfo,
     ProcessOutput,
 )
+from hutch.sdk._projects import CreatedKeyInfo, KeyInfo, ProjectInfo
 from hutch.sdk._pty import PtyInfo
 from hutch.sdk._sandboxes import (
     Health,
@@ -84,6 +85,7 @@ __all__ = [
     "Context",
     "ContextInfo",
     "Contexts",
+    "CreatedKeyInfo",
     "DaemonUnreachable",
     "Egress",
     "EgressEvent",
@@ -100,6 +102,7 @@ __all__ = [
     "Health",
     "ImageInfo",
     "ImageProgress",
+    "KeyInfo",
     "NetworkInfo",
     "NetworkModeArg",
     "Networks",
@@ -115,6 +118,7 @@ __all__ = [
     "ProcessInfo",
     "ProcessOutput",
     "Processes",
+    "ProjectInfo",
     "ProtocolError",
     "Pty",
     "PtyInfo",

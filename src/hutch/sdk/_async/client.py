@@ -15,6 +15,7 @@ from hutch.contract.limits import DEFAULT_FILE_MODE, DEFAULT_FORK_COUNT, DEFAULT
 from hutch.sdk import _io_async as _io
 from hutch.sdk._async._closing import AsyncClosesOnExit
 from hutch.sdk._async.net import AsyncNetworks
+from hutch.sdk._async.projects import AsyncKeys, AsyncProjects
 from hutch.sdk._config import Timeouts, resolve_config
 from hutch.sdk._core import Call, ClientCore
 from hutch.sdk._errors import ClientClosed, ProtocolError
@@ -70,8 +71,11 @@ class AsyncClient(AsyncClosesOnExit):
         api_key: str | None = None,
         timeout: float | Timeouts | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        project: str | None = None,
     ) -> None:
-        self.core = ClientCore(resolve_config(base_url=base_url, api_key=api_key, timeouts=timeout))
+        self.core = ClientCore(
+            resolve_config(base_url=base_url, api_key=api_key, timeouts=timeout, project=project)
+        )
         self._http = httpx.AsyncClient(transport=transport, trust_env=self.core.trust_env)
         self._sandboxes = SandboxCalls(self.core)
         self._exec = ExecCalls(self.core)
@@ -79,10 +83,19 @@ class AsyncClient(AsyncClosesOnExit):
         self._images = ImageCalls(self.core)
         #: Private networks: ``client.networks.create(name)``, ``.list()``, ...
         self.networks = AsyncNetworks(self)
+        #: Projects and quotas: ``client.projects.create(name, quotas)``, ``.list()``, ...
+        self.projects = AsyncProjects(self)
+        #: A project's API keys: ``client.keys.create(name, role)``, ``.list()``, ...
+        self.keys = AsyncKeys(self)
 
     @property
     def base_url(self) -> str:
         return self.core.base_url
+
+    @property
+    def project(self) -> str | None:
+        """The project requests name (``Hutch-Project``), None when none is named."""
+        return self.core.config.project
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -49,6 +49,7 @@ from hutch.sdk._sandboxes import (
 from hutch.sdk._streams import BytesDecoder, StreamDecoder, StreamState
 from hutch.sdk._sync._closing import ClosesOnExit
 from hutch.sdk._sync.net import Networks
+from hutch.sdk._sync.projects import Keys, Projects
 
 __all__ = ["Client", "ResponseStream"]
 
@@ -71,8 +72,11 @@ class Client(ClosesOnExit):
         api_key: str | None = None,
         timeout: float | Timeouts | None = None,
         transport: httpx.BaseTransport | None = None,
+        project: str | None = None,
     ) -> None:
-        self.core = ClientCore(resolve_config(base_url=base_url, api_key=api_key, timeouts=timeout))
+        self.core = ClientCore(
+            resolve_config(base_url=base_url, api_key=api_key, timeouts=timeout, project=project)
+        )
         self._http = httpx.Client(transport=transport, trust_env=self.core.trust_env)
         self._sandboxes = SandboxCalls(self.core)
         self._exec = ExecCalls(self.core)
@@ -80,10 +84,19 @@ class Client(ClosesOnExit):
         self._images = ImageCalls(self.core)
         #: Private networks: ``client.networks.create(name)``, ``.list()``, ...
         self.networks = Networks(self)
+        #: Projects and quotas: ``client.projects.create(name, quotas)``, ``.list()``, ...
+        self.projects = Projects(self)
+        #: A project's API keys: ``client.keys.create(name, role)``, ``.list()``, ...
+        self.keys = Keys(self)
 
     @property
     def base_url(self) -> str:
         return self.core.base_url
+
+    @property
+    def project(self) -> str | None:
+        """The project requests name (``Hutch-Project``), None when none is named."""
+        return self.core.config.project
 
     def close(self) -> None:
         self._http.close()
