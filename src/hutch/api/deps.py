@@ -98,7 +98,7 @@ def authorize(conn: HTTPConnection, who: Principal) -> Principal:
     a missing one (checked after the permission, so a refusal discloses no id)."""
     permission = route_permission(conn)
     if not who.may(permission):
-        raise Forbidden(f"role {who.role} may not {permission} (permission {permission!r})")
+        raise Forbidden(f"role {who.role} lacks permission {permission} for this request")
     params = conn.path_params
     if "project" in params and who.role is not Role.ADMIN and params["project"] != who.project:
         raise NotFound(f"no project {params['project']!r}")
