@@ -92,6 +92,11 @@ async def test_a_key_acts_in_its_project_with_its_role(api: httpx.AsyncClient) -
     assert (await api.get(f"/v1/sandboxes/{sid}", headers=v)).status_code == 200
     msg = err(await api.post("/v1/sandboxes", json={}, headers=v), 403, "forbidden")
     assert "viewer" in msg and "sandbox.create" in msg, msg
+    run = {"cmd": ["echo", "hi"]}
+    msg = err(await api.post(f"/v1/sandboxes/{sid}/exec", json=run, headers=v), 403, "forbidden")
+    assert msg == "role viewer lacks permission sandbox.use for this request"
+    r = await api.post(f"/v1/sandboxes/{sid}/exec", json=run, headers=as_key(api, dev["secret"]))
+    assert r.status_code == 200 and "hi" in r.text, r.text
     # Another project's key: the id is not found; naming the other project is 403.
     rival = await key(api, "rival", "owner")
     rv = as_key(api, rival["secret"])

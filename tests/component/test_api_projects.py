@@ -61,7 +61,7 @@ async def test_another_projects_ids_are_not_found_like_missing_ones(
     for method, path, body in [
         ("GET", f"/v1/sandboxes/{sid}", None),
         ("DELETE", f"/v1/sandboxes/{sid}", None),
-        ("POST", f"/v1/sandboxes/{sid}/exec", {"command": ["true"]}),
+        ("POST", f"/v1/sandboxes/{sid}/exec", {"cmd": ["true"]}),
         ("GET", f"/v1/sandboxes/{sid}/files?path=/etc/hostname", None),
         ("POST", f"/v1/sandboxes/{sid}/pause", None),
         ("POST", f"/v1/sandboxes/{sid}/fork", None),
