@@ -92,6 +92,13 @@ async def test_cli_project_and_key_commands(api: httpx.AsyncClient) -> None:
     code, out, _ = await run("key", "ls", "--project", "team", "--json")
     keys = json.loads(out)
     assert [k["name"] for k in keys] == ["ci"] and "secret" not in keys[0]
+    # A project key's keys commands default to its own project.
+    code, owner, _ = await run("key", "create", "boss", "--role", "owner", "--project", "team")
+    code, out, err = await run("key", "ls", "--json", key=owner.strip())
+    assert code == 0, err
+    assert sorted(k["name"] for k in json.loads(out)) == ["boss", "ci"]
+    code, _, _ = await run("key", "revoke", json.loads(out)[-1]["id"], key=owner.strip())
+    assert code == 0
     assert (await run("key", "revoke", keys[0]["id"], "--project", "team"))[0] == 0
     code, _, err = await run("project", "ls", key=secret)
     assert code == 1 and "revoked" in err

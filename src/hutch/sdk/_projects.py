@@ -6,6 +6,7 @@ the answer; the async and sync shells (``client.projects``, ``client.keys``) sen
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -22,6 +23,7 @@ __all__ = ["QUOTAS", "CreatedKeyInfo", "KeyInfo", "ProjectCalls", "ProjectInfo",
 #: The quotas a project has (null/None: unlimited).
 QUOTAS = ("max_sandboxes", "max_vcpus", "max_memory_mib", "max_snapshot_bytes")
 KEY_ROLES = ("owner", "developer", "operator", "viewer")
+_PROJECT_KEY_RE = re.compile(r"^hk_[0-9a-f]{12}_[A-Za-z0-9_-]{43}$")
 
 
 def check_project(name: str) -> str:
@@ -140,6 +142,10 @@ class ProjectCalls:
     @staticmethod
     def _path(project: str, suffix: str = "") -> str:
         return f"/v1/projects/{quote(check_project(project), safe='')}{suffix}"
+
+    def holds_project_key(self) -> bool:
+        """Whether the client's key is a project key (``hk_<12 hex>_<43 chars>``)."""
+        return _PROJECT_KEY_RE.match(self.core.config.api_key or "") is not None
 
     def project_of(self, project: str | None) -> str:
         """``project``, else the client's, else ``default``."""

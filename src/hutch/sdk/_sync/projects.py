@@ -49,11 +49,19 @@ class Projects:
 
 class Keys:
     """``client.keys``: a project's API keys (its owner, or the admin key). ``project``
-    defaults to the client's project (``project=`` / ``HUTCH_PROJECT``), else default."""
+    defaults to the client's project (``project=`` / ``HUTCH_PROJECT``), else the
+    project of the client's key (a project key), else default (the admin key)."""
 
     def __init__(self, client: Client) -> None:
         self._client = client
         self._calls = ProjectCalls(client.core)
+
+    def _project(self, project: str | None) -> str:
+        if project or self._client.core.config.project or not self._calls.holds_project_key():
+            return self._calls.project_of(project)
+        # A project key sees its own project only: the list names it.
+        own = self._client.call(self._calls.list_all())
+        return own[0].name if len(own) == 1 else self._calls.project_of(None)
 
     def create(
         self,
@@ -66,12 +74,13 @@ class Keys:
     ) -> CreatedKeyInfo:
         """A new key (role owner, developer, operator or viewer); ``.secret`` is shown
         this once and stored by the daemon only as a hash."""
-        call = self._calls.create_key(project, name, role, ttl_s, expires_at)
+        call = self._calls.create_key(self._project(project), name, role, ttl_s, expires_at)
         return self._client.call(call)
 
     def list(self, *, project: str | None = None) -> builtins.list[KeyInfo]:
-        return self._client.call(self._calls.list_keys(project))
+        return self._client.call(self._calls.list_keys(self._project(project)))
 
     def revoke(self, key_id: str, *, project: str | None = None) -> KeyInfo:
         """Revoke: the key is refused from its next request on."""
-        return self._client.call(self._calls.revoke_key(project, key_id))
+        call = self._calls.revoke_key(self._project(project), key_id)
+        return self._client.call(call)
