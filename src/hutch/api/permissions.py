@@ -104,6 +104,15 @@ ROUTE_PERMISSIONS: dict[tuple[str, str], Permission] = {
     ("POST", "/v1/projects/{project}/keys"): P.KEY_MANAGE,
     ("GET", "/v1/projects/{project}/keys"): P.KEY_MANAGE,
     ("DELETE", "/v1/projects/{project}/keys/{key_id}"): P.KEY_MANAGE,
+    # volumes (a create that mounts one also needs volume.write, or volume.read for
+    # read-only mounts: checked by the create route)
+    ("POST", "/v1/volumes"): P.VOLUME_WRITE,
+    ("GET", "/v1/volumes"): P.VOLUME_READ,
+    ("GET", "/v1/volumes/{volume}"): P.VOLUME_READ,
+    ("PATCH", "/v1/volumes/{volume}"): P.VOLUME_WRITE,
+    ("DELETE", "/v1/volumes/{volume}"): P.VOLUME_WRITE,
+    # growing a sandbox's own disk takes host storage, as a create does
+    ("PATCH", _SB): P.SANDBOX_CREATE,
 }
 
 

@@ -28,6 +28,7 @@ from hutch.cli.projects import key, project
 from hutch.cli.sandboxes import create, inspect, ls, rm
 from hutch.cli.shell import shell
 from hutch.cli.snapshots import snapshot
+from hutch.cli.volumes import grow, volume
 from hutch.cli.watch import watch
 from hutch.errors import HutchError
 from hutch.sdk import DaemonUnreachable
@@ -126,6 +127,8 @@ for _command in (
     egress,
     port,
     network,
+    volume,
+    grow,
     shell,
     ps,
     logs,

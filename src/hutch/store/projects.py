@@ -123,6 +123,7 @@ class ProjectStore:
             "snapshots": ("SELECT COUNT(*) FROM snapshots WHERE project = ?", (name,)),
             "networks": ("SELECT COUNT(*) FROM networks WHERE project = ?", (name,)),
             "images": ("SELECT COUNT(*) FROM images WHERE project = ?", (name,)),
+            "volumes": ("SELECT COUNT(*) FROM volumes WHERE project = ?", (name,)),
             "keys": (
                 "SELECT COUNT(*) FROM api_keys WHERE project = ? AND revoked_at IS NULL",
                 (name,),

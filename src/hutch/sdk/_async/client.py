@@ -16,6 +16,7 @@ from hutch.sdk import _io_async as _io
 from hutch.sdk._async._closing import AsyncClosesOnExit
 from hutch.sdk._async.net import AsyncNetworks
 from hutch.sdk._async.projects import AsyncKeys, AsyncProjects
+from hutch.sdk._async.volumes import AsyncVolumes
 from hutch.sdk._config import Timeouts, resolve_config
 from hutch.sdk._core import Call, ClientCore
 from hutch.sdk._errors import ClientClosed, ProtocolError
@@ -87,6 +88,8 @@ class AsyncClient(AsyncClosesOnExit):
         self.projects = AsyncProjects(self)
         #: A project's API keys: ``client.keys.create(name, role)``, ``.list()``, ...
         self.keys = AsyncKeys(self)
+        #: Volumes: ``client.volumes.create(name, size)``, ``.list()``, ``.grow()``, ...
+        self.volumes = AsyncVolumes(self)
 
     @property
     def base_url(self) -> str:
@@ -152,6 +155,9 @@ class AsyncClient(AsyncClosesOnExit):
         self, sandbox_id: str, mode: PauseModeArg = DEFAULT_PAUSE_MODE
     ) -> SandboxInfo:
         return await self.call(self._sandboxes.pause(sandbox_id, mode))
+
+    async def grow_disk(self, sandbox_id: str, disk_gib: int) -> SandboxInfo:
+        return await self.call(self._sandboxes.grow_disk(sandbox_id, disk_gib))
 
     async def resume_sandbox(self, sandbox_id: str) -> SandboxInfo:
         return await self.call(self._sandboxes.resume(sandbox_id))
