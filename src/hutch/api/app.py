@@ -19,6 +19,7 @@ from hutch.api.routes import exec as exec_routes
 from hutch.api.routes import processes as process_routes
 from hutch.api.routes import projects as project_routes
 from hutch.api.routes import pty as pty_routes
+from hutch.api.routes import secrets as secret_routes
 from hutch.api.routes import volumes as volume_routes
 from hutch.api.routes import watch as watch_routes
 from hutch.errors import HutchError
@@ -85,6 +86,7 @@ def create_app(services: Services, api_key: str, *, manage_service: bool = True)
     app.include_router(meta.health_router)
     app.include_router(meta.router, dependencies=auth)
     app.include_router(images.router, dependencies=auth)
+    app.include_router(secret_routes.router, dependencies=auth)
     app.include_router(sandboxes.router, dependencies=auth)
     app.include_router(sandboxes.snapshots_router, dependencies=auth)
     app.include_router(exec_routes.router, dependencies=auth)

@@ -23,6 +23,7 @@ from hutch.services.processes import ProcessService
 from hutch.services.projects import ProjectService
 from hutch.services.reaper import Reaper
 from hutch.services.sandboxes import SandboxService
+from hutch.services.secrets import SecretService
 from hutch.services.snapshots import SnapshotService
 from hutch.services.volumes import VolumeService
 
@@ -128,3 +129,7 @@ Caller = Annotated[Principal, Depends(principal)]
 
 def volumes(conn: HTTPConnection) -> VolumeService:
     return services(conn).volumes
+
+
+def secrets(conn: HTTPConnection) -> SecretService:
+    return services(conn).secrets

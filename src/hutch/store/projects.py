@@ -124,6 +124,7 @@ class ProjectStore:
             "networks": ("SELECT COUNT(*) FROM networks WHERE project = ?", (name,)),
             "images": ("SELECT COUNT(*) FROM images WHERE project = ?", (name,)),
             "volumes": ("SELECT COUNT(*) FROM volumes WHERE project = ?", (name,)),
+            "secrets": ("SELECT COUNT(*) FROM secrets WHERE project = ?", (name,)),
             "keys": (
                 "SELECT COUNT(*) FROM api_keys WHERE project = ? AND revoked_at IS NULL",
                 (name,),
