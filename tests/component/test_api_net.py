@@ -379,6 +379,7 @@ async def test_networks_belong_to_their_project(api: httpx.AsyncClient) -> None:
     """A network is found by id or name in its own project only: the other project may
     use the same name, and does not see (404) or join this one."""
     other = {"Hutch-Project": "other"}
+    assert (await api.post("/v1/projects", json={"name": "other"})).status_code == 201
     mine = (await api.post("/v1/networks", json={"name": "team"})).json()
     r = await api.post("/v1/networks", json={"name": "team"}, headers=other)
     assert r.status_code == 201, r.text

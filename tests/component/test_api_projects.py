@@ -7,8 +7,17 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import pytest
 
 OTHER = {"Hutch-Project": "other"}
+
+
+@pytest.fixture
+async def api(api: httpx.AsyncClient) -> httpx.AsyncClient:
+    """The admin's client, with project "other" made."""
+    r = await api.post("/v1/projects", json={"name": "other"})
+    assert r.status_code == 201, r.text
+    return api
 
 
 async def create(api: httpx.AsyncClient, headers: dict[str, str] | None = None) -> dict[str, Any]:
@@ -52,7 +61,7 @@ async def test_another_projects_ids_are_not_found_like_missing_ones(
     for method, path, body in [
         ("GET", f"/v1/sandboxes/{sid}", None),
         ("DELETE", f"/v1/sandboxes/{sid}", None),
-        ("POST", f"/v1/sandboxes/{sid}/exec", {"command": ["true"]}),
+        ("POST", f"/v1/sandboxes/{sid}/exec", {"cmd": ["true"]}),
         ("GET", f"/v1/sandboxes/{sid}/files?path=/etc/hostname", None),
         ("POST", f"/v1/sandboxes/{sid}/pause", None),
         ("POST", f"/v1/sandboxes/{sid}/fork", None),
@@ -79,3 +88,5 @@ async def test_a_bad_project_header_is_refused(api: httpx.AsyncClient) -> None:
     r = await api.get("/v1/sandboxes", headers={"Hutch-Project": "Not A Name"})
     assert r.status_code == 400, r.text
     assert "Hutch-Project" in r.json()["error"]["message"]
+    r = await api.get("/v1/sandboxes", headers={"Hutch-Project": "nope"})
+    assert not_found(r) == "no project 'nope'"

@@ -233,6 +233,8 @@ def _assert_nowhere(state_dir: Path) -> None:
 
 async def test_secrets_are_per_project(api: httpx.AsyncClient) -> None:
     other = {"Hutch-Project": "other"}
+    # A project must exist before the admin key can act in it (platform-auth phase 2).
+    assert (await api.post("/v1/projects", json={"name": "other"})).status_code == 201
     await _put(api, "tok", VALUE)
     assert (await api.get("/v1/secrets", headers=other)).json()["secrets"] == []
     r = await api.get("/v1/secrets/tok", headers=other)

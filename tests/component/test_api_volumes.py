@@ -227,6 +227,8 @@ async def test_a_sandbox_that_fails_releases_its_volumes(service: Services) -> N
 
 async def test_volumes_are_per_project(api: httpx.AsyncClient, service: Services) -> None:
     other = {"Hutch-Project": "other"}
+    # A project must exist before the admin key can act in it (platform-auth phase 2).
+    assert (await api.post("/v1/projects", json={"name": "other"})).status_code == 201
     mine = await make_volume(api)
     r = await api.post("/v1/volumes", json={"name": "data", "size": 64 * MIB}, headers=other)
     assert r.status_code == 201, r.text  # the name is free in another project

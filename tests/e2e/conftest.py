@@ -372,13 +372,16 @@ def finalize_daemon(d: Daemon) -> list[str]:
             # Killed by the test: bring it back so the API can delete what it owns.
             d.start()
         if d.running:
-            with d.client(timeout=120.0) as c:
-                for sb in c.list_sandboxes():
-                    if sb.state not in _ENDED:
-                        c.delete_sandbox(sb.id)
-                left = [sb for sb in c.list_sandboxes() if sb.state not in _ENDED]
-                if left:
-                    problems.append(f"sandboxes still live after delete: {left}")
+            with d.client(timeout=120.0) as admin:
+                projects = [p.name for p in admin.projects.list()]
+            for project in projects:  # every project's sandboxes, not only default's
+                with d.client(timeout=120.0, project=project) as c:
+                    for sb in c.list_sandboxes():
+                        if sb.state not in _ENDED:
+                            c.delete_sandbox(sb.id)
+                    left = [sb for sb in c.list_sandboxes() if sb.state not in _ENDED]
+                    if left:
+                        problems.append(f"sandboxes still live after delete: {left}")
     except Exception as exc:
         problems.append(f"could not delete sandboxes through the API: {exc!r}")
     finally:

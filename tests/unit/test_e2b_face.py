@@ -18,8 +18,10 @@ from e2b.envd.process import process_pb
 from e2b.sandbox.signature import get_signature
 from protobuf import Oneof
 
+from hutch.api.auth import Authenticator
 from hutch.api.redact import redact
 from hutch.config import load_settings
+from hutch.contract.auth import Principal
 from hutch.e2b.connect import (
     ConnectError,
     EnvelopeReader,
@@ -179,11 +181,12 @@ def test_e2b_keys_are_hutch_keys_in_hex() -> None:
     form = e2b_form(key)
     assert form.startswith("e2b_") and set(form[4:]) <= set("0123456789abcdef")
     assert hutch_form(form) == key and hutch_form(key) == key
-    verify_api_key(form, key.encode())
-    verify_api_key(key, key.encode())
+    auth = Authenticator(key)
+    assert verify_api_key(form, auth) == Principal.admin()
+    assert verify_api_key(key, auth) == Principal.admin()
     for wrong in (e2b_form("hk_other"), "e2b_zz", "", None, form + "00"):
         with pytest.raises(Unauthorized):
-            verify_api_key(wrong, key.encode())
+            verify_api_key(wrong, auth)
 
 
 def test_tokens_are_per_sandbox_per_purpose_and_per_secret(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hutch.errors import StateError
+from hutch.errors import NotFound, StateError, Unavailable
 from hutch.models import SandboxRecord, SandboxState, Shape
 from hutch.services.state import TRANSITIONS, SandboxStates, allowed_from, require
 from hutch.store import Store
@@ -121,3 +121,27 @@ def test_the_writer_check_can_fail(tmp_path: Path) -> None:
         "store.update_sandbox(sid, **changes)\n"
     )
     assert _state_writes(module) == [1, 3, 4]
+
+
+def test_another_projects_sandbox_is_not_found_even_while_it_is_checked(
+    states: SandboxStates,
+) -> None:
+    """After a restart a sandbox being checked answers 503 to its own project; to any
+    other project it is 404 like a missing id (a 503 would tell that it exists)."""
+    rec = SandboxRecord(
+        id="sb-000000000001",
+        image="base",
+        state=SandboxState.CREATING,
+        shape=Shape(),
+        created_at=time.time(),
+        project="alpha",
+    )
+    states.insert(rec)
+    states.checking.add(rec.id)
+    with pytest.raises(Unavailable):
+        states.get(rec.id, "alpha")
+    with pytest.raises(NotFound) as missing:
+        states.get("sb-000000000002", "beta")
+    with pytest.raises(NotFound) as other:
+        states.get(rec.id, "beta")
+    assert str(other.value) == str(missing.value).replace("sb-000000000002", rec.id)

@@ -27,6 +27,7 @@ from hutch.api.routes import (
 from hutch.api.routes import exec as exec_routes
 from hutch.api.routes import metrics as metrics_routes
 from hutch.api.routes import processes as process_routes
+from hutch.api.routes import projects as project_routes
 from hutch.api.routes import pty as pty_routes
 from hutch.api.routes import secrets as secret_routes
 from hutch.api.routes import usage as usage_routes
@@ -95,7 +96,7 @@ def create_app(services: Services, api_key: str, *, manage_service: bool = True)
     app.state.services = services
     app.state.importer = importer
     app.state.builder = builder
-    app.state.auth = Authenticator(api_key)
+    app.state.auth = Authenticator(api_key, services.projects if core is not None else None)
     # Every route but health: the caller's principal, allowed the route's permission.
     auth = [Depends(deps.principal), Depends(deps.acting)]
     app.include_router(meta.health_router)
@@ -120,6 +121,7 @@ def create_app(services: Services, api_key: str, *, manage_service: bool = True)
     app.include_router(networks.membership_router, dependencies=auth)
     app.include_router(usage_routes.router, dependencies=auth)
     app.include_router(metrics_routes.router(metrics_token or ""))
+    app.include_router(project_routes.router, dependencies=auth)
     app.include_router(volume_routes.router, dependencies=auth)
     app.add_exception_handler(HutchError, errors.handle_hutch_error)
     app.add_exception_handler(RequestValidationError, errors.handle_validation_error)

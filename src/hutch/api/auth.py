@@ -20,16 +20,14 @@ import os
 import secrets
 from pathlib import Path
 
-from fastapi import Request
-
 from hutch.contract.auth import DEFAULT_PROJECT, Principal
 from hutch.contract.names import NAME_RE
 from hutch.errors import Forbidden, InvalidArgument, Unauthorized
+from hutch.services.projects import ProjectService, looks_like_project_key
 
 __all__ = [
     "PROJECT_HEADER",
     "Authenticator",
-    "BearerAuth",
     "bearer_token",
     "check_bearer",
     "check_key",
@@ -99,30 +97,30 @@ class Authenticator:
     """Turns the key a request presents into its :class:`Principal`.
 
     The daemon's own key (``<state>/api-key``) is the instance-wide admin key: it acts in
-    the project the request names (``Hutch-Project``), ``default`` if none.
+    the project the request names (``Hutch-Project``; it must exist), ``default`` if
+    none. A project key (``hk_<id>_<secret>``, :mod:`hutch.services.projects`) acts in
+    its own project only: naming another is a 403. The REST API, the terminal WebSocket
+    and the E2B face all authenticate here.
     """
 
-    def __init__(self, admin_key: str) -> None:
+    def __init__(self, admin_key: str, projects: ProjectService | None = None) -> None:
         self._admin = admin_key.encode()
+        self.projects = projects
 
     def principal(self, presented: str, project: str | None, source: str) -> Principal:
         """The principal of ``presented``; Unauthorized when it is no valid key,
-        Forbidden when it may not act in ``project``."""
-        check_key(presented, self._admin)
-        return Principal.admin(project=project or DEFAULT_PROJECT, source=source)
-
-    def check_project(self, principal: Principal, project: str | None) -> None:
-        """A project key acts only in its own project (the header, if sent, must match)."""
-        if project is not None and project != principal.project:
+        Forbidden when a project key names another project, NotFound when the admin
+        key names a project that does not exist."""
+        is_admin = hmac.compare_digest(presented.encode(errors="surrogatepass"), self._admin)
+        if is_admin:
+            if project is not None and self.projects is not None:
+                self.projects.get(project)
+            return Principal.admin(project=project or DEFAULT_PROJECT, source=source)
+        if self.projects is None or not looks_like_project_key(presented):
+            raise Unauthorized("wrong API key")
+        who = self.projects.principal(presented, source)
+        if project is not None and project != who.project:
             raise Forbidden(
-                f"this key belongs to project {principal.project!r}; it cannot act in "
-                f"project {project!r}"
+                f"this key belongs to project {who.project!r}; it cannot act in project {project!r}"
             )
-
-
-class BearerAuth:
-    def __init__(self, key: str) -> None:
-        self._key = key.encode()
-
-    def __call__(self, request: Request) -> None:
-        check_bearer(request.headers.get("authorization", ""), self._key)
+        return who

@@ -11,8 +11,8 @@ from starlette.requests import HTTPConnection
 
 from hutch.api.auth import PROJECT_HEADER, Authenticator, bearer_token, requested_project
 from hutch.api.permissions import permission_for
-from hutch.contract.auth import Permission, Principal
-from hutch.errors import Forbidden, HutchError
+from hutch.contract.auth import Permission, Principal, Role
+from hutch.errors import Forbidden, HutchError, NotFound
 from hutch.services.composed import Services
 from hutch.services.events import act_as
 from hutch.services.files_extra import FilesExtraService
@@ -21,6 +21,7 @@ from hutch.services.interpreter import InterpreterService
 from hutch.services.lifecycle import LifecycleService
 from hutch.services.networking import NetworkingService
 from hutch.services.processes import ProcessService
+from hutch.services.projects import ProjectService
 from hutch.services.reaper import Reaper
 from hutch.services.sandboxes import SandboxService
 from hutch.services.secrets import SecretService
@@ -63,6 +64,10 @@ def processes(conn: HTTPConnection) -> ProcessService:
     return services(conn).processes
 
 
+def projects(conn: HTTPConnection) -> ProjectService:
+    return services(conn).projects
+
+
 def interpreter(conn: HTTPConnection) -> InterpreterService:
     return services(conn).interpreter
 
@@ -97,8 +102,10 @@ def authorize(conn: HTTPConnection, who: Principal) -> Principal:
     a missing one (checked after the permission, so a refusal discloses no id)."""
     permission = route_permission(conn)
     if not who.may(permission):
-        raise Forbidden(f"role {who.role} may not {permission} (permission {permission!r})")
+        raise Forbidden(f"role {who.role} lacks permission {permission} for this request")
     params = conn.path_params
+    if "project" in params and who.role is not Role.ADMIN and params["project"] != who.project:
+        raise NotFound(f"no project {params['project']!r}")
     if "sandbox_id" in params:
         services(conn).sandboxes.get(params["sandbox_id"], who.project)
     if "snapshot_id" in params:

@@ -115,6 +115,15 @@ ROUTE_PERMISSIONS: dict[tuple[str, str], Permission] = {
     ("GET", "/v1/usage"): P.USAGE_READ,
     ("GET", "/v1/events"): P.EVENTS_READ,
     ("GET", f"{_SB}/events"): P.EVENTS_READ,
+    # projects (admin) and their keys (owner)
+    ("POST", "/v1/projects"): P.PROJECT_MANAGE,
+    ("GET", "/v1/projects"): P.PROJECT_READ,
+    ("GET", "/v1/projects/{project}"): P.PROJECT_READ,
+    ("PATCH", "/v1/projects/{project}"): P.PROJECT_MANAGE,
+    ("DELETE", "/v1/projects/{project}"): P.PROJECT_MANAGE,
+    ("POST", "/v1/projects/{project}/keys"): P.KEY_MANAGE,
+    ("GET", "/v1/projects/{project}/keys"): P.KEY_MANAGE,
+    ("DELETE", "/v1/projects/{project}/keys/{key_id}"): P.KEY_MANAGE,
     # volumes (a create that mounts one also needs volume.write, or volume.read for
     # read-only mounts: checked by the create route)
     ("POST", "/v1/volumes"): P.VOLUME_WRITE,

@@ -25,6 +25,8 @@ __all__ = ["CliEnv", "get_env", "print_table", "spinner", "stderr_console"]
 class CliEnv:
     url: str | None = None
     api_key: str | None = None
+    #: The project requests act in (``--project``; else HUTCH_PROJECT, read by the SDK).
+    project: str | None = None
     #: Replaces the network (tests). ``None``: talk to the daemon over HTTP.
     transport: httpx.BaseTransport | None = None
     _client: Client | None = field(default=None, repr=False)
@@ -32,7 +34,12 @@ class CliEnv:
     def client(self) -> Client:
         """The run's client, created on first use and closed when the command ends."""
         if self._client is None:
-            self._client = Client(base_url=self.url, api_key=self.api_key, transport=self.transport)
+            self._client = Client(
+                base_url=self.url,
+                api_key=self.api_key,
+                transport=self.transport,
+                project=self.project,
+            )
             click.get_current_context().call_on_close(self.close)
         return self._client
 

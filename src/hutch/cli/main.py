@@ -24,6 +24,7 @@ from hutch.cli.lifecycle import fork, pause, resume
 from hutch.cli.mcp_cmd import mcp
 from hutch.cli.net import egress, network, port
 from hutch.cli.processes import kill, logs, ps
+from hutch.cli.projects import key, project
 from hutch.cli.sandboxes import create, inspect, ls, rm
 from hutch.cli.secrets import secret
 from hutch.cli.shell import shell
@@ -61,12 +62,18 @@ class _HutchGroup(click.Group):
     metavar="KEY",
     help="API key [env HUTCH_API_KEY; default the file $HUTCH_STATE_DIR/api-key].",
 )
+@click.option(
+    "--project",
+    metavar="NAME",
+    help="Project to act in [env HUTCH_PROJECT; admin key default: default].",
+)
 @click.pass_context
-def cli(ctx: click.Context, url: str | None, api_key: str | None) -> None:
+def cli(ctx: click.Context, url: str | None, api_key: str | None, project: str | None) -> None:
     """hutch: micro-VM sandboxes for code written by AI agents."""
     env = ctx.ensure_object(CliEnv)
     env.url = url or env.url
     env.api_key = api_key or env.api_key
+    env.project = project or env.project
 
 
 @cli.command()
@@ -131,6 +138,8 @@ for _command in (
     kill,
     usage,
     events,
+    project,
+    key,
 ):
     cli.add_command(_command)
 

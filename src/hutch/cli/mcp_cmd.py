@@ -37,7 +37,8 @@ def mcp(transport: str, host: str, port: int) -> None:
     """Serve hutch's sandboxes as MCP tools to an AI agent.
 
     The server talks to the daemon at --url / HUTCH_URL with the API key from --api-key,
-    HUTCH_API_KEY or $HUTCH_STATE_DIR/api-key. Over HTTP, clients must send
+    HUTCH_API_KEY or $HUTCH_STATE_DIR/api-key, in the project of --project /
+    HUTCH_PROJECT (a project key: its own). Over HTTP, clients must send
     'Authorization: Bearer <that key>'.
     """
     # Imported here: the MCP SDK is only needed by this command.
@@ -49,7 +50,9 @@ def mcp(transport: str, host: str, port: int) -> None:
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="hutch mcp: %(message)s")
 
     async def run() -> None:
-        async with AsyncClient(base_url=env.url, api_key=env.api_key) as client:
+        async with AsyncClient(
+            base_url=env.url, api_key=env.api_key, project=env.project
+        ) as client:
             if transport == "stdio":
                 await serve_stdio(client)
             else:

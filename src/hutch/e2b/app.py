@@ -24,6 +24,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
+from hutch.api.auth import Authenticator
 from hutch.e2b import control, envd_files, unsupported
 from hutch.e2b.envd_filesystem import FilesystemRpc
 from hutch.e2b.envd_process import ProcessRpc
@@ -221,7 +222,9 @@ class E2bApp:
 def create_e2b_app(services: Services, api_key: str, token_secret: bytes) -> E2bApp:
     """The face over the daemon's services (started and closed by the REST app)."""
     f = Face(
-        hutch=Hutch.of(services), tokens=TokenIssuer(token_secret), daemon_key=api_key.encode()
+        hutch=Hutch.of(services),
+        tokens=TokenIssuer(token_secret),
+        auth=Authenticator(api_key, services.projects),
     )
     data_plane = DataPlane(f)
     control_app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)

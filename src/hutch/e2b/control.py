@@ -22,19 +22,19 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
+from hutch.contract.auth import Permission, Principal
 from hutch.contract.limits import AUTO_PAUSE_S_RANGE
 from hutch.e2b import metrics
 from hutch.e2b.errors import E2bError, unsupported
 from hutch.e2b.face import (
     Face,
-    api_principal,
     face,
+    needs,
     opt_bool,
     opt_int,
     read_json,
     str_map,
 )
-from hutch.e2b.keys import E2bPrincipal
 from hutch.e2b.network import egress_rules
 from hutch.e2b.templates import resolve_template
 from hutch.e2b.views import (
@@ -51,9 +51,20 @@ __all__ = ["router"]
 
 router = APIRouter()
 FaceDep = Annotated[Face, Depends(face)]
-#: Every route gets the caller's principal; today the one admin key, with issue 10 a
-#: project key whose role the services check (keys.py says what changes).
-Principal = Annotated[E2bPrincipal, Depends(api_principal)]
+P = Permission
+#: Every route gets the caller's principal, allowed the route's permission (the same
+#: permissions as the REST API's; GET /sandboxes/{id} hands out the data plane's access
+#: tokens, so it needs sandbox.use); sandboxes are looked up in its project only.
+Reader = Annotated[Principal, Depends(needs(P.SANDBOX_READ))]
+Creator = Annotated[Principal, Depends(needs(P.SANDBOX_CREATE))]
+User = Annotated[Principal, Depends(needs(P.SANDBOX_USE))]
+Lifecycle = Annotated[Principal, Depends(needs(P.SANDBOX_LIFECYCLE))]
+Deleter = Annotated[Principal, Depends(needs(P.SANDBOX_DELETE))]
+Forker = Annotated[Principal, Depends(needs(P.SANDBOX_FORK))]
+EgressWriter = Annotated[Principal, Depends(needs(P.EGRESS_WRITE))]
+SnapshotCreator = Annotated[Principal, Depends(needs(P.SNAPSHOT_CREATE))]
+SnapshotReader = Annotated[Principal, Depends(needs(P.SNAPSHOT_READ))]
+SnapshotDeleter = Annotated[Principal, Depends(needs(P.SNAPSHOT_DELETE))]
 
 DEFAULT_TIMEOUT_S = 300
 #: E2B's default time to live of fork children (its API's default).
@@ -66,10 +77,11 @@ MAX_LIST_LIMIT = 1000
 # -- helpers ---------------------------------------------------------------------------
 
 
-def _live(f: Face, sandbox_id: str) -> SandboxRecord:
-    """The sandbox, or 404 in E2B's words when it does not exist or has ended."""
+def _live(f: Face, sandbox_id: str, project: str) -> SandboxRecord:
+    """The sandbox, or 404 in E2B's words when it does not exist, has ended or is
+    another project's."""
     try:
-        rec = f.hutch.sandboxes.get(sandbox_id)
+        rec = f.hutch.sandboxes.get(sandbox_id, project)
     except NotFound as exc:
         raise E2bError(404, f"sandbox {sandbox_id!r} not found") from exc
     if e2b_state(rec) is None:
@@ -139,7 +151,7 @@ def _refuse_unsupported_create_fields(body: dict[str, Any]) -> None:
 
 @router.post("/sandboxes")
 @router.post("/v2/sandboxes")
-async def create_sandbox(request: Request, f: FaceDep, _: Principal) -> JSONResponse:
+async def create_sandbox(request: Request, f: FaceDep, who: Creator) -> JSONResponse:
     body = await read_json(request, required=True)
     template_id = body.get("templateID")
     if not isinstance(template_id, str) or not template_id:
@@ -176,13 +188,14 @@ async def create_sandbox(request: Request, f: FaceDep, _: Principal) -> JSONResp
         auto_pause_s=timeout if auto_pause else None,
         snapshot_id=template.snapshot_id,
         egress=rules,
+        project=who.project,
     )
     return _created(f, await svc.create(spec))
 
 
 @router.get("/sandboxes/{sandbox_id}")
-async def get_sandbox(sandbox_id: str, f: FaceDep, _: Principal) -> JSONResponse:
-    rec = _live(f, sandbox_id)
+async def get_sandbox(sandbox_id: str, f: FaceDep, who: User) -> JSONResponse:
+    rec = _live(f, sandbox_id, who.project)
     return JSONResponse(sandbox_detail(rec, f.tokens, f.envd_version, _rules_of(f, rec)))
 
 
@@ -268,7 +281,7 @@ def _listed(f: Face, request: Request, states: set[str], project: str) -> list[S
 
 
 @router.get("/v2/sandboxes")
-async def list_sandboxes(request: Request, f: FaceDep, who: Principal) -> JSONResponse:
+async def list_sandboxes(request: Request, f: FaceDep, who: Reader) -> JSONResponse:
     q = request.query_params
     order = q.get("order", "asc")
     if order not in ("asc", "desc"):
@@ -280,7 +293,7 @@ async def list_sandboxes(request: Request, f: FaceDep, who: Principal) -> JSONRe
 
 
 @router.get("/sandboxes")
-async def list_sandboxes_v1(request: Request, f: FaceDep, who: Principal) -> JSONResponse:
+async def list_sandboxes_v1(request: Request, f: FaceDep, who: Reader) -> JSONResponse:
     """The first list endpoint: running sandboxes, no pages."""
     recs = _listed(f, request, {"running"}, who.project)
     return JSONResponse([listed_sandbox(r, f.envd_version) for r in recs])
@@ -290,28 +303,28 @@ async def list_sandboxes_v1(request: Request, f: FaceDep, who: Principal) -> JSO
 
 
 @router.delete("/sandboxes/{sandbox_id}")
-async def kill_sandbox(sandbox_id: str, f: FaceDep, _: Principal) -> Response:
-    _live(f, sandbox_id)
+async def kill_sandbox(sandbox_id: str, f: FaceDep, who: Deleter) -> Response:
+    _live(f, sandbox_id, who.project)
     await f.hutch.sandboxes.delete(sandbox_id)
     return Response(status_code=204)
 
 
 @router.post("/sandboxes/{sandbox_id}/timeout")
-async def set_timeout(sandbox_id: str, request: Request, f: FaceDep, _: Principal) -> Response:
+async def set_timeout(sandbox_id: str, request: Request, f: FaceDep, who: Lifecycle) -> Response:
     body = await read_json(request, required=True)
     timeout = opt_int(body, "timeout")
     if timeout is None:
         raise E2bError(400, "timeout is required (seconds from now)")
-    _apply_timeout(f, _live(f, sandbox_id), _timeout(timeout, DEFAULT_TIMEOUT_S))
+    _apply_timeout(f, _live(f, sandbox_id, who.project), _timeout(timeout, DEFAULT_TIMEOUT_S))
     return Response(status_code=204)
 
 
 @router.post("/sandboxes/{sandbox_id}/refreshes")
-async def refresh(sandbox_id: str, request: Request, f: FaceDep, _: Principal) -> Response:
+async def refresh(sandbox_id: str, request: Request, f: FaceDep, who: Lifecycle) -> Response:
     """Keep-alive: the deadline moves to ``duration`` seconds from now if that is later."""
     body = await read_json(request)
     duration = _timeout(opt_int(body, "duration"), 60)
-    rec = _live(f, sandbox_id)
+    rec = _live(f, sandbox_id, who.project)
     now = f.hutch.clock()
     if rec.expires_at is None or rec.expires_at < now + duration:
         _apply_timeout(f, rec, duration)
@@ -319,10 +332,10 @@ async def refresh(sandbox_id: str, request: Request, f: FaceDep, _: Principal) -
 
 
 @router.post("/sandboxes/{sandbox_id}/pause")
-async def pause_sandbox(sandbox_id: str, request: Request, f: FaceDep, _: Principal) -> Response:
+async def pause_sandbox(sandbox_id: str, request: Request, f: FaceDep, who: Lifecycle) -> Response:
     body = await read_json(request)
     memory = opt_bool(body, "memory", True)
-    rec = _live(f, sandbox_id)
+    rec = _live(f, sandbox_id, who.project)
     if rec.state in (SandboxState.PAUSED, SandboxState.PAUSING):
         raise E2bError(409, f"sandbox {sandbox_id} is already paused")
     _settled(rec)
@@ -330,11 +343,11 @@ async def pause_sandbox(sandbox_id: str, request: Request, f: FaceDep, _: Princi
     return Response(status_code=204)
 
 
-async def _connect(f: Face, sandbox_id: str, body: dict[str, Any]) -> JSONResponse:
+async def _connect(f: Face, sandbox_id: str, body: dict[str, Any], project: str) -> JSONResponse:
     """Running: 200 (the deadline only ever moves later). Paused: resumed, 201."""
     timeout = _timeout(opt_int(body, "timeout"), DEFAULT_TIMEOUT_S)
     memory = opt_bool(body, "memory", True)
-    rec = _live(f, sandbox_id)
+    rec = _live(f, sandbox_id, project)
     _settled(rec)
     now = f.hutch.clock()
     if rec.state is SandboxState.RUNNING:
@@ -354,25 +367,23 @@ async def _connect(f: Face, sandbox_id: str, body: dict[str, Any]) -> JSONRespon
 
 @router.post("/sandboxes/{sandbox_id}/connect")
 @router.post("/v2/sandboxes/{sandbox_id}/connect")
-async def connect_sandbox(
-    sandbox_id: str, request: Request, f: FaceDep, _: Principal
-) -> JSONResponse:
-    return await _connect(f, sandbox_id, await read_json(request))
+async def connect_sandbox(sandbox_id: str, request: Request, f: FaceDep, who: User) -> JSONResponse:
+    return await _connect(f, sandbox_id, await read_json(request), who.project)
 
 
 @router.post("/sandboxes/{sandbox_id}/resume")
 async def resume_sandbox(
-    sandbox_id: str, request: Request, f: FaceDep, _: Principal
+    sandbox_id: str, request: Request, f: FaceDep, who: Lifecycle
 ) -> JSONResponse:
     """The deprecated resume: like connect, but a running sandbox is a 409."""
     body = await read_json(request)
-    if _live(f, sandbox_id).state is SandboxState.RUNNING:
+    if _live(f, sandbox_id, who.project).state is SandboxState.RUNNING:
         raise E2bError(409, f"sandbox {sandbox_id} is already running")
-    return await _connect(f, sandbox_id, body)
+    return await _connect(f, sandbox_id, body, who.project)
 
 
 @router.post("/sandboxes/{sandbox_id}/fork")
-async def fork_sandbox(sandbox_id: str, request: Request, f: FaceDep, _: Principal) -> JSONResponse:
+async def fork_sandbox(sandbox_id: str, request: Request, f: FaceDep, who: Forker) -> JSONResponse:
     """Each child gets its own deadline; E2B reports per child, hutch forks all or none
     (a failure answers for the whole request)."""
     body = await read_json(request)
@@ -380,7 +391,7 @@ async def fork_sandbox(sandbox_id: str, request: Request, f: FaceDep, _: Princip
     count = opt_int(body, "count", 1) or 1
     if not 1 <= count <= MAX_FORK_COUNT:
         raise E2bError(400, f"count={count}: accepted 1-{MAX_FORK_COUNT}")
-    _settled(_live(f, sandbox_id))
+    _settled(_live(f, sandbox_id, who.project))
     children = await f.hutch.snapshots.fork(sandbox_id, count)
     results = []
     for child in children:
@@ -390,20 +401,22 @@ async def fork_sandbox(sandbox_id: str, request: Request, f: FaceDep, _: Princip
 
 
 @router.put("/sandboxes/{sandbox_id}/network")
-async def update_network(sandbox_id: str, request: Request, f: FaceDep, _: Principal) -> Response:
+async def update_network(
+    sandbox_id: str, request: Request, f: FaceDep, who: EgressWriter
+) -> Response:
     """Replaces the egress rules at once (hutch changes them live; connections the new
     rules refuse are cut)."""
     body = await read_json(request)
-    _live(f, sandbox_id)
+    _live(f, sandbox_id, who.project)
     rules = egress_rules(body, opt_bool(body, "allow_internet_access"))
     await f.hutch.networking.egress_set(sandbox_id, rules or [])
     return Response(status_code=204)
 
 
 @router.get("/sandboxes/{sandbox_id}/metrics")
-async def sandbox_metrics(sandbox_id: str, f: FaceDep, _: Principal) -> JSONResponse:
+async def sandbox_metrics(sandbox_id: str, f: FaceDep, who: Reader) -> JSONResponse:
     """One sample, measured in the guest now (a paused sandbox has none)."""
-    rec = _live(f, sandbox_id)
+    rec = _live(f, sandbox_id, who.project)
     if rec.state is not SandboxState.RUNNING:
         return JSONResponse([])
     return JSONResponse([await metrics.sample(f.hutch.guest, rec)])
@@ -414,7 +427,7 @@ async def sandbox_metrics(sandbox_id: str, f: FaceDep, _: Principal) -> JSONResp
 
 @router.post("/sandboxes/{sandbox_id}/snapshots")
 async def create_snapshot(
-    sandbox_id: str, request: Request, f: FaceDep, _: Principal
+    sandbox_id: str, request: Request, f: FaceDep, who: SnapshotCreator
 ) -> JSONResponse:
     body = await read_json(request)
     if opt_bool(body, "memory", True) is False:
@@ -428,7 +441,7 @@ async def create_snapshot(
         name = "snapshot-" + secrets.token_hex(4)
     if not isinstance(name, str):
         raise E2bError(400, "name must be a string")
-    _settled(_live(f, sandbox_id))
+    _settled(_live(f, sandbox_id, who.project))
     snap = await f.hutch.snapshots.snapshot(sandbox_id, name)
     return JSONResponse(snapshot_info(snap), status_code=201)
 
@@ -438,7 +451,7 @@ def _snap_key(snap: SnapshotRecord) -> tuple[float, str]:
 
 
 @router.get("/snapshots")
-async def list_snapshots(request: Request, f: FaceDep, who: Principal) -> JSONResponse:
+async def list_snapshots(request: Request, f: FaceDep, who: SnapshotReader) -> JSONResponse:
     q = request.query_params
     snaps = f.hutch.snapshots.list_snapshots(who.project)
     if q.get("sandboxID"):
@@ -451,7 +464,7 @@ async def list_snapshots(request: Request, f: FaceDep, who: Principal) -> JSONRe
 
 
 @router.delete("/templates/{template_id:path}")
-async def delete_template(template_id: str, f: FaceDep, _: Principal) -> Response:
+async def delete_template(template_id: str, f: FaceDep, who: SnapshotDeleter) -> Response:
     """E2B deletes snapshots through its templates endpoint (``delete_snapshot``)."""
     snapshot_id = template_id.removesuffix(":default").removesuffix(":latest")
     if not snapshot_id.startswith("snap-"):
@@ -461,6 +474,7 @@ async def delete_template(template_id: str, f: FaceDep, _: Principal) -> Respons
             "are deleted here",
         )
     try:
+        f.hutch.snapshots.get_snapshot(snapshot_id, who.project)
         await f.hutch.snapshots.delete_snapshot(snapshot_id)
     except NotFound as exc:
         raise E2bError(404, f"snapshot {snapshot_id!r} not found") from exc

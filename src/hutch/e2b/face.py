@@ -4,16 +4,19 @@ and token checks, and the reported ``envdVersion``; plus request helpers."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
 
+from hutch.api.auth import Authenticator
+from hutch.contract.auth import Permission, Principal
 from hutch.e2b.errors import E2bError
-from hutch.e2b.keys import E2bPrincipal, TokenIssuer, verify_api_key
+from hutch.e2b.keys import TokenIssuer, verify_api_key
 from hutch.e2b.wiring import Hutch
 
-__all__ = ["ENVD_VERSION", "Face", "api_principal", "face", "read_json"]
+__all__ = ["ENVD_VERSION", "Face", "api_principal", "face", "needs", "read_json"]
 
 #: The envd version the face reports. The SDKs gate features on it (``e2b/envd/
 #: versions.py``, and the same numbers in the JS SDK): 0.1.4 recursive watch, 0.1.5 and
@@ -29,7 +32,7 @@ ENVD_VERSION = "0.6.1"
 class Face:
     hutch: Hutch
     tokens: TokenIssuer
-    daemon_key: bytes
+    auth: Authenticator
     envd_version: str = ENVD_VERSION
 
 
@@ -38,7 +41,7 @@ def face(request: Request) -> Face:
     return f
 
 
-def api_principal(request: Request) -> E2bPrincipal:
+def api_principal(request: Request) -> Principal:
     """Control-plane auth: ``X-API-KEY`` (what the E2B SDKs send), or ``Authorization:
     Bearer``. Raises Unauthorized (answered 401 in E2B's shape)."""
     presented = request.headers.get("x-api-key")
@@ -46,7 +49,21 @@ def api_principal(request: Request) -> E2bPrincipal:
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() == "bearer":
             presented = token
-    return verify_api_key(presented, face(request).daemon_key)
+    client = request.client
+    return verify_api_key(presented, face(request).auth, client.host if client else "")
+
+
+def needs(permission: Permission) -> Callable[[Request], Principal]:
+    """A route's dependency: the caller, allowed ``permission`` (else 403 naming the
+    role and the permission, as the REST API says it)."""
+
+    def dependency(request: Request) -> Principal:
+        who = api_principal(request)
+        if not who.may(permission):
+            raise E2bError(403, f"role {who.role} lacks permission {permission}")
+        return who
+
+    return dependency
 
 
 async def read_json(request: Request, *, required: bool = False) -> dict[str, Any]:

@@ -8,11 +8,10 @@ the shape client-side). So no second key store exists: an E2B key *is* a hutch k
 with hutch's roles and projects. The daemon writes the admin key's E2B form to
 ``<state>/e2b-api-key`` (0600) next to ``api-key``.
 
-What changes when project keys land (issue 10, ``/work/plan_10.md``): ``verify_api_key``
-decodes the same way and hands the hutch secret (``hk_<id>_<secret>``) to the key
-store's lookup instead of comparing it with the one admin key; it returns that key's
-``Principal`` instead of :data:`ADMIN`. Nothing else in the face changes: every route
-receives the principal from :func:`verify_api_key` and passes it to the services.
+A project key (issue 10) works the same way: ``verify_api_key`` hands the decoded
+hutch secret to the REST API's :class:`~hutch.api.auth.Authenticator` and returns that
+key's ``Principal``; every control route checks the principal's permission
+(:func:`hutch.e2b.face.needs`) and looks sandboxes up in its project only.
 
 **Access tokens.** E2B hands out ``envdAccessToken`` (sent by clients as
 ``X-Access-Token`` to the sandbox's envd) and ``trafficAccessToken``
@@ -35,14 +34,13 @@ import hashlib
 import hmac
 import os
 import secrets
-from dataclasses import dataclass
 from pathlib import Path
 
-from hutch.api.auth import check_key
+from hutch.api.auth import Authenticator
+from hutch.contract.auth import Principal
 from hutch.errors import Unauthorized
 
 __all__ = [
-    "ADMIN",
     "E2B_KEY_PREFIX",
     "E2bPrincipal",
     "TokenIssuer",
@@ -60,17 +58,8 @@ _ENVD = "e2b_envd_"
 _TRAFFIC = "e2b_traffic_"
 
 
-@dataclass(frozen=True)
-class E2bPrincipal:
-    """Who called (the shape of issue 10's ``Principal``, narrowed to what exists now)."""
-
-    key_id: str
-    project: str
-    role: str
-
-
-#: The daemon's one key (``<state>/api-key``) acting in the default project.
-ADMIN = E2bPrincipal(key_id="admin", project="default", role="admin")
+#: The caller of an E2B request: the same principal the REST API makes.
+E2bPrincipal = Principal
 
 
 def e2b_form(hutch_key: str) -> str:
@@ -93,15 +82,15 @@ def hutch_form(presented: str) -> str:
         ) from exc
 
 
-def verify_api_key(presented: str | None, daemon_key: bytes) -> E2bPrincipal:
-    """Check the ``X-API-KEY`` (or Bearer) value an E2B client sent."""
+def verify_api_key(presented: str | None, auth: Authenticator, source: str = "") -> Principal:
+    """Check the ``X-API-KEY`` (or Bearer) value an E2B client sent: the hutch key it
+    spells goes through the REST API's own key lookup (admin or project key)."""
     if not presented:
         raise Unauthorized(
             "missing API key: set E2B_API_KEY to the contents of <state_dir>/e2b-api-key "
             "(or to the hutch API key)"
         )
-    check_key(hutch_form(presented), daemon_key)
-    return ADMIN
+    return auth.principal(hutch_form(presented), None, source)
 
 
 def load_or_create_secret(path: Path) -> bytes:

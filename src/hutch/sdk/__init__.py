@@ -58,6 +58,7 @@ from hutch.sdk._processes import (
     ProcessInfo,
     ProcessOutput,
 )
+from hutch.sdk._projects import CreatedKeyInfo, KeyInfo, ProjectInfo
 from hutch.sdk._pty import PtyInfo
 from hutch.sdk._sandboxes import (
     Health,
@@ -109,6 +110,7 @@ __all__ = [
     "Context",
     "ContextInfo",
     "Contexts",
+    "CreatedKeyInfo",
     "DaemonUnreachable",
     "Egress",
     "EgressEvent",
@@ -128,6 +130,7 @@ __all__ = [
     "Health",
     "ImageInfo",
     "ImageProgress",
+    "KeyInfo",
     "NamedPolicyInfo",
     "NetworkInfo",
     "NetworkModeArg",
@@ -144,6 +147,7 @@ __all__ = [
     "ProcessInfo",
     "ProcessOutput",
     "Processes",
+    "ProjectInfo",
     "ProtocolError",
     "Pty",
     "PtyInfo",

@@ -5,7 +5,10 @@ Resolution order (first hit wins):
 - base URL: ``base_url`` argument, env ``HUTCH_URL``, ``http://127.0.0.1:7070``;
 - API key: ``api_key`` argument, env ``HUTCH_API_KEY``, the file
   ``$HUTCH_STATE_DIR/api-key`` (``HUTCH_STATE_DIR`` defaults to ``./var``), which the
-  daemon writes on its first start.
+  daemon writes on its first start;
+- project: ``project`` argument, env ``HUTCH_PROJECT``, else none (sent as the
+  ``Hutch-Project`` header: the admin key acts in it, ``default`` without; a project
+  key acts in its own project, and naming another is refused).
 
 A missing key is not an error until a request needs one, so ``/healthz`` works without.
 """
@@ -17,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from hutch.contract.names import NAME_RE
 from hutch.errors import InvalidArgument
 from hutch.sdk._errors import ApiKeyMissing
 
@@ -72,6 +76,7 @@ class Timeouts:
 class ClientConfig:
     base_url: str
     api_key: str | None
+    project: str | None
     # Where the key was looked for, for the error message when it is missing.
     key_file: Path
     timeouts: Timeouts
@@ -92,6 +97,7 @@ def resolve_config(
     api_key: str | None = None,
     timeouts: float | Timeouts | None = None,
     env: Mapping[str, str] | None = None,
+    project: str | None = None,
 ) -> ClientConfig:
     """Resolve the client settings; see the module docstring for the order."""
     env = os.environ if env is None else env
@@ -112,9 +118,17 @@ def resolve_config(
             "(copy it from the key file again, without the trailing newline)"
         )
     key = given or _read_key_file(key_file)
+    named = project or env.get("HUTCH_PROJECT") or None
+    if named is not None and not NAME_RE.match(named):
+        source = "project" if project else "HUTCH_PROJECT"
+        raise InvalidArgument(
+            f"{source}={named!r} is not a project name; use 1-63 lowercase letters, digits "
+            "and '-', starting and ending with a letter or digit"
+        )
     return ClientConfig(
         base_url=url,
         api_key=key or None,
+        project=named,
         key_file=key_file,
         timeouts=Timeouts.coerce(timeouts),
     )

@@ -115,6 +115,8 @@ class ClientCore:
         headers = {"User-Agent": f"hutch-python/{__version__}", "Accept": "application/json"}
         if auth:
             headers["Authorization"] = f"Bearer {self.config.require_key()}"
+            if self.config.project is not None:
+                headers["Hutch-Project"] = self.config.project
         timeouts = self.config.timeouts
         timeout = (
             timeouts.as_httpx()

@@ -122,6 +122,8 @@ class TerminalState:
             "Authorization": f"Bearer {core.config.require_key()}",
             "User-Agent": f"hutch-python/{__version__}",
         }
+        if core.config.project is not None:
+            headers["Hutch-Project"] = core.config.project
         return f"{scheme}{address}{path}?{urlencode(query)}", headers
 
     @staticmethod

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from hutch.config import Settings
 from hutch.runtime.backend import VmBackend
@@ -32,6 +33,7 @@ from hutch.services.lifecycle import LifecycleService
 from hutch.services.networking import NetworkingService
 from hutch.services.pool import WarmPool
 from hutch.services.processes import ProcessService
+from hutch.services.projects import ProjectService
 from hutch.services.reaper import Reaper
 from hutch.services.reconcile import ReconcilePlan, Reconciler
 from hutch.services.registry import SandboxRegistry
@@ -41,6 +43,7 @@ from hutch.services.snapshots import SnapshotService
 from hutch.services.usage import UsageService
 from hutch.services.volumes import VolumeService
 from hutch.store.db import LIVE_STATES
+from hutch.store.projects import ProjectStore
 
 __all__ = ["Services"]
 
@@ -67,6 +70,11 @@ class Services:
     @property
     def settings(self) -> Settings:
         return self.core.settings
+
+    @cached_property
+    def projects(self) -> ProjectService:
+        """Projects, quotas and keys (the same store as the sandboxes)."""
+        return ProjectService(ProjectStore(self.core.store), clock=lambda: self.core.clock())
 
     @property
     def backend(self) -> VmBackend:

@@ -109,7 +109,12 @@ class LifecycleService:
             return rec
         require(rec, SandboxState.PAUSED, SandboxState.RUNNING)
         async with self.core.create_gate:
-            self.core.check_capacity(rec.shape.memory_mib, extra_sandboxes=0)
+            self.core.check_capacity(
+                rec.shape.memory_mib,
+                extra_sandboxes=0,
+                project=rec.project,
+                vcpus=rec.shape.vcpus,
+            )
             self.core.states.move(rec.id, SandboxState.RESUMING)
         crash_point("resume.row")
         try:

@@ -26,6 +26,7 @@ from hutch.services.image_defaults import run_start_command
 from hutch.services.images import ImageDefaults, ImageSource
 from hutch.services.metrics import Metrics
 from hutch.services.network import NetworkService
+from hutch.services.projects import check_quota
 from hutch.services.secret_box import SecretKey
 from hutch.services.secrets import SecretService
 from hutch.services.state import SandboxStates
@@ -33,6 +34,7 @@ from hutch.storage.volumes import VolumeFiles
 from hutch.store import Store
 from hutch.store.db import LIVE_STATES
 from hutch.store.meter import MeterStore
+from hutch.store.projects import ProjectStore
 from hutch.store.secrets import SecretStore
 from hutch.store.volumes import VolumeStore
 from hutch.teardown import TeardownStack
@@ -74,6 +76,7 @@ class SandboxRegistry:
         self.states = SandboxStates(store, self.events)
         self.metrics = Metrics()
         self.events.listeners.append(self.metrics.on_event)
+        self.projects = ProjectStore(store)  # quotas, read under create_gate
         self.backend = backend
         self.image_source = images
         self.net = net
@@ -136,7 +139,21 @@ class SandboxRegistry:
 
     # -- admission ---------------------------------------------------------------------
 
-    def check_capacity(self, memory_mib: int, extra_sandboxes: int) -> None:
+    def check_capacity(
+        self, memory_mib: int, extra_sandboxes: int, *, project: str | None = None, vcpus: int = 0
+    ) -> None:
+        """The host's limits, then ``project``'s quotas (QuotaExceeded names the quota).
+        Called under ``create_gate`` with the row write that follows it, so concurrent
+        creates, resumes and forks cannot pass a limit together; sandboxes still
+        starting count."""
+        if project is not None:
+            check_quota(
+                self.projects,
+                project,
+                sandboxes=extra_sandboxes,
+                vcpus=vcpus,
+                memory_mib=memory_mib,
+            )
         count, memory = self.store.live_usage()
         limits = self.settings.limits
         if count + extra_sandboxes > limits.max_sandboxes:

@@ -137,7 +137,12 @@ class SandboxService:
             # Capacity is checked and the row inserted under one lock so that concurrent
             # creates cannot overshoot the limits together.
             try:
-                self.core.check_capacity(spec.shape.memory_mib, extra_sandboxes=1)
+                self.core.check_capacity(
+                    spec.shape.memory_mib,
+                    extra_sandboxes=1,
+                    project=spec.project,
+                    vcpus=spec.shape.vcpus,
+                )
             except Capacity:
                 if pooled is not None:
                     self.pool.give_back(image, pooled)

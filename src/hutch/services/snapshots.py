@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from hutch.crashpoints import crash_point
-from hutch.errors import InvalidArgument, NotFound
+from hutch.errors import InvalidArgument, NotFound, QuotaExceeded
 from hutch.models import (
     FORK_COUNT_RANGE,
     SNAPSHOT_ID_RE,
@@ -69,7 +69,12 @@ class SnapshotService:
 
     async def _fork_locked(self, parent: SandboxRecord, count: int) -> list[SandboxRecord]:
         async with self.core.create_gate:
-            self.core.check_capacity(parent.shape.memory_mib * count, extra_sandboxes=count)
+            self.core.check_capacity(
+                parent.shape.memory_mib * count,
+                extra_sandboxes=count,
+                project=parent.project,
+                vcpus=parent.shape.vcpus * count,
+            )
             children = []
             for _ in range(count):
                 child = replace(
@@ -176,6 +181,7 @@ class SnapshotService:
         a daemon killed during the save finds it and finishes or drops it.
         """
         validate_name(name)
+        self._check_snapshot_quota(self.core.get(sandbox_id).project)
         refuse_copy(self.core, sandbox_id, "a named snapshot")
         with because("snapshot"), self.core.metrics.timed("snapshot"):
             snap = await self._snapshot(sandbox_id, name)
@@ -217,6 +223,20 @@ class SnapshotService:
             )
             self.core.store.finish_snapshot(snap_id, snap.size_bytes)
         return snap
+
+    def _check_snapshot_quota(self, project: str) -> None:
+        """A snapshot's size is known only once saved: refused when the project is at or
+        over ``max_snapshot_bytes`` already (one save may take it past the limit)."""
+        row = self.core.projects.get(project)
+        limit = row.quotas.get("max_snapshot_bytes") if row is not None else None
+        if limit is None:
+            return
+        used = self.core.projects.use(project).snapshot_bytes
+        if used >= limit:
+            raise QuotaExceeded(
+                f"project {project!r} quota max_snapshot_bytes exceeded: {used} in use >= "
+                f"limit {limit}; delete snapshots or raise the quota"
+            )
 
     def get_snapshot(self, snapshot_id: str, project: str | None = None) -> SnapshotRecord:
         """The snapshot; with ``project``, one of another project is not found, exactly

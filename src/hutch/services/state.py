@@ -108,6 +108,12 @@ class SandboxStates:
         as a missing one (its id is not disclosed)."""
         if not SANDBOX_ID_RE.match(sandbox_id):
             raise NotFound(f"sandbox id {sandbox_id!r} is malformed; ids look like sb-0123456789ab")
+        if project is not None and sandbox_id in self.checking:
+            # Another project's sandbox is not found even while it is being checked (a
+            # 503 would tell that the id exists).
+            held = self.store.get_sandbox(sandbox_id)
+            if held is None or held.project != project:
+                raise NotFound(f"no sandbox {sandbox_id}")
         if sandbox_id in self.checking:
             raise Unavailable(
                 f"sandbox {sandbox_id} is still being checked after the daemon restarted; "

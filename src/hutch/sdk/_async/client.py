@@ -15,6 +15,7 @@ from hutch.contract.limits import DEFAULT_FILE_MODE, DEFAULT_FORK_COUNT, DEFAULT
 from hutch.sdk import _io_async as _io
 from hutch.sdk._async._closing import AsyncClosesOnExit
 from hutch.sdk._async.net import AsyncEgressPolicies, AsyncNetworks
+from hutch.sdk._async.projects import AsyncKeys, AsyncProjects
 from hutch.sdk._async.secrets import AsyncSecrets
 from hutch.sdk._async.volumes import AsyncVolumes
 from hutch.sdk._config import Timeouts, resolve_config
@@ -73,8 +74,11 @@ class AsyncClient(AsyncClosesOnExit):
         api_key: str | None = None,
         timeout: float | Timeouts | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        project: str | None = None,
     ) -> None:
-        self.core = ClientCore(resolve_config(base_url=base_url, api_key=api_key, timeouts=timeout))
+        self.core = ClientCore(
+            resolve_config(base_url=base_url, api_key=api_key, timeouts=timeout, project=project)
+        )
         self._http = httpx.AsyncClient(transport=transport, trust_env=self.core.trust_env)
         self._sandboxes = SandboxCalls(self.core)
         self._exec = ExecCalls(self.core)
@@ -85,6 +89,10 @@ class AsyncClient(AsyncClosesOnExit):
         self.networks = AsyncNetworks(self)
         #: Named egress policies: ``client.egress_policies.put(name, policy)``, ...
         self.egress_policies = AsyncEgressPolicies(self)
+        #: Projects and quotas: ``client.projects.create(name, quotas)``, ``.list()``, ...
+        self.projects = AsyncProjects(self)
+        #: A project's API keys: ``client.keys.create(name, role)``, ``.list()``, ...
+        self.keys = AsyncKeys(self)
         #: Volumes: ``client.volumes.create(name, size)``, ``.list()``, ``.grow()``, ...
         self.volumes = AsyncVolumes(self)
         #: Write-only secrets: ``client.secrets.set(name, value)``, ``.list()``, ...
@@ -93,6 +101,11 @@ class AsyncClient(AsyncClosesOnExit):
     @property
     def base_url(self) -> str:
         return self.core.base_url
+
+    @property
+    def project(self) -> str | None:
+        """The project requests name (``Hutch-Project``), None when none is named."""
+        return self.core.config.project
 
     async def aclose(self) -> None:
         await self._http.aclose()

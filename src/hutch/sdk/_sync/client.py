@@ -49,6 +49,7 @@ from hutch.sdk._sandboxes import (
 from hutch.sdk._streams import BytesDecoder, StreamDecoder, StreamState
 from hutch.sdk._sync._closing import ClosesOnExit
 from hutch.sdk._sync.net import EgressPolicies, Networks
+from hutch.sdk._sync.projects import Keys, Projects
 from hutch.sdk._sync.secrets import Secrets
 from hutch.sdk._sync.volumes import Volumes
 from hutch.sdk._usage import Event, EventDecoder, EventPage, TimeArg, Usage, UsageCalls
@@ -74,8 +75,11 @@ class Client(ClosesOnExit):
         api_key: str | None = None,
         timeout: float | Timeouts | None = None,
         transport: httpx.BaseTransport | None = None,
+        project: str | None = None,
     ) -> None:
-        self.core = ClientCore(resolve_config(base_url=base_url, api_key=api_key, timeouts=timeout))
+        self.core = ClientCore(
+            resolve_config(base_url=base_url, api_key=api_key, timeouts=timeout, project=project)
+        )
         self._http = httpx.Client(transport=transport, trust_env=self.core.trust_env)
         self._sandboxes = SandboxCalls(self.core)
         self._exec = ExecCalls(self.core)
@@ -86,6 +90,10 @@ class Client(ClosesOnExit):
         self.networks = Networks(self)
         #: Named egress policies: ``client.egress_policies.put(name, policy)``, ...
         self.egress_policies = EgressPolicies(self)
+        #: Projects and quotas: ``client.projects.create(name, quotas)``, ``.list()``, ...
+        self.projects = Projects(self)
+        #: A project's API keys: ``client.keys.create(name, role)``, ``.list()``, ...
+        self.keys = Keys(self)
         #: Volumes: ``client.volumes.create(name, size)``, ``.list()``, ``.grow()``, ...
         self.volumes = Volumes(self)
         #: Write-only secrets: ``client.secrets.set(name, value)``, ``.list()``, ...
@@ -94,6 +102,11 @@ class Client(ClosesOnExit):
     @property
     def base_url(self) -> str:
         return self.core.base_url
+
+    @property
+    def project(self) -> str | None:
+        """The project requests name (``Hutch-Project``), None when none is named."""
+        return self.core.config.project
 
     def close(self) -> None:
         self._http.close()
