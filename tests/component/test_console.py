@@ -1,0 +1,160 @@
+"""The web console in a real headless Chromium against the in-process daemon (the real
+service, store and app behind uvicorn; the guest agent in bubblewrap): the fast proof of
+the console's pages. tests/e2e/test_console.py is the same against real QEMU guests.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.async_api import BrowserContext, ConsoleMessage, Page, Request, expect
+
+from tests.browser import async_chromium
+from tests.component.conftest import API_KEY
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "console"
+
+
+@pytest.fixture
+async def browser(tmp_path: Path) -> AsyncIterator[BrowserContext]:
+    async with async_chromium(tmp_path / "chromium-profile") as context:
+        yield context
+
+
+class Watched:
+    """A page with everything it asked for and every console error recorded."""
+
+    def __init__(self, page: Page, origin: str) -> None:
+        self.page = page
+        self.origin = origin
+        self.requests: list[str] = []
+        self.errors: list[str] = []
+        page.on("request", self._request)
+        page.on("console", self._console)
+        page.on("pageerror", lambda exc: self.errors.append(f"pageerror: {exc}"))
+
+    def _request(self, request: Request) -> None:
+        self.requests.append(request.url)
+
+    def _console(self, msg: ConsoleMessage) -> None:
+        if msg.type == "error":
+            self.errors.append(msg.text)
+
+    def foreign(self) -> list[str]:
+        ws_origin = self.origin.replace("http://", "ws://")
+        return [
+            u
+            for u in self.requests
+            if not (u.startswith(self.origin + "/") or u.startswith(ws_origin + "/"))
+            and not u.startswith("data:")
+        ]
+
+    async def screenshot(self, name: str) -> Path:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        path = ARTIFACTS / f"{name}.png"
+        await self.page.screenshot(path=str(path), full_page=True)
+        print(f"console screenshot: {path}")
+        return path
+
+
+@pytest.fixture
+async def console(
+    browser: BrowserContext, api: httpx.AsyncClient, request: pytest.FixtureRequest
+) -> AsyncIterator[Watched]:
+    page = await browser.new_page()
+    watched = Watched(page, str(api.base_url).rstrip("/"))
+    yield watched
+    failed = getattr(request.node, "rep_call", None)
+    if failed is None or failed.failed:
+        await watched.screenshot(request.node.name)
+
+
+async def sign_in(w: Watched, key: str = API_KEY) -> None:
+    await w.page.goto(w.origin + "/ui")
+    await w.page.fill("#api-key", key)
+    await w.page.click("#sign-in-button")
+    await expect(w.page.locator("#who")).to_contain_text("admin")
+
+
+async def test_console_sign_in_sandbox_terminal(console: Watched, api: httpx.AsyncClient) -> None:
+    w = console
+    await sign_in(w)
+    page = w.page
+    # The key is in session storage and headers, never in the page or its URL.
+    assert await page.evaluate("sessionStorage.getItem('hutch.key')") == API_KEY
+    await expect(page.locator("#sandboxes")).to_be_visible()
+    created = (await api.post("/v1/sandboxes", json={"image": "base", "name": "ui-one"})).json()
+    sid = created["id"]
+    put = await api.put(
+        f"/v1/sandboxes/{sid}/files",
+        params={"path": "/root/hello.txt"},
+        content=b"hi from the console test\n",
+    )
+    assert put.status_code == 200, put.text
+    row = page.locator(f"tr.sandbox-row[data-id='{sid}']")
+    await expect(row).to_be_visible(timeout=15_000)
+    await expect(row).to_contain_text("running")
+    await expect(row).to_contain_text("1 vCPU")
+    await expect(page.locator("#create-form")).to_be_visible()
+    await expect(row.locator("button.delete-sandbox")).to_be_visible()
+
+    await row.locator("a.sandbox-link").click()
+    await expect(page.locator("#sandbox-state")).to_contain_text("running")
+    await page.click("#open-terminal")
+    await expect(page.locator("#terminal-status")).to_contain_text("connected", timeout=20_000)
+    await page.locator("#terminal .xterm").click()
+    await page.keyboard.type("echo console-$((6*7))\n")
+    await expect(page.locator("#terminal .xterm-rows")).to_contain_text(
+        "console-42", timeout=20_000
+    )
+
+    # Files: /root is listed and a file opens; egress says what it can (this tier runs
+    # without host networking, so the daemon's own refusal is shown).
+    await expect(page.locator("#files-path")).to_contain_text("root")
+    await page.locator("tr.file[data-name='hello.txt'] a").click()
+    await expect(page.locator("#file-view")).to_contain_text("hi from the console test")
+    await expect(page.locator("#egress-card")).to_contain_text(re.compile("Mode|networking is off"))
+    await expect(page.locator("#events-card")).to_contain_text(re.compile("not available|sandbox"))
+
+    html = await page.content()
+    assert API_KEY not in html
+    assert API_KEY not in page.url
+    assert all(API_KEY not in u for u in w.requests), "the key appeared in a URL"
+    assert w.foreign() == [], f"the console asked for other origins: {w.foreign()}"
+    csp = [e for e in w.errors if "Content Security Policy" in e or "Refused" in e]
+    assert csp == [], csp
+
+
+async def test_console_missing_endpoints_degrade(console: Watched, api: httpx.AsyncClient) -> None:
+    """Usage and events answer 404 on a daemon without the meter: each page says so."""
+    w = console
+    await sign_in(w)
+    await w.page.click("#nav a[data-page='usage']")
+    day = w.page.locator("#usage-day")
+    await expect(day).to_be_visible()
+    await expect(day.locator(".notice")).to_contain_text(re.compile("not available|Cost per day"))
+
+
+async def test_console_refuses_a_wrong_key(console: Watched) -> None:
+    await console.page.goto(console.origin + "/ui/")
+    await console.page.fill("#api-key", "hk_wrong")
+    await console.page.click("#sign-in-button")
+    await expect(console.page.locator("#sign-in-error")).to_contain_text("refused")
+    assert await console.page.evaluate("sessionStorage.getItem('hutch.key')") is None
+
+
+async def test_whoami_names_the_key_its_project_and_role(api: httpx.AsyncClient) -> None:
+    me = (await api.get("/v1/whoami")).json()
+    assert me["key_id"] == "admin" and me["role"] == "admin" and me["project"] == "default"
+    assert "sandbox.create" in me["permissions"] and "key.manage" in me["permissions"]
+    other = await api.get("/v1/whoami", headers={"Hutch-Project": "team-a"})
+    assert other.json()["project"] == "team-a"
+    bad = await api.get("/v1/whoami", headers={"Hutch-Project": "Not A Name"})
+    assert bad.status_code == 400 and "Hutch-Project" in bad.json()["error"]["message"]
+    assert (
+        await api.get("/v1/whoami", headers={"Authorization": "Bearer nope"})
+    ).status_code == 401
