@@ -20,7 +20,8 @@ export function uptime(sb, now = Date.now()) {
 async function costs() {
   // Cost so far per sandbox, from the meter; null when this daemon has no meter.
   try {
-    const rows = rowsOf(await get("/v1/usage", { group_by: "sandbox" }));
+    // from=0: since the beginning (the meter's default window is this month only).
+    const rows = rowsOf(await get("/v1/usage", { group_by: "sandbox", from: 0 }));
     const out = new Map();
     for (const r of rows) out.set(String(r.sandbox_id ?? r.sandbox ?? r.key), costOf(r));
     return { map: out };
