@@ -158,3 +158,32 @@ async def test_whoami_names_the_key_its_project_and_role(api: httpx.AsyncClient)
     assert (
         await api.get("/v1/whoami", headers={"Authorization": "Bearer nope"})
     ).status_code == 401
+
+
+async def test_names_from_the_sandbox_are_shown_as_text(
+    console: Watched, api: httpx.AsyncClient
+) -> None:
+    """A file name is the guest's to choose (hostile): the files browser shows it as
+    text, it never becomes markup or runs."""
+    sid = (await api.post("/v1/sandboxes", json={"image": "base"})).json()["id"]
+    evil = "<img src=x onerror=window.__pwned=1>.txt"
+    put = await api.put(
+        f"/v1/sandboxes/{sid}/files", params={"path": f"/root/{evil}"}, content=b"x"
+    )
+    assert put.status_code == 200, put.text
+    dialogs: list[str] = []
+    console.page.on("dialog", lambda d: dialogs.append(d.message))
+    await sign_in(console)
+    await console.page.goto(f"{console.origin}/ui/#/sandboxes/{sid}")
+    cell = console.page.locator("#files-list tr.file a", has_text="onerror")
+    await expect(cell).to_have_text(evil)
+    assert await console.page.locator("#files-list img").count() == 0
+    assert await console.page.evaluate("window.__pwned") is None
+    assert dialogs == []
+
+
+async def test_keys_page_without_the_keys_api_says_so(console: Watched) -> None:
+    await sign_in(console)
+    await console.page.click("#nav a[data-page='keys']")
+    status = console.page.locator("#keys-status")
+    await expect(status).to_contain_text(re.compile("not available on this daemon|Keys"))
