@@ -243,7 +243,7 @@ def write_docker_archive(img: Image, out: Path, tag: str = "test/image:latest") 
             tar.addfile(ti, io.BytesIO(data))
 
         add(config_name, config)
-        names = []
+        names: list[str] = []
         first: dict[str, str] = {}
         for lay in img.layers:
             layer_id = hashlib.sha256(lay.diff_id.encode() + str(len(names)).encode()).hexdigest()

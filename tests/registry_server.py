@@ -44,7 +44,7 @@ def bcrypt(password: str) -> str:
     salt = b"$2b$05$" + os.urandom(16).hex()[:22].encode()
     out = lib.crypt(password.encode(), salt)
     assert out and out.startswith(b"$2b$"), out
-    return out.decode()
+    return bytes(out).decode()
 
 
 @dataclass(frozen=True)

@@ -308,7 +308,7 @@ async def test_watch_both_styles(face: Face, sb: AsyncSandbox) -> None:
     handle = await sb.files.watch_dir("/root/w", on_event=events.append, recursive=True)
     await sb.files.write("/root/w/a.txt", "1")
     await _until(lambda: any(e.name == "a.txt" for e in events))
-    await handle.stop()
+    await handle.stop()  # type: ignore[no-untyped-call]
     assert {e.type for e in events if e.name == "a.txt"} & {
         FilesystemEventType.CREATE,
         FilesystemEventType.WRITE,

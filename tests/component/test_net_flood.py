@@ -43,7 +43,7 @@ __all__ = ["upstream"]  # the fixture, imported for its name
 pytestmark = pytest.mark.timeout(60)
 
 A_SRC, B_SRC = "127.0.0.2", "127.0.0.3"
-RCODE_NAMES = {dns.rcode.NOERROR: "NOERROR", dns.rcode.NXDOMAIN: "NXDOMAIN",
+RCODE_NAMES: dict[int, str] = {dns.rcode.NOERROR: "NOERROR", dns.rcode.NXDOMAIN: "NXDOMAIN",
                dns.rcode.REFUSED: "REFUSED", dns.rcode.SERVFAIL: "SERVFAIL"}  # fmt: skip
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -33,10 +34,10 @@ class SlowToAdopt(FakeBackend):
         return None
 
 
-def row(sid: str, state: SandboxState, **kw: object) -> SandboxRecord:
+def row(sid: str, state: SandboxState, **kw: Any) -> SandboxRecord:
     return SandboxRecord(
         id=sid, image="base", state=state, shape=Shape(1, 256, 4), created_at=time.time(), **kw
-    )  # type: ignore[arg-type]
+    )
 
 
 async def test_the_api_serves_while_reconcile_checks(settings: Settings, tmp_path: Path) -> None:

@@ -270,7 +270,7 @@ def test_e2b_watch_polling_and_streaming(sb: Sandbox) -> None:
         handle = await asb.files.watch_dir("/root/watched", on_event=events.append)
         await asb.files.remove("/root/watched/new.txt")
         await _async_until(lambda: any(e.type is FilesystemEventType.REMOVE for e in events))
-        await handle.stop()
+        await handle.stop()  # type: ignore[no-untyped-call]
         return events
 
     events = asyncio.run(streaming())
@@ -321,7 +321,7 @@ def test_e2b_snapshot_create_from_list_delete(sb: Sandbox) -> None:
     sb.files.write("/root/snap-marker.txt", "in the snapshot")
     snap = sb.create_snapshot(name="e2e-e2b")
     assert snap.snapshot_id.startswith("snap-") and snap.names == ["e2e-e2b"]
-    listed = sb.list_snapshots().next_items()
+    listed = sb.list_snapshots().next_items()  # type: ignore[misc]
     assert [s.snapshot_id for s in listed] == [snap.snapshot_id]
     clone = Sandbox.create(snap.snapshot_id, timeout=600)
     try:

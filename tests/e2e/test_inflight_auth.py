@@ -152,7 +152,7 @@ class Calls:
 
 
 def check_whole(results: dict[str, Any], big_sha: str) -> None:
-    failed = {n: v for n, v in results.items() if isinstance(v, BaseException)}
+    failed: dict[str, object] = {n: v for n, v in results.items() if isinstance(v, BaseException)}
     if "download" not in failed and results["download"] != big_sha:
         failed["download"] = "a different file: the download was cut short without an error"
     assert not failed, f"calls in flight did not get their whole answer: {failed!r}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import io
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -51,7 +52,11 @@ def test_dockerignore_as_docker(rules: str, path: str, ignored: bool) -> None:
     assert parse_dockerignore(rules).ignored(path) is ignored
 
 
-def make_tar(path: Path, entries: list[tuple[str, str, bytes | str, int]]) -> Path:
+#: (name, kind, data or link target, mode) of one archive member.
+Entry = tuple[str, str, bytes | str, int]
+
+
+def make_tar(path: Path, entries: list[Entry]) -> Path:
     """(name, kind file|dir|symlink|hardlink|fifo, data or link target, mode)."""
     with tarfile.open(path, "w") as tar:
         for name, kind, data, mode in entries:
@@ -85,7 +90,7 @@ def tar_bytes(entries: dict[str, bytes]) -> bytes:
     return buf.getvalue()
 
 
-CONTEXT = [
+CONTEXT: list[Entry] = [
     ("Dockerfile", "file", "FROM base\n", 0o644),
     ("./app", "dir", b"", 0o755),
     ("./app/main.py", "file", "print('hi')\n", 0o644),
@@ -106,7 +111,7 @@ CONTEXT = [
 
 
 @pytest.fixture
-def ctx(tmp_path: Path) -> BuildContext:
+def ctx(tmp_path: Path) -> Iterator[BuildContext]:
     with BuildContext(make_tar(tmp_path / "ctx.tar", CONTEXT)) as c:
         yield c
 
@@ -159,12 +164,12 @@ def test_missing_ignored_and_special_sources_name_the_line(ctx: BuildContext) ->
 
 
 def test_the_digest_covers_content_and_mode_not_time(tmp_path: Path) -> None:
-    def digest(entries: list[tuple[str, str, bytes | str, int]]) -> str:
+    def digest(entries: list[Entry]) -> str:
         path = make_tar(tmp_path / f"c{len(list(tmp_path.iterdir()))}.tar", entries)
         with BuildContext(path) as c:
             return c.digest(c.sources("line 2", "COPY", ".", add=False))
 
-    base = [("a", "file", "one", 0o644), ("d/b", "file", "two", 0o644)]
+    base: list[Entry] = [("a", "file", "one", 0o644), ("d/b", "file", "two", 0o644)]
     same = digest(base)
     assert digest(base) == same
     assert digest([("a", "file", "one", 0o644), ("d/b", "file", "TWO", 0o644)]) != same

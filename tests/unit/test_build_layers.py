@@ -11,6 +11,7 @@ import pytest
 from hutch.errors import ImageBuildError
 from hutch.images import build_layers
 from hutch.images.build_layers import scratch_base
+from hutch.images.oci.importer import content_dir
 
 pytestmark = pytest.mark.skipif(
     shutil.which("mke2fs") is None, reason="needs mke2fs (e2fsprogs, installed by make deps)"
@@ -35,4 +36,4 @@ def test_a_failed_make_leaves_nothing(tmp_path: Path) -> None:
         build_layers._content_once(tmp_path, digest, "a test image", fill)
     left = [p for p in tmp_path.rglob("*") if p.is_file() and not p.name.endswith(".lock")]
     assert left == []
-    assert not build_layers.content_dir(tmp_path, digest).exists()
+    assert not content_dir(tmp_path, digest).exists()

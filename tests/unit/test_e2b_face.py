@@ -10,6 +10,7 @@ import json
 import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from e2b.envd.filesystem import filesystem_pb
@@ -121,7 +122,8 @@ def test_the_sdk_decodes_our_process_events() -> None:
     end = process_pb.ConnectResponse.from_json(
         json.dumps({"event": {"end": end_event(_process(exit_code=3))}})
     )
-    value = end.event.event.value  # type: ignore[union-attr]
+    # The oneof's static type is the union of its members; this one is the end event.
+    value: Any = end.event.event.value  # type: ignore[union-attr]
     assert (value.exit_code, value.exited, value.status) == (3, True, "exit status 3")
     assert not value.has_field("error")
     timed = end_event(_process(exit_code=None, signal=9, timed_out=True))

@@ -118,7 +118,9 @@ class Registry:
         )
 
 
-def client(reg: Registry, creds: Credentials | None = None, ref: str = "reg.test:5000/team/app:v1"):
+def client(
+    reg: Registry, creds: Credentials | None = None, ref: str = "reg.test:5000/team/app:v1"
+) -> RegistryClient:
     return RegistryClient(parse_ref(ref), creds, transport=httpx.MockTransport(reg.handler))
 
 

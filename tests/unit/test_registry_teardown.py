@@ -184,7 +184,7 @@ async def test_a_pooled_vm_that_died_while_waiting_is_torn_down(
     image = cast(ImageArtifacts, SimpleNamespace(name="base", digest="0" * 16))
     pool = WarmPool(core, size=1)
     dead = FakeRuntime(host)
-    dead.agent.closed = True  # type: ignore[attr-defined]
+    dead.agent.closed = True
     core.own_all(SID)  # as the pool's fill registers it
     core.booted(SID, cast(Runtime, dead))
     pool.give_back(image, (SID, cast(Runtime, dead)))

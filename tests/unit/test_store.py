@@ -67,7 +67,10 @@ def test_filters_by_state_and_metadata(tmp_path: Path) -> None:
     store.insert_sandbox(
         record("sb-000000000003", state=SandboxState.DESTROYED, metadata={"team": "a"})
     )
-    ids = lambda rs: [r.id for r in rs]  # noqa: E731
+
+    def ids(records: list[SandboxRecord]) -> list[str]:
+        return [r.id for r in records]
+
     assert ids(store.list_sandboxes(metadata={"team": "a"})) == [
         "sb-000000000001",
         "sb-000000000003",

@@ -156,9 +156,15 @@ class Ladder:
         return sections
 
 
+def fixture_names(item: pytest.Item) -> list[str]:
+    """The fixtures a test item uses (only ``pytest.Function`` items have any)."""
+    return list(getattr(item, "fixturenames", ()))
+
+
 def ladder_of(item: pytest.Item) -> Ladder | None:
     """The session's ladder if ``item`` used it, for the failure report."""
-    if "ladder" not in item.fixturenames and "guest" not in item.fixturenames:
+    names = fixture_names(item)
+    if "ladder" not in names and "guest" not in names:
         return None
     return item.session.stash.get(_LADDER_KEY, None)
 
@@ -168,7 +174,7 @@ def rung_of(item: pytest.Item) -> int | None:
     callspec = getattr(item, "callspec", None)
     if callspec is not None and "guest" in callspec.params:
         return STAGES.index(callspec.params["guest"])
-    used = [i for i, stage in enumerate(STAGES) if f"sandbox_{stage}" in item.fixturenames]
+    used = [i for i, stage in enumerate(STAGES) if f"sandbox_{stage}" in fixture_names(item)]
     return max(used) if used else None
 
 

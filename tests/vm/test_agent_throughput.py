@@ -26,7 +26,7 @@ from hutch.vm.argv import VmConfig
 from hutch.vm.process import QemuVm
 
 if TYPE_CHECKING:
-    from conftest import GuestFiles
+    from tests.vm.conftest import GuestFiles
 
 pytestmark = [pytest.mark.vm, pytest.mark.slow]
 

@@ -33,6 +33,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -59,7 +60,7 @@ pytestmark = [pytest.mark.vm, pytest.mark.asyncio(loop_scope="module"), pytest.m
 log = logging.getLogger(__name__)
 API_KEY = "hk_dockerfile-test"
 #: The build sandbox's shape (also the image's disk size: sandboxes need at least it).
-SHAPE = {"vcpus": 1, "memory_mib": 256, "disk_gib": 1}
+SHAPE: dict[str, Any] = {"vcpus": 1, "memory_mib": 256, "disk_gib": 1}
 RULES = ["pypi.org", "*.pythonhosted.org"]
 
 
@@ -126,7 +127,7 @@ async def env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
 
     async def recording_create(spec: SandboxSpec, *args: object, **kw: object) -> object:
         specs.append(spec)
-        return await create(spec, *args, **kw)  # type: ignore[arg-type]
+        return await create(spec, *args, **kw)
 
     svc.sandboxes.create = recording_create  # type: ignore[method-assign,assignment]
     app = create_app(svc, API_KEY)
@@ -173,7 +174,7 @@ async def build(env: Env, name: str, ctx: Path, **kw: object) -> tuple[dict[int,
     events: list[BuildEvent] = []
     started = time.monotonic()
     try:
-        await env.client.build_image(name, ctx, on_progress=events.append, **{**SHAPE, **kw})  # type: ignore[arg-type]
+        await env.client.build_image(name, ctx, on_progress=events.append, **{**SHAPE, **kw})
     finally:
         lines = []
         for e in events:
@@ -212,9 +213,11 @@ async def test_build_rebuild_and_run(env: Env) -> None:
     assert len(env.specs) == booted + 1
     listed = {i.name: i for i in await env.client.list_images()}
     assert listed["df-app3"].digest == listed["df-app2"].digest != listed["df-app"].digest
-    assert listed["df-app2"].source["type"] == "dockerfile"
-    assert listed["df-app2"].config["working_dir"] == "/srv/app"
-    assert listed["df-app2"].config["exposed_ports"] == ["8080/tcp"]
+    source, config = listed["df-app2"].source, listed["df-app2"].config
+    assert source is not None and config is not None
+    assert source["type"] == "dockerfile"
+    assert config["working_dir"] == "/srv/app"
+    assert config["exposed_ports"] == ["8080/tcp"]
 
     # A sandbox of the built image: ENV, WORKDIR, USER and what the steps wrote.
     sb = await AsyncSandbox.create("df-app2", client=env.client, **SHAPE)
@@ -270,4 +273,5 @@ async def test_from_a_builtin_image(env: Env) -> None:
     assert states == {1: "done", 2: "done"}
     assert "| 3" in text  # the RUN's output: Python 3 ran in the build VM
     info = {i.name: i for i in await env.client.list_images()}["df-base"]
+    assert info.source is not None and info.config is not None
     assert info.source["base"] == "base" and info.config["env"]["PATH"].startswith("/usr/local")

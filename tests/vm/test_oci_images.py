@@ -43,7 +43,7 @@ from hutch.images.build import ImageArtifacts
 from hutch.images.oci.importer import MOUNT_POINTS, content_dir
 from hutch.models import Shape
 from hutch.runtime.qemu.backend import QemuBackend
-from hutch.sdk import AsyncClient, AsyncSandbox
+from hutch.sdk import AsyncClient, AsyncSandbox, ImageProgress
 from hutch.services.composed import Services
 from hutch.services.images import HostImages, LocalBootSets, LocalImages
 from hutch.store import Store
@@ -88,7 +88,7 @@ def _base_tree() -> Path:
     base = ensure_image("base")
     assert isinstance(base, ImageArtifacts)
     manifest = json.loads((base.rootfs.parent / "manifest.json").read_text())
-    tree = test_images_dir() / "cache" / "trees" / manifest["tree_key"] / "root"
+    tree: Path = test_images_dir() / "cache" / "trees" / manifest["tree_key"] / "root"
     assert (tree / "usr/bin/python3").exists(), tree
     return tree
 
@@ -294,7 +294,7 @@ def diff(got: list[str], want: list[str]) -> str:
 
 
 async def test_pull_and_imports_give_the_same_image(env: Env) -> None:
-    steps = []
+    steps: list[ImageProgress] = []
     pulled = await env.client.pull_image(
         "debian", f"{env.anon.host}/test/debian:1", start=True, on_progress=steps.append
     )

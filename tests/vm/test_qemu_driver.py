@@ -19,7 +19,7 @@ from hutch.vm.argv import VmConfig
 from hutch.vm.process import QemuVm, VmState
 
 if TYPE_CHECKING:
-    from conftest import GuestFiles
+    from tests.vm.conftest import GuestFiles
 
 # Printed by the fixture guest's /init (tests/vm/conftest.py).
 READY_MARKER = "HUTCH-FIXTURE-READY"

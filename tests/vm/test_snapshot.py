@@ -39,7 +39,7 @@ from hutch.vm.snapshot import (
 from tests.vm import guest_programs as gp
 
 if TYPE_CHECKING:
-    from conftest import GuestFiles
+    from tests.vm.conftest import GuestFiles
 
 pytestmark = [pytest.mark.vm, pytest.mark.slow, pytest.mark.timeout(900)]
 

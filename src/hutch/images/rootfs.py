@@ -30,6 +30,7 @@ __all__ = [
     "PackageTree",
     "ext4_size_bytes",
     "make_ext4",
+    "measure_tree",
     "prepare_tree",
     "tree_key",
 ]
@@ -84,7 +85,7 @@ def tree_key(recipe: ImageRecipe, mirrors: Sequence[str]) -> str:
     )
 
 
-def _measure(root: Path) -> tuple[int, int]:
+def measure_tree(root: Path) -> tuple[int, int]:
     """(bytes of disk blocks used, number of inodes) under ``root``."""
     seen: set[int] = set()
     used = 0
@@ -155,7 +156,7 @@ def prepare_tree(
             ) from exc
         status = (root / "var/lib/dpkg/status").read_bytes()
         digest = hashlib.sha256(key.encode() + b"\0" + status).hexdigest()[:16]
-        used, files = _measure(root)
+        used, files = measure_tree(root)
         atomic_write_text(
             work / "tree.json",
             json.dumps(

@@ -49,7 +49,7 @@ from hutch.images.oci.manifest import (
     parse_manifest_or_index,
     select_platform,
 )
-from hutch.images.rootfs import ext4_size_bytes, make_ext4
+from hutch.images.rootfs import ext4_size_bytes, make_ext4, measure_tree
 
 __all__ = [
     "MOUNT_POINTS",
@@ -266,7 +266,7 @@ def _build(
     added = _add_mount_points(applier, resolved.config)
     applier.finish()
     report(ImportProgress("filesystem", f"{what}: writing the ext4 filesystem"))
-    used, files = _measure(root)
+    used, files = measure_tree(root)
     size = ext4_size_bytes(used, files)
     hex_digest = parse_digest(resolved.manifest_digest).hex
     rootfs = work / "rootfs.ext4"
@@ -332,21 +332,6 @@ def _add_mount_points(applier: TreeApplier, config: ImageConfig) -> list[str]:
             applier.resolve(parts, "WorkingDir", create=True)
             added.append(config.working_dir)
     return added
-
-
-def _measure(root: Path) -> tuple[int, int]:
-    seen: set[int] = set()
-    used = 0
-    count = 0
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in (*dirnames, *filenames):
-            st = os.lstat(os.path.join(dirpath, name))
-            if st.st_ino in seen:
-                continue
-            seen.add(st.st_ino)
-            used += st.st_blocks * 512
-            count += 1
-    return used, count
 
 
 def add_ref(content: OciContent, ref: str) -> None:
