@@ -18,7 +18,7 @@ from pathlib import Path
 
 from playwright.async_api import BrowserContext as AsyncBrowserContext
 from playwright.async_api import async_playwright
-from playwright.sync_api import BrowserContext, sync_playwright
+from playwright.sync_api import BrowserContext, ViewportSize, sync_playwright
 
 CHROMIUM = "/usr/bin/chromium"
 PACKAGE = "chromium"
@@ -32,6 +32,8 @@ FLAGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+
+VIEWPORT: ViewportSize = {"width": 1280, "height": 900}
 
 
 def ensure_chromium() -> str:
@@ -48,25 +50,21 @@ def ensure_chromium() -> str:
     return CHROMIUM
 
 
-def _launch_options() -> dict[str, object]:
-    return {
-        "executable_path": ensure_chromium(),
-        "headless": True,
-        "args": FLAGS,
-        "viewport": {"width": 1280, "height": 900},
-        # Our flags are the whole list (spelled out above).
-        "chromium_sandbox": False,
-    }
-
-
 @contextmanager
 def chromium(user_data_dir: Path) -> Iterator[BrowserContext]:
     """A headless Chromium on a fresh profile in ``user_data_dir`` (must not exist yet,
     or be empty), closed and its profile removed after."""
-    options = _launch_options()
+    binary = ensure_chromium()
     user_data_dir.mkdir(parents=True, exist_ok=False)
     with sync_playwright() as pw:
-        context = pw.chromium.launch_persistent_context(str(user_data_dir), **options)
+        context = pw.chromium.launch_persistent_context(
+            str(user_data_dir),
+            executable_path=binary,
+            headless=True,
+            args=FLAGS,
+            viewport=VIEWPORT,
+            chromium_sandbox=False,  # our flags are the whole list (above)
+        )
         try:
             yield context
         finally:
@@ -77,10 +75,17 @@ def chromium(user_data_dir: Path) -> Iterator[BrowserContext]:
 @asynccontextmanager
 async def async_chromium(user_data_dir: Path) -> AsyncIterator[AsyncBrowserContext]:
     """:func:`chromium` for asyncio tests (the component tier serves the app in-loop)."""
-    options = _launch_options()
+    binary = ensure_chromium()
     os.makedirs(user_data_dir)  # fresh: fails if it exists
     async with async_playwright() as pw:
-        context = await pw.chromium.launch_persistent_context(str(user_data_dir), **options)
+        context = await pw.chromium.launch_persistent_context(
+            str(user_data_dir),
+            executable_path=binary,
+            headless=True,
+            args=FLAGS,
+            viewport=VIEWPORT,
+            chromium_sandbox=False,
+        )
         try:
             yield context
         finally:

@@ -8,6 +8,7 @@ hash), never skipped: `make test` builds them first so the time shows up there.
 from __future__ import annotations
 
 import os
+from collections.abc import Generator
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,9 @@ def ensure_image(name: str) -> object:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     """Keep each phase's report on the item (``item.rep_setup``, ``rep_call``), so a
     fixture's teardown can tell whether its test failed (the console tests save a
     screenshot then)."""
