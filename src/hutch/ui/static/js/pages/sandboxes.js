@@ -72,13 +72,15 @@ export async function render(root, ctx) {
   replace(root,
     h("div", { class: "page-head" }, h("h1", {}, "Sandboxes"),
       h("label", { class: "muted" }, showEnded, " show ended")),
-    canCreate ? createForm(ctx, () => refresh()) : null,
+    canCreate ? createForm(ctx, () => { cost = null; refresh(); }) : null,
     msg, costNote,
     h("table", { class: "list", id: "sandboxes" },
       h("thead", {}, h("tr", {}, ["Sandbox", "Image", "State", "Shape", "Uptime", "Cost so far", ""].map((t) => h("th", {}, t)))),
       table));
   let timer = null;
   let gone = false;
+  let cost = null;
+  let costAt = 0;
 
   async function refresh() {
     clearTimeout(timer);
@@ -90,7 +92,11 @@ export async function render(root, ctx) {
       replace(msg, errorNotice(err, "Sandboxes"));
       list = null;
     }
-    const cost = await costs();
+    // The list refreshes every 3 s; the costs (a sum over the meter) every 15 s.
+    if (!cost || Date.now() - costAt > 15000) {
+      cost = await costs();
+      costAt = Date.now();
+    }
     if (gone) return;
     replace(costNote, cost.error ? errorNotice(cost.error, "Cost so far (usage)") : null);
     if (list) {
