@@ -11,12 +11,14 @@ what they can do about it::
     │   │                                                           (400 invalid_dockerfile)
     │   └── BuildFailed      a build step (RUN, COPY) failed: its output and exit
     │                                                               (422 build_failed)
-    ├── Unauthorized         missing or wrong API key               (401 unauthorized)
+    ├── Unauthorized         missing, wrong, revoked or expired key (401 unauthorized)
+    ├── Forbidden            the key's role lacks the permission    (403 forbidden)
     ├── NotFound             no such sandbox, file, ...             (404 not_found)
     ├── Conflict             the resource is in the wrong state     (409 conflict)
     │   ├── StateError       ... with the state it is in and the states required
     │   └── Busy             calls in flight kept a pause/snapshot/fork waiting (409 busy)
     ├── Capacity             the host is full                       (429/507 capacity)
+    │   └── QuotaExceeded    a project's quota would be exceeded    (429 quota_exceeded)
     ├── Unavailable          not ready yet; retry after a moment    (503 unavailable)
     ├── Timeout              an operation ran out of time           (504 timeout)
     ├── VmError              QEMU failed (carries argv and stderr)  (500 vm_error)
@@ -89,6 +91,13 @@ class Unauthorized(HutchError):
     code = "unauthorized"
 
 
+class Forbidden(HutchError):
+    """The key is valid but its role may not do this; the message names the role and
+    the permission. A resource of another project is NotFound, never Forbidden."""
+
+    code = "forbidden"
+
+
 class NotFound(HutchError):
     code = "not_found"
 
@@ -118,6 +127,13 @@ class Busy(Conflict):
 
 class Capacity(HutchError):
     code = "capacity"
+
+
+class QuotaExceeded(Capacity):
+    """A project's quota would be exceeded; the message names the quota, the use and
+    the limit."""
+
+    code = "quota_exceeded"
 
 
 class Unavailable(HutchError):
@@ -189,11 +205,13 @@ ALL_ERRORS: tuple[type[HutchError], ...] = (
     InvalidDockerfile,
     BuildFailed,
     Unauthorized,
+    Forbidden,
     NotFound,
     Conflict,
     StateError,
     Busy,
     Capacity,
+    QuotaExceeded,
     Unavailable,
     Timeout,
     VmError,

@@ -11,6 +11,7 @@ import enum
 import secrets
 from dataclasses import dataclass, field
 
+from hutch.contract.auth import DEFAULT_PROJECT
 from hutch.contract.enums import NetworkMode, PauseMode
 from hutch.contract.limits import (
     AUTO_DELETE_S_RANGE,
@@ -120,6 +121,8 @@ class SandboxSpec:
     egress: list[str] | None = None
     #: Private networks (ids or names) to join at create.
     networks: list[str] = field(default_factory=list)
+    #: The project the sandbox is created in (the caller's, issue 10).
+    project: str = DEFAULT_PROJECT
 
     def __post_init__(self) -> None:
         if self.auto_pause_s is not None:
@@ -167,6 +170,8 @@ class SandboxRecord:
     #: The named snapshot this sandbox was created from.
     snapshot_id: str | None = None
     network: NetworkMode = NetworkMode.DEFAULT
+    #: The project it belongs to (issue 10); never changes.
+    project: str = DEFAULT_PROJECT
 
 
 @dataclass(frozen=True)
@@ -181,3 +186,4 @@ class SnapshotRecord:
     path: str
     size_bytes: int
     created_at: float
+    project: str = DEFAULT_PROJECT

@@ -363,3 +363,34 @@ async def test_sdk_against_the_real_api(api: httpx.AsyncClient) -> None:
         assert [p.port for p in await sb.ports.list()] == [8080]
         await sb.ports.close(port.port)
         assert await sb.egress.log() == []
+
+
+async def test_networks_belong_to_their_project(api: httpx.AsyncClient) -> None:
+    """A network is found by id or name in its own project only: the other project may
+    use the same name, and does not see (404) or join this one."""
+    other = {"Hutch-Project": "other"}
+    mine = (await api.post("/v1/networks", json={"name": "team"})).json()
+    r = await api.post("/v1/networks", json={"name": "team"}, headers=other)
+    assert r.status_code == 201, r.text
+    theirs = r.json()
+    assert theirs["id"] != mine["id"]
+    listed = (await api.get("/v1/networks", headers=other)).json()["networks"]
+    assert [n["id"] for n in listed] == [theirs["id"]]
+    missing = "net-" + "0" * 12
+    for ref in (mine["id"],):
+        r = await api.get(f"/v1/networks/{ref}", headers=other)
+        gone = await api.get(f"/v1/networks/{missing}", headers=other)
+        assert error(r, 404, "not_found") == error(gone, 404, "not_found").replace(missing, ref)
+        assert (await api.delete(f"/v1/networks/{ref}", headers=other)).status_code == 404
+    sb = (await api.post("/v1/sandboxes", json={}, headers=other)).json()
+    r = await api.post(
+        f"/v1/sandboxes/{sb['id']}/networks", json={"network": mine["id"]}, headers=other
+    )
+    error(r, 404, "not_found")
+    # By name it joins its own project's "team".
+    r = await api.post(
+        f"/v1/sandboxes/{sb['id']}/networks", json={"network": "team"}, headers=other
+    )
+    assert r.status_code == 200 and r.json()["id"] == theirs["id"], r.text
+    r = await api.post("/v1/sandboxes", json={"networks": [mine["id"]]}, headers=other)
+    error(r, 404, "not_found")

@@ -12,7 +12,9 @@ import pytest
 from hutch.errors import Conflict, StoreError
 from hutch.models import SandboxRecord, SandboxState, Shape, SnapshotRecord
 from hutch.store import Store
+from hutch.store.images import ImageStore
 from hutch.store.migrations import MIGRATIONS
+from hutch.store.net import NetStore, NetworkRow
 
 
 def record(sid: str = "sb-000000000001", **kw: object) -> SandboxRecord:
@@ -141,3 +143,75 @@ def test_snapshots_from_before_migration_5_are_ready(tmp_path: Path) -> None:
     db.close()
     store = Store(tmp_path / "h.db")
     assert [s.id for s in store.list_snapshots()] == ["snap-000000000002"]
+
+
+def test_migration_7_moves_every_existing_row_into_default_with_no_loss(tmp_path: Path) -> None:
+    """A database made by the migrations before projects, with a row in every table,
+    opens with every row kept and in project ``default``; names become unique per
+    project (a second project may reuse a live sandbox name and a network name)."""
+    db = sqlite3.connect(tmp_path / "h.db")
+    for version, script in enumerate(MIGRATIONS[:6], start=1):
+        db.executescript(script)
+        db.execute(f"PRAGMA user_version = {version}")
+    db.executescript(
+        """
+        INSERT INTO sandboxes (id, name, image, state, vcpus, memory_mib, disk_gib,
+            created_at, network) VALUES
+            ('sb-000000000001', 'web', 'base', 'running', 2, 512, 4, 1.0, 'default'),
+            ('sb-000000000002', NULL, 'base', 'destroyed', 1, 256, 4, 2.0, 'none');
+        INSERT INTO snapshots (id, name, sandbox_id, image, vcpus, memory_mib, disk_gib,
+            path, size_bytes, created_at) VALUES
+            ('snap-000000000001', 's', 'sb-000000000001', 'base', 2, 512, 4, '/s', 7, 3.0);
+        INSERT INTO networks (id, name, created_at) VALUES ('net-000000000001', 'team', 4.0);
+        INSERT INTO network_members (network_id, sandbox_id)
+            VALUES ('net-000000000001', 'sb-000000000001');
+        INSERT INTO net_leases (sandbox_id, block, tap) VALUES ('sb-000000000001', 3, 'hx3');
+        INSERT INTO egress_rules (sandbox_id, rules_json, updated_at)
+            VALUES ('sb-000000000001', '["example.com"]', 5.0);
+        INSERT INTO exposed_ports (sandbox_id, guest_port, host_port)
+            VALUES ('sb-000000000001', 80, 40080);
+        INSERT INTO images (project, name, digest, source_json, config_json, size_bytes,
+            created_at) VALUES ('', 'py', 'sha256:ab', '{}', '{}', 9, 6.0);
+        """
+    )
+    db.commit()
+    db.close()
+
+    store = Store(tmp_path / "h.db")
+    assert store.schema_version() == len(MIGRATIONS)
+    sandboxes = store.list_sandboxes()
+    assert [(r.id, r.name, r.project) for r in sandboxes] == [
+        ("sb-000000000001", "web", "default"),
+        ("sb-000000000002", None, "default"),
+    ]
+    assert sandboxes[0].shape == Shape(2, 512, 4) and sandboxes[0].created_at == 1.0
+    assert [(s.id, s.size_bytes, s.project) for s in store.list_snapshots()] == [
+        ("snap-000000000001", 7, "default")
+    ]
+    net = NetStore(store)
+    team = net.network("team", "default")
+    assert team is not None and (team.id, team.created_at) == ("net-000000000001", 4.0)
+    assert net.network("team", "other") is None
+    assert net.members("net-000000000001") == ["sb-000000000001"]
+    assert net.leases()["sb-000000000001"].tap == "hx3"
+    assert net.rules("sb-000000000001") == ["example.com"]
+    assert net.ports("sb-000000000001") == [("sb-000000000001", 80, 40080)]
+    image = ImageStore(store).get("py", "default")
+    assert image is not None and image.size_bytes == 9
+    raw = sqlite3.connect(tmp_path / "h.db")
+    assert raw.execute("SELECT name FROM projects").fetchall() == [("default",)]
+    # The foreign key followed the rebuilt table: a member of no network is refused.
+    raw.execute("PRAGMA foreign_keys=ON")
+    with pytest.raises(sqlite3.IntegrityError):
+        raw.execute("INSERT INTO network_members VALUES ('net-nope', 'sb-000000000001')")
+    raw.close()
+
+    # Names are unique per project now.
+    store.insert_sandbox(record("sb-000000000003", name="web", project="other"))
+    with pytest.raises(Conflict, match="already exists"):
+        store.insert_sandbox(record("sb-000000000004", name="web"))
+    net.insert_network(NetworkRow("net-000000000002", "team", 7.0, "other"))
+    with pytest.raises(Conflict, match="already exists"):
+        net.insert_network(NetworkRow("net-000000000003", "team", 8.0, "default"))
+    assert [r.id for r in store.list_sandboxes(project="other")] == ["sb-000000000003"]
+    assert [n.id for n in net.networks("other")] == ["net-000000000002"]

@@ -9,8 +9,8 @@ from fastapi import Depends, FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from hutch.api import errors, spec
-from hutch.api.auth import BearerAuth
+from hutch.api import deps, errors, spec
+from hutch.api.auth import Authenticator
 from hutch.api.limits import BodyLimit
 from hutch.api.routes import archive as archive_routes
 from hutch.api.routes import contexts as context_routes
@@ -79,7 +79,9 @@ def create_app(services: Services, api_key: str, *, manage_service: bool = True)
     app.state.services = services
     app.state.importer = importer
     app.state.builder = builder
-    auth = [Depends(BearerAuth(api_key))]
+    app.state.auth = Authenticator(api_key)
+    # Every route but health: the caller's principal, allowed the route's permission.
+    auth = [Depends(deps.principal)]
     app.include_router(meta.health_router)
     app.include_router(meta.router, dependencies=auth)
     app.include_router(whoami_routes.router, dependencies=auth)
@@ -96,7 +98,7 @@ def create_app(services: Services, api_key: str, *, manage_service: bool = True)
     app.include_router(context_routes.router, dependencies=auth)
     app.include_router(process_routes.router, dependencies=auth)
     app.include_router(pty_routes.router, dependencies=auth)
-    app.include_router(pty_routes.ws_router(api_key))  # checks the key itself
+    app.include_router(pty_routes.ws_router())  # authenticates itself (first message)
     app.include_router(egress.router, dependencies=auth)
     app.include_router(ports.router, dependencies=auth)
     app.include_router(networks.router, dependencies=auth)

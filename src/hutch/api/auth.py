@@ -22,9 +22,22 @@ from pathlib import Path
 
 from fastapi import Request
 
-from hutch.errors import Unauthorized
+from hutch.contract.auth import DEFAULT_PROJECT, Principal
+from hutch.contract.names import NAME_RE
+from hutch.errors import Forbidden, InvalidArgument, Unauthorized
 
-__all__ = ["BearerAuth", "check_bearer", "check_key", "load_or_create_key"]
+__all__ = [
+    "PROJECT_HEADER",
+    "Authenticator",
+    "BearerAuth",
+    "bearer_token",
+    "check_bearer",
+    "check_key",
+    "load_or_create_key",
+]
+
+#: The header an admin request names the project it acts in with (default: ``default``).
+PROJECT_HEADER = "hutch-project"
 
 MISSING_HEADER = (
     "missing API key: send 'Authorization: Bearer <key>' (the key is in <state_dir>/api-key)"
@@ -55,12 +68,55 @@ def check_key(given: str, key: bytes) -> None:
         raise Unauthorized("wrong API key")
 
 
-def check_bearer(header: str, key: bytes) -> None:
-    """Check an ``Authorization`` header value: ``Bearer`` (any case), one space, the key."""
+def bearer_token(header: str) -> str:
+    """The key in an ``Authorization`` header value: ``Bearer`` (any case), one space,
+    the key. Unauthorized if the header is not that."""
     scheme, sep, token = header.partition(" ")
     if scheme.lower() != "bearer" or not sep or not token:
         raise Unauthorized(MISSING_HEADER)
-    check_key(token, key)
+    return token
+
+
+def check_bearer(header: str, key: bytes) -> None:
+    """Check an ``Authorization`` header value: ``Bearer`` (any case), one space, the key."""
+    check_key(bearer_token(header), key)
+
+
+def requested_project(header: str | None) -> str | None:
+    """The project a ``Hutch-Project`` header names (None when absent)."""
+    if header is None:
+        return None
+    if not NAME_RE.match(header):
+        raise InvalidArgument(
+            f"Hutch-Project {header!r} is not a project name; use 1-63 lowercase letters, "
+            "digits and '-', starting and ending with a letter or digit"
+        )
+    return header
+
+
+class Authenticator:
+    """Turns the key a request presents into its :class:`Principal`.
+
+    The daemon's own key (``<state>/api-key``) is the instance-wide admin key: it acts in
+    the project the request names (``Hutch-Project``), ``default`` if none.
+    """
+
+    def __init__(self, admin_key: str) -> None:
+        self._admin = admin_key.encode()
+
+    def principal(self, presented: str, project: str | None, source: str) -> Principal:
+        """The principal of ``presented``; Unauthorized when it is no valid key,
+        Forbidden when it may not act in ``project``."""
+        check_key(presented, self._admin)
+        return Principal.admin(project=project or DEFAULT_PROJECT, source=source)
+
+    def check_project(self, principal: Principal, project: str | None) -> None:
+        """A project key acts only in its own project (the header, if sent, must match)."""
+        if project is not None and project != principal.project:
+            raise Forbidden(
+                f"this key belongs to project {principal.project!r}; it cannot act in "
+                f"project {project!r}"
+            )
 
 
 class BearerAuth:

@@ -1,10 +1,18 @@
 """Request-scoped access to the services: each route depends on the one it uses, taken
-from the daemon's :class:`~hutch.services.composed.Services`."""
+from the daemon's :class:`~hutch.services.composed.Services`; and :func:`principal`, the
+caller of the request, authenticated and allowed the route's permission."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
+from fastapi import Depends
 from starlette.requests import HTTPConnection
 
+from hutch.api.auth import PROJECT_HEADER, Authenticator, bearer_token, requested_project
+from hutch.api.permissions import permission_for
+from hutch.contract.auth import Permission, Principal
+from hutch.errors import Forbidden, HutchError
 from hutch.services.composed import Services
 from hutch.services.files_extra import FilesExtraService
 from hutch.services.guest_ops import GuestOps
@@ -57,3 +65,54 @@ def interpreter(conn: HTTPConnection) -> InterpreterService:
 
 def files_extra(conn: HTTPConnection) -> FilesExtraService:
     return services(conn).files
+
+
+def authenticate(conn: HTTPConnection, presented: str) -> Principal:
+    """The principal of the key ``presented`` on ``conn`` (REST or WebSocket)."""
+    auth: Authenticator = conn.app.state.auth
+    client = conn.client
+    source = client.host if client is not None else ""
+    return auth.principal(presented, requested_project(conn.headers.get(PROJECT_HEADER)), source)
+
+
+def route_permission(conn: HTTPConnection) -> Permission:
+    """The permission of the route ``conn`` was matched to (``hutch.api.permissions``)."""
+    route = conn.scope.get("route")
+    path = getattr(route, "path", None)
+    method = "WS" if conn.scope["type"] == "websocket" else conn.scope["method"]
+    found = permission_for(method, path) if isinstance(path, str) else None
+    if found is None:
+        # Refused rather than served open; tests/unit/test_permissions.py catches it first.
+        raise HutchError(f"route {method} {path} has no permission in hutch.api.permissions")
+    return found
+
+
+def authorize(conn: HTTPConnection, who: Principal) -> Principal:
+    """Check that ``who`` may use the route of ``conn`` and that the ids in its path are
+    of ``who``'s project: another project's sandbox or snapshot is not found, exactly as
+    a missing one (checked after the permission, so a refusal discloses no id)."""
+    permission = route_permission(conn)
+    if not who.may(permission):
+        raise Forbidden(f"role {who.role} may not {permission} (permission {permission!r})")
+    params = conn.path_params
+    if "sandbox_id" in params:
+        services(conn).sandboxes.get(params["sandbox_id"], who.project)
+    if "snapshot_id" in params:
+        services(conn).snapshots.get_snapshot(params["snapshot_id"], who.project)
+    conn.state.principal = who
+    return who
+
+
+def principal(conn: HTTPConnection) -> Principal:
+    """The caller of a REST request (``Authorization: Bearer <key>``), allowed the route's
+    permission in its project. Every authenticated router depends on it; a route takes
+    it as a parameter (:data:`Caller`) to pass the principal (or its project) on."""
+    found = getattr(conn.state, "principal", None)
+    if isinstance(found, Principal):
+        return found
+    who = authenticate(conn, bearer_token(conn.headers.get("authorization", "")))
+    return authorize(conn, who)
+
+
+#: A route's parameter for the request's principal.
+Caller = Annotated[Principal, Depends(principal)]

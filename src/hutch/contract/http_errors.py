@@ -28,10 +28,12 @@ STATUS_BY_ERROR: tuple[tuple[type[e.HutchError], int], ...] = (
     (e.BuildFailed, 422),
     (e.InvalidArgument, 400),
     (e.Unauthorized, 401),
+    (e.Forbidden, 403),
     (e.NotFound, 404),
     (e.StateError, 409),
     (e.Busy, 409),
     (e.Conflict, 409),
+    (e.QuotaExceeded, 429),
     (e.Capacity, 429),
     (e.Unavailable, 503),
     (e.Timeout, 504),
@@ -59,6 +61,7 @@ CLASS_BY_CODE: dict[str, type[e.HutchError]] = {cls.code: cls for cls in e.ALL_E
 CLASS_BY_STATUS: dict[int, type[e.HutchError]] = {
     400: e.InvalidArgument,
     401: e.Unauthorized,
+    403: e.Forbidden,
     404: e.NotFound,
     409: e.Conflict,
     # FastAPI's own request validation answers 422 when a route does not remap it.

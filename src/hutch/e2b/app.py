@@ -117,7 +117,9 @@ class DataPlane:
         candidates = (
             [sandbox_id]
             if sandbox_id
-            else [r.id for r in self.face.hutch.sandboxes.list_sandboxes() if e2b_state(r)]
+            else [
+                r.id for r in self.face.hutch.sandboxes.list_sandboxes(project=None) if e2b_state(r)
+            ]
         )
         for candidate in candidates:
             token = self.face.tokens.envd_token(candidate)

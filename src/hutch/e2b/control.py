@@ -247,9 +247,11 @@ def _started(rec: SandboxRecord) -> tuple[float, str]:
     return (rec.started_at or rec.created_at, rec.id)
 
 
-def _listed(f: Face, request: Request, states: set[str]) -> list[SandboxRecord]:
+def _listed(f: Face, request: Request, states: set[str], project: str) -> list[SandboxRecord]:
     q = request.query_params
-    recs = f.hutch.sandboxes.list_sandboxes(metadata=_metadata_filter(q.get("metadata")))
+    recs = f.hutch.sandboxes.list_sandboxes(
+        metadata=_metadata_filter(q.get("metadata")), project=project
+    )
     recs = [r for r in recs if e2b_state(r) in states]
     template = q.get("template")
     if template:
@@ -266,21 +268,21 @@ def _listed(f: Face, request: Request, states: set[str]) -> list[SandboxRecord]:
 
 
 @router.get("/v2/sandboxes")
-async def list_sandboxes(request: Request, f: FaceDep, _: Principal) -> JSONResponse:
+async def list_sandboxes(request: Request, f: FaceDep, who: Principal) -> JSONResponse:
     q = request.query_params
     order = q.get("order", "asc")
     if order not in ("asc", "desc"):
         raise E2bError(400, f"order={order!r}: accepted asc, desc")
-    recs = _listed(f, request, _states_filter(q.get("state")))
+    recs = _listed(f, request, _states_filter(q.get("state")), who.project)
     page, next_token = _page(recs, _started, _limit(request), q.get("nextToken"), order == "desc")
     headers = {"X-Next-Token": next_token} if next_token else {}
     return JSONResponse([listed_sandbox(r, f.envd_version) for r in page], headers=headers)
 
 
 @router.get("/sandboxes")
-async def list_sandboxes_v1(request: Request, f: FaceDep, _: Principal) -> JSONResponse:
+async def list_sandboxes_v1(request: Request, f: FaceDep, who: Principal) -> JSONResponse:
     """The first list endpoint: running sandboxes, no pages."""
-    recs = _listed(f, request, {"running"})
+    recs = _listed(f, request, {"running"}, who.project)
     return JSONResponse([listed_sandbox(r, f.envd_version) for r in recs])
 
 
@@ -436,9 +438,9 @@ def _snap_key(snap: SnapshotRecord) -> tuple[float, str]:
 
 
 @router.get("/snapshots")
-async def list_snapshots(request: Request, f: FaceDep, _: Principal) -> JSONResponse:
+async def list_snapshots(request: Request, f: FaceDep, who: Principal) -> JSONResponse:
     q = request.query_params
-    snaps = f.hutch.snapshots.list_snapshots()
+    snaps = f.hutch.snapshots.list_snapshots(who.project)
     if q.get("sandboxID"):
         snaps = [s for s in snaps if s.sandbox_id == q["sandboxID"]]
     if q.get("name"):

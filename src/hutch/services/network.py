@@ -150,14 +150,14 @@ class NetworkService:
 
     # -- sandboxes -----------------------------------------------------------------------
 
-    def check_networks(self, ids_or_names: list[str]) -> list[str]:
+    def check_networks(self, ids_or_names: list[str], project: str) -> list[str]:
         """The network ids for ``ids_or_names`` (NotFound names the unknown one)."""
         if len(ids_or_names) > MAX_NETWORKS_PER_SANDBOX:
             raise InvalidArgument(
                 f"{len(ids_or_names)} networks given; a sandbox joins at most "
                 f"{MAX_NETWORKS_PER_SANDBOX}"
             )
-        return list(dict.fromkeys(self._network(n).id for n in ids_or_names))
+        return list(dict.fromkeys(self._network(n, project).id for n in ids_or_names))
 
     async def attach(
         self,
@@ -239,7 +239,7 @@ class NetworkService:
 
     # -- private networks ----------------------------------------------------------------
 
-    def create_network(self, name: str) -> NetworkView:
+    def create_network(self, name: str, project: str) -> NetworkView:
         if not isinstance(name, str) or not NAME_RE.match(name):
             raise InvalidArgument(
                 f"network name {name!r} is not valid; use 1-63 lower-case letters, digits "
@@ -247,26 +247,26 @@ class NetworkService:
             )
         if _NETWORK_ID_RE.match(name):
             raise InvalidArgument(f"network name {name!r} looks like a network id; pick another")
-        row = NetworkRow("net-" + secrets.token_hex(6), name, time.time())
+        row = NetworkRow("net-" + secrets.token_hex(6), name, time.time(), project)
         self.db.insert_network(row)
-        return self.network_view(row.id)
+        return self.network_view(row.id, project)
 
-    def list_networks(self) -> list[NetworkView]:
-        return [self._view(row) for row in self.db.networks()]
+    def list_networks(self, project: str) -> list[NetworkView]:
+        return [self._view(row) for row in self.db.networks(project)]
 
-    def network_view(self, id_or_name: str) -> NetworkView:
-        return self._view(self._network(id_or_name))
+    def network_view(self, id_or_name: str, project: str) -> NetworkView:
+        return self._view(self._network(id_or_name, project))
 
-    async def delete_network(self, id_or_name: str) -> None:
-        row = self._network(id_or_name)
+    async def delete_network(self, id_or_name: str, project: str) -> None:
+        row = self._network(id_or_name, project)
         async with self._lock:
             self.db.delete_network(row.id)
             self._publish()
             await self.enforcer.set_networks(self._network_addresses(), removed=[row.id])
 
-    async def join(self, sandbox_id: str, id_or_name: str) -> NetworkView:
+    async def join(self, sandbox_id: str, id_or_name: str, project: str) -> NetworkView:
         self._require(sandbox_id)
-        row = self._network(id_or_name)
+        row = self._network(id_or_name, project)
         current = self.db.networks_of(sandbox_id)
         if row.id not in current and len(current) >= MAX_NETWORKS_PER_SANDBOX:
             raise Conflict(f"sandbox {sandbox_id} is already on {len(current)} networks (the most)")
@@ -276,8 +276,8 @@ class NetworkService:
             await self.enforcer.set_networks(self._network_addresses())
         return self._view(row)
 
-    async def leave(self, sandbox_id: str, id_or_name: str) -> None:
-        row = self._network(id_or_name)
+    async def leave(self, sandbox_id: str, id_or_name: str, project: str) -> None:
+        row = self._network(id_or_name, project)
         if row.id not in self.db.networks_of(sandbox_id):
             raise NotFound(f"sandbox {sandbox_id} is not on network {row.id} ({row.name})")
         async with self._lock:
@@ -342,8 +342,8 @@ class NetworkService:
         snapshots are published in the order the changes were made."""
         self.enforcer.publish(self._snapshot())
 
-    def _network(self, id_or_name: str) -> NetworkRow:
-        row = self.db.network(id_or_name) if isinstance(id_or_name, str) else None
+    def _network(self, id_or_name: str, project: str) -> NetworkRow:
+        row = self.db.network(id_or_name, project) if isinstance(id_or_name, str) else None
         if row is None:
             raise NotFound(f"no network {id_or_name!r}; GET /v1/networks lists them")
         return row

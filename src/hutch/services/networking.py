@@ -55,7 +55,7 @@ class NetworkingService:
                     '"egress"/"networks" or use network "default"'
                 )
         elif spec.networks:
-            ids = self._netman().check_networks(list(spec.networks))
+            ids = self._netman().check_networks(list(spec.networks), spec.project)
         return NetPlan(mode, policy, ids)
 
     # -- egress --------------------------------------------------------------------------
@@ -89,25 +89,28 @@ class NetworkingService:
 
     # -- private networks ----------------------------------------------------------------
 
-    async def create_network(self, name: str) -> NetworkView:
-        return self._netman().create_network(name)
+    # A network is looked up in ``project`` only: another project's network (by id or
+    # name) is not found, exactly as a missing one.
 
-    def list_networks(self) -> list[NetworkView]:
-        return self._netman().list_networks()
+    async def create_network(self, name: str, project: str) -> NetworkView:
+        return self._netman().create_network(name, project)
 
-    def get_network(self, id_or_name: str) -> NetworkView:
-        return self._netman().network_view(id_or_name)
+    def list_networks(self, project: str) -> list[NetworkView]:
+        return self._netman().list_networks(project)
 
-    async def delete_network(self, id_or_name: str) -> None:
-        await self._netman().delete_network(id_or_name)
+    def get_network(self, id_or_name: str, project: str) -> NetworkView:
+        return self._netman().network_view(id_or_name, project)
 
-    async def join_network(self, sandbox_id: str, id_or_name: str) -> NetworkView:
-        self.core.get(sandbox_id)
-        return await self._netman().join(sandbox_id, id_or_name)
+    async def delete_network(self, id_or_name: str, project: str) -> None:
+        await self._netman().delete_network(id_or_name, project)
 
-    async def leave_network(self, sandbox_id: str, id_or_name: str) -> None:
-        self.core.get(sandbox_id)
-        await self._netman().leave(sandbox_id, id_or_name)
+    async def join_network(self, sandbox_id: str, id_or_name: str, project: str) -> NetworkView:
+        self.core.get(sandbox_id, project)
+        return await self._netman().join(sandbox_id, id_or_name, project)
+
+    async def leave_network(self, sandbox_id: str, id_or_name: str, project: str) -> None:
+        self.core.get(sandbox_id, project)
+        await self._netman().leave(sandbox_id, id_or_name, project)
 
     def sandbox_net(self, rec: SandboxRecord) -> SandboxNetView:
         """The network block of ``rec`` (a record already read: listing works while a
@@ -129,7 +132,7 @@ class NetworkingService:
         if pooled:
             await self.net.set_policy(rec.id, plan.policy)
             for nid in plan.network_ids:
-                await self.net.join(rec.id, nid)
+                await self.net.join(rec.id, nid, rec.project)
         else:
             await self.net.attach(rec.id, plan.policy, plan.network_ids)
 

@@ -74,8 +74,8 @@ class SandboxRegistry:
 
     # -- reads -------------------------------------------------------------------------
 
-    def get(self, sandbox_id: str) -> SandboxRecord:
-        return self.states.get(sandbox_id)
+    def get(self, sandbox_id: str, project: str | None = None) -> SandboxRecord:
+        return self.states.get(sandbox_id, project)
 
     def guest_defaults(self, rec: SandboxRecord) -> ImageDefaults:
         """What ``rec`` takes from its image config (env, cwd, user, start command)."""

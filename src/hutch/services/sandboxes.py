@@ -70,14 +70,20 @@ class SandboxService:
 
     # -- queries -----------------------------------------------------------------------
 
-    def get(self, sandbox_id: str) -> SandboxRecord:
-        return self.core.states.get(sandbox_id)
+    def get(self, sandbox_id: str, project: str | None = None) -> SandboxRecord:
+        """With ``project``: another project's sandbox is not found (as a missing one)."""
+        return self.core.states.get(sandbox_id, project)
 
     def list_sandboxes(
-        self, state: SandboxState | None = None, metadata: dict[str, str] | None = None
+        self,
+        state: SandboxState | None = None,
+        metadata: dict[str, str] | None = None,
+        *,
+        project: str | None = None,
     ) -> list[SandboxRecord]:
+        """``project``'s sandboxes (None: every project's, for the daemon's own use)."""
         states = [state] if state else [s for s in SandboxState if s is not SandboxState.DESTROYED]
-        return self.core.store.list_sandboxes(states=states, metadata=metadata)
+        return self.core.store.list_sandboxes(states=states, metadata=metadata, project=project)
 
     def images(self) -> list[ImageView]:
         return self.core.image_source.list()
@@ -87,7 +93,7 @@ class SandboxService:
     async def create(self, spec: SandboxSpec) -> SandboxRecord:
         source: SnapshotRecord | None = None
         if spec.snapshot_id is not None:
-            source = self.snapshots.get_snapshot(spec.snapshot_id)
+            source = self.snapshots.get_snapshot(spec.snapshot_id, spec.project)
             # A snapshot fixes the machine: its image and shape come with it.
             spec = replace(spec, image=source.image, shape=source.shape)
         image = resolve(self.core.image_source, spec.image)
@@ -122,6 +128,7 @@ class SandboxService:
                 auto_delete_s=spec.auto_delete_s,
                 snapshot_id=spec.snapshot_id,
                 network=plan.mode,
+                project=spec.project,
             )
             self.core.states.insert(rec)
             if pooled is not None:

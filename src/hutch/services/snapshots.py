@@ -177,6 +177,7 @@ class SnapshotService:
                 path=str(snapshot_dir),
                 size_bytes=0,
                 created_at=time.time(),
+                project=parent.project,
             )
             self.core.store.insert_snapshot(snap, ready=False)
             crash_point("snapshot.row")
@@ -194,16 +195,19 @@ class SnapshotService:
             self.core.store.finish_snapshot(snap_id, snap.size_bytes)
         return snap
 
-    def get_snapshot(self, snapshot_id: str) -> SnapshotRecord:
+    def get_snapshot(self, snapshot_id: str, project: str | None = None) -> SnapshotRecord:
+        """The snapshot; with ``project``, one of another project is not found, exactly
+        as a missing one (its id is not disclosed)."""
         snap = (
             self.core.store.get_snapshot(snapshot_id) if SNAPSHOT_ID_RE.match(snapshot_id) else None
         )
-        if snap is None:
+        if snap is None or (project is not None and snap.project != project):
             raise NotFound(f"no snapshot {snapshot_id!r}; ids look like snap-0123456789ab")
         return snap
 
-    def list_snapshots(self) -> list[SnapshotRecord]:
-        return self.core.store.list_snapshots()
+    def list_snapshots(self, project: str | None = None) -> list[SnapshotRecord]:
+        """``project``'s snapshots (None: every project's, for the daemon's own use)."""
+        return self.core.store.list_snapshots(project=project)
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
         """Delete the snapshot, in any order with the sandboxes and snapshots built on

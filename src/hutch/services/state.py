@@ -86,7 +86,9 @@ class SandboxStates:
 
     # -- reads -------------------------------------------------------------------------
 
-    def get(self, sandbox_id: str) -> SandboxRecord:
+    def get(self, sandbox_id: str, project: str | None = None) -> SandboxRecord:
+        """The sandbox; with ``project``, one of another project is not found, exactly
+        as a missing one (its id is not disclosed)."""
         if not SANDBOX_ID_RE.match(sandbox_id):
             raise NotFound(f"sandbox id {sandbox_id!r} is malformed; ids look like sb-0123456789ab")
         if sandbox_id in self.checking:
@@ -95,7 +97,7 @@ class SandboxStates:
                 "retry in a moment"
             )
         rec = self.store.get_sandbox(sandbox_id)
-        if rec is None:
+        if rec is None or (project is not None and rec.project != project):
             raise NotFound(f"no sandbox {sandbox_id}")
         return rec
 

@@ -25,6 +25,7 @@ _COLUMNS = (
     "env_json", "metadata_json", "timeout_s", "created_at", "started_at", "expires_at",
     "ended_at", "error", "pause_mode", "paused_at", "resume_from", "resume_clone",
     "parent_id", "auto_resume", "auto_pause_s", "auto_delete_s", "snapshot_id", "network",
+    "project",
 )  # fmt: skip
 _UPDATABLE = {
     "state", "image_digest", "started_at", "expires_at", "ended_at", "error", "name",
@@ -109,8 +110,9 @@ class Store:
             if rec.name is not None:
                 live = ", ".join("?" for _ in LIVE_STATES)
                 clash = db.execute(
-                    f"SELECT id FROM sandboxes WHERE name = ? AND state IN ({live})",
-                    (rec.name, *LIVE_STATES),
+                    f"SELECT id FROM sandboxes WHERE project = ? AND name = ? "
+                    f"AND state IN ({live})",
+                    (rec.project, rec.name, *LIVE_STATES),
                 ).fetchone()
                 if clash:
                     raise Conflict(
@@ -141,10 +143,15 @@ class Store:
         self,
         states: Iterable[SandboxState] | None = None,
         metadata: dict[str, str] | None = None,
+        project: str | None = None,
     ) -> list[SandboxRecord]:
+        """``project=None``: every project's (the engine's own sweeps)."""
         query = f"SELECT {', '.join(_COLUMNS)} FROM sandboxes"
         params: list[Any] = []
         clauses: list[str] = []
+        if project is not None:
+            clauses.append("project = ?")
+            params.append(project)
         if states is not None:
             wanted = [str(s) for s in states]
             clauses.append(f"state IN ({', '.join('?' for _ in wanted)})")
@@ -167,11 +174,11 @@ class Store:
         with self._tx() as db:
             db.execute(
                 "INSERT INTO snapshots (id, name, sandbox_id, image, vcpus, memory_mib, "
-                "disk_gib, path, size_bytes, created_at, ready) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "disk_gib, path, size_bytes, created_at, ready, project) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (snap.id, snap.name, snap.sandbox_id, snap.image, snap.shape.vcpus,
                  snap.shape.memory_mib, snap.shape.disk_gib, snap.path, snap.size_bytes,
-                 snap.created_at, int(ready)),
+                 snap.created_at, int(ready), snap.project),
             )  # fmt: skip
 
     def finish_snapshot(self, snapshot_id: str, size_bytes: int) -> None:
@@ -190,12 +197,21 @@ class Store:
             ).fetchone()
         return _snapshot_from_row(row) if row else None
 
-    def list_snapshots(self, *, ready: bool | None = True) -> list[SnapshotRecord]:
-        """Ready snapshots; ``ready=False``: those being saved; ``None``: all."""
-        where = "" if ready is None else f" WHERE ready = {int(ready)}"
+    def list_snapshots(
+        self, *, ready: bool | None = True, project: str | None = None
+    ) -> list[SnapshotRecord]:
+        """Ready snapshots; ``ready=False``: those being saved; ``None``: all.
+        ``project=None``: every project's."""
+        clauses: list[str] = [] if ready is None else [f"ready = {int(ready)}"]
+        params: list[Any] = []
+        if project is not None:
+            clauses.append("project = ?")
+            params.append(project)
+        where = " WHERE " + " AND ".join(clauses) if clauses else ""
         with self._lock:
             rows = self._db.execute(
-                f"SELECT {_SNAPSHOT_COLUMNS} FROM snapshots{where} ORDER BY created_at, id"
+                f"SELECT {_SNAPSHOT_COLUMNS} FROM snapshots{where} ORDER BY created_at, id",
+                params,
             ).fetchall()
         return [_snapshot_from_row(r) for r in rows]
 
@@ -221,15 +237,16 @@ class Store:
 
 
 _SNAPSHOT_COLUMNS = (
-    "id, name, sandbox_id, image, vcpus, memory_mib, disk_gib, path, size_bytes, created_at"
+    "id, name, sandbox_id, image, vcpus, memory_mib, disk_gib, path, size_bytes, created_at, "
+    "project"
 )
 
 
 def _snapshot_from_row(row: tuple[Any, ...]) -> SnapshotRecord:
-    sid, name, sandbox_id, image, vcpus, memory, disk, path, size, created = row
+    sid, name, sandbox_id, image, vcpus, memory, disk, path, size, created, project = row
     return SnapshotRecord(
         id=sid, name=name, sandbox_id=sandbox_id, image=image, shape=Shape(vcpus, memory, disk),
-        path=path, size_bytes=size, created_at=created,
+        path=path, size_bytes=size, created_at=created, project=project,
     )  # fmt: skip
 
 
@@ -266,6 +283,7 @@ def _to_row(rec: SandboxRecord) -> tuple[Any, ...]:
         rec.auto_delete_s,
         rec.snapshot_id,
         str(rec.network),
+        rec.project,
     )
 
 
@@ -296,4 +314,5 @@ def _from_row(row: tuple[Any, ...]) -> SandboxRecord:
         auto_delete_s=values["auto_delete_s"],
         snapshot_id=values["snapshot_id"],
         network=NetworkMode(values["network"]),
+        project=values["project"],
     )

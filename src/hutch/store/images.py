@@ -1,8 +1,8 @@
 """The imported-images table. Same database and transactions as ``hutch.store.db``.
 
 A row names an image (``project``, ``name``) and the content it boots (``digest``, the
-manifest digest: the content directory under the images dir). ``project`` is '' (global)
-until projects exist.
+manifest digest: the content directory under the images dir). Rows made before projects
+existed were moved into ``default`` (migration 7).
 """
 
 from __future__ import annotations
@@ -12,12 +12,14 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
+from hutch.contract.auth import DEFAULT_PROJECT
 from hutch.errors import Conflict
 from hutch.store.db import Store
 
 __all__ = ["GLOBAL", "ImageRow", "ImageStore"]
 
-GLOBAL = ""
+#: The project an image row is in when none is named.
+GLOBAL = DEFAULT_PROJECT
 _COLUMNS = "project, name, digest, source_json, config_json, start, size_bytes, created_at"
 
 

@@ -108,4 +108,62 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (project, name)
     );
     """,
+    # 7: projects (issue 10). Every resource belongs to one; existing rows go to
+    # 'default'. Sandbox names are unique among a project's live sandboxes, network names
+    # within a project (networks is rebuilt for that: SQLite cannot drop a UNIQUE; its
+    # members table is rebuilt with it so the foreign key follows). Ports, egress rules
+    # and leases follow their sandbox. Images keep their (project, name) key.
+    # api_keys: per-project keys, the secret stored only as its sha256.
+    """
+    CREATE TABLE projects (
+        name                TEXT PRIMARY KEY,
+        created_at          REAL NOT NULL,
+        max_sandboxes       INTEGER,
+        max_vcpus           INTEGER,
+        max_memory_mib      INTEGER,
+        max_snapshot_bytes  INTEGER
+    );
+    INSERT INTO projects (name, created_at) VALUES ('default', strftime('%s', 'now'));
+    CREATE TABLE api_keys (
+        id             TEXT PRIMARY KEY,
+        project        TEXT NOT NULL,
+        name           TEXT NOT NULL,
+        role           TEXT NOT NULL,
+        secret_sha256  TEXT NOT NULL,
+        created_at     REAL NOT NULL,
+        created_by     TEXT,
+        expires_at     REAL,
+        revoked_at     REAL,
+        last_used_at   REAL
+    );
+    CREATE INDEX api_keys_project ON api_keys(project);
+    ALTER TABLE sandboxes ADD COLUMN project TEXT NOT NULL DEFAULT 'default';
+    CREATE INDEX sandboxes_project ON sandboxes(project, state);
+    DROP INDEX sandboxes_live_name;
+    CREATE UNIQUE INDEX sandboxes_live_name ON sandboxes(project, name)
+        WHERE name IS NOT NULL AND state NOT IN ('destroyed', 'failed');
+    ALTER TABLE snapshots ADD COLUMN project TEXT NOT NULL DEFAULT 'default';
+    CREATE INDEX snapshots_project ON snapshots(project);
+    CREATE TABLE networks_v7 (
+        id          TEXT PRIMARY KEY,
+        project     TEXT NOT NULL DEFAULT 'default',
+        name        TEXT NOT NULL,
+        created_at  REAL NOT NULL,
+        UNIQUE (project, name)
+    );
+    INSERT INTO networks_v7 (id, project, name, created_at)
+        SELECT id, 'default', name, created_at FROM networks;
+    CREATE TABLE network_members_v7 (
+        network_id  TEXT NOT NULL REFERENCES networks_v7(id),
+        sandbox_id  TEXT NOT NULL,
+        PRIMARY KEY (network_id, sandbox_id)
+    );
+    INSERT INTO network_members_v7 (network_id, sandbox_id)
+        SELECT network_id, sandbox_id FROM network_members;
+    DROP TABLE network_members;
+    DROP TABLE networks;
+    ALTER TABLE networks_v7 RENAME TO networks;
+    ALTER TABLE network_members_v7 RENAME TO network_members;
+    UPDATE images SET project = 'default' WHERE project = '';
+    """,
 )

@@ -8,6 +8,7 @@ import sqlite3
 import time
 from dataclasses import dataclass
 
+from hutch.contract.auth import DEFAULT_PROJECT
 from hutch.errors import Conflict
 from hutch.store.db import Store
 
@@ -26,6 +27,7 @@ class NetworkRow:
     id: str
     name: str
     created_at: float
+    project: str = DEFAULT_PROJECT
 
 
 class NetStore:
@@ -74,26 +76,40 @@ class NetStore:
     def insert_network(self, row: NetworkRow) -> None:
         try:
             self._rows(
-                "INSERT INTO networks (id, name, created_at) VALUES (?, ?, ?)",
+                "INSERT INTO networks (id, name, created_at, project) VALUES (?, ?, ?, ?)",
                 row.id,
                 row.name,
                 row.created_at,
+                row.project,
             )
         except Conflict as exc:
             raise Conflict(
                 f"a network named {row.name!r} already exists; choose another name"
             ) from exc
 
-    def network(self, id_or_name: str) -> NetworkRow | None:
+    def network(self, id_or_name: str, project: str) -> NetworkRow | None:
+        """By id or name, in ``project`` only."""
         rows = self._rows(
-            "SELECT id, name, created_at FROM networks WHERE id = ? OR name = ?",
+            "SELECT id, name, created_at, project FROM networks "
+            "WHERE (id = ? OR name = ?) AND project = ?",
             id_or_name,
             id_or_name,
+            project,
         )
         return _network(rows[0]) if rows else None
 
-    def networks(self) -> list[NetworkRow]:
-        rows = self._rows("SELECT id, name, created_at FROM networks ORDER BY created_at")
+    def networks(self, project: str | None = None) -> list[NetworkRow]:
+        """``project``'s networks; None: every project's."""
+        if project is None:
+            rows = self._rows(
+                "SELECT id, name, created_at, project FROM networks ORDER BY created_at"
+            )
+        else:
+            rows = self._rows(
+                "SELECT id, name, created_at, project FROM networks WHERE project = ? "
+                "ORDER BY created_at",
+                project,
+            )
         return [_network(r) for r in rows]
 
     def delete_network(self, network_id: str) -> None:
@@ -189,4 +205,4 @@ class NetStore:
 
 
 def _network(row: tuple[object, ...] | sqlite3.Row) -> NetworkRow:
-    return NetworkRow(str(row[0]), str(row[1]), float(str(row[2])))
+    return NetworkRow(str(row[0]), str(row[1]), float(str(row[2])), str(row[3]))

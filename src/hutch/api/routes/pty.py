@@ -33,8 +33,8 @@ from fastapi import APIRouter, Depends, Query, WebSocket
 from pydantic import BaseModel
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
-from hutch.api.auth import check_bearer, check_key
-from hutch.api.deps import processes
+from hutch.api.auth import bearer_token
+from hutch.api.deps import authenticate, authorize, processes
 from hutch.api.errors import status_for
 from hutch.api.routes.processes import parse_signal
 from hutch.contract.limits import (
@@ -107,9 +107,8 @@ async def close_pty(sandbox_id: str, pty_id: str, procs: Procs) -> PtyModel:
     return pty_model(await procs.close_pty(sandbox_id, pty_id))
 
 
-def ws_router(api_key: str) -> APIRouter:
+def ws_router() -> APIRouter:
     """The WebSocket route; it checks the API key itself (header or first message)."""
-    key = api_key.encode()
     ws = APIRouter(prefix="/v1/sandboxes", tags=["pty"])
 
     @ws.websocket("/{sandbox_id}/pty")
@@ -125,8 +124,10 @@ def ws_router(api_key: str) -> APIRouter:
     ) -> None:
         await websocket.accept()
         try:
-            if not await _authenticate(websocket, key):
+            presented = await _presented_key(websocket)
+            if presented is None:
                 return  # the client left before authenticating
+            authorize(websocket, authenticate(websocket, presented))
             if pty_id is not None:
                 session = await procs.attach_pty(sandbox_id, pty_id)
             else:
@@ -140,9 +141,9 @@ def ws_router(api_key: str) -> APIRouter:
     return ws
 
 
-async def _authenticate(websocket: WebSocket, key: bytes) -> bool:
-    """Check the key from the Authorization header, else from the first message. False
-    when the client disconnected first; raises Unauthorized (never echoing what was sent)."""
+async def _presented_key(websocket: WebSocket) -> str | None:
+    """The key from the Authorization header, else from the first message. None when
+    the client disconnected first; raises Unauthorized (never echoing what was sent)."""
     if "token" in websocket.query_params:
         raise Unauthorized(
             "the API key is not accepted in the URL (?token=): URLs end up in logs, proxies "
@@ -150,8 +151,7 @@ async def _authenticate(websocket: WebSocket, key: bytes) -> bool:
         )
     header = websocket.headers.get("authorization")
     if header is not None:
-        check_bearer(header, key)
-        return True
+        return bearer_token(header)
     try:
         message = await asyncio.wait_for(websocket.receive(), AUTH_TIMEOUT_S)
     except TimeoutError:
@@ -159,7 +159,7 @@ async def _authenticate(websocket: WebSocket, key: bytes) -> bool:
             f"no API key within {AUTH_TIMEOUT_S:g} s: " + AUTH_MESSAGE_HINT
         ) from None
     if message["type"] == "websocket.disconnect":
-        return False
+        return None
     token = None
     with contextlib.suppress(ValueError, TypeError):
         obj = json.loads(message.get("text") or "")
@@ -167,8 +167,7 @@ async def _authenticate(websocket: WebSocket, key: bytes) -> bool:
             token = obj.get("token")
     if not isinstance(token, str) or not token:
         raise Unauthorized("missing API key: " + AUTH_MESSAGE_HINT)
-    check_key(token, key)
-    return True
+    return token
 
 
 async def _send_json(websocket: WebSocket, obj: dict[str, Any]) -> None:

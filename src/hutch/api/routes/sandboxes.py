@@ -4,7 +4,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Response
 
-from hutch.api.deps import lifecycle, networking, sandboxes, snapshots
+from hutch.api.deps import Caller, lifecycle, networking, sandboxes, snapshots
 from hutch.api.net_schemas import SandboxNet
 from hutch.api.schemas import (
     CreateSandbox,
@@ -38,7 +38,7 @@ def _view(net: NetworkingService, rec: SandboxRecord) -> Sandbox:
 
 
 @router.post("", status_code=201, response_model=Sandbox)
-async def create_sandbox(body: CreateSandbox, svc: Service, net: Net) -> Sandbox:
+async def create_sandbox(body: CreateSandbox, svc: Service, net: Net, who: Caller) -> Sandbox:
     spec = SandboxSpec(
         image=body.image,
         shape=Shape(vcpus=body.vcpus, memory_mib=body.memory_mib, disk_gib=body.disk_gib),
@@ -53,6 +53,7 @@ async def create_sandbox(body: CreateSandbox, svc: Service, net: Net) -> Sandbox
         network=body.network,
         egress=None if body.egress is None else list(body.egress),
         networks=list(body.networks),
+        project=who.project,
     )
     return _view(net, await svc.create(spec))
 
@@ -61,6 +62,7 @@ async def create_sandbox(body: CreateSandbox, svc: Service, net: Net) -> Sandbox
 async def list_sandboxes(
     svc: Service,
     net: Net,
+    who: Caller,
     state: SandboxState | None = None,
     metadata: Annotated[
         list[str] | None,
@@ -73,7 +75,9 @@ async def list_sandboxes(
         if not sep or not key:
             raise InvalidArgument(f"metadata filter {item!r} is not key=value")
         wanted[key] = value
-    return SandboxList(sandboxes=[_view(net, r) for r in svc.list_sandboxes(state, wanted)])
+    return SandboxList(
+        sandboxes=[_view(net, r) for r in svc.list_sandboxes(state, wanted, project=who.project)]
+    )
 
 
 @router.get("/{sandbox_id}", response_model=Sandbox)
@@ -121,8 +125,8 @@ snapshots_router = APIRouter(prefix="/v1/snapshots", tags=["snapshots"])
 
 
 @snapshots_router.get("", response_model=SnapshotList)
-async def list_snapshots(svc: Snapshots) -> SnapshotList:
-    return SnapshotList(snapshots=[Snapshot.of(s) for s in svc.list_snapshots()])
+async def list_snapshots(svc: Snapshots, who: Caller) -> SnapshotList:
+    return SnapshotList(snapshots=[Snapshot.of(s) for s in svc.list_snapshots(who.project)])
 
 
 @snapshots_router.get("/{snapshot_id}", response_model=Snapshot)
