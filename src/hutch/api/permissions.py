@@ -27,10 +27,17 @@ PUBLIC: frozenset[tuple[str, str]] = frozenset(
         ("GET", "/docs"),
         ("GET", "/docs/oauth2-redirect"),
         ("GET", "/redoc"),
+        # The web console's static files: they hold no data (every datum comes from
+        # /v1 with the signed-in key), so fetching them needs none.
+        ("GET", "/ui"),
+        ("GET", "/ui/"),
+        ("GET", "/ui/{name:path}"),
     }
 )
 
 ROUTE_PERMISSIONS: dict[tuple[str, str], Permission] = {
+    # who am I: any key may learn its own id, project and role (the console's buttons)
+    ("GET", "/v1/whoami"): P.PROJECT_READ,
     # images
     ("GET", "/v1/images"): P.IMAGE_READ,
     ("POST", "/v1/images"): P.IMAGE_WRITE,

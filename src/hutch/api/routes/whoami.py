@@ -5,14 +5,11 @@ still checks every request itself; this answer is a courtesy, never the guard.
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Header
+from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
-from hutch.contract.auth import DEFAULT_PROJECT, ROLE_PERMISSIONS, Principal, Role
-from hutch.contract.names import NAME_RE
-from hutch.errors import InvalidArgument
+from hutch.api.deps import Caller
+from hutch.contract.auth import ROLE_PERMISSIONS, Role
 
 __all__ = ["Whoami", "router"]
 
@@ -21,31 +18,18 @@ router = APIRouter(prefix="/v1", tags=["meta"])
 
 class Whoami(BaseModel):
     key_id: str = Field(description="The key's id (`admin` for the instance key).")
-    project: str = Field(description="The project this request acts in.")
+    project: str = Field(
+        description="The project this request acts in (an admin key: `Hutch-Project` or "
+        "`default`; a project key: its own)."
+    )
     role: Role
     permissions: list[str] = Field(
         description="Every permission the role has, sorted (see contract/auth.py)."
     )
 
 
-def principal_of(hutch_project: str | None) -> Principal:
-    """The caller, until the auth layer's principal dependency lands on main: the one
-    instance key is the admin, acting in ``Hutch-Project`` or ``default``."""
-    if hutch_project is None:
-        return Principal.admin(DEFAULT_PROJECT)
-    if not NAME_RE.match(hutch_project):
-        raise InvalidArgument(
-            f"Hutch-Project={hutch_project!r} is not a project name; use 1-63 lowercase "
-            "letters, digits and '-', starting and ending with a letter or digit"
-        )
-    return Principal.admin(hutch_project)
-
-
 @router.get("/whoami", response_model=Whoami)
-async def whoami(
-    hutch_project: Annotated[str | None, Header(alias="Hutch-Project")] = None,
-) -> Whoami:
-    who = principal_of(hutch_project)
+async def whoami(who: Caller) -> Whoami:
     return Whoami(
         key_id=who.key_id,
         project=who.project,
