@@ -24,7 +24,7 @@ def app_routes() -> dict[tuple[str, str], object]:
     for context in iter_route_contexts(app.routes):
         route = context.original_route
         if isinstance(route, APIRoute):
-            for method in route.methods:
+            for method in route.methods or ():
                 assert (method, route.path) not in found, f"{method} {route.path} twice"
                 found[(method, route.path)] = context
         elif isinstance(route, APIWebSocketRoute):
@@ -47,7 +47,7 @@ def test_every_route_has_exactly_one_permission_and_no_entry_is_stale() -> None:
 
 
 def _calls(dependant: Dependant) -> set[object]:
-    out = {dependant.call}
+    out: set[object] = {dependant.call}
     for sub in dependant.dependencies:
         out |= _calls(sub)
     return out
