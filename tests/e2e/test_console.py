@@ -167,14 +167,27 @@ def test_events_and_usage_chart(
 def test_viewer_sees_no_create_or_delete_and_the_api_refuses(
     console: Watched, daemon: Daemon, http: httpx.Client, sandbox_id: dict[str, str]
 ) -> None:
+    """The admin makes a viewer key on the Keys page (its secret shown once, never in the
+    page's HTML); signed in with it, the console offers no create, delete or terminal,
+    and the API refuses create and delete to it anyway."""
     sid = sandbox_id.get("id")
     assert sid, "the first test creates the sandbox"
-    made = http.post("/v1/projects/default/keys", json={"name": "console-viewer", "role": "viewer"})
-    if made.status_code == 404:
-        pytest.skip("this daemon has no project keys yet (POST /v1/projects/{p}/keys is 404)")
-    assert made.status_code == 201, made.text
-    secret = made.json()["secret"]
+    if http.get("/v1/projects/default/keys").status_code == 404:
+        pytest.skip("this daemon has no project keys yet (GET /v1/projects/{p}/keys is 404)")
     page = console.page
+    console.sign_in(daemon.api_key)
+    page.click("#nav a[data-page='keys']")
+    page.fill("#key-name", "console-viewer")
+    page.select_option("#key-role", "viewer")
+    page.click("#key-form button[type=submit]")
+    secret_box = page.locator("#new-secret")
+    expect(secret_box).to_be_visible(timeout=30_000)
+    secret = secret_box.input_value()
+    assert secret.startswith("hk_"), secret
+    expect(page.locator("tr.key-row", has_text="console-viewer")).to_contain_text("viewer")
+    assert secret not in page.content(), "a key's secret is in the page's HTML"
+
+    page.click("#sign-out")
     console.sign_in(secret)
     expect(page.locator("#who")).to_contain_text("viewer")
     row = page.locator(f"tr.sandbox-row[data-id='{sid}']")
@@ -194,3 +207,4 @@ def test_viewer_sees_no_create_or_delete_and_the_api_refuses(
     assert deleted.status_code == 403, deleted.text
     assert http.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"
     assert secret not in page.content() and secret not in page.url
+    assert [u for u in console.urls if secret in u] == []

@@ -54,9 +54,16 @@ export async function render(root, ctx) {
     if (ttl.value) body.ttl_s = Number(ttl.value);
     try {
       const k = await post(base, body);
-      // Shown once, here only: the daemon keeps just its hash.
-      replace(created, h("div", { class: "notice ok" }, `Key ${k.id} created. Copy its secret now; it is not shown again: `,
-        h("code", { id: "new-secret" }, k.secret)));
+      // Shown once, here only (the daemon keeps just its hash): as the live value of a
+      // password field, set as a property, so it is never part of the page's HTML.
+      const secret = h("input", { id: "new-secret", type: "password", readonly: true, autocomplete: "off", size: 60 });
+      secret.value = k.secret;
+      const show = h("button", { type: "button", onclick: () => { secret.type = secret.type === "password" ? "text" : "password"; } }, "Show");
+      const copy = h("button", { type: "button", onclick: async () => {
+        try { await navigator.clipboard.writeText(secret.value); copy.textContent = "Copied"; } catch (_) { secret.type = "text"; secret.select(); }
+      } }, "Copy");
+      replace(created, h("div", { class: "notice ok" }, `Key ${k.id} (${k.role}) created. Copy its secret now; it is not shown again. `,
+        secret, " ", show, " ", copy));
       name.value = "";
       refresh();
     } catch (err) {
