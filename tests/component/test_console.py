@@ -137,6 +137,10 @@ async def test_console_missing_endpoints_degrade(console: Watched, api: httpx.As
     day = w.page.locator("#usage-day")
     await expect(day).to_be_visible()
     await expect(day.locator(".notice")).to_contain_text(re.compile("not available|Cost per day"))
+    await w.page.click("#nav a[data-page='events']")
+    await expect(w.page.locator("#audit-status")).to_contain_text(
+        re.compile("not available on this daemon|audit trail")
+    )
 
 
 async def test_console_refuses_a_wrong_key(console: Watched) -> None:

@@ -161,6 +161,16 @@ def test_events_and_usage_chart(
         assert usage.status_code == 200, usage.text
         expect(day.locator("svg.chart g.bar")).not_to_have_count(0, timeout=30_000)
         expect(page.locator("#usage-sandbox svg.chart")).to_be_visible()
+
+    # The project's audit trail: who created the sandbox, from where.
+    page.click("#nav a[data-page='events']")
+    audit = page.locator("#page-events")
+    if events.status_code == 404:
+        expect(audit).to_contain_text("not available on this daemon", timeout=30_000)
+    else:
+        created = audit.locator("tr.audit-row[data-type='sandbox.created']", has_text=sid)
+        expect(created).to_contain_text("admin", timeout=30_000)
+        expect(created).to_contain_text("127.0.0.1")
     assert console.errors == [] or all("404" in e for e in console.errors), console.errors
 
 

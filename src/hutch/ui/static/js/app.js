@@ -8,6 +8,7 @@ import * as sandboxes from "./pages/sandboxes.js";
 import * as sandbox from "./pages/sandbox.js";
 import * as usage from "./pages/usage.js";
 import * as keys from "./pages/keys.js";
+import * as events from "./pages/events.js";
 
 const main = document.getElementById("main");
 const nav = document.getElementById("nav");
@@ -87,6 +88,7 @@ async function start() {
   nav.hidden = false;
   signOutButton.hidden = false;
   document.getElementById("nav-keys").hidden = !ctx.can("key.manage");
+  document.getElementById("nav-events").hidden = !ctx.can("events.read");
   who.textContent = `${ctx.key_id} · ${ctx.role} · project ${ctx.project}`;
   document.body.dataset.role = ctx.role;
   route();
@@ -96,6 +98,7 @@ const PAGES = [
   [/^#\/sandboxes\/([a-z0-9-]+)$/, sandbox, "sandboxes"],
   [/^#\/usage$/, usage, "usage"],
   [/^#\/keys$/, keys, "keys"],
+  [/^#\/events$/, events, "events"],
   [/^#\/sandboxes$/, sandboxes, "sandboxes"],
 ];
 
