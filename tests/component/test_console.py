@@ -191,3 +191,34 @@ async def test_keys_page_without_the_keys_api_says_so(console: Watched) -> None:
     await console.page.click("#nav a[data-page='keys']")
     status = console.page.locator("#keys-status")
     await expect(status).to_contain_text(re.compile("not available on this daemon|Keys"))
+
+
+async def test_usage_rows_of_the_meters_shape_become_bars(console: Watched) -> None:
+    """The chart and row reader on the shape of platform-meter's UsageReport (rows with
+    key, quantities and cost_usd), in the browser; the e2e test reads the real meter."""
+    await console.page.goto(console.origin + "/ui/")
+    report = {
+        "group_by": "day",
+        "rows": [
+            {"key": "2026-11-30", "vcpu_seconds": 3600.0, "cost_usd": 0.0361},
+            {"key": "2026-12-01", "vcpu_seconds": 1800.0, "cost_usd": 0.0180},
+        ],
+        "total": {"key": "total", "vcpu_seconds": 5400.0, "cost_usd": 0.0541},
+    }
+    bars = await console.page.evaluate(
+        """async (report) => {
+            const { barChart } = await import("./js/chart.js");
+            const { rowsOf, groupKey, costOf } = await import("./js/usage_rows.js");
+            const rows = rowsOf(report);
+            const bars = rows.map((r) => ({ label: groupKey(r, "day"), value: costOf(r) }));
+            const svg = barChart(bars);
+            document.body.appendChild(svg);
+            return [...svg.querySelectorAll("g.bar")].map((g) => [
+                g.dataset.label, Number(g.dataset.value),
+                Number(g.querySelector("rect").getAttribute("height")),
+            ]);
+        }""",
+        report,
+    )
+    assert [b[:2] for b in bars] == [["2026-11-30", 0.0361], ["2026-12-01", 0.018]]
+    assert bars[0][2] > bars[1][2] > 0, bars
