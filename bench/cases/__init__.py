@@ -13,6 +13,7 @@ from bench.cases.fork import run_fork
 from bench.cases.net import run_net
 from bench.cases.noisy import run_noisy
 from bench.cases.pause_resume import run_pause_resume
+from bench.cases.volumes import run_volumes
 
 __all__ = ["BENCHMARKS", "BenchContext", "Benchmark"]
 
@@ -34,5 +35,6 @@ BENCHMARKS: dict[str, Benchmark] = {
         Benchmark("net", "egress: enforcement path vs open NAT vs host", run_net),
         Benchmark("dns_flood", "another sandbox's exec during a DNS flood vs quiet", run_dns_flood),
         Benchmark("noisy", "another sandbox's echo p99 under a neighbour's load", run_noisy),
+        Benchmark("volumes", "exclusive volume vs own disk writes; live grow", run_volumes),
     )
 }

@@ -21,6 +21,7 @@ from hutch_agent import (
     ops_files,
     ops_process,
     ops_pty,
+    ops_volumes,
     ops_watch,
 )
 from hutch_agent.errors import AgentError, os_error
@@ -63,6 +64,7 @@ class Agent:
             **ops_watch.OPS,
             **ops_archive.OPS,
             **ops_contexts.OPS,
+            **ops_volumes.OPS,
         }
 
     def send(self, data: bytes, stream: Stream | None = None) -> None:

@@ -39,6 +39,7 @@ from hutch.services.reconcile import Reconciler
 from hutch.services.registry import SandboxRegistry
 from hutch.services.sandboxes import SandboxService
 from hutch.services.snapshots import SnapshotService
+from hutch.services.volumes import VolumeService
 from hutch.store import Store
 from hutch.store.images import ImageStore
 
@@ -96,7 +97,8 @@ def build_services(
         prepare=networking.prepare_pooled,
         network=NetworkMode.DEFAULT if net is not None else NetworkMode.NONE,
     )
-    sandboxes = SandboxService(core, networking, snapshots, pool)
+    volumes = VolumeService(core)
+    sandboxes = SandboxService(core, networking, snapshots, pool, volumes)
     return Services(
         core=core,
         sandboxes=sandboxes,
@@ -110,6 +112,7 @@ def build_services(
         processes=ProcessService(guest),
         interpreter=InterpreterService(guest),
         files=FilesExtraService(guest),
+        volumes=volumes,
     )
 
 

@@ -34,6 +34,7 @@ from hutch.contract.names import (
     validate_metadata,
     validate_name,
 )
+from hutch.contract.volumes import VolumeMount, validate_mounts
 
 __all__ = [
     "AUTO_DELETE_S_RANGE",
@@ -121,10 +122,13 @@ class SandboxSpec:
     egress: list[str] | None = None
     #: Private networks (ids or names) to join at create.
     networks: list[str] = field(default_factory=list)
+    #: Volumes (ids or names in the project) to mount at create.
+    volumes: list[VolumeMount] = field(default_factory=list)
     #: The project the sandbox is created in (the caller's, issue 10).
     project: str = DEFAULT_PROJECT
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "volumes", validate_mounts(self.volumes))
         if self.auto_pause_s is not None:
             check_range("auto_pause_s", self.auto_pause_s, AUTO_PAUSE_S_RANGE, " seconds")
         if self.auto_delete_s is not None:

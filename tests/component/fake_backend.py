@@ -13,11 +13,13 @@ import contextlib
 import os
 import shutil
 import signal
+from collections.abc import Sequence
 from pathlib import Path
 
 from hutch.guest.client import AgentClient
 from hutch.images.build import ImageArtifacts
 from hutch.models import SANDBOX_ID_RE, PauseMode, SandboxRecord
+from hutch.vm.argv import VolumeDrive
 
 AGENT = Path(__file__).resolve().parents[2] / "guest_agent" / "agent.py"
 # The agent is stdlib-only; the system Python is used because a virtualenv's interpreter
@@ -89,6 +91,17 @@ class FakeRuntime:
     async def retake_identity(self, rec: SandboxRecord) -> None:
         return None
 
+    # Volumes: the fake has no block devices; it records what the services asked for
+    # (tests/vm prove the real mounts and growth).
+    async def mount_volume(self, serial: str, path: str, *, read_only: bool) -> None:
+        self._backend.mounted.setdefault(self.sandbox_id, []).append((serial, path, read_only))
+
+    async def freeze_volumes(self, guest_paths: list[str]) -> None:
+        self._backend.frozen.append((self.sandbox_id, list(guest_paths)))
+
+    async def grow_disk(self, drive: str, guest_path: str, size_bytes: int) -> None:
+        self._backend.grown.append((self.sandbox_id, drive, guest_path, size_bytes))
+
 
 class FakeTemplates:
     def __init__(self, root: Path) -> None:
@@ -149,8 +162,15 @@ class FakeBackend:
         self.clone_of: dict[str, Path] = {}
         self.templates = FakeTemplates(root)
         self.snapshots = FakeSnapshotFiles(root, self.clone_of)
+        self.mounted: dict[str, list[tuple[str, str, bool]]] = {}
+        self.grown: list[tuple[str, str, str, int]] = []
+        self.frozen: list[tuple[str, list[str]]] = []
+        self.volumes_of: dict[str, tuple[VolumeDrive, ...]] = {}
 
-    async def start(self, rec: SandboxRecord, image: ImageArtifacts) -> FakeRuntime:
+    async def start(
+        self, rec: SandboxRecord, image: ImageArtifacts, volumes: Sequence[VolumeDrive] = ()
+    ) -> FakeRuntime:
+        self.volumes_of[rec.id] = tuple(volumes)
         if self.fail_next_start is not None:
             exc, self.fail_next_start = self.fail_next_start, None
             raise exc

@@ -34,6 +34,7 @@ from hutch.contract.limits import (
     VCPUS_RANGE,
 )
 from hutch.contract.names import NAME_PATTERN, SANDBOX_ID_PATTERN, SNAPSHOT_ID_PATTERN
+from hutch.contract.volumes import MAX_VOLUMES_PER_SANDBOX
 
 __all__ = [
     "DEFAULT_MAX_OUTPUT_CHARS",
@@ -167,9 +168,26 @@ CREATE_SANDBOX = ToolSpec(
                 "pattern": SNAPSHOT_ID_PATTERN,
                 "description": "Start from this named snapshot (its image and size win).",
             },
+            "volumes": {
+                "type": "array",
+                "maxItems": MAX_VOLUMES_PER_SANDBOX,
+                "items": {"type": "string", "minLength": 3},
+                "description": "Volumes to mount, each `NAME:/path` or `NAME:/path:ro` "
+                "(see list_volumes). A volume's data outlives the sandbox.",
+            },
         },
         [],
     ),
+)
+
+LIST_VOLUMES = ToolSpec(
+    name="list_volumes",
+    title="List volumes",
+    description="List the project's volumes (persistent filesystems mounted at create with "
+    "create_sandbox `volumes`): name, size and used bytes, and which sandboxes mount them.",
+    parameters=_obj({}, []),
+    read_only=True,
+    idempotent=True,
 )
 
 LIST_SANDBOXES = ToolSpec(
@@ -417,6 +435,7 @@ GET_EGRESS = ToolSpec(
 TOOLS: tuple[ToolSpec, ...] = (
     CREATE_SANDBOX,
     LIST_SANDBOXES,
+    LIST_VOLUMES,
     DELETE_SANDBOX,
     RUN_COMMAND,
     READ_FILE,

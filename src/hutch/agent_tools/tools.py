@@ -105,8 +105,20 @@ class HutchTools:
             name=a.get("name"),
             timeout_s=a.get("timeout_s"),
             snapshot=a.get("snapshot"),
+            volumes=a.get("volumes") or None,
         )
         return ToolResult(info.to_dict(), f"Created {_describe(info)}.")
+
+    async def _list_volumes(self, a: dict[str, Any]) -> ToolResult:
+        found = await self.client.volumes.list()
+        data = {"volumes": [v.to_dict() for v in found]}
+        if not found:
+            return ToolResult(data, "No volumes.")
+        lines = [f"{len(found)} volume(s):"]
+        for v in found:
+            users = ", ".join(f"{u.sandbox_id} at {u.path}" for u in v.mounted_by) or "not mounted"
+            lines.append(f"- {v.name} ({v.id}, {v.kind}, {v.size} bytes): {users}")
+        return ToolResult(data, "\n".join(lines))
 
     async def _list_sandboxes(self, a: dict[str, Any]) -> ToolResult:
         found = await self.client.list_sandboxes(a.get("state"), a.get("metadata"))
@@ -322,6 +334,7 @@ def _describe_egress(sandbox_id: str, data: Mapping[str, Any], when: str) -> str
 _HANDLERS: dict[str, Handler] = {
     "create_sandbox": HutchTools._create_sandbox,
     "list_sandboxes": HutchTools._list_sandboxes,
+    "list_volumes": HutchTools._list_volumes,
     "delete_sandbox": HutchTools._delete_sandbox,
     "run_command": HutchTools._run_command,
     "read_file": HutchTools._read_file,

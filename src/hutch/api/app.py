@@ -19,6 +19,7 @@ from hutch.api.routes import exec as exec_routes
 from hutch.api.routes import processes as process_routes
 from hutch.api.routes import pty as pty_routes
 from hutch.api.routes import ui as ui_routes
+from hutch.api.routes import volumes as volume_routes
 from hutch.api.routes import watch as watch_routes
 from hutch.api.routes import whoami as whoami_routes
 from hutch.errors import HutchError
@@ -103,6 +104,7 @@ def create_app(services: Services, api_key: str, *, manage_service: bool = True)
     app.include_router(ports.router, dependencies=auth)
     app.include_router(networks.router, dependencies=auth)
     app.include_router(networks.membership_router, dependencies=auth)
+    app.include_router(volume_routes.router, dependencies=auth)
     app.add_exception_handler(HutchError, errors.handle_hutch_error)
     app.add_exception_handler(RequestValidationError, errors.handle_validation_error)
     app.add_exception_handler(StarletteHTTPException, errors.handle_http_error)

@@ -23,6 +23,7 @@ from hutch.services.processes import ProcessService
 from hutch.services.reaper import Reaper
 from hutch.services.sandboxes import SandboxService
 from hutch.services.snapshots import SnapshotService
+from hutch.services.volumes import VolumeService
 
 
 def services(conn: HTTPConnection) -> Services:
@@ -116,3 +117,7 @@ def principal(conn: HTTPConnection) -> Principal:
 
 #: A route's parameter for the request's principal.
 Caller = Annotated[Principal, Depends(principal)]
+
+
+def volumes(conn: HTTPConnection) -> VolumeService:
+    return services(conn).volumes

@@ -102,6 +102,15 @@ ROUTE_PERMISSIONS: dict[tuple[str, str], Permission] = {
     ("DELETE", "/v1/networks/{network_id}"): P.NETWORK_WRITE,
     ("POST", f"{_SB}/networks"): P.NETWORK_WRITE,
     ("DELETE", f"{_SB}/networks/{{network_id}}"): P.NETWORK_WRITE,
+    # volumes (a create that mounts one also needs volume.write, or volume.read for
+    # read-only mounts: checked by the create route)
+    ("POST", "/v1/volumes"): P.VOLUME_WRITE,
+    ("GET", "/v1/volumes"): P.VOLUME_READ,
+    ("GET", "/v1/volumes/{volume}"): P.VOLUME_READ,
+    ("PATCH", "/v1/volumes/{volume}"): P.VOLUME_WRITE,
+    ("DELETE", "/v1/volumes/{volume}"): P.VOLUME_WRITE,
+    # growing a sandbox's own disk takes host storage, as a create does
+    ("PATCH", _SB): P.SANDBOX_CREATE,
 }
 
 

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hutch.api.image_schemas import ImageConfigModel, ImageSourceModel
 from hutch.api.net_schemas import EgressRuleText, NetworkRef, SandboxNet
+from hutch.api.volume_schemas import MAX_VOLUMES_PER_SANDBOX, VolumeMountBody
 from hutch.contract.enums import DEFAULT_NETWORK_MODE, DEFAULT_PAUSE_MODE
 from hutch.contract.limits import (
     AUTO_DELETE_S_RANGE,
@@ -94,6 +95,12 @@ class CreateSandbox(Strict):
         default_factory=list,
         max_length=MAX_NETWORKS_PER_SANDBOX,
         description="Private networks (ids or names) to join.",
+    )
+    volumes: list[VolumeMountBody] = Field(
+        default_factory=list,
+        max_length=MAX_VOLUMES_PER_SANDBOX,
+        description="Volumes of the project to mount at create (mounting on a running "
+        "sandbox is not supported: microvm has no device hot-plug).",
     )
 
 

@@ -27,6 +27,7 @@ from hutch.cli.processes import kill, logs, ps
 from hutch.cli.sandboxes import create, inspect, ls, rm
 from hutch.cli.shell import shell
 from hutch.cli.snapshots import snapshot
+from hutch.cli.volumes import grow, volume
 from hutch.cli.watch import watch
 from hutch.errors import HutchError
 from hutch.sdk import DaemonUnreachable
@@ -119,6 +120,8 @@ for _command in (
     egress,
     port,
     network,
+    volume,
+    grow,
     shell,
     ps,
     logs,

@@ -8,6 +8,7 @@ from rich.table import Table
 from hutch.cli._env import get_env, print_table, spinner
 from hutch.cli._output import parse_pairs, print_json, when
 from hutch.cli.net import network_create_kwargs, network_create_options, network_rows
+from hutch.cli.volumes import parse_volume_flags, volume_option
 from hutch.contract.limits import (
     AUTO_DELETE_S_RANGE,
     AUTO_PAUSE_S_RANGE,
@@ -103,6 +104,7 @@ def _refuse_shape_with_snapshot(ctx: click.Context) -> None:
     help="Delete it after S seconds paused.",
 )
 @network_create_options
+@volume_option
 @click.option("--json", "as_json", is_flag=True, help="Print the sandbox as JSON.")
 @click.pass_context
 def create(
@@ -122,9 +124,11 @@ def create(
     network: str,
     egress: tuple[str, ...],
     join: tuple[str, ...],
+    volumes: tuple[str, ...],
     as_json: bool,
 ) -> None:
     """Boot a sandbox and print its id."""
+    mounts = parse_volume_flags(volumes)
     env_map = parse_pairs(env, "--env")
     meta = parse_pairs(metadata, "--metadata")
     if snapshot is not None:
@@ -146,6 +150,7 @@ def create(
             auto_pause_s=auto_pause_s,
             auto_delete_s=auto_delete_s,
             **network_create_kwargs(network, egress, join),
+            volumes=mounts or None,
         )
     if as_json:
         print_json(info.to_dict())

@@ -1,6 +1,6 @@
 """The fields of the two requests every client builds, declared once with their defaults.
 
-``CreateRequest`` is the body of ``POST /v1/sandboxes`` (15 fields); ``CommandRequest``
+``CreateRequest`` is the body of ``POST /v1/sandboxes`` (16 fields); ``CommandRequest``
 holds the 6 fields every way of running a command takes (``POST .../exec``, ``POST
 .../processes``). The REST schemas (``hutch.api``) must have exactly these fields with
 these defaults, the SDK builds its request bodies from them and the in-memory fake parses
@@ -23,6 +23,7 @@ from hutch.contract.limits import (
     DEFAULT_MEMORY_MIB,
     DEFAULT_VCPUS,
 )
+from hutch.contract.volumes import VolumeMount
 
 __all__ = ["COMMAND_FIELDS", "CREATE_FIELDS", "SHAPE_FIELDS", "CommandRequest", "CreateRequest"]
 
@@ -48,6 +49,8 @@ class CreateRequest:
     network: str = DEFAULT_NETWORK_MODE.value
     egress: Sequence[str] | None = None
     networks: Sequence[str] = ()
+    #: Volumes to mount at create (``hutch.contract.volumes.VolumeMount``).
+    volumes: Sequence[VolumeMount] = ()
 
     def non_defaults(self) -> dict[str, Any]:
         """The fields that differ from their default (see :func:`_non_defaults`)."""

@@ -539,6 +539,26 @@ class AgentClient:
         reply = await self._request({"op": "stat", "path": normalize_guest_path(path)})
         return FileEntry.from_wire(reply.get("entry"))
 
+    async def mount_volume(self, serial: str, path: str, *, read_only: bool = False) -> str:
+        """Mount the disk with ``serial`` (ext4) at ``path``; the guest device name."""
+        reply = await self._request(
+            {"op": "volume_mount", "serial": serial, "path": path, "read_only": read_only}
+        )
+        return str(reply.get("device", ""))
+
+    async def freeze_fs(self, paths: list[str]) -> list[str]:
+        """Flush and freeze the filesystems mounted at ``paths`` (the VM is about to be
+        killed); the paths frozen."""
+        reply = await self._request({"op": "volume_freeze", "paths": paths})
+        frozen = reply.get("frozen")
+        return [str(p) for p in frozen] if isinstance(frozen, list) else []
+
+    async def grow_fs(self, path: str, size_bytes: int) -> int:
+        """Grow the ext4 mounted at ``path`` to its disk, once the guest sees the disk at
+        ``size_bytes``; the filesystem's size in bytes after."""
+        reply = await self._request({"op": "fs_grow", "path": path, "size_bytes": size_bytes})
+        return int(reply.get("size_bytes", 0))
+
     async def mkdir(self, path: str, *, mode: int = 0o755) -> FileEntry:
         """Create a directory and its parents; succeeds if it already is a directory."""
         reply = await self._request(

@@ -14,12 +14,14 @@ tests use a verified fake that runs the real guest agent without a VM
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
 from hutch.guest.client import AgentClient
 from hutch.images.build import ImageArtifacts
 from hutch.models import PauseMode, SandboxRecord, Shape
+from hutch.vm.argv import VolumeDrive
 
 __all__ = ["Runtime", "SnapshotFiles", "Templates", "VmBackend"]
 
@@ -59,6 +61,19 @@ class Runtime(Protocol):
     async def retake_identity(self, rec: SandboxRecord) -> None:
         """Reconnect the agent so the guest takes ``rec``'s identity (name, machine-id,
         network): a pooled VM handed out under a name."""
+
+    async def mount_volume(self, serial: str, path: str, *, read_only: bool) -> None:
+        """Mount the attached volume disk ``serial`` at ``path`` in the guest."""
+
+    async def freeze_volumes(self, guest_paths: list[str]) -> None:
+        """Flush and freeze the volume filesystems at ``guest_paths`` before the VM is
+        killed, so each is left clean (its journal checkpointed)."""
+
+    async def grow_disk(self, drive: str, guest_path: str, size_bytes: int) -> None:
+        """Grow the disk ``drive`` (``root`` or a volume's ``vol<slot>``) to
+        ``size_bytes`` while the VM runs, and the ext4 mounted at ``guest_path`` with it.
+        Raises ``VmError``/``GuestError``; on failure the disk may be larger, its
+        filesystem not yet (a repeat finishes it)."""
 
 
 class Templates(Protocol):
@@ -109,8 +124,11 @@ class VmBackend(Protocol):
     def accel(self) -> str:
         """The accelerator VMs run with (kvm, tcg)."""
 
-    async def start(self, rec: SandboxRecord, image: ImageArtifacts) -> Runtime:
-        """Create the sandbox's disk, boot it and connect to its agent.
+    async def start(
+        self, rec: SandboxRecord, image: ImageArtifacts, volumes: Sequence[VolumeDrive] = ()
+    ) -> Runtime:
+        """Create the sandbox's disk, boot it with ``volumes`` attached (slot order) and
+        connect to its agent.
 
         On failure everything acquired so far is released before raising.
         """

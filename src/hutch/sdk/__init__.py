@@ -19,6 +19,7 @@ Configuration: ``_config`` (URL, key, timeouts). The in-memory fake for tests is
 from __future__ import annotations
 
 from hutch.contract.enums import PauseMode
+from hutch.contract.volumes import VolumeMount
 from hutch.sdk._async.client import AsyncClient, AsyncResponseStream
 from hutch.sdk._async.contexts import AsyncContext, AsyncContexts
 from hutch.sdk._async.files import AsyncFiles, AsyncFileWatcher
@@ -26,6 +27,7 @@ from hutch.sdk._async.net import AsyncEgress, AsyncNetworks, AsyncPorts, AsyncSa
 from hutch.sdk._async.processes import AsyncProcess, AsyncProcesses
 from hutch.sdk._async.pty import AsyncPty, AsyncTerminal
 from hutch.sdk._async.sandbox import AsyncSandbox
+from hutch.sdk._async.volumes import AsyncVolumes
 from hutch.sdk._config import DEFAULT_URL, Timeouts
 from hutch.sdk._contexts import ContextInfo, Execution, ExecutionError, Result
 from hutch.sdk._errors import ApiKeyMissing, ClientClosed, DaemonUnreachable, ProtocolError
@@ -57,6 +59,8 @@ from hutch.sdk._sync.net import Egress, Networks, Ports, SandboxNetworks
 from hutch.sdk._sync.processes import Process, Processes
 from hutch.sdk._sync.pty import Pty, Terminal
 from hutch.sdk._sync.sandbox import Sandbox
+from hutch.sdk._sync.volumes import Volumes
+from hutch.sdk._volumes import VolumeInfo, VolumeUser
 from hutch.version import __version__
 
 __all__ = [
@@ -78,6 +82,7 @@ __all__ = [
     "AsyncSandbox",
     "AsyncSandboxNetworks",
     "AsyncTerminal",
+    "AsyncVolumes",
     "BuildEvent",
     "Client",
     "ClientClosed",
@@ -127,6 +132,10 @@ __all__ = [
     "SnapshotInfo",
     "Terminal",
     "Timeouts",
+    "VolumeInfo",
+    "VolumeMount",
+    "VolumeUser",
+    "Volumes",
     "WatchEvent",
     "WrittenFile",
     "__version__",

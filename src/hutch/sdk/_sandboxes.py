@@ -23,6 +23,7 @@ from hutch.contract.limits import (
     AUTO_DELETE_S_RANGE,
     AUTO_PAUSE_S_RANGE,
     DEFAULT_FORK_COUNT,
+    DISK_GIB_RANGE,
     FORK_COUNT_RANGE,
 )
 from hutch.contract.names import validate_name
@@ -32,6 +33,7 @@ from hutch.sdk._core import Call, ClientCore, check_path, list_of, nothing, one
 from hutch.sdk._errors import ProtocolError
 from hutch.sdk._net import NetworkModeArg, check_ref, check_rules, network_mode
 from hutch.sdk._values import iso, maybe, moment, need
+from hutch.sdk._volumes import MountArg, mounts_body
 
 __all__ = [
     "CreateArgs",
@@ -68,6 +70,7 @@ class CreateArgs(TypedDict, total=False):
     network: NetworkModeArg
     egress: Sequence[str] | None
     networks: Sequence[str] | None
+    volumes: Sequence[MountArg] | None
 
 
 # -- checks before sending ------------------------------------------------------------
@@ -137,6 +140,8 @@ def create_body(image: str, args: CreateArgs) -> dict[str, Any]:
         if isinstance(networks, str):
             raise InvalidArgument(f"networks must be a list of ids or names, got {networks!r}")
         body["networks"] = [check_ref(n, "networks item") for n in networks]
+    if "volumes" in body:
+        body["volumes"] = mounts_body(body["volumes"])
     return body
 
 
@@ -423,6 +428,19 @@ class SandboxCalls:
 
     def delete(self, sandbox_id: str) -> Call[None]:
         return Call(self.core.request("DELETE", self.core.sandbox_path(sandbox_id)), nothing)
+
+    def grow_disk(self, sandbox_id: str, disk_gib: int) -> Call[SandboxInfo]:
+        """Grow the running sandbox's own disk (and root filesystem) to ``disk_gib`` GiB."""
+        lo, hi = DISK_GIB_RANGE
+        if isinstance(disk_gib, bool) or not isinstance(disk_gib, int) or not lo <= disk_gib <= hi:
+            raise InvalidArgument(f"disk_gib={disk_gib!r} is out of range; accepted: {lo}-{hi}")
+        req = self.core.request(
+            "PATCH",
+            self.core.sandbox_path(sandbox_id),
+            json_body={"disk_gib": disk_gib},
+            read_timeout=self.core.config.timeouts.lifecycle,
+        )
+        return Call(req, one(SandboxInfo.from_dict))
 
     def pause(self, sandbox_id: str, mode: str = DEFAULT_PAUSE_MODE) -> Call[SandboxInfo]:
         """Pause: ``memory`` keeps the running processes, ``disk`` only the disk."""

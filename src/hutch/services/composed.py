@@ -9,7 +9,8 @@ Each service takes what it needs in its constructor::
     GuestOps(core, lifecycle)                                   exec, files
     NetworkingService(core)                                     egress, ports, networks
     WarmPool(core, size, networking.prepare_pooled, mode)
-    SandboxService(core, networking, snapshots, pool)           create, get, list, delete
+    VolumeService(core)                                         volumes, live disk growth
+    SandboxService(core, networking, snapshots, pool, volumes)  create, get, list, delete
     Reaper(core, sandboxes, lifecycle)                          timeout/auto-pause/delete
     Reconciler(core)                                            start-up reconcile
     ProcessService(guest), InterpreterService(guest), FilesExtraService(guest)
@@ -34,6 +35,7 @@ from hutch.services.reconcile import ReconcilePlan, Reconciler
 from hutch.services.registry import SandboxRegistry
 from hutch.services.sandboxes import SandboxService
 from hutch.services.snapshots import SnapshotService
+from hutch.services.volumes import VolumeService
 from hutch.store.db import LIVE_STATES
 
 __all__ = ["Services"]
@@ -53,6 +55,7 @@ class Services:
     processes: ProcessService
     interpreter: InterpreterService
     files: FilesExtraService
+    volumes: VolumeService
     _reconcile_task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @property

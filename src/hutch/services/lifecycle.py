@@ -18,6 +18,7 @@ from hutch.errors import Busy, HutchError, StateError
 from hutch.models import PauseMode, SandboxRecord, SandboxState
 from hutch.services.registry import SandboxRegistry
 from hutch.services.state import require
+from hutch.services.volumes import mount_all
 
 __all__ = ["LifecycleService"]
 
@@ -119,6 +120,8 @@ class LifecycleService:
         self.core.attach(rec.id, runtime)
         self.core.states.running_again(rec.id)
         if rec.resume_from is None:  # a disk-mode resume booted again
+            # Its volumes are attached (vm.json) but the new guest has them unmounted.
+            await mount_all(self.core, rec.id, runtime)
             try:
                 await self.core.run_image_start(rec, runtime)
             except HutchError as exc:

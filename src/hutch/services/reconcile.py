@@ -65,6 +65,13 @@ class Reconciler:
         for orphan in sorted(leftovers - {rec.id for rec in live}):
             log.info("removing leftovers of sandbox %s", orphan)
             await self.core.backend.cleanup(orphan)
+        # Mounts of sandboxes that ended (a crash between the end and its teardown) free
+        # their volumes; volume files no row names (a create or delete cut short) go.
+        live_ids = {rec.id for rec in live}
+        for sandbox_id in sorted(self.core.volumes.mounting_sandboxes() - live_ids):
+            await self.core.release_volumes(sandbox_id)
+        for name in self.core.volume_files.sweep(self.core.volumes.all_ids()):
+            log.info("removed the volume file %s: no volume row names it", name)
         rows = [rec for rec in live if rec.state is not SandboxState.PAUSED]
         self.core.states.checking = {rec.id for rec in rows}
         # Read now: a snapshot started after this point is not a leftover.

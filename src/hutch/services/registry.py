@@ -25,8 +25,10 @@ from hutch.services.image_defaults import run_start_command
 from hutch.services.images import ImageDefaults, ImageSource
 from hutch.services.network import NetworkService
 from hutch.services.state import SandboxStates
+from hutch.storage.volumes import VolumeFiles
 from hutch.store import Store
 from hutch.store.db import LIVE_STATES
+from hutch.store.volumes import VolumeStore
 from hutch.teardown import TeardownStack
 from hutch.vm.process import OUT_OF_MEMORY
 
@@ -53,6 +55,9 @@ class SandboxRegistry:
         self.backend = backend
         self.image_source = images
         self.net = net
+        #: Volumes: their rows and mounts, and their files (``hutch.services.volumes``).
+        self.volumes = VolumeStore(store)
+        self.volume_files = VolumeFiles(settings.state_dir / "volumes")
         # ``clock``: the wall clock of activity, pauses and the reaper (tests move it).
         self.clock: Callable[[], float] = time.time
         # Idle tracking for auto_pause_s and the calls in flight that pause, snapshot and
@@ -164,6 +169,8 @@ class SandboxRegistry:
     # order they are registered and undone last-first:
     #   "files"   its overlay, run dir and sandbox dir (``backend.cleanup``, which also
     #             SIGKILLs a QEMU still named by its pidfile)      row inserted
+    #   "volumes" its mount rows (the volumes are free again once its VM is gone)
+    #                                                               before mounts written
     #   "network" its tap, address lease and nft entry (``net.detach``)  before attach
     #   "vm"      its QEMU process: the runtime held, else the pidfile's  before boot
     # A sandbox found in the store at a start (adopted, paused, or to be cleaned) owns
@@ -190,6 +197,16 @@ class SandboxRegistry:
         """The sandbox's files on the host are about to exist (its row is written)."""
         self._own(sandbox_id, "files", lambda: self.backend.cleanup(sandbox_id))
 
+    def own_volumes(self, sandbox_id: str) -> None:
+        """Mount rows of the sandbox are about to be written: its end releases them
+        (after its VM, registered later, is gone)."""
+        self._own(sandbox_id, "volumes", lambda: self.release_volumes(sandbox_id))
+
+    async def release_volumes(self, sandbox_id: str) -> None:
+        released = self.volumes.release(sandbox_id)
+        if released:
+            log.info("sandbox %s released %d volume(s)", sandbox_id, released)
+
     def own_network(self, sandbox_id: str) -> None:
         """The sandbox is about to be attached to the network (tap, lease, nft entry)."""
         if self.net is not None:
@@ -203,6 +220,7 @@ class SandboxRegistry:
         """A sandbox whose resources may all exist already (found in the store at a
         start, or a pooled VM handed out)."""
         self.own_files(sandbox_id)
+        self.own_volumes(sandbox_id)
         self.own_network(sandbox_id)
         self.own_vm(sandbox_id)
 

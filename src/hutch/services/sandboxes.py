@@ -20,7 +20,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from hutch.errors import Capacity, Conflict, HutchError, NotFound, StateError
+from hutch.errors import Capacity, Conflict, HutchError, InvalidArgument, NotFound, StateError
 from hutch.guest.client import ExecStream
 from hutch.guest.results import FileEntry
 from hutch.images.build import ImageArtifacts
@@ -39,10 +39,14 @@ from hutch.services.networking import NetworkingService
 from hutch.services.pool import WarmPool
 from hutch.services.registry import SandboxRegistry
 from hutch.services.snapshots import SnapshotService
+from hutch.services.volumes import PlannedMount, VolumeService, mount_all
 
 __all__ = ["ExecStream", "FileEntry", "SandboxService"]
 
 log = logging.getLogger(__name__)
+
+#: Seconds a delete waits for the guest to flush and freeze its volumes.
+VOLUME_FREEZE_TIMEOUT_S = 10.0
 
 
 class SandboxService:
@@ -52,11 +56,13 @@ class SandboxService:
         networking: NetworkingService,
         snapshots: SnapshotService,
         pool: WarmPool,
+        volumes: VolumeService | None = None,
     ) -> None:
         self.core = core
         self.networking = networking
         self.snapshots = snapshots
         self.pool = pool
+        self.volumes = volumes or VolumeService(core)
         # One template build at a time: each boots a VM, and boots compete for CPU.
         self._template_gate = asyncio.Lock()
         self._template_tasks: dict[tuple[str, str, Shape], asyncio.Task[None]] = {}
@@ -91,7 +97,13 @@ class SandboxService:
     # -- create / delete ---------------------------------------------------------------
 
     async def create(self, spec: SandboxSpec) -> SandboxRecord:
+        """The volumes named in ``spec`` are those of ``spec.project``."""
         source: SnapshotRecord | None = None
+        if spec.snapshot_id is not None and spec.volumes:
+            raise InvalidArgument(
+                "volumes cannot be mounted on a sandbox created from a snapshot: a snapshot "
+                "restores only into the devices it was saved with; create without 'snapshot'"
+            )
         if spec.snapshot_id is not None:
             source = self.snapshots.get_snapshot(spec.snapshot_id, spec.project)
             # A snapshot fixes the machine: its image and shape come with it.
@@ -100,8 +112,12 @@ class SandboxService:
         plan = self.networking.plan_network(spec)
         if self.core.net is None:
             plan.mode = NetworkMode.NONE
-        # Pooled VMs have the daemon's network mode; other sandboxes are restored.
-        use_pool = source is None and plan.mode is self.pool.network
+        # Pooled VMs have the daemon's network mode; other sandboxes are restored. A
+        # sandbox with volumes boots with them attached (neither a pooled VM nor a
+        # template has them, and microvm cannot hot-plug a disk).
+        use_pool = source is None and plan.mode is self.pool.network and not spec.volumes
+        new_id = new_sandbox_id()
+        mounts: list[PlannedMount] = self.volumes.plan(new_id, spec.volumes, spec.project)
         pooled = self.pool.take(image, spec.shape) if use_pool else None
         async with self.core.create_gate:
             # Capacity is checked and the row inserted under one lock so that concurrent
@@ -113,7 +129,7 @@ class SandboxService:
                     self.pool.give_back(image, pooled)
                 raise
             rec = SandboxRecord(
-                id=pooled[0] if pooled else new_sandbox_id(),
+                id=pooled[0] if pooled else new_id,
                 image=spec.image,
                 image_digest=image.digest,
                 state=SandboxState.CREATING,
@@ -137,10 +153,13 @@ class SandboxService:
                 self.core.own_files(rec.id)
         async with self.core.lock(rec.id):
             try:
+                # Written here, under the sandbox's lock, re-checked in one transaction
+                # (another daemon on the same database may have taken a volume meanwhile).
+                self.volumes.attach(rec.id, mounts)
                 # An ephemeral image (a build step's layer) boots once: no template.
                 templates = self.core.settings.templates and not image.ephemeral
                 find = self.core.backend.templates.find
-                template = find(image, spec.shape) if templates else None
+                template = find(image, spec.shape) if templates and not mounts else None
                 self.core.own_network(rec.id)
                 await self.networking.attach(rec, plan, pooled=pooled is not None)
                 self.core.own_vm(rec.id)
@@ -159,10 +178,12 @@ class SandboxService:
                 elif template is not None:
                     runtime = await self.core.backend.start_clone(rec, template)
                 else:
-                    runtime = await self.core.backend.start(rec, image)
-                    if templates:
+                    drives = self.volumes.drives(mounts)
+                    runtime = await self.core.backend.start(rec, image, drives)
+                    if templates and not mounts:
                         self._schedule_template(image, spec.shape)
                 self.core.booted(rec.id, runtime)
+                await mount_all(self.core, rec.id, runtime)
                 self.pool.refill(image)
                 if source is None:
                     await self.core.run_image_start(rec, runtime)
@@ -193,9 +214,25 @@ class SandboxService:
             if current is not None and current.state.is_live:
                 if current.state is not SandboxState.STOPPING:
                     self.core.states.move(rec.id, SandboxState.STOPPING)
+                await self._leave_volumes_clean(rec.id)
                 await self.core.teardown(rec.id)
                 self.core.finish(rec.id, SandboxState.DESTROYED)
         self.core.collect_snapshots()
+
+    async def _leave_volumes_clean(self, sandbox_id: str) -> None:
+        """Before a running sandbox with volumes is killed: flush and freeze their
+        filesystems, so each is clean for the next sandbox (a read-only mount cannot
+        replay a journal). Best effort, bounded: a guest that does not answer is killed
+        anyway, and the next read-write mount replays the journal."""
+        mounts = self.core.volumes.mounts_of_sandbox(sandbox_id)
+        runtime = self.core.runtimes.get(sandbox_id)
+        if not mounts or runtime is None:
+            return
+        try:
+            async with asyncio.timeout(VOLUME_FREEZE_TIMEOUT_S):
+                await runtime.freeze_volumes([m.path for m in mounts])
+        except (HutchError, TimeoutError) as exc:
+            log.warning("sandbox %s: could not freeze its volumes: %s", sandbox_id, exc)
 
     async def take_disk(self, sandbox_id: str, dest: Path) -> None:
         """Hard-link the disk of a sandbox paused in disk mode to ``dest`` (a copy if

@@ -31,6 +31,7 @@ from hutch.models import (
 )
 from hutch.services.lifecycle import LifecycleService
 from hutch.services.registry import SandboxRegistry
+from hutch.services.volumes import refuse_copy
 
 __all__ = ["FORK_PARALLELISM", "SnapshotService"]
 
@@ -53,6 +54,7 @@ class SnapshotService:
         lo, hi = FORK_COUNT_RANGE
         if isinstance(count, bool) or not isinstance(count, int) or not lo <= count <= hi:
             raise InvalidArgument(f"count={count!r} is out of range; accepted: {lo}-{hi}")
+        refuse_copy(self.core, sandbox_id, "fork")
         async with self.lifecycle.running_as_it_was(sandbox_id, "fork") as parent:
             return await self._fork_locked(parent, count)
 
@@ -165,6 +167,7 @@ class SnapshotService:
         a daemon killed during the save finds it and finishes or drops it.
         """
         validate_name(name)
+        refuse_copy(self.core, sandbox_id, "a named snapshot")
         async with self.lifecycle.running_as_it_was(sandbox_id, "snapshot") as parent:
             snap_id = new_snapshot_id()
             snapshot_dir = self.core.backend.fork_dir(snap_id)

@@ -30,6 +30,7 @@ _COLUMNS = (
 _UPDATABLE = {
     "state", "image_digest", "started_at", "expires_at", "ended_at", "error", "name",
     "pause_mode", "paused_at", "resume_from", "resume_clone", "timeout_s", "auto_pause_s",
+    "disk_gib",
 }  # fmt: skip
 LIVE_STATES = tuple(s for s in SandboxState if s.is_live)
 #: States in which a sandbox has (or is getting) a QEMU process and reserves memory.

@@ -166,4 +166,26 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE network_members_v7 RENAME TO network_members;
     UPDATE images SET project = 'default' WHERE project = '';
     """,
+    # 8: volumes (per project) and which sandbox mounts which. A mount row lives from
+    # the create that asks for it until the sandbox's teardown (ARCHITECTURE.md "Volumes").
+    """
+    CREATE TABLE volumes (
+        id          TEXT PRIMARY KEY,
+        project     TEXT NOT NULL DEFAULT 'default',
+        name        TEXT NOT NULL,
+        kind        TEXT NOT NULL,
+        size_bytes  INTEGER NOT NULL,
+        created_at  REAL NOT NULL,
+        UNIQUE (project, name)
+    );
+    CREATE TABLE volume_mounts (
+        volume_id   TEXT NOT NULL REFERENCES volumes(id),
+        sandbox_id  TEXT NOT NULL,
+        path        TEXT NOT NULL,
+        read_only   INTEGER NOT NULL,
+        slot        INTEGER NOT NULL,
+        PRIMARY KEY (volume_id, sandbox_id)
+    );
+    CREATE INDEX volume_mounts_sandbox ON volume_mounts(sandbox_id);
+    """,
 )

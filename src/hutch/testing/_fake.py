@@ -266,6 +266,11 @@ class FakeHutch:
                 check_range(key, value, bounds, unit)
         if request.name is not None:
             validate_name(request.name)
+        for mount in request.volumes:
+            # The fake keeps no volumes (it has no /v1/volumes): every one is unknown,
+            # as a volume of another project is to the daemon.
+            ref = mount.get("volume") if isinstance(mount, dict) else mount
+            raise NotFound(f"volume {ref!r} not found in project 'default'")
         if request.snapshot is not None:
             self._snapshot(request.snapshot)  # 404 for an unknown one
         else:

@@ -21,9 +21,11 @@ __all__ = [
     "MEMORY_BACKEND_ID",
     "SANDBOX",
     "VmConfig",
+    "VolumeDrive",
     "build_argv",
     "guest_cmdline",
     "in_cgroups",
+    "volume_drive_id",
 ]
 
 #: The virtio-serial port name the guest agent looks for.
@@ -54,6 +56,24 @@ _TSC_KHZ_RANGE = (100_000, 10_000_000)
 #: Without the fast-string flags the guest kernel and libc copy memory with SSE loops;
 #: TCG emulates `rep movsb` 10-30x slower (64 KiB copies: 50 vs 1800 MiB/s measured).
 TCG_CPU = "max,-erms,-fsrm"
+
+
+@dataclass(frozen=True)
+class VolumeDrive:
+    """A volume attached as a virtio-blk device: a raw file, found in the guest by its
+    ``serial`` (the volume id, at most 20 bytes: virtio-blk's limit)."""
+
+    path: Path
+    serial: str
+    read_only: bool = False
+
+
+def volume_drive_id(slot: int) -> str:
+    """The QEMU drive (block backend) name of volume ``slot``: what ``block_resize`` takes."""
+    return f"vol{slot}"
+
+
+_SERIAL_RE = re.compile(r"^[A-Za-z0-9-]{1,20}$")
 
 
 @dataclass(frozen=True)
@@ -111,6 +131,9 @@ class VmConfig:
     #: TCG's translation cache in MiB (``tb-size``); None: QEMU's default, 1 GiB, which
     #: a busy guest fills and which is host memory that is not guest RAM.
     tcg_tb_mib: int | None = None
+    #: Volumes, in slot order (``vol0``, ``vol1``, ...). Part of the device set: a VM
+    #: saved with them restores only with them (pause/resume keeps them attached).
+    volumes: tuple[VolumeDrive, ...] = ()
 
 
 def _opt(path: Path) -> str:
@@ -148,6 +171,11 @@ def _validate(cfg: VmConfig) -> None:
         raise InvalidArgument(f"memory_file {str(cfg.memory_file)!r} must be an absolute path")
     if cfg.runtime_disk is not None and not cfg.runtime_disk.is_absolute():
         raise InvalidArgument(f"runtime_disk {str(cfg.runtime_disk)!r} must be an absolute path")
+    for vol in cfg.volumes:
+        if not vol.path.is_absolute():
+            raise InvalidArgument(f"volume file {str(vol.path)!r} must be an absolute path")
+        if not _SERIAL_RE.match(vol.serial):
+            raise InvalidArgument(f"volume serial {vol.serial!r}: 1-20 letters, digits, '-'")
     if cfg.run_as is not None and not _USER_RE.match(cfg.run_as):
         raise InvalidArgument(f"run_as {cfg.run_as!r} is not a user name")
     if (
@@ -194,6 +222,22 @@ def _runtime_disk(cfg: VmConfig) -> list[str]:
         "-device",
         f"virtio-blk-device,drive=rt,serial={RUNTIME_DISK_SERIAL}",
     ]
+
+
+def _volume_disks(cfg: VmConfig) -> list[str]:
+    out: list[str] = []
+    for slot, vol in enumerate(cfg.volumes):
+        drive = volume_drive_id(slot)
+        ro = "on" if vol.read_only else "off"
+        # raw + cache=writeback like the root disk; the guest's flushes reach the file.
+        out += [
+            "-drive",
+            f"id={drive},if=none,file={_opt(vol.path)},format=raw,readonly={ro},"
+            "cache=writeback,auto-read-only=off,aio=threads,discard=unmap,detect-zeroes=unmap",
+            "-device",
+            f"virtio-blk-device,drive={drive},serial={vol.serial}",
+        ]
+    return out
 
 
 def build_argv(cfg: VmConfig, qemu_binary: str = "qemu-system-x86_64") -> list[str]:
@@ -262,6 +306,7 @@ def build_argv(cfg: VmConfig, qemu_binary: str = "qemu-system-x86_64") -> list[s
         "-device",
         "virtio-blk-device,drive=root",
         *_runtime_disk(cfg),
+        *_volume_disks(cfg),
         # max_ports=2: port 0 is reserved for a console, port 1 is the agent.
         "-device",
         "virtio-serial-device,max_ports=2",

@@ -4,7 +4,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Response
 
-from hutch.api.deps import Caller, lifecycle, networking, sandboxes, snapshots
+from hutch.api.deps import Caller, lifecycle, networking, sandboxes, snapshots, volumes
 from hutch.api.net_schemas import SandboxNet
 from hutch.api.schemas import (
     CreateSandbox,
@@ -16,20 +16,24 @@ from hutch.api.schemas import (
     SnapshotList,
     SnapshotRequest,
 )
+from hutch.api.volume_schemas import PatchSandbox
+from hutch.contract.auth import Permission
 from hutch.contract.enums import DEFAULT_PAUSE_MODE
 from hutch.contract.limits import DEFAULT_FORK_COUNT
-from hutch.errors import InvalidArgument
+from hutch.errors import Forbidden, InvalidArgument
 from hutch.models import SandboxRecord, SandboxSpec, SandboxState, Shape
 from hutch.services.lifecycle import LifecycleService
 from hutch.services.networking import NetworkingService
 from hutch.services.sandboxes import SandboxService
 from hutch.services.snapshots import SnapshotService
+from hutch.services.volumes import VolumeService
 
 router = APIRouter(prefix="/v1/sandboxes", tags=["sandboxes"])
 Service = Annotated[SandboxService, Depends(sandboxes)]
 Lifecycle = Annotated[LifecycleService, Depends(lifecycle)]
 Snapshots = Annotated[SnapshotService, Depends(snapshots)]
 Net = Annotated[NetworkingService, Depends(networking)]
+Volumes = Annotated[VolumeService, Depends(volumes)]
 
 
 def _view(net: NetworkingService, rec: SandboxRecord) -> Sandbox:
@@ -39,6 +43,15 @@ def _view(net: NetworkingService, rec: SandboxRecord) -> Sandbox:
 
 @router.post("", status_code=201, response_model=Sandbox)
 async def create_sandbox(body: CreateSandbox, svc: Service, net: Net, who: Caller) -> Sandbox:
+    if body.volumes:
+        # Mounting a volume is using it: writing to it, or reading for read-only mounts.
+        needed = (
+            Permission.VOLUME_READ
+            if all(m.read_only for m in body.volumes)
+            else Permission.VOLUME_WRITE
+        )
+        if not who.may(needed):
+            raise Forbidden(f"role {who.role} may not mount volumes (permission {needed!r})")
     spec = SandboxSpec(
         image=body.image,
         shape=Shape(vcpus=body.vcpus, memory_mib=body.memory_mib, disk_gib=body.disk_gib),
@@ -53,6 +66,7 @@ async def create_sandbox(body: CreateSandbox, svc: Service, net: Net, who: Calle
         network=body.network,
         egress=None if body.egress is None else list(body.egress),
         networks=list(body.networks),
+        volumes=[m.to_mount() for m in body.volumes],
         project=who.project,
     )
     return _view(net, await svc.create(spec))
@@ -83,6 +97,24 @@ async def list_sandboxes(
 @router.get("/{sandbox_id}", response_model=Sandbox)
 async def get_sandbox(sandbox_id: str, svc: Service, net: Net) -> Sandbox:
     return _view(net, svc.get(sandbox_id))
+
+
+@router.patch("/{sandbox_id}", response_model=Sandbox)
+async def patch_sandbox(
+    sandbox_id: str, body: PatchSandbox, svc: Service, vols: Volumes, net: Net
+) -> Sandbox:
+    """Grow the running sandbox's own disk (`disk_gib`) live: QMP `block_resize`, then the
+    guest agent grows the root filesystem; `df` in the guest sees it at once."""
+    if body.volumes is not None:
+        raise InvalidArgument(
+            "volumes are mounted at create only: QEMU microvm (7.2) has no device "
+            "hot-plug (its virtio-mmio bus refuses device_add), so a running sandbox "
+            "cannot be given a disk; create a new sandbox with 'volumes'"
+        )
+    rec = svc.get(sandbox_id)
+    if body.disk_gib is not None:
+        rec = await vols.grow_sandbox_disk(sandbox_id, body.disk_gib)
+    return _view(net, rec)
 
 
 @router.delete("/{sandbox_id}", status_code=204, response_class=Response)

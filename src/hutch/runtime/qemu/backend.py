@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import logging
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 from hutch.config import Settings
@@ -27,7 +28,7 @@ from hutch.runtime.qemu.runtime import QemuRuntime, undo_interrupted_pause
 from hutch.runtime.qemu.snapshots import QemuSnapshotFiles, discard_stale_saves, save_written
 from hutch.runtime.qemu.templates import QemuTemplates, finish_template
 from hutch.storage.overlay import create_overlay
-from hutch.vm.argv import VmConfig
+from hutch.vm.argv import VmConfig, VolumeDrive
 from hutch.vm.cgroup_driver import record_path
 from hutch.vm.disk_chain import compact_if_deep
 from hutch.vm.process import QemuVm, kill_verified
@@ -81,14 +82,16 @@ class QemuBackend:
 
     # -- making a runtime ----------------------------------------------------------------
 
-    async def start(self, rec: SandboxRecord, image: ImageArtifacts) -> QemuRuntime:
+    async def start(
+        self, rec: SandboxRecord, image: ImageArtifacts, volumes: Sequence[VolumeDrive] = ()
+    ) -> QemuRuntime:
         p = self.paths(rec.id)
         p.state.mkdir(parents=True, mode=0o700)
         p.run.mkdir(parents=True, mode=0o700)
         await asyncio.to_thread(
             create_overlay, image.rootfs, p.disk, rec.shape.disk_gib, image.rootfs_format
         )
-        cfg = self.vm_config(rec, image)
+        cfg = dataclasses.replace(self.vm_config(rec, image), volumes=tuple(volumes))
         write_config(p.vm_json, cfg)
         vm, agent = await self.booter.boot(cfg, p, rec.name or rec.id)
         return self._runtime(rec, vm, agent)

@@ -12,7 +12,7 @@ from typing import Any
 
 from hutch.config import Settings
 from hutch.models import SANDBOX_ID_RE
-from hutch.vm.argv import VmConfig
+from hutch.vm.argv import VmConfig, VolumeDrive
 
 __all__ = ["HostLayout", "SandboxPaths", "read_config", "write_config"]
 
@@ -100,7 +100,7 @@ class HostLayout:
 def write_config(path: Path, cfg: VmConfig) -> None:
     data = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
+    tmp.write_text(json.dumps(data, indent=2, default=str))  # default: Paths in volumes
     os.replace(tmp, path)
 
 
@@ -111,6 +111,10 @@ def read_config(path: Path) -> VmConfig | None:
             data[key] = Path(data[key])
         if data.get("runtime_disk") is not None:
             data["runtime_disk"] = Path(data["runtime_disk"])
+        data["volumes"] = tuple(
+            VolumeDrive(Path(v["path"]), v["serial"], bool(v["read_only"]))
+            for v in data.get("volumes", ())
+        )
         return VmConfig(**data)
     except (OSError, ValueError, TypeError, KeyError):
         return None

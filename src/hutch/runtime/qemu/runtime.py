@@ -109,6 +109,18 @@ class QemuRuntime:
         await self.agent.close()
         self.agent = await self._booter.connect(self.vm, self.paths, rec.name or rec.id)
 
+    async def mount_volume(self, serial: str, path: str, *, read_only: bool) -> None:
+        await self.agent.mount_volume(serial, path, read_only=read_only)
+
+    async def freeze_volumes(self, guest_paths: list[str]) -> None:
+        await self.agent.freeze_fs(guest_paths)
+
+    async def grow_disk(self, drive: str, guest_path: str, size_bytes: int) -> None:
+        # block_resize grows the file (qcow2 virtual size, or a raw file's length) and
+        # raises the virtio-blk capacity, which the guest kernel picks up at once.
+        await self.vm.qmp("block_resize", device=drive, size=size_bytes)
+        await self.agent.grow_fs(guest_path, size_bytes)
+
 
 async def undo_interrupted_pause(vm: QemuVm) -> None:
     """A daemon killed during a pause or fork leaves QEMU stopped (possibly migrating).

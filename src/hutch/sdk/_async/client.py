@@ -15,6 +15,7 @@ from hutch.contract.limits import DEFAULT_FILE_MODE, DEFAULT_FORK_COUNT, DEFAULT
 from hutch.sdk import _io_async as _io
 from hutch.sdk._async._closing import AsyncClosesOnExit
 from hutch.sdk._async.net import AsyncNetworks
+from hutch.sdk._async.volumes import AsyncVolumes
 from hutch.sdk._config import Timeouts, resolve_config
 from hutch.sdk._core import Call, ClientCore
 from hutch.sdk._errors import ClientClosed, ProtocolError
@@ -79,6 +80,8 @@ class AsyncClient(AsyncClosesOnExit):
         self._images = ImageCalls(self.core)
         #: Private networks: ``client.networks.create(name)``, ``.list()``, ...
         self.networks = AsyncNetworks(self)
+        #: Volumes: ``client.volumes.create(name, size)``, ``.list()``, ``.grow()``, ...
+        self.volumes = AsyncVolumes(self)
 
     @property
     def base_url(self) -> str:
@@ -139,6 +142,9 @@ class AsyncClient(AsyncClosesOnExit):
         self, sandbox_id: str, mode: PauseModeArg = DEFAULT_PAUSE_MODE
     ) -> SandboxInfo:
         return await self.call(self._sandboxes.pause(sandbox_id, mode))
+
+    async def grow_disk(self, sandbox_id: str, disk_gib: int) -> SandboxInfo:
+        return await self.call(self._sandboxes.grow_disk(sandbox_id, disk_gib))
 
     async def resume_sandbox(self, sandbox_id: str) -> SandboxInfo:
         return await self.call(self._sandboxes.resume(sandbox_id))

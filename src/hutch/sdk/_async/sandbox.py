@@ -264,6 +264,12 @@ class AsyncSandbox:
             on_result=on_result,
         )
 
+    async def grow_disk(self, disk_gib: int) -> SandboxInfo:
+        """Grow this sandbox's own disk to ``disk_gib`` GiB while it runs (no restart):
+        ``df /`` in the guest shows the new size at once. Disks only grow."""
+        self._info = await self._client.grow_disk(self.id, disk_gib)
+        return self._info
+
     async def pause(self, mode: PauseModeArg = DEFAULT_PAUSE_MODE) -> SandboxInfo:
         """Pause the sandbox and update :attr:`info` (state ``paused``).
 

@@ -49,6 +49,7 @@ from hutch.sdk._sandboxes import (
 from hutch.sdk._streams import BytesDecoder, StreamDecoder, StreamState
 from hutch.sdk._sync._closing import ClosesOnExit
 from hutch.sdk._sync.net import Networks
+from hutch.sdk._sync.volumes import Volumes
 
 __all__ = ["Client", "ResponseStream"]
 
@@ -80,6 +81,8 @@ class Client(ClosesOnExit):
         self._images = ImageCalls(self.core)
         #: Private networks: ``client.networks.create(name)``, ``.list()``, ...
         self.networks = Networks(self)
+        #: Volumes: ``client.volumes.create(name, size)``, ``.list()``, ``.grow()``, ...
+        self.volumes = Volumes(self)
 
     @property
     def base_url(self) -> str:
@@ -140,6 +143,9 @@ class Client(ClosesOnExit):
         self, sandbox_id: str, mode: PauseModeArg = DEFAULT_PAUSE_MODE
     ) -> SandboxInfo:
         return self.call(self._sandboxes.pause(sandbox_id, mode))
+
+    def grow_disk(self, sandbox_id: str, disk_gib: int) -> SandboxInfo:
+        return self.call(self._sandboxes.grow_disk(sandbox_id, disk_gib))
 
     def resume_sandbox(self, sandbox_id: str) -> SandboxInfo:
         return self.call(self._sandboxes.resume(sandbox_id))

@@ -261,6 +261,12 @@ class Sandbox:
             on_result=on_result,
         )
 
+    def grow_disk(self, disk_gib: int) -> SandboxInfo:
+        """Grow this sandbox's own disk to ``disk_gib`` GiB while it runs (no restart):
+        ``df /`` in the guest shows the new size at once. Disks only grow."""
+        self._info = self._client.grow_disk(self.id, disk_gib)
+        return self._info
+
     def pause(self, mode: PauseModeArg = DEFAULT_PAUSE_MODE) -> SandboxInfo:
         """Pause the sandbox and update :attr:`info` (state ``paused``).
 

@@ -1,0 +1,45 @@
+# Generated from src/hutch/sdk/_async/volumes.py by scripts/unasync.py: do not edit.
+"""``client.volumes``: volumes of the project, which outlive sandboxes. Requests are
+built and answers read by :class:`hutch.sdk._volumes.VolumeCalls`."""
+
+from __future__ import annotations
+
+import builtins
+from typing import TYPE_CHECKING
+
+from hutch.sdk._volumes import VolumeCalls, VolumeInfo
+
+if TYPE_CHECKING:
+    from hutch.sdk._sync.client import Client
+
+__all__ = ["Volumes"]
+
+
+class Volumes:
+    """``client.volumes``: create one, then mount it at create with
+    ``Sandbox.create(volumes=["data:/data"])``. ``exclusive`` volumes are block devices on
+    one sandbox at a time; their data outlives the sandbox."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+        self._calls = VolumeCalls(client.core)
+
+    def create(self, name: str, size: int | str, kind: str = "exclusive") -> VolumeInfo:
+        """A new empty volume of exactly ``size`` (bytes, or ``"1G"``, ``"512M"``);
+        ``Conflict`` if ``name`` is taken in the project."""
+        return self._client.call(self._calls.create(name, size, kind))
+
+    def list(self) -> builtins.list[VolumeInfo]:
+        return self._client.call(self._calls.list())
+
+    def get(self, volume: str) -> VolumeInfo:
+        """By id (``vol-...``) or name; ``NotFound`` if there is none."""
+        return self._client.call(self._calls.get(volume))
+
+    def grow(self, volume: str, size: int | str) -> VolumeInfo:
+        """Grow to ``size`` (never shrink); live when a running sandbox mounts it."""
+        return self._client.call(self._calls.grow(volume, size))
+
+    def delete(self, volume: str) -> None:
+        """``Conflict`` while sandboxes mount it (the message names them)."""
+        self._client.call(self._calls.delete(volume))

@@ -1,0 +1,277 @@
+"""Volumes: create, list, inspect, grow and delete (:class:`VolumeService`), the mounts a
+create asks for (:meth:`VolumeService.plan`), and growing a sandbox's own disk live.
+
+A volume belongs to a project and outlives sandboxes. Its file is made before its row
+(``hutch.storage.volumes``), so a row always names a complete file. A sandbox's mounts
+are rows written under the create gate with the sandbox's row and released by its
+teardown (the "volumes" step of its TeardownStack, ``services/registry.py``); a volume
+with mount rows cannot be deleted. Why exclusive volumes are block devices, what fork,
+snapshots and pause do with them and why shared volumes are refused here: ARCHITECTURE.md
+"Volumes".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from hutch.contract.auth import DEFAULT_PROJECT
+from hutch.contract.limits import DISK_GIB_RANGE
+from hutch.contract.names import validate_name
+from hutch.contract.volumes import VolumeKind, VolumeMount, validate_size
+from hutch.errors import Conflict, InvalidArgument, NotFound, StateError
+from hutch.models import PauseMode, SandboxRecord, SandboxState
+from hutch.runtime.backend import Runtime
+from hutch.services.registry import SandboxRegistry
+from hutch.store.volumes import MountRow, VolumeRow, new_volume_id
+from hutch.vm.argv import VolumeDrive, volume_drive_id
+
+__all__ = [
+    "PlannedMount",
+    "QuotaCheck",
+    "VolumeInfo",
+    "VolumeService",
+    "mount_all",
+    "refuse_copy",
+    "shared_refusal",
+]
+
+log = logging.getLogger(__name__)
+
+#: Called before a volume is created or grown: (project, volumes the project will have,
+#: bytes its volumes will add up to); raises (e.g. ``Capacity``) to refuse. The hook the
+#: per-project quotas of the auth branch plug into; None: no quota.
+QuotaCheck = Callable[[str, int, int], None]
+
+
+def shared_refusal() -> InvalidArgument:
+    return InvalidArgument(
+        "kind 'shared' is not available in this version of hutch: a file service a "
+        "memory-mode pause and fork can keep mounted is not built yet (QEMU 7.2 blocks "
+        "migration with virtiofs or a mounted 9p export); use kind 'exclusive'"
+    )
+
+
+@dataclass(frozen=True)
+class VolumeInfo:
+    volume: VolumeRow
+    #: Bytes the file takes on the host (what was written plus ext4's metadata).
+    used_bytes: int | None
+    mounts: list[MountRow]
+
+
+@dataclass(frozen=True)
+class PlannedMount:
+    volume: VolumeRow
+    mount: MountRow
+
+
+class VolumeService:
+    def __init__(self, core: SandboxRegistry, quota: QuotaCheck | None = None) -> None:
+        self.core = core
+        self.quota = quota
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def _lock(self, key: str) -> asyncio.Lock:
+        return self._locks.setdefault(key, asyncio.Lock())
+
+    # -- queries -----------------------------------------------------------------------
+
+    def _row(self, project: str, ref: str) -> VolumeRow:
+        row = self.core.volumes.get(project, ref)
+        if row is None:
+            raise NotFound(f"volume {ref!r} not found in project {project!r}")
+        return row
+
+    def _info(self, row: VolumeRow) -> VolumeInfo:
+        return VolumeInfo(
+            volume=row,
+            used_bytes=self.core.volume_files.used_bytes(row.id),
+            mounts=self.core.volumes.mounts_of_volume(row.id),
+        )
+
+    def get(self, ref: str, project: str = DEFAULT_PROJECT) -> VolumeInfo:
+        return self._info(self._row(project, ref))
+
+    def list_volumes(self, project: str = DEFAULT_PROJECT) -> list[VolumeInfo]:
+        return [self._info(row) for row in self.core.volumes.list_volumes(project)]
+
+    # -- create / delete ---------------------------------------------------------------
+
+    async def create(
+        self,
+        name: str,
+        size_bytes: int,
+        kind: VolumeKind = VolumeKind.EXCLUSIVE,
+        project: str = DEFAULT_PROJECT,
+    ) -> VolumeInfo:
+        """A new, empty ext4 volume of exactly ``size_bytes``. ``Conflict`` if the name
+        is taken in the project; the quota hook may refuse."""
+        validate_name(name)
+        validate_size(size_bytes)
+        kind = VolumeKind(kind)
+        if kind is VolumeKind.SHARED:
+            raise shared_refusal()
+        async with self._lock(f"{project}/{name}"):
+            if self.core.volumes.get(project, name) is not None:
+                raise Conflict(
+                    f"a volume named {name!r} already exists in project {project!r}; "
+                    "delete it first or pick another name"
+                )
+            self._check_quota(project, extra_count=1, extra_bytes=size_bytes)
+            row = VolumeRow(new_volume_id(), project, name, kind, size_bytes, time.time())
+            await asyncio.to_thread(self.core.volume_files.create, row.id, size_bytes)
+            try:
+                self.core.volumes.insert(row)
+            except BaseException:
+                self.core.volume_files.remove(row.id)
+                raise
+        log.info("created volume %s (%s, %d bytes) in %s", row.id, name, size_bytes, project)
+        return self._info(row)
+
+    async def delete(self, ref: str, project: str = DEFAULT_PROJECT) -> None:
+        """Row first (refused while mounted, naming the sandboxes), then the file: a crash
+        between leaves a file the next start removes."""
+        row = self._row(project, ref)
+        async with self._lock(row.id):
+            self.core.volumes.delete(row.id)
+            await asyncio.to_thread(self.core.volume_files.remove, row.id)
+
+    def _check_quota(self, project: str, *, extra_count: int, extra_bytes: int) -> None:
+        if self.quota is None:
+            return
+        rows = self.core.volumes.list_volumes(project)
+        self.quota(project, len(rows) + extra_count, sum(r.size_bytes for r in rows) + extra_bytes)
+
+    # -- mounts at create --------------------------------------------------------------
+
+    def plan(
+        self, sandbox_id: str, mounts: Sequence[VolumeMount], project: str = DEFAULT_PROJECT
+    ) -> list[PlannedMount]:
+        """Resolve the validated ``mounts`` of a create to volumes of ``project``, in slot
+        order; ``NotFound`` for an unknown volume, ``Conflict`` for an exclusive one that
+        another sandbox mounts. Rows are written by :meth:`attach`."""
+        planned = []
+        for slot, m in enumerate(mounts):
+            row = self._row(project, m.volume)
+            if row.kind is VolumeKind.EXCLUSIVE:
+                users = [u.sandbox_id for u in self.core.volumes.mounts_of_volume(row.id)]
+                if users:
+                    raise Conflict(
+                        f"exclusive volume {row.name!r} ({row.id}) is mounted by sandbox "
+                        f"{users[0]}; an exclusive volume is attached to one sandbox at a "
+                        "time (delete that sandbox first)"
+                    )
+            planned.append(
+                PlannedMount(row, MountRow(row.id, sandbox_id, m.path, m.read_only, slot))
+            )
+        return planned
+
+    def attach(self, sandbox_id: str, planned: Sequence[PlannedMount]) -> None:
+        """Write the mount rows (the sandbox's teardown releases them)."""
+        if not planned:
+            return
+        self.core.own_volumes(sandbox_id)
+        self.core.volumes.attach(sandbox_id, [p.mount for p in planned])
+
+    def drives(self, planned: Sequence[PlannedMount]) -> list[VolumeDrive]:
+        return [
+            VolumeDrive(self.core.volume_files.path(p.volume.id), p.volume.id, p.mount.read_only)
+            for p in planned
+        ]
+
+    # -- growing -----------------------------------------------------------------------
+
+    async def grow(self, ref: str, size_bytes: int, project: str = DEFAULT_PROJECT) -> VolumeInfo:
+        """Grow a volume to ``size_bytes`` (never shrink). Mounted by a running sandbox:
+        live (QMP ``block_resize``, then the guest grows its ext4; ``df`` sees it). Not
+        mounted (or its sandbox paused in disk mode): the file only; the guest grows the
+        ext4 at its next read-write mount (the host never parses a guest-written
+        filesystem). A sandbox paused in memory mode holds the old size in its saved
+        device state: resume it first."""
+        row = self._row(project, ref)
+        validate_size(size_bytes)
+        if size_bytes < row.size_bytes:
+            raise InvalidArgument(
+                f"size={size_bytes} is smaller than volume {row.name!r} ({row.size_bytes} "
+                "bytes); volumes only grow"
+            )
+        if size_bytes == row.size_bytes:
+            return self._info(row)
+        async with self._lock(row.id):
+            self._check_quota(project, extra_count=0, extra_bytes=size_bytes - row.size_bytes)
+            mounts = self.core.volumes.mounts_of_volume(row.id)
+            if not mounts:
+                await asyncio.to_thread(self.core.volume_files.grow_offline, row.id, size_bytes)
+            else:
+                m = mounts[0]
+                async with self.core.lock(m.sandbox_id):
+                    rec = self.core.get(m.sandbox_id)
+                    if rec.state is SandboxState.PAUSED and rec.pause_mode is PauseMode.DISK:
+                        await asyncio.to_thread(
+                            self.core.volume_files.grow_offline, row.id, size_bytes
+                        )
+                    else:
+                        runtime = self._running(rec, f"grow volume {row.name!r}")
+                        await runtime.grow_disk(volume_drive_id(m.slot), m.path, size_bytes)
+            self.core.volumes.set_size(row.id, size_bytes)
+        return self._info(self._row(project, row.id))
+
+    async def grow_sandbox_disk(self, sandbox_id: str, disk_gib: int) -> SandboxRecord:
+        """Grow a running sandbox's own disk to ``disk_gib`` GiB, live, with its root
+        filesystem."""
+        lo, hi = DISK_GIB_RANGE
+        if isinstance(disk_gib, bool) or not isinstance(disk_gib, int) or not lo <= disk_gib <= hi:
+            raise InvalidArgument(f"disk_gib={disk_gib!r} is out of range; accepted: {lo}-{hi}")
+        async with self.core.lock(sandbox_id):
+            rec = self.core.get(sandbox_id)
+            if disk_gib < rec.shape.disk_gib:
+                raise InvalidArgument(
+                    f"disk_gib={disk_gib} is smaller than the sandbox's disk "
+                    f"({rec.shape.disk_gib} GiB); disks only grow"
+                )
+            if disk_gib == rec.shape.disk_gib:
+                return rec
+            runtime = self._running(rec, "grow its disk")
+            await runtime.grow_disk("root", "/", disk_gib << 30)
+            self.core.store.update_sandbox(sandbox_id, disk_gib=disk_gib)
+            return self.core.get(sandbox_id)
+
+    def _running(self, rec: SandboxRecord, action: str) -> Runtime:
+        runtime = self.core.runtimes.get(rec.id)
+        if rec.state is not SandboxState.RUNNING or runtime is None:
+            raise StateError(
+                f"sandbox {rec.id}",
+                str(rec.state),
+                ["running"],
+                f"resume it to {action} (a live grow needs the VM running)",
+            )
+        return runtime
+
+
+async def mount_all(core: SandboxRegistry, sandbox_id: str, runtime: Runtime) -> None:
+    """Mount the sandbox's volumes in its guest (after a boot: create, disk resume)."""
+    for m in core.volumes.mounts_of_sandbox(sandbox_id):
+        await runtime.mount_volume(m.volume_id, m.path, read_only=m.read_only)
+
+
+def refuse_copy(core: SandboxRegistry, sandbox_id: str, action: str) -> None:
+    """Fork and named snapshots of a sandbox with exclusive volumes are refused (see
+    ARCHITECTURE.md "Volumes": one block device cannot be attached to several VMs, and a
+    snapshot holds the sandbox's disk, not its volumes)."""
+    mounts = core.volumes.mounts_of_sandbox(sandbox_id)
+    if not mounts:
+        return
+    names = []
+    for m in mounts:
+        row = core.volumes.get_by_id(m.volume_id)
+        names.append(f"{row.name if row else m.volume_id} at {m.path}")
+    raise Conflict(
+        f"sandbox {sandbox_id} mounts exclusive volume(s) ({', '.join(names)}); {action} is "
+        "refused for sandboxes with exclusive volumes: an exclusive volume is attached to one "
+        "sandbox at a time, and a copy would not hold its data. Copy the data into the "
+        "sandbox's own disk first, or use a sandbox without volumes"
+    )
