@@ -159,6 +159,11 @@ class Settings:
         return self.state_dir / "api-key"
 
     @property
+    def secrets_key_path(self) -> Path:
+        """The AES-256-GCM key sealing the secrets (0600, outside the database)."""
+        return self.state_dir / "secrets.key"
+
+    @property
     def images_dir(self) -> Path:
         return self.images_dir_override or self.state_dir / "images"
 

@@ -38,10 +38,13 @@ from hutch.services.reaper import Reaper
 from hutch.services.reconcile import Reconciler
 from hutch.services.registry import SandboxRegistry
 from hutch.services.sandboxes import SandboxService
+from hutch.services.secret_box import SecretKey
+from hutch.services.secrets import SecretService
 from hutch.services.snapshots import SnapshotService
 from hutch.services.volumes import VolumeService
 from hutch.store import Store
 from hutch.store.images import ImageStore
+from hutch.store.secrets import SecretStore
 
 log = logging.getLogger("hutch")
 
@@ -86,7 +89,9 @@ def build_services(
 
     ``net`` None (no root, or tests without netns): every sandbox gets network "none".
     """
-    core = SandboxRegistry(settings, store, backend, images, net)
+    secrets = SecretService(SecretStore(store), SecretKey(settings.secrets_key_path))
+    secrets.prepare()  # the key file is created on the first start
+    core = SandboxRegistry(settings, store, backend, images, net, secrets)
     lifecycle = LifecycleService(core)
     snapshots = SnapshotService(core, lifecycle)
     guest = GuestOps(core, lifecycle)
@@ -113,6 +118,7 @@ def build_services(
         interpreter=InterpreterService(guest),
         files=FilesExtraService(guest),
         volumes=volumes,
+        secrets=secrets,
     )
 
 

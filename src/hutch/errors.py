@@ -28,6 +28,8 @@ what they can do about it::
     ├── RegistryError        a registry failed or cannot be reached (502 registry_error)
     ├── NetworkError         taps, nftables, DNS                    (500 network_error)
     ├── SnapshotError        snapshot files missing or corrupt      (500 snapshot_error)
+    ├── SecretError          the secrets key file is missing or wrong, or a stored
+    │                        secret fails authentication            (500 secret_error)
     └── StoreError           the database failed                    (500 store_error)
 
 The REST layer maps each class to a status and a stable ``code`` in one table
@@ -193,6 +195,15 @@ class SnapshotError(HutchError):
     code = "snapshot_error"
 
 
+class SecretError(HutchError):
+    """A stored secret cannot be decrypted: the key file ``<state>/secrets.key`` is
+    missing, unreadable, too open or another key than the one the secret was sealed
+    with, or the stored ciphertext fails authentication (altered or swapped rows). The
+    message names the file or the secret and what to do; it never carries a value."""
+
+    code = "secret_error"
+
+
 class StoreError(HutchError):
     code = "store_error"
 
@@ -221,5 +232,6 @@ ALL_ERRORS: tuple[type[HutchError], ...] = (
     RegistryError,
     NetworkError,
     SnapshotError,
+    SecretError,
     StoreError,
 )

@@ -31,6 +31,7 @@ from hutch.contract.names import (
     SNAPSHOT_ID_RE,
     check_range,
     validate_env,
+    validate_env_secrets,
     validate_metadata,
     validate_name,
 )
@@ -126,6 +127,9 @@ class SandboxSpec:
     volumes: list[VolumeMount] = field(default_factory=list)
     #: The project the sandbox is created in (the caller's, issue 10).
     project: str = DEFAULT_PROJECT
+    #: ``{VAR: secret name}``: environment variables whose values are the project's
+    #: secrets, resolved (current version) each time a command's environment is built.
+    env_secrets: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "volumes", validate_mounts(self.volumes))
@@ -134,6 +138,7 @@ class SandboxSpec:
         if self.auto_delete_s is not None:
             check_range("auto_delete_s", self.auto_delete_s, AUTO_DELETE_S_RANGE, " seconds")
         validate_env(self.env)
+        validate_env_secrets(self.env_secrets, self.env)
         validate_metadata(self.metadata)
         if self.name is not None:
             validate_name(self.name)
@@ -176,6 +181,8 @@ class SandboxRecord:
     network: NetworkMode = NetworkMode.DEFAULT
     #: The project it belongs to (issue 10); never changes.
     project: str = DEFAULT_PROJECT
+    #: ``{VAR: secret name}`` (names only; values are resolved at each command).
+    env_secrets: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

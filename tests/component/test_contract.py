@@ -422,6 +422,34 @@ async def test_fork_keeps_rules_and_networks(target: Target) -> None:
     await sb.kill()
 
 
+async def test_secrets_are_write_only_and_env_secrets_name_them(target: Target) -> None:
+    value = "contract-secret-value-93b1"
+    info = await target.client.secrets.set("tok", value)
+    assert (info.name, info.project, info.version) == ("tok", "default", 1)
+    assert (await target.client.secrets.set("tok", value + "2")).version == 2
+    assert [s.name for s in await target.client.secrets.list()] == ["tok"]
+    assert (await target.client.secrets.get("tok")).version == 2
+    with pytest.raises(NotFound):
+        await target.client.secrets.get("nope")
+    r = await target.raw.put("/v1/secrets/bad%20name", json={"value": "v"})
+    assert "1-128 letters" in error(r, 400, "invalid_argument")
+    r = await target.raw.put("/v1/secrets/tok", json={"value": ""})
+    assert "1-65536 bytes" in error(r, 400, "invalid_argument")
+
+    sb = await target.sandbox(env_secrets={"TOKEN": "tok"})
+    assert sb.info.env_secrets == {"TOKEN": "tok"}
+    r = await target.raw.post("/v1/sandboxes", json={"env_secrets": {"T": "missing"}})
+    assert "names secret 'missing', which does not exist" in error(r, 400, "invalid_argument")
+    r = await target.raw.delete("/v1/secrets/tok")
+    assert sb.id in error(r, 409, "conflict")
+    for answer in (r, await target.raw.get("/v1/secrets"), await target.raw.get("/v1/sandboxes")):
+        assert value not in answer.text
+    await sb.kill()
+    await target.client.secrets.delete("tok")
+    with pytest.raises(NotFound):
+        await target.client.secrets.delete("tok")
+
+
 async def test_wrong_calls_get_the_same_status_and_code(target: Target) -> None:
     sb = await target.sandbox()
     cases: list[tuple[str, str, dict[str, Any] | None, int, str]] = [

@@ -78,7 +78,7 @@ def _keywords(schema: Any) -> set[str]:
 
 
 def test_every_spec_is_a_closed_object_schema_the_validator_understands() -> None:
-    assert len(TOOLS) == len(TOOLS_BY_NAME) == 13
+    assert len(TOOLS) == len(TOOLS_BY_NAME) == 14
     for spec in TOOLS:
         schema = spec.parameters
         assert schema["type"] == "object" and schema["additionalProperties"] is False
@@ -163,6 +163,27 @@ async def test_create_list_and_delete(tools: HutchTools, fake: FakeHutch) -> Non
     assert deleted.data == {"sandbox_id": sandbox_id, "deleted": True}
     again = await tools.call("delete_sandbox", {"sandbox_id": "sb-0000000000ff"})
     assert "already deleted" in again.text
+
+
+async def test_create_with_env_secrets_and_list_secrets_never_show_a_value(
+    tools: HutchTools, fake: FakeHutch
+) -> None:
+    value = "tok-mcp-4c1d9e"
+    fake.secrets.values["openai"], fake.secrets.versions["openai"] = value, 3
+    listed = await tools.call("list_secrets", {})
+    assert listed.text == "1 secret(s): openai (version 3)."
+    assert [s["name"] for s in listed.data["secrets"]] == ["openai"]
+    created = await tools.call("create_sandbox", {"env_secrets": {"OPENAI_API_KEY": "openai"}})
+    assert last_body(fake)["env_secrets"] == {"OPENAI_API_KEY": "openai"}
+    assert created.data["env_secrets"] == {"OPENAI_API_KEY": "openai"}
+    for result in (listed, created):
+        assert value not in json.dumps(result.data) + result.text
+    with pytest.raises(ToolError, match="does not exist in project 'default'"):
+        await tools.call("create_sandbox", {"env_secrets": {"X": "missing"}})
+    with pytest.raises(ToolError, match="env_secrets"):
+        await tools.call("create_sandbox", {"env_secrets": {"X": "bad name"}})
+    # No tool reads a value: the only secret tool is a read-only listing of names.
+    assert [t.name for t in TOOLS if "secret" in t.name] == ["list_secrets"]
 
 
 async def test_run_command_returns_exit_code_and_streams(

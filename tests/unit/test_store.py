@@ -215,3 +215,23 @@ def test_migration_7_moves_every_existing_row_into_default_with_no_loss(tmp_path
         net.insert_network(NetworkRow("net-000000000003", "team", 8.0, "default"))
     assert [r.id for r in store.list_sandboxes(project="other")] == ["sb-000000000003"]
     assert [n.id for n in net.networks("other")] == ["net-000000000002"]
+
+
+def test_sandboxes_from_before_the_secrets_migration_have_no_env_secrets(tmp_path: Path) -> None:
+    secrets_migration = next(i for i, m in enumerate(MIGRATIONS) if "CREATE TABLE secrets" in m)
+    db = sqlite3.connect(tmp_path / "h.db")
+    for version, script in enumerate(MIGRATIONS[:secrets_migration], start=1):
+        db.executescript(script)
+        db.execute(f"PRAGMA user_version = {version}")
+    db.execute(
+        "INSERT INTO sandboxes (id, image, state, vcpus, memory_mib, disk_gib, created_at, "
+        "env_json) VALUES ('sb-000000000001', 'base', 'paused', 1, 256, 4, 1.0, '{\"A\": \"1\"}')"
+    )
+    db.commit()
+    db.close()
+    store = Store(tmp_path / "h.db")
+    rec = store.get_sandbox("sb-000000000001")
+    assert rec is not None and (rec.env, rec.env_secrets) == ({"A": "1"}, {})
+    store.insert_sandbox(record("sb-000000000002", env_secrets={"TOKEN": "openai"}))
+    again = store.get_sandbox("sb-000000000002")
+    assert again is not None and again.env_secrets == {"TOKEN": "openai"}

@@ -33,7 +33,12 @@ from hutch.contract.limits import (
     TIMEOUT_S_RANGE,
     VCPUS_RANGE,
 )
-from hutch.contract.names import NAME_PATTERN, SANDBOX_ID_PATTERN, SNAPSHOT_ID_PATTERN
+from hutch.contract.names import (
+    NAME_PATTERN,
+    SANDBOX_ID_PATTERN,
+    SECRET_NAME_PATTERN,
+    SNAPSHOT_ID_PATTERN,
+)
 from hutch.contract.volumes import MAX_VOLUMES_PER_SANDBOX
 
 __all__ = [
@@ -152,6 +157,13 @@ CREATE_SANDBOX = ToolSpec(
             "env": {
                 **_STRING_MAP,
                 "description": "Environment variables for every command in the sandbox.",
+            },
+            "env_secrets": {
+                "type": "object",
+                "additionalProperties": {"type": "string", "pattern": SECRET_NAME_PATTERN},
+                "description": "Environment variables whose values are stored secrets of "
+                "the project, as {VAR: secret name} (list_secrets shows the names). Every "
+                "command in the sandbox gets the current value; no tool shows it.",
             },
             "metadata": {
                 **_STRING_MAP,
@@ -432,6 +444,17 @@ GET_EGRESS = ToolSpec(
     idempotent=True,
 )
 
+LIST_SECRETS = ToolSpec(
+    name="list_secrets",
+    title="List secrets",
+    description="The names and versions of the project's stored secrets (never their "
+    "values: no tool reads one). Give a sandbox one as an environment variable with "
+    "create_sandbox's env_secrets.",
+    parameters=_obj({}, []),
+    read_only=True,
+    idempotent=True,
+)
+
 TOOLS: tuple[ToolSpec, ...] = (
     CREATE_SANDBOX,
     LIST_SANDBOXES,
@@ -446,5 +469,6 @@ TOOLS: tuple[ToolSpec, ...] = (
     FORK_SANDBOX,
     SET_EGRESS,
     GET_EGRESS,
+    LIST_SECRETS,
 )
 TOOLS_BY_NAME: dict[str, ToolSpec] = {spec.name: spec for spec in TOOLS}

@@ -101,6 +101,7 @@ class HutchTools:
             memory_mib=a["memory_mib"],
             disk_gib=a["disk_gib"],
             env=a.get("env"),
+            env_secrets=a.get("env_secrets"),
             metadata=a.get("metadata"),
             name=a.get("name"),
             timeout_s=a.get("timeout_s"),
@@ -119,6 +120,14 @@ class HutchTools:
             users = ", ".join(f"{u.sandbox_id} at {u.path}" for u in v.mounted_by) or "not mounted"
             lines.append(f"- {v.name} ({v.id}, {v.kind}, {v.size} bytes): {users}")
         return ToolResult(data, "\n".join(lines))
+
+    async def _list_secrets(self, a: dict[str, Any]) -> ToolResult:
+        found = await self.client.secrets.list()
+        data = {"secrets": [s.to_dict() for s in found]}
+        if not found:
+            return ToolResult(data, "No secrets.")
+        names = ", ".join(f"{s.name} (version {s.version})" for s in found)
+        return ToolResult(data, f"{len(found)} secret(s): {names}.")
 
     async def _list_sandboxes(self, a: dict[str, Any]) -> ToolResult:
         found = await self.client.list_sandboxes(a.get("state"), a.get("metadata"))
@@ -345,5 +354,6 @@ _HANDLERS: dict[str, Handler] = {
     "fork_sandbox": HutchTools._fork_sandbox,
     "set_egress": HutchTools._set_egress,
     "get_egress": HutchTools._get_egress,
+    "list_secrets": HutchTools._list_secrets,
 }
 assert set(_HANDLERS) == set(TOOLS_BY_NAME), "every tool spec needs a handler"

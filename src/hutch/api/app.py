@@ -18,6 +18,7 @@ from hutch.api.routes import egress, files, images, meta, networks, ports, sandb
 from hutch.api.routes import exec as exec_routes
 from hutch.api.routes import processes as process_routes
 from hutch.api.routes import pty as pty_routes
+from hutch.api.routes import secrets as secret_routes
 from hutch.api.routes import ui as ui_routes
 from hutch.api.routes import volumes as volume_routes
 from hutch.api.routes import watch as watch_routes
@@ -89,6 +90,7 @@ def create_app(services: Services, api_key: str, *, manage_service: bool = True)
     # The web console's static files: no key (they hold no data), a strict CSP.
     app.include_router(ui_routes.router())
     app.include_router(images.router, dependencies=auth)
+    app.include_router(secret_routes.router, dependencies=auth)
     app.include_router(sandboxes.router, dependencies=auth)
     app.include_router(sandboxes.snapshots_router, dependencies=auth)
     app.include_router(exec_routes.router, dependencies=auth)

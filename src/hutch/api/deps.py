@@ -22,6 +22,7 @@ from hutch.services.networking import NetworkingService
 from hutch.services.processes import ProcessService
 from hutch.services.reaper import Reaper
 from hutch.services.sandboxes import SandboxService
+from hutch.services.secrets import SecretService
 from hutch.services.snapshots import SnapshotService
 from hutch.services.volumes import VolumeService
 
@@ -121,3 +122,7 @@ Caller = Annotated[Principal, Depends(principal)]
 
 def volumes(conn: HTTPConnection) -> VolumeService:
     return services(conn).volumes
+
+
+def secrets(conn: HTTPConnection) -> SecretService:
+    return services(conn).secrets

@@ -38,6 +38,11 @@ PUBLIC: frozenset[tuple[str, str]] = frozenset(
 ROUTE_PERMISSIONS: dict[tuple[str, str], Permission] = {
     # who am I: any key may learn its own id, project and role (the console's buttons)
     ("GET", "/v1/whoami"): P.PROJECT_READ,
+    # secrets: reading is names, versions and times; no route reads a value
+    ("GET", "/v1/secrets"): P.SECRET_READ,
+    ("GET", "/v1/secrets/{name}"): P.SECRET_READ,
+    ("PUT", "/v1/secrets/{name}"): P.SECRET_WRITE,
+    ("DELETE", "/v1/secrets/{name}"): P.SECRET_WRITE,
     # images
     ("GET", "/v1/images"): P.IMAGE_READ,
     ("POST", "/v1/images"): P.IMAGE_WRITE,

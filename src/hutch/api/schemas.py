@@ -23,6 +23,7 @@ from hutch.contract.limits import (
     DEFAULT_VCPUS,
     DISK_GIB_RANGE,
     ENV_MAX_VARS,
+    ENV_SECRETS_MAX,
     EXEC_TIMEOUT_S_MAX,
     FORK_COUNT_RANGE,
     ID_MAX_CHARS,
@@ -102,6 +103,15 @@ class CreateSandbox(Strict):
         description="Volumes of the project to mount at create (mounting on a running "
         "sandbox is not supported: microvm has no device hot-plug).",
     )
+    env_secrets: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=ENV_SECRETS_MAX,
+        description=(
+            "Environment variables whose values are the project's secrets, {VAR: secret "
+            "name}: every command gets each secret's current value (code in the guest sees "
+            "it). Only the names are stored with the sandbox and shown."
+        ),
+    )
 
 
 def _iso(ts: float | None) -> dt.datetime | None:
@@ -131,6 +141,9 @@ class Sandbox(BaseModel):
     auto_delete_s: int | None
     snapshot_id: str | None
     network: SandboxNet
+    env_secrets: dict[str, str] = Field(
+        description="{VAR: secret name}; the values are never shown."
+    )
 
     @classmethod
     def of(cls, rec: SandboxRecord, net: SandboxNet | None = None) -> Sandbox:
@@ -163,6 +176,7 @@ class Sandbox(BaseModel):
             auto_delete_s=rec.auto_delete_s,
             snapshot_id=rec.snapshot_id,
             network=net,
+            env_secrets=dict(rec.env_secrets),
         )
 
 

@@ -25,6 +25,7 @@ from hutch.cli.mcp_cmd import mcp
 from hutch.cli.net import egress, network, port
 from hutch.cli.processes import kill, logs, ps
 from hutch.cli.sandboxes import create, inspect, ls, rm
+from hutch.cli.secrets import secret
 from hutch.cli.shell import shell
 from hutch.cli.snapshots import snapshot
 from hutch.cli.volumes import grow, volume
@@ -122,6 +123,7 @@ for _command in (
     network,
     volume,
     grow,
+    secret,
     shell,
     ps,
     logs,

@@ -74,6 +74,14 @@ def _refuse_shape_with_snapshot(ctx: click.Context) -> None:
     help="Disk size in GiB.",
 )
 @click.option("--env", "env", multiple=True, metavar="K=V", help="Environment (repeatable).")
+@click.option(
+    "--env-secret",
+    "env_secret",
+    multiple=True,
+    metavar="VAR=NAME",
+    help="Environment variable VAR = secret NAME's current value in every command "
+    "(repeatable; see `hutch secret`).",
+)
 @click.option("--metadata", multiple=True, metavar="K=V", help="Labels (repeatable).")
 @click.option("--name", help="A name (lowercase letters, digits, '-').")
 @click.option(
@@ -114,6 +122,7 @@ def create(
     memory_mib: int,
     disk_gib: int,
     env: tuple[str, ...],
+    env_secret: tuple[str, ...],
     metadata: tuple[str, ...],
     name: str | None,
     timeout_s: int | None,
@@ -130,6 +139,7 @@ def create(
     """Boot a sandbox and print its id."""
     mounts = parse_volume_flags(volumes)
     env_map = parse_pairs(env, "--env")
+    env_secrets = parse_pairs(env_secret, "--env-secret")
     meta = parse_pairs(metadata, "--metadata")
     if snapshot is not None:
         _refuse_shape_with_snapshot(ctx)
@@ -142,6 +152,7 @@ def create(
             memory_mib=memory_mib,
             disk_gib=disk_gib,
             env=env_map,
+            env_secrets=env_secrets,
             metadata=meta,
             name=name,
             timeout_s=timeout_s,
@@ -212,6 +223,7 @@ def _describe(info: SandboxInfo) -> list[tuple[str, str]]:
     if info.snapshot_id is not None:
         rows.append(("snapshot", info.snapshot_id))
     rows += network_rows(info)
+    rows += [(f"env_secret.{k}", v) for k, v in sorted(info.env_secrets.items())]
     rows += [(f"metadata.{k}", v) for k, v in sorted(info.metadata.items())]
     if info.error:
         rows.append(("error", info.error))

@@ -44,6 +44,7 @@ STATUS_BY_ERROR: tuple[tuple[type[e.HutchError], int], ...] = (
     (e.ImageBuildError, 500),
     (e.NetworkError, 500),
     (e.SnapshotError, 500),
+    (e.SecretError, 500),
     (e.StoreError, 500),
     (e.HutchError, 500),
 )

@@ -38,6 +38,7 @@ __all__ = [
     "EGRESS_LOG_MAX",
     "EGRESS_RULE_MAX_CHARS",
     "ENV_MAX_VARS",
+    "ENV_SECRETS_MAX",
     "EXEC_TIMEOUT_S_MAX",
     "EXPOSE_RANGE_MAX",
     "FORK_COUNT_RANGE",
@@ -57,6 +58,8 @@ __all__ = [
     "PTY_CMD_MAX_CHARS",
     "PTY_SIZE_RANGE",
     "RUN_TIMEOUT_S_MAX",
+    "SECRET_NAME_MAX_CHARS",
+    "SECRET_VALUE_MAX_BYTES",
     "STDIN_MAX_CHARS",
     "TERM_MAX_CHARS",
     "TIMEOUT_S_RANGE",
@@ -151,3 +154,12 @@ EGRESS_LOG_MAX = 1000
 DEFAULT_EGRESS_LOG_LIMIT = 100
 MAX_NETWORKS_PER_SANDBOX = 16
 PORT_RANGE = (1, 65535)
+
+# -- secrets (/v1/secrets; env_secrets at create) ---------------------------------------
+#: A secret's name: see ``hutch.contract.names.SECRET_NAME_PATTERN``.
+SECRET_NAME_MAX_CHARS = 128
+#: A secret's value: UTF-8 text without NUL, 1 byte to 64 KiB (a PEM key or a token fits;
+#: a secret is an environment variable or a header value, never a file).
+SECRET_VALUE_MAX_BYTES = 64 * 1024
+#: ``env_secrets`` entries of one sandbox.
+ENV_SECRETS_MAX = 64

@@ -1,6 +1,6 @@
 """The fields of the two requests every client builds, declared once with their defaults.
 
-``CreateRequest`` is the body of ``POST /v1/sandboxes`` (16 fields); ``CommandRequest``
+``CreateRequest`` is the body of ``POST /v1/sandboxes`` (17 fields); ``CommandRequest``
 holds the 6 fields every way of running a command takes (``POST .../exec``, ``POST
 .../processes``). The REST schemas (``hutch.api``) must have exactly these fields with
 these defaults, the SDK builds its request bodies from them and the in-memory fake parses
@@ -32,7 +32,8 @@ __all__ = ["COMMAND_FIELDS", "CREATE_FIELDS", "SHAPE_FIELDS", "CommandRequest", 
 class CreateRequest:
     """What a create asks for. ``snapshot``: start from that snapshot, whose image and
     shape win (so the shape fields must stay at their defaults); ``egress`` None or []:
-    open egress; ``networks``: private networks (ids or names) to join."""
+    open egress; ``networks``: private networks (ids or names) to join; ``env_secrets``:
+    ``{VAR: secret name}``, each variable the secret's current value in every command."""
 
     image: str = DEFAULT_IMAGE
     vcpus: int = DEFAULT_VCPUS
@@ -51,6 +52,7 @@ class CreateRequest:
     networks: Sequence[str] = ()
     #: Volumes to mount at create (``hutch.contract.volumes.VolumeMount``).
     volumes: Sequence[VolumeMount] = ()
+    env_secrets: Mapping[str, str] = field(default_factory=dict)
 
     def non_defaults(self) -> dict[str, Any]:
         """The fields that differ from their default (see :func:`_non_defaults`)."""

@@ -6,6 +6,7 @@ A client only (it imports the contract, never the daemon's code). Layout, after 
   builds its requests, reads its answers and holds its value types: ``_sandboxes``
   (create, lifecycle, snapshots, images), ``_exec``, ``_files`` (+ ``_tar``),
   ``_processes``, ``_contexts`` (code interpreter), ``_net`` (egress, ports, networks),
+  ``_secrets`` (write-only secrets),
   ``_pty`` (terminals); ``_streams`` decodes streamed bodies. The create and command
   fields are the contract's (``hutch.contract.requests``), declared once.
 - the shells that do I/O: ``_async/``, written by hand, and ``_sync/``, generated from it
@@ -27,6 +28,7 @@ from hutch.sdk._async.net import AsyncEgress, AsyncNetworks, AsyncPorts, AsyncSa
 from hutch.sdk._async.processes import AsyncProcess, AsyncProcesses
 from hutch.sdk._async.pty import AsyncPty, AsyncTerminal
 from hutch.sdk._async.sandbox import AsyncSandbox
+from hutch.sdk._async.secrets import AsyncSecrets
 from hutch.sdk._async.volumes import AsyncVolumes
 from hutch.sdk._config import DEFAULT_URL, Timeouts
 from hutch.sdk._contexts import ContextInfo, Execution, ExecutionError, Result
@@ -52,6 +54,7 @@ from hutch.sdk._sandboxes import (
     SandboxNetInfo,
     SnapshotInfo,
 )
+from hutch.sdk._secrets import SecretInfo
 from hutch.sdk._sync.client import Client, ResponseStream
 from hutch.sdk._sync.contexts import Context, Contexts
 from hutch.sdk._sync.files import Files, FileWatcher
@@ -59,6 +62,7 @@ from hutch.sdk._sync.net import Egress, Networks, Ports, SandboxNetworks
 from hutch.sdk._sync.processes import Process, Processes
 from hutch.sdk._sync.pty import Pty, Terminal
 from hutch.sdk._sync.sandbox import Sandbox
+from hutch.sdk._sync.secrets import Secrets
 from hutch.sdk._sync.volumes import Volumes
 from hutch.sdk._volumes import VolumeInfo, VolumeUser
 from hutch.version import __version__
@@ -81,6 +85,7 @@ __all__ = [
     "AsyncResponseStream",
     "AsyncSandbox",
     "AsyncSandboxNetworks",
+    "AsyncSecrets",
     "AsyncTerminal",
     "AsyncVolumes",
     "BuildEvent",
@@ -129,6 +134,8 @@ __all__ = [
     "SandboxInfo",
     "SandboxNetInfo",
     "SandboxNetworks",
+    "SecretInfo",
+    "Secrets",
     "SnapshotInfo",
     "Terminal",
     "Timeouts",

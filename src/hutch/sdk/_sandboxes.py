@@ -3,7 +3,7 @@ snapshots, images and health. :class:`SandboxCalls` builds each request and says
 read its answer; the value types are what the calls return (frozen, parsed from the API's
 JSON; ``to_dict()`` gives back the API form, which the CLI's ``--json`` prints).
 
-The 15 create fields are declared once, in the contract
+The 17 create fields are declared once, in the contract
 (:class:`hutch.contract.requests.CreateRequest`); :class:`CreateArgs` types them as
 keyword arguments for the handles and the clients, and :func:`create_body` checks them
 and builds the body.
@@ -26,7 +26,7 @@ from hutch.contract.limits import (
     DISK_GIB_RANGE,
     FORK_COUNT_RANGE,
 )
-from hutch.contract.names import validate_name
+from hutch.contract.names import validate_env_secrets, validate_name
 from hutch.contract.requests import SHAPE_FIELDS, CreateRequest
 from hutch.errors import InvalidArgument
 from hutch.sdk._core import Call, ClientCore, check_path, list_of, nothing, one
@@ -71,6 +71,7 @@ class CreateArgs(TypedDict, total=False):
     egress: Sequence[str] | None
     networks: Sequence[str] | None
     volumes: Sequence[MountArg] | None
+    env_secrets: Mapping[str, str] | None
 
 
 # -- checks before sending ------------------------------------------------------------
@@ -142,6 +143,8 @@ def create_body(image: str, args: CreateArgs) -> dict[str, Any]:
         body["networks"] = [check_ref(n, "networks item") for n in networks]
     if "volumes" in body:
         body["volumes"] = mounts_body(body["volumes"])
+    if "env_secrets" in body:
+        validate_env_secrets(body["env_secrets"], body.get("env"))
     return body
 
 
@@ -208,6 +211,8 @@ class SandboxInfo:
     auto_delete_s: int | None = None
     snapshot_id: str | None = None
     network: SandboxNetInfo | None = None
+    #: ``{VAR: secret name}``: the secrets every command gets as variables (names only).
+    env_secrets: dict[str, str] = field(default_factory=dict)
 
     @property
     def is_paused(self) -> bool:
@@ -244,6 +249,9 @@ class SandboxInfo:
                 if maybe(obj, "network", dict, w) is None
                 else SandboxNetInfo.from_dict(obj["network"])
             ),
+            env_secrets={
+                str(k): str(v) for k, v in (maybe(obj, "env_secrets", dict, w) or {}).items()
+            },
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -270,6 +278,7 @@ class SandboxInfo:
             "auto_delete_s": self.auto_delete_s,
             "snapshot_id": self.snapshot_id,
             "network": None if self.network is None else self.network.to_dict(),
+            "env_secrets": dict(self.env_secrets),
         }
 
 

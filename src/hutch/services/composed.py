@@ -14,6 +14,7 @@ Each service takes what it needs in its constructor::
     Reaper(core, sandboxes, lifecycle)                          timeout/auto-pause/delete
     Reconciler(core)                                            start-up reconcile
     ProcessService(guest), InterpreterService(guest), FilesExtraService(guest)
+    SecretService(SecretStore(store), SecretKey(<state>/secrets.key))   also core.secrets
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from hutch.services.reaper import Reaper
 from hutch.services.reconcile import ReconcilePlan, Reconciler
 from hutch.services.registry import SandboxRegistry
 from hutch.services.sandboxes import SandboxService
+from hutch.services.secrets import SecretService
 from hutch.services.snapshots import SnapshotService
 from hutch.services.volumes import VolumeService
 from hutch.store.db import LIVE_STATES
@@ -56,6 +58,7 @@ class Services:
     interpreter: InterpreterService
     files: FilesExtraService
     volumes: VolumeService
+    secrets: SecretService
     _reconcile_task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @property

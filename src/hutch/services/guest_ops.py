@@ -89,6 +89,9 @@ class GuestOps:
     def guest_defaults(self, rec: SandboxRecord) -> ImageDefaults:
         return self.core.guest_defaults(rec)
 
+    def secret_env(self, rec: SandboxRecord) -> dict[str, str]:
+        return self.core.secret_env(rec)
+
     def runtime(self, sandbox_id: str) -> Runtime:
         return self.core.running(sandbox_id)
 
@@ -131,7 +134,9 @@ class GuestOps:
         try:
             rec = self.get(sandbox_id)
             runtime = await self.ready(sandbox_id, lease)
-            merged_env, cwd, user = merged(self.guest_defaults(rec), rec, env, cwd, user)
+            merged_env, cwd, user = merged(
+                self.guest_defaults(rec), rec, env, cwd, user, self.secret_env(rec)
+            )
             if isinstance(cmd, str):
                 stream = await runtime.agent.exec(
                     shell=cmd, env=merged_env, cwd=cwd, user=user, stdin=stdin, timeout_s=timeout_s

@@ -4,13 +4,15 @@ start command (``Entrypoint`` + ``Cmd``), run as a background process when a san
 boots, for images imported with ``start=true``.
 
 Precedence, lowest first: the agent's base environment (PATH, HOME, ...), the image's
-``Env``, the sandbox's ``env``, the request's ``env``. A request's ``cwd``/``user`` win
+``Env``, the sandbox's ``env``, its ``env_secrets`` (their current values, resolved by
+the caller for this one command), the request's ``env``. A request's ``cwd``/``user`` win
 over the image's.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 
 from hutch.errors import HutchError, InvalidArgument, NotFound
 from hutch.guest.client import AgentClient
@@ -29,23 +31,28 @@ def merged(
     env: dict[str, str] | None,
     cwd: str | None,
     user: str | None,
+    secret_env: Mapping[str, str],
 ) -> tuple[dict[str, str], str | None, str | None]:
-    """(env, cwd, user) for one command in ``rec``."""
+    """(env, cwd, user) for one command in ``rec``; ``secret_env``: its env_secrets'
+    values (``SandboxRegistry.secret_env``)."""
     return (
-        {**defaults.env, **rec.env, **validate_env(env or {})},
+        {**defaults.env, **rec.env, **secret_env, **validate_env(env or {})},
         cwd or defaults.cwd,
         user or defaults.user,
     )
 
 
 async def run_start_command(
-    agent: AgentClient, rec: SandboxRecord, defaults: ImageDefaults
+    agent: AgentClient,
+    rec: SandboxRecord,
+    defaults: ImageDefaults,
+    secret_env: Callable[[], Mapping[str, str]],
 ) -> ProcessInfo | None:
     """Start the image's start command in ``rec`` (None if it has none). A command that
     cannot start raises ``InvalidArgument`` naming the image and the command."""
     if not defaults.start_command:
         return None
-    env, cwd, user = merged(defaults, rec, None, None, None)
+    env, cwd, user = merged(defaults, rec, None, None, None, secret_env())
     argv = list(defaults.start_command)
     try:
         info = await GuestProcesses(agent).start(argv, env=env, cwd=cwd, user=user)

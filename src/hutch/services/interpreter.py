@@ -93,7 +93,9 @@ class InterpreterService:
     ) -> ContextInfo:
         rec = self.guest.get(sandbox_id)
         runtime = await self.guest.ready(sandbox_id)
-        env, cwd, _ = merged(self.guest.guest_defaults(rec), rec, env, cwd, None)
+        env, cwd, _ = merged(
+            self.guest.guest_defaults(rec), rec, env, cwd, None, self.guest.secret_env(rec)
+        )
         try:
             return await create_context(runtime.agent, language=language, cwd=cwd, env=env)
         except InvalidArgument as exc:

@@ -87,7 +87,9 @@ class ProcessService:
     ) -> tuple[dict[str, str], str | None, str | None]:
         """(env, cwd, user): the request's over the sandbox's over its image's."""
         rec = self.guest.get(sandbox_id)
-        return merged(self.guest.guest_defaults(rec), rec, env, cwd, user)
+        return merged(
+            self.guest.guest_defaults(rec), rec, env, cwd, user, self.guest.secret_env(rec)
+        )
 
     # -- background processes ----------------------------------------------------------
 

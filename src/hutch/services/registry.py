@@ -24,10 +24,13 @@ from hutch.services.activity import Activity
 from hutch.services.image_defaults import run_start_command
 from hutch.services.images import ImageDefaults, ImageSource
 from hutch.services.network import NetworkService
+from hutch.services.secret_box import SecretKey
+from hutch.services.secrets import SecretService
 from hutch.services.state import SandboxStates
 from hutch.storage.volumes import VolumeFiles
 from hutch.store import Store
 from hutch.store.db import LIVE_STATES
+from hutch.store.secrets import SecretStore
 from hutch.store.volumes import VolumeStore
 from hutch.teardown import TeardownStack
 from hutch.vm.process import OUT_OF_MEMORY
@@ -47,9 +50,14 @@ class SandboxRegistry:
         backend: VmBackend,
         images: ImageSource,
         net: NetworkService | None = None,
+        secrets: SecretService | None = None,
     ) -> None:
-        """``net`` None (tests without root): every sandbox gets network "none"."""
+        """``net`` None (tests without root): every sandbox gets network "none";
+        ``secrets`` None: the state dir's (``SecretService`` on ``secrets.key``)."""
         self.settings = settings
+        self.secrets = secrets or SecretService(
+            SecretStore(store), SecretKey(settings.secrets_key_path)
+        )
         self.store = store
         self.states = SandboxStates(store)
         self.backend = backend
@@ -86,6 +94,13 @@ class SandboxRegistry:
         """What ``rec`` takes from its image config (env, cwd, user, start command)."""
         return self.image_source.defaults(rec.image)
 
+    def secret_env(self, rec: SandboxRecord) -> dict[str, str]:
+        """``rec``'s env_secrets as variables, each secret's current version, read now
+        for the one command being built (never stored with the sandbox)."""
+        if not rec.env_secrets:
+            return {}
+        return self.secrets.env_for(rec.env_secrets, rec.project, sandbox_id=rec.id)
+
     def running(self, sandbox_id: str) -> Runtime:
         """The runtime of a running sandbox; StateError (with a hint) otherwise."""
         rec = self.get(sandbox_id)
@@ -101,7 +116,9 @@ class SandboxRegistry:
         """The image's start command, in a sandbox that just booted (or came from a
         template, which never runs it); fork children and snapshot clones carry theirs
         over in memory."""
-        await run_start_command(runtime.agent, rec, self.guest_defaults(rec))
+        await run_start_command(
+            runtime.agent, rec, self.guest_defaults(rec), lambda: self.secret_env(rec)
+        )
 
     # -- admission ---------------------------------------------------------------------
 

@@ -109,6 +109,8 @@ class SandboxService:
             # A snapshot fixes the machine: its image and shape come with it.
             spec = replace(spec, image=source.image, shape=source.shape)
         image = resolve(self.core.image_source, spec.image)
+        # Names only are kept with the sandbox; each must exist (and decrypt) now.
+        self.core.secrets.check_refs(spec.env_secrets, spec.project)
         plan = self.networking.plan_network(spec)
         if self.core.net is None:
             plan.mode = NetworkMode.NONE
@@ -145,6 +147,7 @@ class SandboxService:
                 snapshot_id=spec.snapshot_id,
                 network=plan.mode,
                 project=spec.project,
+                env_secrets=dict(spec.env_secrets),
             )
             self.core.states.insert(rec)
             if pooled is not None:

@@ -26,6 +26,7 @@ _COLUMNS = (
     "ended_at", "error", "pause_mode", "paused_at", "resume_from", "resume_clone",
     "parent_id", "auto_resume", "auto_pause_s", "auto_delete_s", "snapshot_id", "network",
     "project",
+    "env_secrets_json",
 )  # fmt: skip
 _UPDATABLE = {
     "state", "image_digest", "started_at", "expires_at", "ended_at", "error", "name",
@@ -285,6 +286,7 @@ def _to_row(rec: SandboxRecord) -> tuple[Any, ...]:
         rec.snapshot_id,
         str(rec.network),
         rec.project,
+        json.dumps(rec.env_secrets),
     )
 
 
@@ -316,4 +318,5 @@ def _from_row(row: tuple[Any, ...]) -> SandboxRecord:
         snapshot_id=values["snapshot_id"],
         network=NetworkMode(values["network"]),
         project=values["project"],
+        env_secrets=json.loads(values["env_secrets_json"]),
     )

@@ -188,4 +188,21 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX volume_mounts_sandbox ON volume_mounts(sandbox_id);
     """,
+    # 9: secrets (write-only values, sealed with AES-256-GCM under <state>/secrets.key;
+    # only the current version of each is kept) and the sandboxes' env_secrets
+    # ({VAR: secret name}, resolved when a command's environment is built)
+    """
+    CREATE TABLE secrets (
+        project     TEXT NOT NULL DEFAULT 'default',
+        name        TEXT NOT NULL,
+        version     INTEGER NOT NULL,
+        key_id      TEXT NOT NULL,
+        nonce       BLOB NOT NULL,
+        ciphertext  BLOB NOT NULL,
+        created_at  REAL NOT NULL,
+        updated_at  REAL NOT NULL,
+        PRIMARY KEY (project, name)
+    );
+    ALTER TABLE sandboxes ADD COLUMN env_secrets_json TEXT NOT NULL DEFAULT '{}';
+    """,
 )

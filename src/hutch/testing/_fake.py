@@ -26,6 +26,11 @@ from it run on.
 ``auto_pause_s`` and ``auto_delete_s`` are range-checked and reported back, but no clock
 runs them.
 
+Secrets (``_secrets``): ``PUT/GET/DELETE /v1/secrets[/{name}]`` with the daemon's
+names, value bounds and versions; no route answers a value (``fake.secrets.values``
+holds them for the test); a create's ``env_secrets`` must name existing secrets, and a
+secret a live sandbox names cannot be deleted (409).
+
 Networking (``_net``): egress rules are parsed with the daemon's own grammar and stored
 canonically, with the mode they make; the counters and the log are whatever a test puts
 on the ``FakeSandbox`` (``allowed``, ``denied``, ``egress_events``). Ports get host ports
@@ -65,11 +70,17 @@ from hutch.contract.limits import (
     TIMEOUT_S_RANGE,
     VCPUS_RANGE,
 )
-from hutch.contract.names import SANDBOX_ID_RE, check_range, validate_name
+from hutch.contract.names import (
+    SANDBOX_ID_RE,
+    check_range,
+    validate_env_secrets,
+    validate_name,
+)
 from hutch.contract.requests import CREATE_FIELDS, SHAPE_FIELDS, CreateRequest
 from hutch.errors import Conflict, HutchError, InvalidArgument, NotFound, UnknownImage
 from hutch.testing._files import files_route
 from hutch.testing._net import FakeNet, FakeNetwork
+from hutch.testing._secrets import FakeSecrets
 from hutch.testing._state import (
     Chunks,
     FakeError,
@@ -119,6 +130,8 @@ class FakeHutch:
         self.snapshots: dict[str, FakeSnapshot] = {}
         #: Private networks (``net.networks``) and the networking routes.
         self.net = FakeNet(self.sandboxes)
+        #: Secrets (``secrets.values``: what was set, in clear, for tests to check).
+        self.secrets = FakeSecrets(self._secret_users)
         self.requests: list[httpx.Request] = []
         self.exec_handler: Callable[[FakeSandbox, dict[str, Any]], FakeRun] = _default_exec
         self.images: list[dict[str, Any]] = [
@@ -213,6 +226,8 @@ class FakeHutch:
             return httpx.Response(200, json={"images": self.images})
         if path == "/v1/networks" or path.startswith("/v1/networks/"):
             return self.net.networks_route(method, path, request)
+        if path == "/v1/secrets" or path.startswith("/v1/secrets/"):
+            return self.secrets.route(method, path, request)
         if path == "/v1/snapshots" and method == "GET":
             found = [snap.to_json() for snap in self.snapshots.values()]
             return httpx.Response(200, json={"snapshots": found})
@@ -271,11 +286,23 @@ class FakeHutch:
             # as a volume of another project is to the daemon.
             ref = mount.get("volume") if isinstance(mount, dict) else mount
             raise NotFound(f"volume {ref!r} not found in project 'default'")
+        if not isinstance(request.env_secrets, dict):
+            raise InvalidArgument("env_secrets: Input should be a valid dictionary")
+        validate_env_secrets(request.env_secrets, request.env)
+        self.secrets.check_refs(request.env_secrets)
         if request.snapshot is not None:
             self._snapshot(request.snapshot)  # 404 for an unknown one
         else:
             self._image(request.image)
         return httpx.Response(201, json=self.add_sandbox(**body).to_json())
+
+    def _secret_users(self, name: str) -> list[str]:
+        return [
+            sb.id
+            for sb in self.sandboxes.values()
+            if sb.state not in ("destroyed", "failed")
+            and name in (sb.spec.get("env_secrets") or {}).values()
+        ]
 
     def _image(self, name: str) -> None:
         image = next((i for i in self.images if i["name"] == name), None)

@@ -118,6 +118,7 @@ class FakeSandbox:
                 "address": None if ended else self.address,
                 "networks": [] if ended else list(self.networks),
             },
+            "env_secrets": dict(self.spec.get("env_secrets") or {}),
         }
 
 

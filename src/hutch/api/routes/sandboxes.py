@@ -68,6 +68,7 @@ async def create_sandbox(body: CreateSandbox, svc: Service, net: Net, who: Calle
         networks=list(body.networks),
         volumes=[m.to_mount() for m in body.volumes],
         project=who.project,
+        env_secrets=dict(body.env_secrets),
     )
     return _view(net, await svc.create(spec))
 

@@ -15,6 +15,7 @@ from hutch.contract.limits import DEFAULT_FILE_MODE, DEFAULT_FORK_COUNT, DEFAULT
 from hutch.sdk import _io_async as _io
 from hutch.sdk._async._closing import AsyncClosesOnExit
 from hutch.sdk._async.net import AsyncNetworks
+from hutch.sdk._async.secrets import AsyncSecrets
 from hutch.sdk._async.volumes import AsyncVolumes
 from hutch.sdk._config import Timeouts, resolve_config
 from hutch.sdk._core import Call, ClientCore
@@ -82,6 +83,8 @@ class AsyncClient(AsyncClosesOnExit):
         self.networks = AsyncNetworks(self)
         #: Volumes: ``client.volumes.create(name, size)``, ``.list()``, ``.grow()``, ...
         self.volumes = AsyncVolumes(self)
+        #: Write-only secrets: ``client.secrets.set(name, value)``, ``.list()``, ...
+        self.secrets = AsyncSecrets(self)
 
     @property
     def base_url(self) -> str:

@@ -111,7 +111,11 @@ class AsyncSandbox:
         ``"none"`` (no network at all). ``egress``: rules such as ``["pypi.org",
         "*.github.com:443", "10.0.0.0/8"]`` (None or []: open; ``["deny-all"]``: nothing
         leaves); change them later with ``sb.egress.set``. ``networks``: private
-        networks (ids or names) to join; members reach each other by sandbox name."""
+        networks (ids or names) to join; members reach each other by sandbox name.
+
+        ``env_secrets``: ``{"VAR": "secret name"}`` (see ``client.secrets``): every command
+        in the sandbox gets VAR = the secret's current value (the code in the guest sees
+        it; no answer of the daemon carries it). Unknown names raise ``InvalidArgument``."""
         conn = _Connection(client, api_key, base_url, http_timeout, transport)
         try:
             info = await conn.client.create_sandbox(image, **options)

@@ -49,6 +49,7 @@ from hutch.sdk._sandboxes import (
 from hutch.sdk._streams import BytesDecoder, StreamDecoder, StreamState
 from hutch.sdk._sync._closing import ClosesOnExit
 from hutch.sdk._sync.net import Networks
+from hutch.sdk._sync.secrets import Secrets
 from hutch.sdk._sync.volumes import Volumes
 
 __all__ = ["Client", "ResponseStream"]
@@ -83,6 +84,8 @@ class Client(ClosesOnExit):
         self.networks = Networks(self)
         #: Volumes: ``client.volumes.create(name, size)``, ``.list()``, ``.grow()``, ...
         self.volumes = Volumes(self)
+        #: Write-only secrets: ``client.secrets.set(name, value)``, ``.list()``, ...
+        self.secrets = Secrets(self)
 
     @property
     def base_url(self) -> str:
