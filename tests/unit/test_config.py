@@ -1,12 +1,13 @@
 from __future__ import annotations
 
+import pwd
 from pathlib import Path
 
 import pytest
 
 from hutch.config import NetLimits, load_settings, parse_dns_upstream, parse_listen
 from hutch.errors import InvalidArgument, VmError
-from hutch.vm.runas import qemu_uid, qemu_user
+from hutch.vm.runas import qemu_runas, qemu_uid, qemu_user
 
 
 def test_defaults(tmp_path: Path) -> None:
@@ -88,6 +89,8 @@ def test_qemu_user_is_checked_when_the_daemon_is_root(monkeypatch: pytest.Monkey
         qemu_user(load_settings({"HUTCH_QEMU_USER": "no-such-qemu-user"}))
     assert qemu_user(load_settings({"HUTCH_QEMU_USER": "nobody"})) == "nobody"
     assert qemu_uid(load_settings({"HUTCH_QEMU_USER": "nobody"})) == 65534
+    nogroup = pwd.getpwnam("nobody").pw_gid
+    assert qemu_runas(load_settings({"HUTCH_QEMU_USER": "nobody"})) == f"65534:{nogroup}"
     assert qemu_uid(load_settings({"HUTCH_QEMU_USER": "no-such-qemu-user"})) is None
     monkeypatch.setattr("os.geteuid", lambda: 1000)
     assert qemu_user(load_settings({"HUTCH_QEMU_USER": "nobody"})) is None

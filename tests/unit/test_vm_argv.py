@@ -115,7 +115,8 @@ def test_qemu_drops_to_an_unprivileged_user() -> None:
     assert _opt(argv, "-sandbox") == [
         "on,obsolete=deny,elevateprivileges=allow,spawn=deny,resourcecontrol=deny"
     ]
+    assert _opt(build_argv(replace(CFG, run_as="999:995")), "-runas") == ["999:995"]
     assert "-runas" not in build_argv(CFG)
-    for bad in ("root;rm", "Hutch", "", "a" * 40):
+    for bad in ("root;rm", "Hutch", "", "a" * 40, "999:", ":995", "999:995:1", "-1:0"):
         with pytest.raises(InvalidArgument, match="run_as"):
             build_argv(replace(CFG, run_as=bad))

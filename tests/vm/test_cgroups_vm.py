@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import os
+import pwd
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -131,6 +132,23 @@ async def sh(service: Services, sid: str, script: str, timeout_s: float = 120) -
     result = await stream.collect()
     assert result.exit_code == 0, (script, result)
     return result.stdout.decode()
+
+
+def proc_status(pid: int) -> dict[str, str]:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+
+
+async def test_qemu_runs_as_the_unprivileged_user(service: Services, neighbour: str) -> None:
+    """QEMU drops to the QEMU user (given to it as uid:gid, so it looks nothing up) with
+    no supplementary group but that user's own."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: only a root daemon has a user to drop QEMU to")
+    user = pwd.getpwnam(service.settings.qemu_user)
+    fields = proc_status(qemu_pid(service, neighbour))
+    assert fields["Uid"].split() == [str(user.pw_uid)] * 4, fields["Uid"]
+    assert fields["Gid"].split() == [str(user.pw_gid)] * 4, fields["Gid"]
+    assert fields["Groups"].split() in ([], [str(user.pw_gid)]), fields["Groups"]
 
 
 async def test_each_qemu_is_in_its_own_group_with_its_limits(

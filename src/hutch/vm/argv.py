@@ -47,7 +47,8 @@ SANDBOX_RUNAS = SANDBOX.replace("elevateprivileges=deny", "elevateprivileges=all
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _TAP_RE = re.compile(r"^[a-z0-9]{1,15}$")
-_USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+#: A user name, or ``uid:gid`` (what hutchd gives: QEMU then looks nothing up).
+_USER_RE = re.compile(r"^(?:[a-z_][a-z0-9_-]{0,31}|[0-9]{1,10}:[0-9]{1,10})$")
 # sun_path is 108 bytes including the NUL.
 _MAX_SOCKET_PATH = 107
 # khz range of any x86 TSC we would believe (100 MHz - 10 GHz).
@@ -121,7 +122,8 @@ class VmConfig:
     #: clone of a template can be given its own tap.
     tap: str | None = None
     #: The unprivileged user QEMU drops to (``-runas``) once it has opened everything it
-    #: needs (disk, kernel, tap, sockets, log files); None: it keeps the daemon's user.
+    #: needs (disk, kernel, tap, sockets, log files), as ``uid:gid`` or a name; None: it
+    #: keeps the daemon's user.
     run_as: str | None = None
     #: A second, read-only raw disk with the guest agent's own runtime (imported OCI
     #: images, see ``hutch.images.agent_runtime``), found by the guest by its serial.
@@ -177,7 +179,7 @@ def _validate(cfg: VmConfig) -> None:
         if not _SERIAL_RE.match(vol.serial):
             raise InvalidArgument(f"volume serial {vol.serial!r}: 1-20 letters, digits, '-'")
     if cfg.run_as is not None and not _USER_RE.match(cfg.run_as):
-        raise InvalidArgument(f"run_as {cfg.run_as!r} is not a user name")
+        raise InvalidArgument(f"run_as {cfg.run_as!r} is neither a user name nor uid:gid")
     if (
         isinstance(cfg.console_log_bytes, bool)
         or not isinstance(cfg.console_log_bytes, int)

@@ -15,7 +15,7 @@ import pwd
 from hutch.config import Settings
 from hutch.errors import VmError
 
-__all__ = ["qemu_uid", "qemu_user"]
+__all__ = ["qemu_runas", "qemu_uid", "qemu_user"]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,19 @@ def qemu_user(settings: Settings) -> str | None:
             "HUTCH_QEMU_USER to another unprivileged user (root works but is not advised)"
         ) from None
     return name
+
+
+def qemu_runas(settings: Settings) -> str | None:
+    """What QEMU's ``-runas`` gets: ``uid:gid`` of :func:`qemu_user`, resolved here once.
+
+    Numeric, so that QEMU looks nothing up in the user database when it starts: a lookup
+    in every QEMU is one more way for a start to fail (a start once failed with QEMU
+    saying the user did not exist while ``/etc/passwd`` had it unchanged)."""
+    name = qemu_user(settings)
+    if name is None:
+        return None
+    entry = pwd.getpwnam(name)
+    return f"{entry.pw_uid}:{entry.pw_gid}"
 
 
 def qemu_uid(settings: Settings) -> int | None:

@@ -23,7 +23,7 @@ from hutch.vm.cgroup_driver import CgroupDriver
 from hutch.vm.cgroups import Policy
 from hutch.vm.console import console_tail
 from hutch.vm.process import QemuVm, log_tail
-from hutch.vm.runas import qemu_user
+from hutch.vm.runas import qemu_runas
 from hutch.vm.snapshot import restore
 
 __all__ = ["ADOPT_AGENT_TIMEOUT_S", "Booter", "GuestNetwork", "identity_of"]
@@ -47,7 +47,7 @@ class Booter:
     def __init__(self, settings: Settings, guest_network: GuestNetwork | None = None) -> None:
         self.settings = settings
         self.accel = detect_accel(settings.accel)
-        self.run_as = qemu_user(settings)
+        self.run_as = qemu_runas(settings)
         # Every QEMU started here (boots, restores) runs in its own cgroup (hutch.vm.cgroups).
         policy = Policy(settings.cgroup_memory_overhead_mib, settings.cgroup_cpu_quota_pct)
         self.cgroups = CgroupDriver.detect(settings.cgroups, settings.daemon_tag, policy)
