@@ -74,6 +74,10 @@ class NetLimits:
     proxy_conn_burst: int = 200
     deny_log_rate: int = 20
     deny_log_burst: int = 40
+    #: Denials (resolver and proxy decisions) in one minute that make a *denial spike*:
+    #: one summary line in the sandbox's egress log and the enforcer's
+    #: ``denial_spike_hook`` (the event log's ``egress.denied``), once per minute.
+    deny_spike_per_min: int = 120
 
 
 #: setting -> (accepted range, what it counts): the validation messages say both.
@@ -84,6 +88,7 @@ NET_LIMIT_SETTINGS: dict[str, tuple[tuple[int, int], str]] = {
     "proxy_conn_burst": ((1, 1_000_000), "new proxy connections at once per sandbox"),
     "deny_log_rate": ((1, 100_000), "denied packets logged per second per sandbox"),
     "deny_log_burst": ((1, 1_000_000), "denied packets logged at once per sandbox"),
+    "deny_spike_per_min": ((1, 1_000_000), "denials per minute per sandbox that raise an alert"),
 }
 
 
@@ -464,6 +469,7 @@ _ENV = {
     "HUTCH_PROXY_CONN_BURST": "proxy_conn_burst",
     "HUTCH_DENY_LOG_RATE": "deny_log_rate",
     "HUTCH_DENY_LOG_BURST": "deny_log_burst",
+    "HUTCH_DENY_SPIKE_PER_MIN": "deny_spike_per_min",
     "HUTCH_MAX_IMAGE_BYTES": "max_image_bytes",
     "HUTCH_CGROUPS": "cgroups",
     "HUTCH_CGROUP_MEMORY_OVERHEAD_MIB": "cgroup_memory_overhead_mib",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import secrets
 from dataclasses import dataclass, field
+from typing import Any
 
 from hutch.contract.auth import DEFAULT_PROJECT
 from hutch.contract.enums import NetworkMode, PauseMode
@@ -119,8 +120,11 @@ class SandboxSpec:
     auto_delete_s: int | None = None
     snapshot_id: str | None = None
     network: NetworkMode = NetworkMode.DEFAULT
-    #: Egress rules (``hutch.contract.egress``); None or [] = open egress.
-    egress: list[str] | None = None
+    #: Egress rules (``hutch.contract.egress``) or a policy document
+    #: (``hutch.contract.egress_policy``); None or [] = open egress.
+    egress: list[str] | dict[str, Any] | None = None
+    #: A named egress policy of the project to copy (instead of ``egress``).
+    egress_policy: str | None = None
     #: Private networks (ids or names) to join at create.
     networks: list[str] = field(default_factory=list)
     #: Volumes (ids or names in the project) to mount at create.

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from hutch.config import Settings
-from hutch.contract.views import EgressEvent
+from hutch.contract.views import DenialSpike, EgressEvent, Verdict
 from hutch.daemon import build_services
 from hutch.net.dataplane import MemoryDataplane
 from hutch.services.composed import Services
@@ -125,6 +125,8 @@ async def test_create_with_egress_rules(api: httpx.AsyncClient) -> None:
         "denied": 0,
         "rate_limited": 0,
         "log_dropped": 0,
+        "policy": None,
+        "rule_counts": [],
     }
 
 
@@ -153,6 +155,8 @@ async def test_egress_put_get_and_bad_rules_keep_the_old(api: httpx.AsyncClient)
         "denied": 0,
         "rate_limited": 0,
         "log_dropped": 0,
+        "policy": None,
+        "rule_counts": [],
     }
     r = await api.put(url, json={"rules": ["good.test", "[2001:db8::1]:443"]})
     assert r.status_code == 200, r.text
@@ -225,6 +229,9 @@ async def test_egress_log_and_counters_show_recorded_decisions(
             "verdict": "allow",
             "rule": "good.test",
             "reason": "a rule allows this name",
+            "method": None,
+            "path": None,
+            "rule_index": None,
         },
         {
             "time": "2027-01-15T08:00:01.500000Z",
@@ -236,6 +243,9 @@ async def test_egress_log_and_counters_show_recorded_decisions(
             "verdict": "deny",
             "rule": None,
             "reason": "no rule allows this name",
+            "method": None,
+            "path": None,
+            "rule_index": None,
         },
     ]
     newest = (await api.get(f"{url}/log", params={"limit": 1})).json()["events"]
@@ -394,3 +404,46 @@ async def test_networks_belong_to_their_project(api: httpx.AsyncClient) -> None:
     assert r.status_code == 200 and r.json()["id"] == theirs["id"], r.text
     r = await api.post("/v1/sandboxes", json={"networks": [mine["id"]]}, headers=other)
     error(r, 404, "not_found")
+
+
+async def test_rule_counts_and_the_denial_spike_hook(
+    api: httpx.AsyncClient, service: Services
+) -> None:
+    """What the resolver and the proxy record per ordered rule shows in GET .../egress,
+    starts from zero with a new policy; a denial spike reaches the enforcer's one hook."""
+    policy = {
+        "default": "deny",
+        "rules": [{"action": "deny", "host": "bad.test"}, {"action": "allow", "host": "good.test"}],
+    }
+    sb = await create(api, egress=policy)
+    net = service.core.net
+    assert net is not None
+    spikes: list[DenialSpike] = []
+    net.enforcer.denial_spike_hook = spikes.append
+
+    def decision(verdict: Verdict, index: int | None, n: float) -> EgressEvent:
+        return EgressEvent(
+            1_800_000_000 + n, sb["id"], "bad.test", None, "dns", "bad.test", verdict,
+            None, "test", rule_index=index,
+        )  # fmt: skip
+
+    net.log.record(decision("allow", 1, 0))
+    for n in range(3):
+        net.log.record(decision("deny", 0, n))
+    url = f"/v1/sandboxes/{sb['id']}/egress"
+    got = (await api.get(url)).json()
+    assert got["rule_counts"] == [
+        {"index": 0, "allowed": 0, "denied": 3},
+        {"index": 1, "allowed": 1, "denied": 0},
+    ]
+    assert spikes == []
+    threshold = net.log.spike_per_min
+    assert threshold == service.core.settings.net_limits.deny_spike_per_min
+    for n in range(threshold):
+        net.log.record(decision("deny", None, n))
+    assert len(spikes) == 1 and spikes[0].sandbox_id == sb["id"]
+    log = (await api.get(f"{url}/log", params={"limit": 1000})).json()["events"]
+    summaries = [e for e in log if e["protocol"] == "summary"]
+    assert len(summaries) == 1 and "denial spike" in summaries[0]["reason"]
+    r = await api.put(url, json=policy)
+    assert r.status_code == 200 and r.json()["rule_counts"] == []

@@ -359,6 +359,98 @@ async def test_egress_rules(target: Target) -> None:
     await sb.kill()
 
 
+DOCS_POLICY: dict[str, Any] = {
+    "default": "deny",
+    "rules": [
+        {"action": "deny", "host": "evil.good.test"},
+        {"action": "allow", "host": "*.Good.Test:443"},
+        {"action": "allow", "host": "198.18.0.0/24"},
+    ],
+}
+DOCS_CANONICAL: dict[str, Any] = {
+    "default": "deny",
+    "inspection": "none",
+    "dry_run": False,
+    "rules": [
+        {"action": "deny", "host": "evil.good.test"},
+        {"action": "allow", "host": "*.good.test:443"},
+        {"action": "allow", "host": "198.18.0.0/24"},
+    ],
+}
+
+
+async def test_ordered_egress_policies(target: Target) -> None:
+    sb = await target.sandbox()
+    info = await sb.set_egress(policy=DOCS_POLICY)
+    assert info.policy == DOCS_CANONICAL and info.mode == "rules"
+    assert info.rules == [
+        "rules[0] deny evil.good.test",
+        "rules[1] allow *.good.test:443",
+        "rules[2] allow 198.18.0.0/24",
+        "default deny",
+    ]
+    assert (await sb.egress.get()).policy == DOCS_CANONICAL
+    url = f"/v1/sandboxes/{sb.id}/egress"
+    for body, why in [
+        ({"default": "deny", "rules": [{"action": "allow", "host": "a.test", "path": "/x"}]},
+         "egress policy rules[0].path: needs the HTTP request"),
+        ({"rules": [{"action": "allow", "host": "a.test"}, {"action": "permit", "host": "b"}]},
+         "egress policy rules[1].action: 'permit' is not accepted; accepted: allow, deny"),
+        ({"inspection": "full", "rules": []}, 'inspection: "full" is not available'),
+        ({"default": "deny", "rules": ["good.test"]}, "rules[0]: 'good.test' is not an object"),
+        ({"policy": "nope"}, "egress policy 'nope' does not exist"),
+        ({}, 'give "rules" (a list), a policy'),
+    ]:  # fmt: skip
+        r = await target.raw.put(url, json=body)
+        status, code = (404, "not_found") if "does not exist" in why else (400, "invalid_argument")
+        assert why in error(r, status, code), body
+    # Nothing changed; a plain list still means what it meant.
+    assert (await sb.egress.get()).policy == DOCS_CANONICAL
+    plain = await sb.egress.set(["good.test"])
+    assert (plain.rules, plain.mode, plain.policy) == (["good.test"], "rules", None)
+    assert (await sb.set_egress(policy={"default": "deny"})).mode == "deny-all"
+    assert (await sb.set_egress(policy={"default": "allow"})).mode == "open"
+    with pytest.raises(InvalidArgument, match=r"rules\[0\]\.host"):  # checked before sending
+        await sb.set_egress(policy={"rules": [{"action": "allow", "host": "a b"}]})
+    await sb.kill()
+
+
+async def test_named_egress_policies(target: Target) -> None:
+    policies = target.client.egress_policies
+    assert await policies.list() == []
+    made = await policies.put("web", DOCS_POLICY)
+    assert (made.name, made.project, made.policy) == ("web", "default", DOCS_CANONICAL)
+    r = await target.raw.put("/v1/egress-policies/web", json={"default": "allow"})
+    assert r.status_code == 200  # replaced (201 was the create)
+    r = await target.raw.put("/v1/egress-policies/web", json=DOCS_POLICY)
+    assert r.status_code == 200
+    bad = {"rules": [{"action": "allow", "host": "a.test", "methods": ["G3T"]}]}
+    r = await target.raw.put("/v1/egress-policies/web", json=bad)
+    assert "rules[0].methods[0]" in error(r, 400, "invalid_argument")
+    r = await target.raw.put("/v1/egress-policies/Bad_Name", json=DOCS_POLICY)
+    error(r, 400, "invalid_argument")
+    assert [p.name for p in await policies.list()] == ["web"]
+    assert (await policies.get("web")).policy == DOCS_CANONICAL
+    # Attached at create, and by PUT: a copy.
+    sb = await target.sandbox(egress_policy="web")
+    assert (await sb.egress.get()).policy == DOCS_CANONICAL
+    other = await target.sandbox(egress={"default": "deny"})
+    assert (await other.egress.get()).mode == "deny-all"
+    assert (await other.set_egress(policy="web")).policy == DOCS_CANONICAL
+    await policies.put("web", {"default": "allow"})
+    assert (await sb.egress.get()).policy == DOCS_CANONICAL  # the copy stays
+    await policies.delete("web")
+    assert (await other.egress.get()).policy == DOCS_CANONICAL
+    with pytest.raises(NotFound, match="egress policy 'web' does not exist"):
+        await policies.get("web")
+    with pytest.raises(NotFound):
+        await target.sandbox(egress_policy="web")
+    r = await target.raw.post("/v1/sandboxes", json={"egress": ["a.test"], "egress_policy": "web"})
+    assert "not both" in error(r, 400, "invalid_argument")
+    await sb.kill()
+    await other.kill()
+
+
 async def test_ports(target: Target) -> None:
     sb = await target.sandbox()
     port = await sb.ports.expose(8000)

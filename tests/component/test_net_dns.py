@@ -26,7 +26,7 @@ import pytest
 from hutch.net.destinations import Forbidden
 from hutch.net.dns import Resolver, SandboxNetInfo
 from hutch.net.egress_log import EgressLog
-from hutch.net.rules import parse_policy
+from hutch.net.rules import parse_policy, policy_from_stored
 
 RULES_SRC = "127.0.0.2"
 OPEN_SRC = "127.0.0.3"
@@ -462,3 +462,38 @@ async def test_the_forbidden_check_is_asked_for_every_answer(env: Env) -> None:
     assert a_addrs(await env.ask("good.test")) == []
     assert "the host's own address" in env.log.events("sb-rules")[-1].reason
     assert len(env.learned) == 1
+
+
+async def test_an_ordered_policy_answers_in_rule_order_and_names_the_rule(env: Env) -> None:
+    """Deny before a wildcard allow: the name gets NXDOMAIN, is never forwarded, and the
+    log names the deny rule; a name the wildcard allows is answered and learned on the
+    ports left after an earlier port denial."""
+    policy = policy_from_stored(
+        {
+            "default": "deny",
+            "rules": [
+                {"action": "deny", "host": "www.good.test"},
+                {"action": "deny", "host": "*.test:8443"},
+                {"action": "allow", "host": "*.good.test:8443"},
+                {"action": "allow", "host": "*.good.test:443"},
+            ],
+        }
+    )
+    env.directory.entries[IPv4Address(RULES_SRC)] = SandboxNetInfo("sb-rules", policy)
+    reply = await env.ask("www.good.test")
+    assert reply.rcode() == dns.rcode.NXDOMAIN
+    assert env.upstream.queries == [] and env.learned == []
+    denied = env.log.events("sb-rules")[-1]
+    assert (denied.verdict, denied.rule, denied.rule_index) == (
+        "deny", "rules[0] deny www.good.test", 0,
+    )  # fmt: skip
+    assert (await env.ask("api.test")).rcode() == dns.rcode.NXDOMAIN  # the default
+    assert env.log.events("sb-rules")[-1].rule_index is None
+    await env.ask("good.test")  # the apex: no rule for it
+    assert env.learned == []
+    reply = await env.ask("many.good.test")
+    assert reply.rcode() == dns.rcode.NOERROR, reply
+    _, learned, _ = env.learned[-1]
+    assert {port for _, port in learned} == {443}  # 8443 was denied first
+    allowed = env.log.events("sb-rules")[-1]
+    assert (allowed.verdict, allowed.rule_index) == ("allow", 3)

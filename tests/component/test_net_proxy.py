@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,10 +27,27 @@ from hutch.net.destinations import Forbidden
 from hutch.net.dns import SandboxNetInfo
 from hutch.net.egress_log import EgressLog
 from hutch.net.proxy import EgressProxy, sniff
-from hutch.net.rules import normalize_name, parse_policy
+from hutch.net.rules import normalize_name, parse_policy, policy_from_stored
 
 SERVER = "127.0.0.20"
 RULES_SRC, OPEN_SRC, DENY_SRC, UNKNOWN_SRC = "127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.9"
+ORDERED_SRC = "127.0.0.5"  # an ordered policy (hutch.contract.egress_policy)
+PARTIAL_SRC = "127.0.0.6"  # an ordered policy with method/path rules, inspection partial
+PARTIAL = {
+    "default": "deny",
+    "inspection": "partial",
+    "rules": [
+        {"action": "deny", "host": "api.test", "methods": ["POST"], "path": "/admin"},
+        {"action": "allow", "host": "api.test", "methods": ["GET", "HEAD"], "path": "/docs"},
+        {"action": "allow", "host": "good.test"},
+        {
+            "action": "transform",
+            "host": "other.test",
+            "set_headers": {"X-Api-Key": "k-123"},
+            "remove_headers": ["Cookie"],
+        },
+    ],
+}
 BIG = random.Random(5).randbytes(16 * 1024 * 1024)
 
 RESOLVE = {
@@ -106,6 +124,7 @@ class Lenient:
     bodies by Content-Length or chunked. ``seen``: (method, target, host, body) served."""
 
     seen: list[tuple[str, str, str | None, bytes]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)  # of each request served
     port: int = 0
     ignore_close: bool = False  # like a careless server: keep-alive whatever is asked
     finished: asyncio.Event = field(default_factory=asyncio.Event)
@@ -128,6 +147,7 @@ class Lenient:
                     while (await reader.readline()).strip():
                         pass
                 self.seen.append((method, target, headers.get("host"), body))
+                self.headers.append(headers)
                 answer = f"{method} {target} {hashlib.sha256(body).hexdigest()}".encode()
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(answer))
                 writer.write(answer)
@@ -208,7 +228,22 @@ def sandboxes(https_port: int) -> dict[IPv4Address, SandboxNetInfo]:
         IPv4Address(RULES_SRC): SandboxNetInfo("sb-rules", rules),
         IPv4Address(OPEN_SRC): SandboxNetInfo("sb-open", parse_policy([])),
         IPv4Address(DENY_SRC): SandboxNetInfo("sb-deny", parse_policy(["deny-all"])),
+        IPv4Address(ORDERED_SRC): SandboxNetInfo("sb-ordered", ordered_policy()),
+        IPv4Address(PARTIAL_SRC): SandboxNetInfo("sb-partial", policy_from_stored(PARTIAL)),
     }
+
+
+def ordered_policy(*first: dict[str, str]) -> Any:
+    return policy_from_stored(
+        {
+            "default": "deny",
+            "rules": [
+                *first,
+                {"action": "deny", "host": "other.test"},
+                {"action": "allow", "host": "*.test"},  # other.test is denied above
+            ],
+        }
+    )
 
 
 @pytest.fixture
@@ -583,6 +618,101 @@ async def test_revalidate_cuts_relayed_connections_the_new_rules_deny(env: Env) 
     assert (event.verdict, event.name, event.protocol) == ("deny", "good.test", "tls")
     assert "rules changed" in event.reason and "no rule allows good.test on port" in event.reason
     assert env.proxy.revalidate("sb-rules", parse_policy(["other.test"])) == 0  # gone already
+
+
+async def test_an_ordered_policy_first_match_decides_and_names_the_rule(env: Env) -> None:
+    """Deny before allow: other.test shares the address and certificate of good.test and
+    matches the later ``*.test`` allow, yet the earlier deny wins, by SNI and by Host."""
+    assert await env.tls("good.test", src=ORDERED_SRC) == b"hello good.test\n"
+    allowed = env.log.events("sb-ordered")[-1]
+    assert (allowed.verdict, allowed.rule) == ("allow", "rules[1] allow *.test")
+    with pytest.raises((ConnectionError, ssl.SSLError, asyncio.IncompleteReadError)):
+        await env.tls("other.test", src=ORDERED_SRC)
+    denied = env.log.events("sb-ordered")[-1]
+    assert (denied.verdict, denied.name, denied.rule) == (
+        "deny",
+        "other.test",
+        "rules[0] deny other.test",
+    )
+    reply = await env.get("other.test", src=ORDERED_SRC)
+    assert reply.startswith(b"HTTP/1.1 403 Forbidden")
+    assert b"rules[0] deny other.test denies other.test on port" in reply
+    reply = await env.get("good.test", "/docs/a?token=s3cret", src=ORDERED_SRC)
+    assert reply.startswith(b"HTTP/1.1 200")
+    assert env.resolver.asked == ["good.test", "good.test"]  # denied before any lookup
+    # The log keeps the method and the path, never the query; each event its rule.
+    http = env.log.events("sb-ordered")[-1]
+    assert (http.protocol, http.method, http.path, http.rule_index) == ("http", "GET", "/docs/a", 1)
+    assert not any("s3cret" in repr(e) for e in env.log.events("sb-ordered"))
+    counts = [(c.index, c.allowed, c.denied) for c in env.log.rule_counts("sb-ordered")]
+    assert counts == [(0, 0, 2), (1, 2, 0)]
+    reply = await env.get("good.example", src=ORDERED_SRC)
+    assert b"no rule allows good.example on port" in reply and b"the default is deny" in reply
+    # A live change: a deny put first cuts the open connection it now denies.
+    env.dialled = env.https_port
+    reader, writer = await asyncio.open_connection(
+        "127.0.0.1", env.port, ssl=env.ca, server_hostname="good.test",
+        local_addr=(ORDERED_SRC, 0),
+    )  # fmt: skip
+    assert await reader.readline() == b"hello good.test\n"
+    keep = ordered_policy({"action": "deny", "host": "api.test"})
+    assert env.proxy.revalidate("sb-ordered", keep) == 0
+    cut = ordered_policy({"action": "deny", "host": "good.test"})
+    assert env.proxy.revalidate("sb-ordered", cut) == 1
+    writer.close()
+    assert "rules changed" in env.log.events("sb-ordered")[-1].reason
+
+
+async def test_partial_inspection_decides_plain_http_by_method_and_path(env: Env) -> None:
+    """GET /docs allowed, POST /admin denied with a 403 naming the rule, the default for
+    the rest; TLS to a host whose rules need the request is refused (no TLS termination
+    yet: fail closed), other allowed TLS passes as before."""
+    docs = await env.get("api.test", "/docs/intro?q=1", src=PARTIAL_SRC)
+    assert docs.startswith(b"HTTP/1.1 200"), docs
+    event = env.log.events("sb-partial")[-1]
+    assert (event.verdict, event.method, event.path, event.rule_index) == (
+        "allow", "GET", "/docs/intro", 1,
+    )  # fmt: skip
+    post = b"POST /admin HTTP/1.1\r\nHost: api.test\r\nContent-Length: 2\r\n\r\nhi"
+    reply = await env.http(post, src=PARTIAL_SRC)
+    assert reply.startswith(b"HTTP/1.1 403 Forbidden"), reply
+    assert b"rules[0] deny POST api.test/admin denies POST /admin on api.test:" in reply
+    event = env.log.events("sb-partial")[-1]
+    assert (event.verdict, event.rule, event.method, event.path) == (
+        "deny", "rules[0] deny POST api.test/admin", "POST", "/admin",
+    )  # fmt: skip
+    reply = await env.get("api.test", "/admin", src=PARTIAL_SRC)  # GET: no rule matches
+    assert b"no rule allows GET /admin on api.test:" in reply and b"default is deny" in reply
+    reply = await env.get("api.test", "/docs/../admin", src=PARTIAL_SRC)  # ambiguous path
+    assert reply.startswith(b"HTTP/1.1 403")
+    assert env.resolver.asked == ["api.test"]  # only the allowed request looked it up
+    with pytest.raises((ConnectionError, ssl.SSLError, asyncio.IncompleteReadError)):
+        await env.tls("api.test", src=PARTIAL_SRC)
+    assert "TLS inspection is not available yet" in env.log.events("sb-partial")[-1].reason
+    assert await env.tls("good.test", src=PARTIAL_SRC) == b"hello good.test\n"
+
+
+async def test_a_transform_rewrites_headers_and_placeholders_are_refused(env: Env) -> None:
+    """A transform (literal values: the secrets store is not wired yet) sets and removes
+    headers of a plain-HTTP request; a request carrying a {secret:...} placeholder is
+    refused before any upstream connection opens."""
+    head = (
+        b"GET /x HTTP/1.1\r\nHost: other.test\r\nCookie: session=1\r\n"
+        b"x-api-key: the-guests-own\r\n\r\n"
+    )
+    reply = await env.lenient_http(head, src=PARTIAL_SRC)
+    assert reply.startswith(b"HTTP/1.1 200"), reply
+    got = env.lenient.headers[-1]
+    assert got["x-api-key"] == "k-123" and "cookie" not in got
+    assert got["connection"] == "close"
+    event = env.log.events("sb-partial")[-1]
+    assert (event.verdict, event.rule_index) == ("allow", 3)
+    served = len(env.lenient.seen)
+    asked = list(env.resolver.asked)
+    sneaky = b"GET /x HTTP/1.1\r\nHost: other.test\r\nAuthorization: Bearer {SECRET:openai}\r\n\r\n"
+    reply = await env.lenient_http(sneaky, src=PARTIAL_SRC)
+    assert reply.startswith(b"HTTP/1.1 403") and b"placeholder" in reply
+    assert len(env.lenient.seen) == served and env.resolver.asked == asked  # nothing opened
 
 
 async def test_a_private_answer_is_used_only_under_an_ip_rule_covering_it(env: Env) -> None:

@@ -34,7 +34,7 @@ from hutch.net.nft import (
     render_table,
 )
 from hutch.net.nft_apply import apply, delete_table, list_table, read_counters, table_exists
-from hutch.net.rules import parse_policy
+from hutch.net.rules import parse_policy, policy_from_stored
 
 from .conftest import ECHO_PORT, HOST_PORTS, Guest, Lab, sh
 
@@ -160,6 +160,27 @@ async def test_rules_mode_allows_only_listed(
     results = lab.probe(a.netns, allowed + denied)
     assert all(reached(r, "internet") for r in results[:3]), results
     assert all(blocked(r) for r in results[3:]), results
+
+
+async def test_an_ordered_policy_first_match_decides_addresses(
+    lab: Lab, cfg: TableConfig, guests: dict[str, Guest]
+) -> None:
+    """Deny before allow: the denied /24 is cut out of the allowed /22 in the real
+    table; allow before deny: the allow wins. Same probes, opposite orders."""
+    a = guests["a"]
+    deny = {"action": "deny", "host": "198.18.2.0/24"}
+    allow = {"action": "allow", "host": "198.18.0.0/22"}
+    probes = [tcp("198.18.1.1", 2222), tcp("198.18.2.1", 2222), udp("198.18.2.1", 9999),
+              tcp("198.18.3.1", 2222)]  # fmt: skip
+    policy = policy_from_stored({"default": "deny", "rules": [deny, allow]})
+    await install(lab, cfg, [SandboxNet(a.sandbox_id, a.tap, a.address, policy)])
+    results = lab.probe(a.netns, probes)
+    assert reached(results[0], "internet") and reached(results[3], "internet"), results
+    assert blocked(results[1]) and blocked(results[2]), results
+    policy = policy_from_stored({"default": "deny", "rules": [allow, deny]})
+    await install(lab, cfg, [SandboxNet(a.sandbox_id, a.tap, a.address, policy)])
+    results = lab.probe(a.netns, probes)
+    assert all(reached(r, "internet") for r in results), results
 
 
 async def test_rules_mode_web_goes_to_proxy_unless_ip_rule(

@@ -326,6 +326,25 @@ async def test_egress_tools_go_through_the_sdk_accessor(tools: HutchTools, fake:
     assert info.value.code == "invalid_argument"
 
 
+async def test_set_egress_takes_an_ordered_policy(tools: HutchTools, fake: FakeHutch) -> None:
+    sb = fake.add_sandbox()
+    policy = {
+        "default": "deny",
+        "rules": [
+            {"action": "deny", "host": "evil.example.com"},
+            {"action": "allow", "host": "*.example.com:443"},
+        ],
+    }
+    result = await tools.call("set_egress", {"sandbox_id": sb.id, "policy": policy})
+    assert result.data["policy"]["rules"] == policy["rules"]
+    assert "rules[0] deny evil.example.com" in result.text
+    with pytest.raises(ToolError, match=r"rules\[1\]\.action"):
+        bad = {"rules": [policy["rules"][0], {"action": "permit", "host": "x.org"}]}
+        await tools.call("set_egress", {"sandbox_id": sb.id, "policy": bad})
+    with pytest.raises(ToolError, match="give one of rules"):
+        await tools.call("set_egress", {"sandbox_id": sb.id})
+
+
 # -- the MCP server, in process ----------------------------------------------------------------
 
 

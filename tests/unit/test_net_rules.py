@@ -8,7 +8,14 @@ import pytest
 
 from hutch.errors import InvalidArgument
 from hutch.net import rules
-from hutch.net.rules import MAX_RULES, EgressPolicy, normalize_name, parse_policy, parse_rule
+from hutch.net.rules import (
+    MAX_RULES,
+    EgressPolicy,
+    EgressRule,
+    normalize_name,
+    parse_policy,
+    parse_rule,
+)
 
 
 @pytest.mark.parametrize(
@@ -146,7 +153,7 @@ def test_wildcard_never_matches_the_apex() -> None:
     assert policy.name_allowed_any_port("good.test") is None
     both = parse_policy(["*.good.test", "good.test"])
     rule = both.match_name("good.test", 443)
-    assert rule is not None and rule.kind == "host"
+    assert isinstance(rule, EgressRule) and rule.kind == "host"
 
 
 def test_ip_matching_and_nft_views() -> None:

@@ -327,6 +327,87 @@ def test_cidr_and_ip_port_rules(alpha: Guest, fakenet: FakeInternet) -> None:
     )
 
 
+def test_an_ordered_policy_first_match_wins(alpha: Guest, fakenet: FakeInternet) -> None:
+    """An ordered policy on the same enforcement: a deny before a wildcard allow holds
+    for DNS and for SNI/Host on a shared address; an ip deny is cut out of a cidr allow;
+    the default denies the rest. Then the order reversed: the allow wins."""
+    cdn_net = ipaddress.IPv4Network(f"{fakenet.cdn}/28", strict=False)
+    assert ipaddress.IPv4Address(fakenet.web) not in cdn_net
+    policy = {
+        "default": "deny",
+        "rules": [
+            {"action": "deny", "host": "www.good.test"},
+            {"action": "allow", "host": "*.good.test"},
+            {"action": "allow", "host": "good.test:443"},
+            {"action": "deny", "host": f"{fakenet.cdn}"},
+            {"action": "allow", "host": str(cdn_net)},
+        ],
+    }
+    info = alpha.sb.set_egress(policy=policy)
+    assert info.mode == "rules" and info.policy is not None
+    assert info.rules[0] == "rules[0] deny www.good.test" and info.rules[-1] == "default deny"
+    seen = alpha.expect(
+        {
+            "good.test 443": (https("good.test"), True),
+            "good.test 80 (default)": (http("good.test"), False),
+            "www.good.test by name": (resolve("www.good.test"), False),
+            "www.good.test SNI on good.test's address": (
+                https("www.good.test", addr=fakenet.web),
+                False,
+            ),
+            "denied ip inside the allowed cidr": (tcp(fakenet.cdn, 2222), False),
+            "other.test (default)": (resolve("other.test"), False),
+        }
+    )
+    assert seen["good.test 443"]["seen"]["sni"] == "good.test"
+    denied = [
+        e for e in alpha.sb.egress.log(200) if e.name == "www.good.test" and e.protocol == "tls"
+    ]
+    assert denied and denied[-1].rule == "rules[0] deny www.good.test", denied
+    alpha.sb.set_egress(policy={**policy, "rules": [policy["rules"][1], policy["rules"][0]]})
+    alpha.expect({"www.good.test (allow first)": (https("www.good.test"), True)})
+
+
+def test_partial_inspection_decides_plain_http_by_method_and_path(
+    alpha: Guest, fakenet: FakeInternet
+) -> None:
+    """inspection partial, plain HTTP from the guest: GET /docs allowed, POST /admin
+    denied with a 403 naming the rule, the default for the rest; HTTPS to that host is
+    refused (its request cannot be read without TLS termination, not built yet)."""
+    alpha.sb.set_egress(
+        policy={
+            "default": "deny",
+            "inspection": "partial",
+            "rules": [
+                {"action": "deny", "host": "good.test", "methods": ["POST"], "path": "/admin"},
+                {"action": "allow", "host": "good.test", "methods": ["GET"], "path": "/docs"},
+            ],
+        }
+    )
+    seen = alpha.expect(
+        {
+            "GET /docs/a": (http("good.test", path="/docs/a?x=1"), True),
+            "GET /admin (default)": (http("good.test", path="/admin"), False),
+            "GET /docsearch (segments)": (http("good.test", path="/docsearch"), False),
+            "https good.test": (https("good.test", path="/docs"), False),
+            # Request rules open the web ports only: another port of the same (learned)
+            # address would carry HTTP past the path check.
+            "tcp 2222 of good.test": (tcp(fakenet.web, 2222), False),
+        }
+    )
+    assert seen["GET /admin (default)"]["status"] == 403
+    post = alpha.sb.exec(
+        "curl -s -w ' %{http_code}' -X POST --data x http://good.test/admin", timeout_s=60
+    )
+    assert post.stdout.endswith(" 403"), post
+    assert "rules[0] deny POST good.test/admin denies POST /admin on good.test:80" in post.stdout
+    events = [e for e in alpha.sb.egress.log(50) if e.method is not None]
+    assert ("GET", "/docs/a", 1, "allow") in [
+        (e.method, e.path, e.rule_index, e.verdict) for e in events
+    ], events
+    assert not any("x=1" in (e.path or "") for e in events)
+
+
 def test_dns_rebinding_is_refused(alpha: Guest, fakenet: FakeInternet) -> None:
     """Allowed names that resolve into loopback, private or metadata ranges: the proxy
     resolves them itself and refuses (the guest dials a public address)."""

@@ -417,7 +417,10 @@ SET_EGRESS = ToolSpec(
         "Replace a sandbox's outbound network rules, live. With no rules egress is open; "
         "once any rule exists everything not allowed is denied (DNS too). "
         + _RULES_HELP
-        + " An invalid rule rejects the whole list and the old rules stay."
+        + " Instead of rules, give `policy`: an ordered policy object (first match wins) "
+        '{"default": "deny", "rules": [{"action": "deny", "host": "evil.example.com"}, '
+        '{"action": "allow", "host": "*.example.com:443"}]}, or `policy_name` (a saved one).'
+        " An invalid rule rejects the whole request and the old rules stay."
     ),
     parameters=_obj(
         {
@@ -428,8 +431,18 @@ SET_EGRESS = ToolSpec(
                 "items": {"type": "string", "minLength": 1, "maxLength": EGRESS_RULE_MAX_CHARS},
                 "description": 'All rules ([] opens egress, ["deny-all"] closes it).',
             },
+            "policy": {
+                "type": "object",
+                "description": "An ordered policy {default: allow|deny, rules: [{action: "
+                "allow|deny, host}]}; give this, policy_name or rules.",
+            },
+            "policy_name": {
+                "type": "string",
+                "minLength": 1,
+                "description": "The name of a saved policy to copy; give this, policy or rules.",
+            },
         },
-        ["sandbox_id", "rules"],
+        ["sandbox_id"],
     ),
     idempotent=True,
 )

@@ -283,7 +283,12 @@ class HutchTools:
 
     async def _set_egress(self, a: dict[str, Any]) -> ToolResult:
         sandbox = await AsyncSandbox.connect(a["sandbox_id"], client=self.client)
-        data = (await sandbox.egress.set(a["rules"])).to_dict()
+        rules, policy = a.get("rules"), a.get("policy") or a.get("policy_name")
+        if sum(a.get(k) is not None for k in ("rules", "policy", "policy_name")) != 1:
+            raise InvalidArgument(
+                "give one of rules (a list), policy (an object) or policy_name (a saved policy)"
+            )
+        data = (await sandbox.egress.set(rules, policy=policy)).to_dict()
         return ToolResult(data, _describe_egress(a["sandbox_id"], data, "now"))
 
     async def _get_egress(self, a: dict[str, Any]) -> ToolResult:

@@ -14,7 +14,16 @@ from hutch.api.auth import Authenticator
 from hutch.api.limits import BodyLimit
 from hutch.api.routes import archive as archive_routes
 from hutch.api.routes import contexts as context_routes
-from hutch.api.routes import egress, files, images, meta, networks, ports, sandboxes
+from hutch.api.routes import (
+    egress,
+    egress_policies,
+    files,
+    images,
+    meta,
+    networks,
+    ports,
+    sandboxes,
+)
 from hutch.api.routes import exec as exec_routes
 from hutch.api.routes import processes as process_routes
 from hutch.api.routes import pty as pty_routes
@@ -103,6 +112,7 @@ def create_app(services: Services, api_key: str, *, manage_service: bool = True)
     app.include_router(pty_routes.router, dependencies=auth)
     app.include_router(pty_routes.ws_router())  # authenticates itself (first message)
     app.include_router(egress.router, dependencies=auth)
+    app.include_router(egress_policies.router, dependencies=auth)
     app.include_router(ports.router, dependencies=auth)
     app.include_router(networks.router, dependencies=auth)
     app.include_router(networks.membership_router, dependencies=auth)

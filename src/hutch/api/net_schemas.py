@@ -8,7 +8,7 @@ network driver package (``tests/unit/test_layers.py``).
 from __future__ import annotations
 
 import datetime as dt
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -21,6 +21,7 @@ from hutch.contract.limits import (
     NAME_MAX_CHARS,
     PORT_RANGE,
 )
+from hutch.errors import InvalidArgument
 from hutch.models import NetworkMode
 
 __all__ = [
@@ -32,10 +33,13 @@ __all__ = [
     "EgressRuleText",
     "EgressRules",
     "JoinNetwork",
+    "NamedPolicy",
+    "NamedPolicyList",
     "Network",
     "NetworkList",
     "NetworkRef",
     "NetworkRequest",
+    "PolicyDocument",
     "Port",
     "PortList",
     "PortRequest",
@@ -72,12 +76,106 @@ def _iso(ts: float) -> dt.datetime:
 # -- egress ---------------------------------------------------------------------------
 
 
-class EgressRules(_Strict):
-    rules: list[EgressRuleText] = Field(
-        max_length=MAX_EGRESS_RULES,
-        description='Replaces every rule at once. `[]`: open egress; `["deny-all"]`: '
-        "nothing leaves. An invalid rule rejects the whole list and the old rules stay.",
+_POLICY_RULE = (
+    "a policy rule: `{action: allow|deny|transform, host, methods?, path?, set_headers?, "
+    "remove_headers?}`; `host` in the rule forms above (name, `*.name`, ip, cidr, with "
+    "`:port`); `path` a prefix on whole segments (`/docs`) or a glob (`/docs/*`); "
+    "`set_headers` values literal or with `{secret:NAME}`"
+)
+
+
+class PolicyDocument(_Strict):
+    """An ordered egress policy: the first rule that matches decides, else `default`."""
+
+    default: str | None = Field(
+        default=None, description="`allow` or `deny` (the default): when no rule matches."
     )
+    inspection: str | None = Field(
+        default=None,
+        description="`none` (the default: addresses and names only), `partial`, `full`, "
+        "`learn`. This daemon serves `none` and `partial` (plain-HTTP requests by method, "
+        "path and literal transforms; HTTPS to a host whose rules need the request is "
+        "refused); `full` and "
+        "`learn` are refused (400) until TLS termination lands.",
+    )
+    dry_run: bool | None = Field(
+        default=None, description="Log would-be denials without denying (not available yet)."
+    )
+    rules: list[dict[str, Any]] = Field(
+        default_factory=list,
+        max_length=MAX_EGRESS_RULES,
+        description="In order; each is " + _POLICY_RULE + ".",
+    )
+
+
+class EgressRules(_Strict):
+    """Today's rule list (`{rules: ["good.test"]}`), an ordered policy (`{default,
+    inspection, rules: [{action, host, ...}]}`), or a named policy (`{policy: name}`)."""
+
+    rules: list[EgressRuleText | dict[str, Any]] | None = Field(
+        default=None,
+        max_length=MAX_EGRESS_RULES,
+        description="Replaces every rule at once. Strings: today's list (`[]`: open egress; "
+        '`["deny-all"]`: nothing leaves; any rule: only what a rule allows). Objects (with '
+        "`default`/`inspection`): " + _POLICY_RULE + ". An invalid rule rejects the whole "
+        "request (400 naming `rules[i].field`) and the old rules stay.",
+    )
+    default: str | None = Field(
+        default=None, description=PolicyDocument.model_fields["default"].description
+    )
+    inspection: str | None = Field(
+        default=None, description=PolicyDocument.model_fields["inspection"].description
+    )
+    dry_run: bool | None = Field(
+        default=None, description=PolicyDocument.model_fields["dry_run"].description
+    )
+    policy: Annotated[str, Field(min_length=1, max_length=NAME_MAX_CHARS)] | None = Field(
+        default=None,
+        description="A named policy of the project (`/v1/egress-policies`) to copy; "
+        "later edits of the named policy do not change this sandbox.",
+    )
+
+    def requested(self) -> tuple[list[str] | dict[str, Any] | None, str | None]:
+        """(rule list or policy document, named policy) as the service takes them."""
+        fields = {"default": self.default, "inspection": self.inspection, "dry_run": self.dry_run}
+        given = {k: v for k, v in fields.items() if v is not None}
+        rules = self.rules
+        if self.policy is not None:
+            if given or rules is not None:
+                raise InvalidArgument(
+                    'give either "policy" (a named policy) or the rules/policy fields, not both'
+                )
+            return None, self.policy
+        if given or any(isinstance(r, dict) for r in rules or []):
+            return {**given, "rules": list(rules or [])}, None
+        if rules is None:
+            raise InvalidArgument(
+                'give "rules" (a list), a policy ("default", "inspection", "rules") or '
+                '"policy" (a named policy)'
+            )
+        return [str(r) for r in rules], None
+
+
+class NamedPolicy(_FromView):
+    name: str
+    project: str
+    policy: dict[str, Any] = Field(description="The policy document, in canonical form.")
+    created_at: dt.datetime
+    updated_at: dt.datetime
+
+    @classmethod
+    def of(cls, view: Any) -> NamedPolicy:
+        return cls(
+            name=view.name,
+            project=view.project,
+            policy=view.policy,
+            created_at=_iso(view.created_at),
+            updated_at=_iso(view.updated_at),
+        )
+
+
+class NamedPolicyList(BaseModel):
+    policies: list[NamedPolicy]
 
 
 class Egress(_FromView):
@@ -94,10 +192,27 @@ class Egress(_FromView):
         description="Of `denied`, packets past the sandbox's log budget: counted but not in "
         "the egress log one by one (a summary line there says how many)."
     )
+    policy: dict[str, Any] | None = Field(
+        default=None,
+        description="The ordered policy in force, in canonical form (then `rules` has one "
+        "line per rule and the default); null when the egress is a plain rule list.",
+    )
+    rule_counts: list[RuleCount] = Field(
+        default_factory=list,
+        description="Per rule of the ordered policy (by index; rules that decided nothing "
+        "yet are left out): resolver answers and proxied connections it allowed or denied. "
+        "They start from zero when the policy is replaced.",
+    )
 
     @classmethod
     def of(cls, view: object) -> Egress:
         return cls.model_validate(view)
+
+
+class RuleCount(_FromView):
+    index: int = Field(description="The rule's index in `policy.rules`.")
+    allowed: int
+    denied: int
 
 
 class EgressEvent(BaseModel):
@@ -110,6 +225,19 @@ class EgressEvent(BaseModel):
     verdict: Literal["allow", "deny"]
     rule: str | None = Field(description="The rule that matched; null: none did.")
     reason: str
+    method: str | None = Field(
+        default=None, description="A plain-HTTP request's method (null: not HTTP)."
+    )
+    path: str | None = Field(
+        default=None,
+        description="A plain-HTTP request's path, without its query (query values may "
+        "hold secrets and are never logged).",
+    )
+    rule_index: int | None = Field(
+        default=None,
+        description="The index of the ordered policy's rule that decided (null: a plain "
+        "rule list, the default, or not a rule's decision).",
+    )
 
     @classmethod
     def of(cls, event: object) -> EgressEvent:
@@ -129,6 +257,9 @@ class EgressEventView(_FromView):
     verdict: Literal["allow", "deny"]
     rule: str | None
     reason: str
+    method: str | None = None
+    path: str | None = None
+    rule_index: int | None = None
 
 
 class EgressLog(BaseModel):

@@ -97,6 +97,12 @@ ROUTE_PERMISSIONS: dict[tuple[str, str], Permission] = {
     ("GET", f"{_SB}/egress"): P.SANDBOX_READ,
     ("PUT", f"{_SB}/egress"): P.EGRESS_WRITE,
     ("GET", f"{_SB}/egress/log"): P.SANDBOX_READ,
+    # named egress policies of the project (issue 12): reading them is reading the
+    # network setup; writing them is writing egress (no new permission)
+    ("GET", "/v1/egress-policies"): P.NETWORK_READ,
+    ("GET", "/v1/egress-policies/{name}"): P.NETWORK_READ,
+    ("PUT", "/v1/egress-policies/{name}"): P.EGRESS_WRITE,
+    ("DELETE", "/v1/egress-policies/{name}"): P.EGRESS_WRITE,
     ("POST", f"{_SB}/ports"): P.PORT_WRITE,
     ("GET", f"{_SB}/ports"): P.SANDBOX_READ,
     ("DELETE", f"{_SB}/ports/{{port}}"): P.PORT_WRITE,

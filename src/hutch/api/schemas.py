@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from hutch.api.image_schemas import ImageConfigModel, ImageSourceModel
-from hutch.api.net_schemas import EgressRuleText, NetworkRef, SandboxNet
+from hutch.api.net_schemas import EgressRuleText, NetworkRef, PolicyDocument, SandboxNet
 from hutch.api.volume_schemas import MAX_VOLUMES_PER_SANDBOX, VolumeMountBody
 from hutch.contract.enums import DEFAULT_NETWORK_MODE, DEFAULT_PAUSE_MODE
 from hutch.contract.limits import (
@@ -87,10 +87,17 @@ class CreateSandbox(Strict):
         default=DEFAULT_NETWORK_MODE,
         description="`default`: an address and NAT, filtered by `egress`; `none`: no network.",
     )
-    egress: list[EgressRuleText] | None = Field(
+    egress: (
+        Annotated[list[EgressRuleText], Field(max_length=MAX_EGRESS_RULES)] | PolicyDocument | None
+    ) = Field(
         default=None,
-        max_length=MAX_EGRESS_RULES,
-        description="Egress rules (see PUT /v1/sandboxes/{id}/egress); null or []: open.",
+        description="Egress rules, or an ordered policy `{default, inspection, rules}` (see "
+        "PUT /v1/sandboxes/{id}/egress); null or []: open.",
+    )
+    egress_policy: Annotated[str, Field(min_length=1, max_length=NAME_MAX_CHARS)] | None = Field(
+        default=None,
+        description="A named policy of the project (`/v1/egress-policies`) to copy "
+        "(instead of `egress`).",
     )
     networks: list[NetworkRef] = Field(
         default_factory=list,

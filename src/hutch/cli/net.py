@@ -9,7 +9,10 @@ works, except the egress log's last column (the reason, in words).
 
 from __future__ import annotations
 
+import json
+import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -20,7 +23,16 @@ from hutch.cli._output import print_json, when
 from hutch.contract.enums import DEFAULT_NETWORK_MODE, NetworkMode
 from hutch.contract.limits import DEFAULT_EGRESS_LOG_LIMIT, EGRESS_LOG_MAX, PORT_RANGE
 from hutch.errors import HutchError
-from hutch.sdk import Egress, EgressInfo, NetworkInfo, Ports, SandboxInfo, SandboxNetworks
+from hutch.sdk import (
+    Egress,
+    EgressInfo,
+    EgressPolicies,
+    NamedPolicyInfo,
+    NetworkInfo,
+    Ports,
+    SandboxInfo,
+    SandboxNetworks,
+)
 
 __all__ = [
     "egress",
@@ -72,6 +84,12 @@ def network_create_options(command: F) -> F:
             "or deny-all. Any rule denies everything it does not match.",
         ),
         click.option(
+            "--egress-policy",
+            "egress_policy",
+            metavar="NAME",
+            help="Start with a copy of this named egress policy (hutch egress policy list).",
+        ),
+        click.option(
             "--join",
             "join",
             multiple=True,
@@ -85,10 +103,20 @@ def network_create_options(command: F) -> F:
 
 
 def network_create_kwargs(
-    network: str, egress: tuple[str, ...], join: tuple[str, ...]
+    network: str,
+    egress: tuple[str, ...],
+    join: tuple[str, ...],
+    egress_policy: str | None = None,
 ) -> dict[str, Any]:
     """``create_sandbox`` keyword arguments from the options above."""
-    return {"network": network, "egress": list(egress) or None, "networks": list(join)}
+    out: dict[str, Any] = {
+        "network": network,
+        "egress": list(egress) or None,
+        "networks": list(join),
+    }
+    if egress_policy is not None:
+        out["egress_policy"] = egress_policy
+    return out
 
 
 def network_rows(info: SandboxInfo) -> list[tuple[str, str]]:
@@ -119,6 +147,18 @@ def _show_egress(info: EgressInfo, as_json: bool) -> None:
     if as_json:
         print_json(info.to_dict())
         return
+    if info.policy is not None:  # an ordered policy: one row per rule, in order
+        _echo_rows(
+            [("mode", info.mode), ("policy", f"inspection {info.policy.get('inspection')}")]
+            + [("rule", line) for line in info.rules]
+            + [
+                ("allowed", str(info.allowed)),
+                ("denied", str(info.denied)),
+                ("rate_limited", str(info.rate_limited)),
+                ("log_dropped", str(info.log_dropped)),
+            ]
+        )
+        return
     _echo_rows(
         [
             ("mode", info.mode),
@@ -142,22 +182,122 @@ def egress_get(sandbox_id: str, as_json: bool) -> None:
     _show_egress(Egress(get_env().client(), sandbox_id).get(), as_json)
 
 
+def _read_policy_file(path: str) -> dict[str, Any]:
+    """A policy document from a JSON file (``-``: standard input)."""
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as exc:
+        raise click.UsageError(f"cannot read the policy file {path}: {exc}") from exc
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise click.UsageError(f"the policy file {path} is not JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise click.UsageError(
+            f'the policy file {path} must hold one JSON object {{"default", "rules": [...]}}'
+        )
+    return doc
+
+
 @egress.command("set")
 @click.argument("sandbox_id", metavar="ID")
 @click.argument("rules", metavar="RULE...", nargs=-1)
 @click.option("--clear", is_flag=True, help="Remove every rule (open egress).")
+@click.option(
+    "--policy-file",
+    metavar="FILE",
+    help="Set an ordered policy from this JSON file (- for standard input).",
+)
+@click.option("--policy", "policy_name", metavar="NAME", help="Set a copy of this named policy.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def egress_set(sandbox_id: str, rules: tuple[str, ...], clear: bool, as_json: bool) -> None:
+def egress_set(
+    sandbox_id: str,
+    rules: tuple[str, ...],
+    clear: bool,
+    policy_file: str | None,
+    policy_name: str | None,
+    as_json: bool,
+) -> None:
     """Replace the rules of sandbox ID; they apply at once, open connections included.
 
     RULE: host, host:port, *.host (subdomains, not the apex), ip, ip:port, cidr,
-    cidr:port ([v6]:port for IPv6), or deny-all alone. An invalid rule rejects the
-    whole list and the old rules stay."""
-    if bool(rules) == clear:
+    cidr:port ([v6]:port for IPv6), or deny-all alone. Or an ordered policy
+    (--policy-file: {"default": "deny", "rules": [{"action": "allow", "host":
+    "pypi.org:443"}]}, first match wins) or a named one (--policy). An invalid rule
+    rejects the whole request and the old rules stay."""
+    given = [bool(rules), clear, policy_file is not None, policy_name is not None]
+    if sum(given) != 1:
         raise click.UsageError(
-            "give the rules to set, or --clear alone to remove every rule (open egress)"
+            "give the rules to set, --clear, --policy-file FILE or --policy NAME (one of them)"
         )
-    _show_egress(Egress(get_env().client(), sandbox_id).set(list(rules)), as_json)
+    shell = Egress(get_env().client(), sandbox_id)
+    if policy_file is not None:
+        info = shell.set(policy=_read_policy_file(policy_file))
+    elif policy_name is not None:
+        info = shell.set(policy=policy_name)
+    else:
+        info = shell.set(list(rules))
+    _show_egress(info, as_json)
+
+
+@egress.group("policy")
+def egress_policy() -> None:
+    """Named egress policies of the project, reusable at create (--egress-policy) and by
+    `hutch egress set ID --policy NAME`. A sandbox gets a copy."""
+
+
+def _show_named(info: NamedPolicyInfo, as_json: bool) -> None:
+    if as_json:
+        print_json(info.to_dict())
+        return
+    click.echo(json.dumps(info.policy, indent=2))
+
+
+@egress_policy.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
+def policy_list(as_json: bool) -> None:
+    """The named policies: NAME, DEFAULT, INSPECTION, RULES (how many), UPDATED."""
+    found = EgressPolicies(get_env().client()).list()
+    if as_json:
+        print_json([p.to_dict() for p in found])
+        return
+    table = Table(box=None, pad_edge=False, show_edge=False)
+    for column in ("NAME", "DEFAULT", "INSPECTION", "RULES", "UPDATED"):
+        table.add_column(column, no_wrap=True)
+    for p in found:
+        table.add_row(
+            p.name,
+            str(p.policy.get("default")),
+            str(p.policy.get("inspection")),
+            str(len(p.policy.get("rules", []))),
+            when(p.updated_at).replace(" ", "T"),
+        )
+    print_table(table)
+
+
+@egress_policy.command("get")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print the API object as JSON.")
+def policy_get(name: str, as_json: bool) -> None:
+    """Print the policy document of NAME (the form `put` takes)."""
+    _show_named(EgressPolicies(get_env().client()).get(name), as_json)
+
+
+@egress_policy.command("put")
+@click.argument("name")
+@click.argument("file", metavar="FILE")
+@click.option("--json", "as_json", is_flag=True, help="Print the API object as JSON.")
+def policy_put(name: str, file: str, as_json: bool) -> None:
+    """Create or replace NAME from a JSON policy FILE (- for standard input)."""
+    _show_named(EgressPolicies(get_env().client()).put(name, _read_policy_file(file)), as_json)
+
+
+@egress_policy.command("delete")
+@click.argument("names", metavar="NAME...", nargs=-1, required=True)
+def policy_delete(names: tuple[str, ...]) -> None:
+    """Delete named policies (sandboxes keep their copies); prints each name deleted."""
+    policies = EgressPolicies(get_env().client())
+    _report_each(names, policies.delete)
 
 
 @egress.command("log")

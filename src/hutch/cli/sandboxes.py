@@ -132,6 +132,7 @@ def create(
     auto_delete_s: int | None,
     network: str,
     egress: tuple[str, ...],
+    egress_policy: str | None,
     join: tuple[str, ...],
     volumes: tuple[str, ...],
     as_json: bool,
@@ -160,7 +161,7 @@ def create(
             snapshot=snapshot,
             auto_pause_s=auto_pause_s,
             auto_delete_s=auto_delete_s,
-            **network_create_kwargs(network, egress, join),
+            **network_create_kwargs(network, egress, join, egress_policy),
             volumes=mounts or None,
         )
     if as_json:

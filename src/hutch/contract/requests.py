@@ -32,8 +32,10 @@ __all__ = ["COMMAND_FIELDS", "CREATE_FIELDS", "SHAPE_FIELDS", "CommandRequest", 
 class CreateRequest:
     """What a create asks for. ``snapshot``: start from that snapshot, whose image and
     shape win (so the shape fields must stay at their defaults); ``egress`` None or []:
-    open egress; ``networks``: private networks (ids or names) to join; ``env_secrets``:
-    ``{VAR: secret name}``, each variable the secret's current value in every command."""
+    open egress, or an ordered policy document (``hutch.contract.egress_policy``);
+    ``egress_policy``: a named policy of the project to copy instead; ``networks``:
+    private networks (ids or names) to join; ``env_secrets``: ``{VAR: secret name}``,
+    each variable the secret's current value in every command."""
 
     image: str = DEFAULT_IMAGE
     vcpus: int = DEFAULT_VCPUS
@@ -48,7 +50,8 @@ class CreateRequest:
     auto_delete_s: int | None = None
     snapshot: str | None = None
     network: str = DEFAULT_NETWORK_MODE.value
-    egress: Sequence[str] | None = None
+    egress: Sequence[str] | Mapping[str, Any] | None = None
+    egress_policy: str | None = None
     networks: Sequence[str] = ()
     #: Volumes to mount at create (``hutch.contract.volumes.VolumeMount``).
     volumes: Sequence[VolumeMount] = ()

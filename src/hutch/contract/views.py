@@ -4,18 +4,20 @@ API, MCP and CLI layers (pure data; the REST schemas read them by attribute)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from hutch.contract.egress import EgressMode
 from hutch.contract.enums import NetworkMode
 
 __all__ = [
+    "DenialSpike",
     "EgressEvent",
     "EgressMode",
     "EgressView",
     "NetworkMode",
     "NetworkView",
     "PortView",
+    "RuleCount",
     "SandboxNetView",
     "Verdict",
 ]
@@ -34,6 +36,11 @@ class EgressView:
     rate_limited: int = 0
     # Of ``denied``, packets past the sandbox's log budget: counted, not logged one by one.
     log_dropped: int = 0
+    # The ordered policy in force (``hutch.contract.egress_policy``, canonical document);
+    # None when the egress is a plain rule list.
+    policy: dict[str, Any] | None = None
+    # Per rule of the ordered policy, by index (rules that decided nothing yet omitted).
+    rule_counts: tuple[RuleCount, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,34 @@ class EgressEvent:
     verdict: Verdict
     rule: str | None
     reason: str
+    # HTTP requests the proxy read (plain HTTP): the method and the path without its
+    # query (query values can hold secrets); None otherwise.
+    method: str | None = None
+    path: str | None = None
+    # The index of the ordered policy's rule that decided (``rules[i]``); None: a plain
+    # rule list, the policy's default, or not a rule's decision.
+    rule_index: int | None = None
+
+
+@dataclass(frozen=True)
+class RuleCount:
+    """Decisions an ordered policy's rule made (resolver answers and proxied connections
+    and requests; packets nft drops are counted in ``EgressView.denied`` only)."""
+
+    index: int
+    allowed: int
+    denied: int
+
+
+@dataclass(frozen=True)
+class DenialSpike:
+    """A sandbox's denials passed the spike threshold in one minute."""
+
+    time: float  # UNIX epoch seconds, when the threshold was passed
+    sandbox_id: str
+    denials: int  # in the minute so far
+    threshold: int
+    last: EgressEvent  # the denial that passed it
 
 
 @dataclass(frozen=True)

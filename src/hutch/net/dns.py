@@ -52,6 +52,7 @@ import dns.rdataclass
 import dns.rdatatype
 import dns.rrset
 
+from hutch.contract.egress_policy import PolicyRule
 from hutch.contract.views import EgressEvent, Verdict
 from hutch.errors import NetworkError
 from hutch.net.destinations import ForbiddenCheck, classify_destination, filter_answer
@@ -285,6 +286,11 @@ class Resolver:
             return _reply(query, dns.rcode.NXDOMAIN, tcp)
         rule = policy.name_allowed_any_port(name) if name is not None else None
         if name is None or rule is None:
+            denier = policy.ordered.name_denied_by(name) if policy.ordered and name else None
+            if denier is not None:
+                why = f"{denier.canonical} denies this name"
+                self._event(sid, raw_name, "deny", denier.canonical, why, denier.index)
+                return _reply(query, dns.rcode.NXDOMAIN, tcp)
             self._event(sid, raw_name, "deny", None, "no rule allows this name")
             return _reply(query, dns.rcode.NXDOMAIN, tcp)
         if q.rdclass != dns.rdataclass.IN:
@@ -298,7 +304,10 @@ class Resolver:
                 sid, name, "deny", rule.canonical, f"{kind} queries are not answered under rules"
             )
             return _reply(query, dns.rcode.NXDOMAIN, tcp)
-        return await self._forward_allowed(query, name, q.rdtype, sandbox, rule.canonical, tcp)
+        index = rule.index if isinstance(rule, PolicyRule) else None
+        return await self._forward_allowed(
+            query, name, q.rdtype, sandbox, rule.canonical, tcp, index
+        )
 
     def _answer_local(
         self,
@@ -341,7 +350,9 @@ class Resolver:
         sandbox: SandboxNet,
         rule: str,
         tcp: bool,
+        index: int | None = None,
     ) -> bytes:
+        """``index``: the ordered policy's rule that allowed the name (for its counts)."""
         sid = sandbox.sandbox_id
         try:
             upstream = await self._ask_upstream(name, rdtype)
@@ -382,7 +393,8 @@ class Resolver:
             learnt = {a for a, _ in sorted_out.learn}
             via_ip = [str(a) for a, _ in sorted_out.answer if a not in learnt]
             note = f"; {', '.join(via_ip)} only as its ip/cidr rules allow" if via_ip else ""
-            self._event(sid, name, "allow", rule, f"resolved to {got} (allowed for {ttl}s{note})")
+            why = f"resolved to {got} (allowed for {ttl}s{note})"
+            self._event(sid, name, "allow", rule, why, index)
         return _to_wire(response, query, tcp)
 
     # ---- upstream --------------------------------------------------------------------
@@ -437,8 +449,19 @@ class Resolver:
         self._cache[norm] = (now + min(ttl, TTL_CAP_S), addrs)
         return addrs
 
-    def _event(self, sid: str, name: str, verdict: Verdict, rule: str | None, why: str) -> None:
-        self._log.record(EgressEvent(time.time(), sid, name, None, "dns", name, verdict, rule, why))
+    def _event(
+        self,
+        sid: str,
+        name: str,
+        verdict: Verdict,
+        rule: str | None,
+        why: str,
+        index: int | None = None,
+    ) -> None:
+        event = EgressEvent(
+            time.time(), sid, name, None, "dns", name, verdict, rule, why, rule_index=index
+        )
+        self._log.record(event)
 
 
 def _a_records(message: dns.message.Message) -> list[tuple[IPv4Address, int]]:

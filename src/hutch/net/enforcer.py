@@ -29,14 +29,14 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Interface
 from pathlib import Path
 from typing import NamedTuple
 
 from hutch.config import NetLimits
-from hutch.contract.views import EgressEvent, EgressView
+from hutch.contract.views import DenialSpike, EgressEvent, EgressView
 from hutch.errors import HutchError, NetworkError
 from hutch.net import links, nft_apply
 from hutch.net.addressing import AddressPool, Block, host_addresses, tap_prefix
@@ -130,7 +130,11 @@ class Enforcer:
         self.limits = limits
         self.dataplane: Dataplane = dataplane or NftDataplane()
         self.real = dataplane is None
-        self.log = EgressLog()
+        self.log = EgressLog(spike_per_min=limits.deny_spike_per_min, on_spike=self._denial_spike)
+        #: Called with every DenialSpike (in the data path's thread): the one place the
+        #: event log's ``egress.denied`` is emitted from, once it exists (see
+        #: ARCHITECTURE.md, egress policies). None: the spike is logged only.
+        self.denial_spike_hook: Callable[[DenialSpike], None] | None = None
         self._host_addrs: frozenset[IPv4Address] = frozenset()
         # Host address events arrive in the caller's loop; the data path reads the set
         # (replaced whole) and asks the kernel at each check (_is_host).
@@ -272,6 +276,19 @@ class Enforcer:
         allowed are carried over). Raises what the dataplane raises: the old rules stay."""
         async with self._lock:
             await self.datapath.run(self.learner.swap(sb, policy))
+        self.log.reset_rule_counts(sb.sandbox_id)
+
+    def _denial_spike(self, spike: DenialSpike) -> None:
+        log.warning(
+            "egress denial spike: sandbox %s, %d denials this minute (threshold %d)",
+            spike.sandbox_id, spike.denials, spike.threshold,
+        )  # fmt: skip
+        hook = self.denial_spike_hook
+        if hook is not None:
+            try:
+                hook(spike)
+            except Exception:  # an alert must never break the data path
+                log.exception("denial spike hook failed")
 
     async def revalidate(self, sandbox_id: str, policy: EgressPolicy) -> int:
         """Cut the connections the proxy relays for ``sandbox_id`` that ``policy`` no
@@ -301,7 +318,11 @@ class Enforcer:
             denied += nft.denied
             limited += nft.rate_limited
             unlogged = nft.unlogged
-        return EgressView(policy.texts(), policy.mode, allowed, denied, limited, unlogged)
+        document = policy.ordered.document() if policy.ordered is not None else None
+        counts = self.log.rule_counts(sandbox_id) if document is not None else ()
+        return EgressView(
+            policy.texts(), policy.mode, allowed, denied, limited, unlogged, document, counts
+        )
 
     def events(self, sandbox_id: str, limit: int) -> list[EgressEvent]:
         return self.log.events(sandbox_id, limit)

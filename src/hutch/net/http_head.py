@@ -29,6 +29,7 @@ bytes) or raises :class:`HeadError` whose message says what was wrong.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -44,6 +45,7 @@ __all__ = [
     "parse_absolute_target",
     "parse_host",
     "parse_request_head",
+    "rewrite_fields",
 ]
 
 MAX_HEAD = 16 * 1024
@@ -219,6 +221,33 @@ def parse_request_head(buf: bytes) -> RequestHead | None:
         body=body,
         length=length,
     )
+
+
+def rewrite_fields(
+    head: bytes, set_fields: Sequence[tuple[str, str]], remove: Sequence[str]
+) -> bytes:
+    """``head`` (a checked head, as :func:`parse_request_head` returned it) with every
+    field named in ``remove`` or ``set_fields`` dropped (names ignore case) and the
+    ``set_fields`` added before ``Connection: close``. Values must hold no CR, LF or
+    other control byte but HTAB (HeadError otherwise: a value must never split the
+    head)."""
+    lines = head[:-4].split(b"\r\n")  # without the final CRLF CRLF
+    drop = {n.lower().encode("ascii") for n in remove} | {
+        n.lower().encode("ascii") for n, _ in set_fields
+    }
+    kept = [lines[0]]
+    for line in lines[1:]:
+        key = line.split(b":", 1)[0].lower()
+        if key == b"connection" or key not in drop:
+            kept.append(line)
+    close = kept.pop()  # Connection: close stays last
+    for name, value in set_fields:
+        raw = value.encode("latin-1", "strict") if value.isascii() else value.encode("utf-8")
+        if not _VALUE.fullmatch(raw):
+            raise HeadError(f"the value set for {name} holds a control character")
+        kept.append(name.encode("ascii") + b": " + raw)
+    kept.append(close)
+    return b"\r\n".join(kept) + b"\r\n\r\n"
 
 
 def _request_line(line: bytes) -> tuple[str, str, str]:

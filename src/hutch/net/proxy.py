@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import re
 import socket
@@ -41,12 +42,13 @@ from dataclasses import dataclass
 from ipaddress import IPv4Address, ip_address
 from typing import Literal, Protocol
 
+from hutch.contract.egress_policy import HttpRequest
 from hutch.contract.views import EgressEvent, Verdict
 from hutch.errors import NetworkError
 from hutch.net.destinations import ForbiddenCheck, opened_by_ip_rule
 from hutch.net.dns import SandboxDirectory, SandboxNet
 from hutch.net.egress_log import EgressLog
-from hutch.net.http_head import HeadError, RequestHead, parse_request_head
+from hutch.net.http_head import HeadError, RequestHead, parse_request_head, rewrite_fields
 from hutch.net.http_relay import relay_one_request
 from hutch.net.ratelimit import KeyedLimiter, Rate
 from hutch.net.rules import EgressPolicy, normalize_name
@@ -54,6 +56,7 @@ from hutch.net.rules import EgressPolicy, normalize_name
 __all__ = [
     "EgressProxy",
     "NameResolver",
+    "SecretResolver",
     "Sniffed",
     "close_writer",
     "pipe_both",
@@ -194,9 +197,44 @@ def _sniff_http(buf: bytes) -> Sniffed | None:
 
 
 class _Denied(Exception):
-    def __init__(self, reason: str, rule: str | None = None) -> None:
+    def __init__(self, reason: str, rule: str | None = None, index: int | None = None) -> None:
         super().__init__(reason)
-        self.reason, self.rule = reason, rule
+        self.reason, self.rule, self.index = reason, rule, index
+
+
+class SecretResolver(Protocol):
+    """Where a transform's ``{secret:NAME}`` values come from (the secrets store's
+    ``reveal(name, project)``). Not wired yet: the contract refuses secret references
+    until the store is on main, so :func:`_no_secrets` stands in and refuses."""
+
+    def reveal(self, name: str, project: str) -> str: ...
+
+
+def _no_secrets(name: str) -> str:
+    raise LookupError(f"secret {name!r}: this daemon has no secrets store yet")
+
+
+def _path_of(target: str) -> str:
+    """A request target's path without its query (for 403 bodies and the log)."""
+    if "://" in target:
+        rest = target.split("://", 1)[1]
+        target = "/" + rest.split("/", 1)[1] if "/" in rest else "/"
+    return target.split("?", 1)[0]
+
+
+@dataclass(frozen=True)
+class _Http:
+    """What the egress log keeps of a plain-HTTP request: the method and the path
+    without its query (query values can hold secrets)."""
+
+    method: str | None = None
+    path: str | None = None
+
+    @classmethod
+    def of(cls, seen: Sniffed) -> _Http:
+        if seen.request is None:
+            return cls()
+        return cls(seen.request.method, _path_of(seen.request.target))
 
 
 @dataclass(eq=False)
@@ -320,38 +358,31 @@ class EgressProxy:
             self._event(sandbox, "-", None, "tcp", None, "deny", None, f"no original port: {exc}")
             return
         seen, raw = await self._peek(reader)
+        http = _Http.of(seen)
         if seen.error is not None or seen.name is None:
             reason = seen.error or "no name"
             self._event(
-                sandbox, seen.name or "-", port, seen.protocol, seen.name, "deny", None, reason
-            )
+                sandbox, seen.name or "-", port, seen.protocol, seen.name, "deny", None, reason,
+                http=http,
+            )  # fmt: skip
             await self._refuse(writer, seen, port, reason)
             return
         try:
-            rule, upstream, addr = await self._decide_and_connect(sandbox, seen.name, port)
+            rewritten: list[RequestHead] = []  # a transform's head, decided before connecting
+            rule, index, upstream, addr = await self._decide_and_connect(
+                sandbox, seen.name, port, seen.request, rewritten
+            )
         except _Denied as denied:
             self._event(
-                sandbox,
-                seen.name,
-                port,
-                seen.protocol,
-                seen.name,
-                "deny",
-                denied.rule,
-                denied.reason,
-            )
+                sandbox, seen.name, port, seen.protocol, seen.name, "deny", denied.rule,
+                denied.reason, http=http, index=denied.index,
+            )  # fmt: skip
             await self._refuse(writer, seen, port, denied.reason)
             return
         self._event(
-            sandbox,
-            str(addr),
-            port,
-            seen.protocol,
-            seen.name,
-            "allow",
-            rule,
-            "allowed by rule" if rule else "open egress",
-        )
+            sandbox, str(addr), port, seen.protocol, seen.name, "allow", rule,
+            "allowed by rule" if rule else "open egress", http=http, index=index,
+        )  # fmt: skip
         up_reader, up_writer = upstream
         relay = _Relay(sandbox, seen.name, port, seen.protocol, (writer, up_writer))
         self._relays.add(relay)
@@ -370,9 +401,8 @@ class EgressProxy:
         try:
             if seen.request is not None:
                 body = raw[seen.request.consumed :]
-                cut = await relay_one_request(
-                    reader, writer, up_reader, up_writer, seen.request, body
-                )
+                request = rewritten[0] if rewritten else seen.request
+                cut = await relay_one_request(reader, writer, up_reader, up_writer, request, body)
                 if cut is not None:
                     self._event(sandbox, str(addr), port, "http", seen.name, "deny", rule, cut)
             else:
@@ -399,15 +429,44 @@ class EgressProxy:
             return Sniffed("unknown", None, why), buf
 
     async def _decide_and_connect(
-        self, sandbox: SandboxNet, name: str, port: int
-    ) -> tuple[str | None, tuple[asyncio.StreamReader, asyncio.StreamWriter], IPv4Address]:
+        self,
+        sandbox: SandboxNet,
+        name: str,
+        port: int,
+        request: RequestHead | None = None,
+        rewritten: list[RequestHead] | None = None,
+    ) -> tuple[
+        str | None, int | None, tuple[asyncio.StreamReader, asyncio.StreamWriter], IPv4Address
+    ]:
+        """(rule text, ordered rule index, the upstream connection, its address).
+        ``request``: the plain-HTTP request, for rules that need it (methods, path);
+        a transform rule's rewritten request is put in ``rewritten``."""
         policy = sandbox.policy
         rule_text: str | None = None
+        index: int | None = None
         if normalize_name(name) is None:
             raise _Denied(f"{name!r} is not a valid hostname")
         if policy.mode == "deny-all":
             raise _Denied("egress is deny-all")
-        if policy.mode == "rules":
+        if policy.mode == "rules" and policy.ordered is not None:
+            # Ordered: the first rule whose host matches decides, and a denial names it.
+            decided = policy.ordered.decide_connection(name, None, port)
+            if decided.verdict == "inspect":
+                rule_text, index, head = self._decide_request(policy, name, port, request)
+                if head is not None and rewritten is not None:
+                    rewritten.append(head)
+            elif decided.verdict != "allow":
+                if decided.rule is None:
+                    raise _Denied(f"no rule allows {name} on port {port} (the default is deny)")
+                raise _Denied(
+                    f"{decided.rule.canonical} denies {name} on port {port}",
+                    decided.rule.canonical,
+                    decided.rule.index,
+                )
+            else:
+                assert decided.rule is not None
+                rule_text, index = decided.rule.canonical, decided.rule.index
+        elif policy.mode == "rules":
             rule = policy.match_name(name, port)
             if rule is None:
                 raise _Denied(f"no rule allows {name} on port {port}")
@@ -433,10 +492,63 @@ class EgressProxy:
             try:
                 async with asyncio.timeout(self._connect_timeout_s):
                     conn = await asyncio.open_connection(str(addr), port)
-                return rule_text, conn, addr
+                return rule_text, index, conn, addr
             except (OSError, TimeoutError) as exc:
                 errors.append(f"{addr}: {exc or 'timed out'}")
+        # Failures after the rule allowed carry no index: they are not the rule's decision.
         raise _Denied(f"cannot connect to {name}:{port} ({'; '.join(errors)})", rule_text)
+
+    @staticmethod
+    def _decide_request(
+        policy: EgressPolicy, name: str, port: int, request: RequestHead | None
+    ) -> tuple[str | None, int | None, RequestHead | None]:
+        """A rule needs the request (methods, path, transform): the plain-HTTP request
+        decides, first match in order (:meth:`OrderedPolicy.decide`); a transform gives
+        the rewritten request. TLS is refused: its request cannot be read without TLS
+        termination, which is not built yet (fail closed). A request carrying a
+        ``{secret:`` placeholder is refused: only a transform rule fills secrets, never
+        the guest's own request."""
+        assert policy.ordered is not None
+        first = policy.ordered.decide_connection(name, None, port).rule
+        assert first is not None
+        if request is None:
+            raise _Denied(
+                f"{first.canonical} needs the HTTP request, which TLS hides from hutch "
+                f"(TLS inspection is not available yet): {name} on port {port} is refused",
+                first.canonical,
+                first.index,
+            )
+        if b"{secret:" in request.head.lower():
+            raise _Denied(
+                "the request carries a {secret:...} placeholder; hutch fills secrets only "
+                "through a transform rule bound to the host, never from the guest's request"
+            )
+        decision = policy.ordered.decide(
+            HttpRequest(name, None, port, request.method, request.target)
+        )
+        if decision.rule is None:
+            if decision.allowed:
+                return None, None, None
+            raise _Denied(
+                f"no rule allows {request.method} {_path_of(request.target)} on {name}:{port} "
+                "(the default is deny)"
+            )
+        rule = decision.rule
+        if not decision.allowed:
+            raise _Denied(
+                f"{rule.canonical} denies {request.method} {_path_of(request.target)} on "
+                f"{name}:{port}",
+                rule.canonical,
+                rule.index,
+            )
+        if decision.action != "transform":
+            return rule.canonical, rule.index, None
+        try:
+            values = [(n, tpl.render(_no_secrets)) for n, tpl in rule.set_headers]
+            head = rewrite_fields(request.head, values, rule.remove_headers)
+        except (HeadError, LookupError) as exc:
+            raise _Denied(f"{rule.canonical} cannot transform: {exc}", rule.canonical) from exc
+        return rule.canonical, rule.index, dataclasses.replace(request, head=head)
 
     async def _refuse(
         self, writer: asyncio.StreamWriter, seen: Sniffed, port: int, reason: str
@@ -464,7 +576,11 @@ class EgressProxy:
         verdict: Verdict,
         rule: str | None,
         reason: str,
+        *,
+        http: _Http | None = None,
+        index: int | None = None,
     ) -> None:
+        h = http or _Http()
         self._log.record(
             EgressEvent(
                 time.time(),
@@ -476,6 +592,9 @@ class EgressProxy:
                 verdict,
                 rule,
                 reason,
+                h.method,
+                h.path,
+                index,
             )
         )
 

@@ -10,8 +10,9 @@ sets and the resolver need. The grammar's names are re-exported here for the dri
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from ipaddress import IPv4Network
+from typing import Any
 
 from hutch.contract.egress import (
     ACCEPTED_FORMS,
@@ -26,7 +27,15 @@ from hutch.contract.egress import (
     parse_rule,
     parse_rules,
 )
+from hutch.contract.egress_policy import (
+    OrderedPolicy,
+    PolicyRule,
+    is_policy_document,
+    parse_policy_document,
+    require_available,
+)
 from hutch.contract.limits import MAX_EGRESS_RULES
+from hutch.errors import InvalidArgument
 
 __all__ = [
     "ACCEPTED_FORMS",
@@ -37,11 +46,21 @@ __all__ = [
     "EgressRule",
     "IpAddress",
     "IpNetwork",
+    "Matched",
     "RuleKind",
+    "StoredPolicy",
+    "lower_policy",
     "normalize_name",
     "parse_policy",
     "parse_rule",
+    "policy_from_stored",
 ]
+
+#: What a match reports: today's rule, or a rule of an ordered policy (both name
+#: themselves with ``canonical``, for the egress log and 403 bodies).
+Matched = EgressRule | PolicyRule
+#: A policy as stored and shown: today's rule list, or a policy document.
+StoredPolicy = list[str] | dict[str, Any]
 
 MAX_RULES = MAX_EGRESS_RULES
 
@@ -67,31 +86,53 @@ def _matches_ip(rule: EgressRule, addr: IpAddress, port: int | None) -> bool:
 
 @dataclass(frozen=True)
 class EgressPolicy:
+    """What the data path enforces. ``mode`` and ``rules`` are today's list; an ordered
+    policy (``ordered``) is lowered by :func:`lower_policy` into the same shape: its mode,
+    and the ip/cidr networks its rules allow in order (``lowered_ip``); its name rules
+    are asked in order (first match wins) by every method below."""
+
     mode: EgressMode
     rules: tuple[EgressRule, ...] = ()
+    ordered: OrderedPolicy | None = None
+    lowered_ip: tuple[tuple[IPv4Network, int | None], ...] = field(default=(), compare=False)
 
     @classmethod
     def open(cls) -> EgressPolicy:
         return cls("open", ())
 
     def texts(self) -> list[str]:
-        """Canonical strings for GET and storage; ``parse_policy(p.texts())`` gives ``p``."""
+        """Canonical strings for GET (and for today's lists, storage): today's rules, or
+        one line per ordered rule (``rules[0] allow api.test:443``) and the default."""
+        if self.ordered is not None:
+            return [r.canonical for r in self.ordered.rules] + [f"default {self.ordered.default}"]
         return ParsedRules(self.mode, self.rules).texts()
 
-    def match_name(self, name: str, port: int | None) -> EgressRule | None:
-        """The first host/wildcard rule allowing ``name`` on ``port`` (``None``: any rule
-        for the name, whatever its port). Only rules are consulted: the caller handles
-        open and deny-all modes. A name that is not a valid hostname matches nothing."""
+    def stored(self) -> StoredPolicy:
+        """What the database keeps: ``policy_from_stored(p.stored()) == p``."""
+        return self.ordered.document() if self.ordered is not None else self.texts()
+
+    def match_name(self, name: str, port: int | None) -> Matched | None:
+        """The rule allowing ``name`` on ``port`` (``None``: any rule for the name, whatever
+        its port); ordered policies: the first rule whose host matches decides. Only rules
+        are consulted: the caller handles open and deny-all modes. A name that is not a
+        valid hostname matches nothing."""
         norm = normalize_name(name)
         if norm is None:
             return None
+        if self.ordered is not None:
+            if port is None:
+                return self.ordered.name_may_be_allowed(norm)
+            decided = self.ordered.decide_connection(norm, None, port)
+            # "inspect": the request decides (the proxy asks it); the destination may be
+            # reached, so a connection relayed for it is not cut by a rule change.
+            return decided.rule if decided.verdict in ("allow", "inspect") else None
         for rule in self.rules:
             if _matches_name(rule, norm, port):
                 return rule
         return None
 
-    def name_allowed_any_port(self, name: str) -> EgressRule | None:
-        """For DNS: a name is answered when some rule names it, on any port."""
+    def name_allowed_any_port(self, name: str) -> Matched | None:
+        """For DNS: a name is answered when some rule allows it, on any port."""
         return self.match_name(name, None)
 
     def name_ports(self, name: str) -> tuple[int | None, ...]:
@@ -101,6 +142,8 @@ class EgressPolicy:
         norm = normalize_name(name)
         if norm is None:
             return ()
+        if self.ordered is not None:
+            return self.ordered.name_ports(norm)
         ports: list[int] = []
         for rule in self.rules:
             if _matches_name(rule, norm, None):
@@ -110,7 +153,10 @@ class EgressPolicy:
                     ports.append(rule.port)
         return tuple(sorted(ports))
 
-    def match_ip(self, addr: IpAddress, port: int | None) -> EgressRule | None:
+    def match_ip(self, addr: IpAddress, port: int | None) -> Matched | None:
+        if self.ordered is not None:
+            decided = self.ordered.decide_connection(None, addr, port)
+            return decided.rule if decided.verdict == "allow" else None
         for rule in self.rules:
             if _matches_ip(rule, addr, port):
                 return rule
@@ -118,12 +164,16 @@ class EgressPolicy:
 
     def ip_networks(self) -> list[IPv4Network]:
         """IPv4 ip/cidr rules without a port (the data path is IPv4 only)."""
+        if self.ordered is not None:
+            return [net for net, port in self.lowered_ip if port is None]
         return [
             r.network for r in self.rules if isinstance(r.network, IPv4Network) and r.port is None
         ]
 
     def ip_port_networks(self) -> list[tuple[IPv4Network, int]]:
         """IPv4 ip:port and cidr:port rules."""
+        if self.ordered is not None:
+            return [(net, port) for net, port in self.lowered_ip if port is not None]
         return [
             (r.network, r.port)
             for r in self.rules
@@ -131,12 +181,71 @@ class EgressPolicy:
         ]
 
     def names(self) -> list[tuple[str, int | None]]:
-        """Host and wildcard rules as (canonical name pattern, port)."""
+        """Host and wildcard rules that allow, as (canonical name pattern, port)."""
+        hosts = (
+            [r.host for r in self.ordered.rules if r.action != "deny"]
+            if self.ordered is not None
+            else list(self.rules)
+        )
         return [
             (f"*.{r.host}" if r.kind == "wildcard" else str(r.host), r.port)
-            for r in self.rules
+            for r in hosts
             if r.kind in ("host", "wildcard")
         ]
+
+
+def _subtract(nets: list[IPv4Network], hole: IPv4Network) -> list[IPv4Network]:
+    out: list[IPv4Network] = []
+    for net in nets:
+        if not net.overlaps(hole):
+            out.append(net)
+        elif not net.subnet_of(hole):
+            out += net.address_exclude(hole)
+    return out
+
+
+def _lower_ip(ordered: OrderedPolicy) -> tuple[tuple[IPv4Network, int | None], ...]:
+    """The IPv4 networks (with a port or not) the ip/cidr rules allow, first match first:
+    an allow rule's network less what earlier deny rules on its port (or on every port)
+    took out. (A deny on one port before an allow on every port is refused by the
+    contract's validation.)"""
+    out: list[tuple[IPv4Network, int | None]] = []
+    for rule in ordered.rules:
+        net = rule.host.network
+        if rule.action == "deny" or not isinstance(net, IPv4Network):
+            continue
+        left = [net]
+        for earlier in ordered.rules[: rule.index]:
+            hole = earlier.host.network
+            if earlier.action != "deny" or not isinstance(hole, IPv4Network):
+                continue
+            if earlier.host.port is None or earlier.host.port == rule.host.port:
+                left = _subtract(left, hole)
+        out += [(n, rule.host.port) for n in left]
+    return tuple(out)
+
+
+def lower_policy(ordered: OrderedPolicy) -> EgressPolicy:
+    """The enforcement form of an ordered policy. What this daemon enforces so far is
+    the address and name level (``inspection: none``); anything else is refused with
+    InvalidArgument naming what is not available, and the previous policy stays."""
+    require_available(ordered)
+    if ordered.mode == "open":
+        return EgressPolicy("open", (), ordered)
+    return EgressPolicy(ordered.mode, (), ordered, _lower_ip(ordered))
+
+
+def policy_from_stored(stored: object) -> EgressPolicy:
+    """A stored or requested policy: a list is today's rules (:func:`parse_policy`), an
+    object an ordered policy (validated, then :func:`lower_policy`). Raises
+    InvalidArgument naming what is wrong."""
+    if is_policy_document(stored):
+        return lower_policy(parse_policy_document(stored))
+    if not isinstance(stored, list):
+        raise InvalidArgument(
+            "egress must be a list of rules or a policy object {default, inspection, rules}"
+        )
+    return parse_policy(stored)
 
 
 def parse_policy(texts: Iterable[str]) -> EgressPolicy:

@@ -24,7 +24,13 @@ from hutch.contract.volumes import VolumeMount
 from hutch.sdk._async.client import AsyncClient, AsyncResponseStream
 from hutch.sdk._async.contexts import AsyncContext, AsyncContexts
 from hutch.sdk._async.files import AsyncFiles, AsyncFileWatcher
-from hutch.sdk._async.net import AsyncEgress, AsyncNetworks, AsyncPorts, AsyncSandboxNetworks
+from hutch.sdk._async.net import (
+    AsyncEgress,
+    AsyncEgressPolicies,
+    AsyncNetworks,
+    AsyncPorts,
+    AsyncSandboxNetworks,
+)
 from hutch.sdk._async.processes import AsyncProcess, AsyncProcesses
 from hutch.sdk._async.pty import AsyncPty, AsyncTerminal
 from hutch.sdk._async.sandbox import AsyncSandbox
@@ -36,7 +42,14 @@ from hutch.sdk._errors import ApiKeyMissing, ClientClosed, DaemonUnreachable, Pr
 from hutch.sdk._exec import ExecEvent, ExecExit, ExecOutput, ExecResult
 from hutch.sdk._files import ArchiveWritten, FileEntry, WatchEvent, WrittenFile
 from hutch.sdk._images import BuildEvent, ImageProgress
-from hutch.sdk._net import EgressEvent, EgressInfo, NetworkInfo, NetworkModeArg, PortInfo
+from hutch.sdk._net import (
+    EgressEvent,
+    EgressInfo,
+    NamedPolicyInfo,
+    NetworkInfo,
+    NetworkModeArg,
+    PortInfo,
+)
 from hutch.sdk._processes import (
     ProcessChunk,
     ProcessDropped,
@@ -58,7 +71,7 @@ from hutch.sdk._secrets import SecretInfo
 from hutch.sdk._sync.client import Client, ResponseStream
 from hutch.sdk._sync.contexts import Context, Contexts
 from hutch.sdk._sync.files import Files, FileWatcher
-from hutch.sdk._sync.net import Egress, Networks, Ports, SandboxNetworks
+from hutch.sdk._sync.net import Egress, EgressPolicies, Networks, Ports, SandboxNetworks
 from hutch.sdk._sync.processes import Process, Processes
 from hutch.sdk._sync.pty import Pty, Terminal
 from hutch.sdk._sync.sandbox import Sandbox
@@ -75,6 +88,7 @@ __all__ = [
     "AsyncContext",
     "AsyncContexts",
     "AsyncEgress",
+    "AsyncEgressPolicies",
     "AsyncFileWatcher",
     "AsyncFiles",
     "AsyncNetworks",
@@ -98,6 +112,7 @@ __all__ = [
     "Egress",
     "EgressEvent",
     "EgressInfo",
+    "EgressPolicies",
     "ExecEvent",
     "ExecExit",
     "ExecOutput",
@@ -110,6 +125,7 @@ __all__ = [
     "Health",
     "ImageInfo",
     "ImageProgress",
+    "NamedPolicyInfo",
     "NetworkInfo",
     "NetworkModeArg",
     "Networks",

@@ -9,13 +9,14 @@ fields use them too); the value types are what the calls return. The shells
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 from urllib.parse import quote
 
 from hutch.contract.egress import parse_rules
+from hutch.contract.egress_policy import parse_policy_document
 from hutch.contract.enums import NetworkMode
 from hutch.contract.limits import (
     DEFAULT_EGRESS_LOG_LIMIT,
@@ -23,7 +24,7 @@ from hutch.contract.limits import (
     MAX_EGRESS_RULES,
     PORT_RANGE,
 )
-from hutch.contract.names import validate_name
+from hutch.contract.names import NAME_RE, validate_name
 from hutch.errors import InvalidArgument
 from hutch.sdk._core import Call, ClientCore, list_of, nothing, one
 from hutch.sdk._values import iso, maybe, moment, need, strings
@@ -37,7 +38,10 @@ __all__ = [
     "NetworkInfo",
     "NetworkModeArg",
     "PortInfo",
+    "check_egress",
     "check_log_limit",
+    "check_policy",
+    "check_policy_name",
     "check_port",
     "check_ref",
     "check_rules",
@@ -49,6 +53,35 @@ NetworkModeArg = NetworkMode | Literal["default", "none"]
 
 
 # -- checks before sending ------------------------------------------------------------
+
+
+def check_egress(egress: Sequence[str] | Mapping[str, Any]) -> list[str] | dict[str, Any]:
+    """A rule list (:func:`check_rules`) or an ordered policy document, checked with the
+    daemon's own validation (``hutch.contract.egress_policy``) before sending."""
+    if isinstance(egress, Mapping):
+        return check_policy(egress)
+    return check_rules(egress)
+
+
+def check_policy(policy: Mapping[str, Any]) -> dict[str, Any]:
+    """A policy document, checked with the daemon's own validation before sending."""
+    if not isinstance(policy, Mapping):
+        raise InvalidArgument(
+            'an egress policy is a mapping {"default", "inspection", "rules": [...]}, '
+            f"got {policy!r}"
+        )
+    doc = dict(policy)
+    parse_policy_document(doc)
+    return doc
+
+
+def check_policy_name(name: str) -> str:
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise InvalidArgument(
+            f"egress policy name {name!r} is invalid: 1-63 lower-case letters, digits and "
+            "'-', starting and ending with a letter or digit"
+        )
+    return name
 
 
 def check_rules(rules: Sequence[str]) -> list[str]:
@@ -122,6 +155,12 @@ class EgressInfo:
     denied: int
     rate_limited: int = 0
     log_dropped: int = 0
+    #: The ordered policy in force (canonical document); None for a plain rule list
+    #: (``rules`` then are its rules; for a policy they are one line per rule).
+    policy: dict[str, Any] | None = None
+    #: Per rule of the ordered policy: ``{"index", "allowed", "denied"}`` (resolver
+    #: answers and proxied connections; rules that decided nothing yet left out).
+    rule_counts: list[dict[str, int]] = field(default_factory=list)
 
     @classmethod
     def from_dict(cls, obj: Any) -> EgressInfo:
@@ -133,6 +172,8 @@ class EgressInfo:
             denied=need(obj, "denied", int, w),
             rate_limited=maybe(obj, "rate_limited", int, w) or 0,
             log_dropped=maybe(obj, "log_dropped", int, w) or 0,
+            policy=maybe(obj, "policy", dict, w),
+            rule_counts=[dict(c) for c in (maybe(obj, "rule_counts", list, w) or [])],
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -143,6 +184,8 @@ class EgressInfo:
             "denied": self.denied,
             "rate_limited": self.rate_limited,
             "log_dropped": self.log_dropped,
+            "policy": self.policy,
+            "rule_counts": [dict(c) for c in self.rule_counts],
         }
 
 
@@ -162,6 +205,11 @@ class EgressEvent:
     verdict: str
     rule: str | None
     reason: str
+    #: Plain HTTP through the proxy: the method and the path without its query.
+    method: str | None = None
+    path: str | None = None
+    #: The ordered policy's rule that decided (its index), None otherwise.
+    rule_index: int | None = None
 
     @classmethod
     def from_dict(cls, obj: Any) -> EgressEvent:
@@ -176,6 +224,9 @@ class EgressEvent:
             verdict=need(obj, "verdict", str, w),
             rule=maybe(obj, "rule", str, w),
             reason=need(obj, "reason", str, w),
+            method=maybe(obj, "method", str, w),
+            path=maybe(obj, "path", str, w),
+            rule_index=maybe(obj, "rule_index", int, w),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -189,6 +240,9 @@ class EgressEvent:
             "verdict": self.verdict,
             "rule": self.rule,
             "reason": self.reason,
+            "method": self.method,
+            "path": self.path,
+            "rule_index": self.rule_index,
         }
 
 
@@ -244,6 +298,38 @@ class NetworkInfo:
         }
 
 
+@dataclass(frozen=True)
+class NamedPolicyInfo:
+    """A named egress policy of the project (``client.egress_policies``); ``policy`` is
+    its document in canonical form. Sandboxes get a copy when it is attached."""
+
+    name: str
+    project: str
+    policy: dict[str, Any]
+    created_at: datetime | None
+    updated_at: datetime | None
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> NamedPolicyInfo:
+        w = "egress policy"
+        return cls(
+            name=need(obj, "name", str, w),
+            project=need(obj, "project", str, w),
+            policy=need(obj, "policy", dict, w),
+            created_at=moment(obj, "created_at", w),
+            updated_at=moment(obj, "updated_at", w),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "project": self.project,
+            "policy": dict(self.policy),
+            "created_at": iso(self.created_at),
+            "updated_at": iso(self.updated_at),
+        }
+
+
 # -- requests -------------------------------------------------------------------------
 
 
@@ -262,8 +348,23 @@ class NetCalls:
         req = self.core.request("GET", self._sandbox(sandbox_id, "/egress"))
         return Call(req, one(EgressInfo.from_dict))
 
-    def egress_set(self, sandbox_id: str, rules: Sequence[str]) -> Call[EgressInfo]:
-        body = {"rules": check_rules(rules)}
+    def egress_set(
+        self,
+        sandbox_id: str,
+        rules: Sequence[str] | None = None,
+        policy: Mapping[str, Any] | str | None = None,
+    ) -> Call[EgressInfo]:
+        """``rules`` (today's list), or ``policy``: a policy document or a named policy."""
+        body: dict[str, Any]
+        if (rules is None) == (policy is None):
+            raise InvalidArgument("give either rules (a list) or policy (a document or a name)")
+        if isinstance(policy, str):
+            body = {"policy": check_policy_name(policy)}
+        elif policy is not None:
+            body = check_policy(policy)
+        else:
+            assert rules is not None
+            body = {"rules": check_rules(rules)}
         req = self.core.request("PUT", self._sandbox(sandbox_id, "/egress"), json_body=body)
         return Call(req, one(EgressInfo.from_dict))
 
@@ -275,6 +376,28 @@ class NetCalls:
             "GET", self._sandbox(sandbox_id, "/egress/log"), params=[("limit", str(limit))]
         )
         return Call(req, list_of("events", EgressEvent.from_dict))
+
+    # -- named egress policies ----------------------------------------------------------
+
+    @staticmethod
+    def _policy_path(name: str) -> str:
+        return f"/v1/egress-policies/{quote(check_policy_name(name), safe='')}"
+
+    def put_policy(self, name: str, policy: Mapping[str, Any]) -> Call[NamedPolicyInfo]:
+        req = self.core.request("PUT", self._policy_path(name), json_body=check_policy(policy))
+        return Call(req, one(NamedPolicyInfo.from_dict))
+
+    def get_policy(self, name: str) -> Call[NamedPolicyInfo]:
+        return Call(
+            self.core.request("GET", self._policy_path(name)), one(NamedPolicyInfo.from_dict)
+        )
+
+    def list_policies(self) -> Call[list[NamedPolicyInfo]]:
+        req = self.core.request("GET", "/v1/egress-policies")
+        return Call(req, list_of("policies", NamedPolicyInfo.from_dict))
+
+    def delete_policy(self, name: str) -> Call[None]:
+        return Call(self.core.request("DELETE", self._policy_path(name)), nothing)
 
     # -- ports ------------------------------------------------------------------------
 

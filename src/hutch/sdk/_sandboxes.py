@@ -31,7 +31,7 @@ from hutch.contract.requests import SHAPE_FIELDS, CreateRequest
 from hutch.errors import InvalidArgument
 from hutch.sdk._core import Call, ClientCore, check_path, list_of, nothing, one
 from hutch.sdk._errors import ProtocolError
-from hutch.sdk._net import NetworkModeArg, check_ref, check_rules, network_mode
+from hutch.sdk._net import NetworkModeArg, check_egress, check_ref, network_mode
 from hutch.sdk._values import iso, maybe, moment, need
 from hutch.sdk._volumes import MountArg, mounts_body
 
@@ -68,7 +68,8 @@ class CreateArgs(TypedDict, total=False):
     auto_delete_s: int | None
     snapshot: str | None
     network: NetworkModeArg
-    egress: Sequence[str] | None
+    egress: Sequence[str] | Mapping[str, Any] | None
+    egress_policy: str | None
     networks: Sequence[str] | None
     volumes: Sequence[MountArg] | None
     env_secrets: Mapping[str, str] | None
@@ -135,7 +136,7 @@ def create_body(image: str, args: CreateArgs) -> dict[str, Any]:
     else:
         body["network"] = mode.value
     if request.egress is not None:
-        body["egress"] = check_rules(request.egress)
+        body["egress"] = check_egress(request.egress)
     if "networks" in body:
         networks = body["networks"]
         if isinstance(networks, str):

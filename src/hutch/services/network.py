@@ -36,7 +36,7 @@ from hutch.net.dns import INTERNAL_SUFFIX, SandboxNetInfo
 from hutch.net.enforcer import Enforcer, Entry, Snapshot, default_upstream
 from hutch.net.inbound import PortForwarder
 from hutch.net.nft import SandboxNet
-from hutch.net.rules import EgressPolicy, parse_policy
+from hutch.net.rules import EgressPolicy, policy_from_stored
 from hutch.store.db import Store
 from hutch.store.net import NetStore, NetworkRow
 from hutch.vm.runas import qemu_uid
@@ -106,7 +106,7 @@ class NetworkService:
             self.db.forget_sandbox(sid)
         for sid, lease in self.db.leases().items():
             self._attached[sid] = _Attached(
-                sid, self.pool.block(lease.block), lease.tap, parse_policy(self.db.rules(sid))
+                sid, self.pool.block(lease.block), lease.tap, policy_from_stored(self.db.rules(sid))
             )
         async with self._lock:
             await self.enforcer.install(
@@ -172,7 +172,7 @@ class NetworkService:
             block = self.pool.block(self.pool.first_free(used))
             tap = tap_name(self.settings.daemon_tag, sandbox_id)
             self.db.add_lease(sandbox_id, block.index, tap)
-            self.db.set_rules(sandbox_id, policy.texts())
+            self.db.set_rules(sandbox_id, policy.stored())
             att = _Attached(sandbox_id, block, tap, policy)
             try:
                 await self.enforcer.add(att.dataplane_view(), block)
@@ -210,7 +210,7 @@ class NetworkService:
 
     def policy_of(self, sandbox_id: str) -> EgressPolicy:
         att = self._attached.get(sandbox_id)
-        return att.policy if att else parse_policy(self.db.rules(sandbox_id))
+        return att.policy if att else policy_from_stored(self.db.rules(sandbox_id))
 
     async def set_policy(self, sandbox_id: str, policy: EgressPolicy) -> EgressView:
         """Swap the rules live. What the new rules no longer allow stops at once: the
@@ -223,7 +223,7 @@ class NetworkService:
             # In the data path's loop, ordered against its learnings (hutch.net.learning).
             await self.enforcer.swap_policy(new.dataplane_view(), policy)
             # Stored only once the host enforces it: a failure keeps the old rules.
-            self.db.set_rules(sandbox_id, policy.texts())
+            self.db.set_rules(sandbox_id, policy.stored())
             self._attached[sandbox_id] = new
             self._publish()
             # After the publish: a connection decided under the old rules and registered

@@ -14,7 +14,8 @@ from hutch.contract.views import (
 )
 from hutch.errors import InvalidArgument, NetworkError
 from hutch.models import NetworkMode, SandboxRecord, SandboxSpec
-from hutch.net.rules import EgressPolicy, parse_policy
+from hutch.net.rules import EgressPolicy, StoredPolicy, policy_from_stored
+from hutch.services.egress_policies import DEFAULT_PROJECT, EgressPolicyService
 from hutch.services.network import NetworkService
 from hutch.services.registry import SandboxRegistry
 
@@ -34,22 +35,42 @@ class NetPlan:
 
 
 class NetworkingService:
-    def __init__(self, core: SandboxRegistry) -> None:
+    def __init__(self, core: SandboxRegistry, policies: EgressPolicyService | None = None) -> None:
         self.core = core
         self.net = core.net
+        #: Named egress policies (``/v1/egress-policies``), copied into sandboxes.
+        self.policies = policies if policies is not None else EgressPolicyService(core.store)
 
     def _netman(self) -> NetworkService:
         if self.net is None:
             raise NetworkError("networking is off in this daemon (it runs without root?)")
         return self.net
 
+    def resolve_egress(
+        self,
+        egress: StoredPolicy | None,
+        policy_name: str | None,
+        project: str = DEFAULT_PROJECT,
+    ) -> EgressPolicy:
+        """The policy a create or a PUT asks for: a rule list, a policy document, or a
+        named policy of ``project`` (copied). Raises InvalidArgument/NotFound."""
+        if policy_name is not None:
+            if egress:
+                raise InvalidArgument(
+                    'give either "egress" (rules or a policy) or "egress_policy" (a named '
+                    "policy), not both"
+                )
+            return self.policies.resolve(policy_name, project)
+        return policy_from_stored(egress if egress is not None else [])
+
     def plan_network(self, spec: SandboxSpec) -> NetPlan:
-        """Validate the network part of ``spec`` (bad rules, unknown networks) up front."""
-        policy = parse_policy(spec.egress or [])
+        """Validate the network part of ``spec`` (bad rules, unknown networks, a named
+        policy of another project) up front."""
+        policy = self.resolve_egress(spec.egress, spec.egress_policy, spec.project)
         mode = NetworkMode(spec.network)
         ids: list[str] = []
         if mode is NetworkMode.NONE:
-            if spec.egress or spec.networks:
+            if spec.egress or spec.egress_policy or spec.networks:
                 raise InvalidArgument(
                     'network "none" has no egress rules or private networks; drop '
                     '"egress"/"networks" or use network "default"'
@@ -64,9 +85,20 @@ class NetworkingService:
         self.core.get(sandbox_id)
         return self._netman().egress_view(sandbox_id)
 
-    async def egress_set(self, sandbox_id: str, rules: list[str]) -> EgressView:
+    async def egress_set(
+        self,
+        sandbox_id: str,
+        rules: StoredPolicy | None,
+        policy_name: str | None = None,
+        project: str = DEFAULT_PROJECT,
+    ) -> EgressView:
+        """Replace the sandbox's egress with a rule list, a policy document or a copy of a
+        named policy. Applies to new connections and requests at once; a request already
+        relayed is not evaluated again (connections the new rules no longer allow by
+        destination are cut, see :meth:`NetworkService.set_policy`)."""
         self.core.get(sandbox_id)
-        policy = parse_policy(rules)  # InvalidArgument names the bad rule; nothing changes
+        # InvalidArgument names the bad rule or field; nothing changes then.
+        policy = self.resolve_egress(rules, policy_name, project)
         return await self._netman().set_policy(sandbox_id, policy)
 
     def egress_log(self, sandbox_id: str, limit: int) -> list[EgressEvent]:
@@ -139,4 +171,4 @@ class NetworkingService:
     async def prepare_pooled(self, stub: SandboxRecord) -> None:
         """A pooled VM gets its tap and address now, and no egress until handed out."""
         if self.net is not None:
-            await self.net.attach(stub.id, parse_policy(["deny-all"]), [])
+            await self.net.attach(stub.id, policy_from_stored(["deny-all"]), [])

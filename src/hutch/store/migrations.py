@@ -205,4 +205,16 @@ MIGRATIONS: tuple[str, ...] = (
     );
     ALTER TABLE sandboxes ADD COLUMN env_secrets_json TEXT NOT NULL DEFAULT '{}';
     """,
+    # 10: named egress policies, reusable per project (issue 12); a sandbox gets a copy
+    # at create or PUT (its own row in egress_rules)
+    """
+    CREATE TABLE egress_policies (
+        project      TEXT NOT NULL,
+        name         TEXT NOT NULL,
+        policy_json  TEXT NOT NULL,
+        created_at   REAL NOT NULL,
+        updated_at   REAL NOT NULL,
+        PRIMARY KEY (project, name)
+    );
+    """,
 )

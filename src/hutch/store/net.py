@@ -7,6 +7,7 @@ import json
 import sqlite3
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from hutch.contract.auth import DEFAULT_PROJECT
 from hutch.errors import Conflict
@@ -56,7 +57,8 @@ class NetStore:
 
     # -- egress rules --------------------------------------------------------------------
 
-    def set_rules(self, sandbox_id: str, rules: list[str]) -> None:
+    def set_rules(self, sandbox_id: str, rules: list[str] | dict[str, Any]) -> None:
+        """Today's rule list, or an ordered policy's document (``hutch.net.rules``)."""
         with self._store.transaction() as db:
             db.execute(
                 "INSERT OR REPLACE INTO egress_rules (sandbox_id, rules_json, updated_at) "
@@ -64,9 +66,12 @@ class NetStore:
                 (sandbox_id, json.dumps(rules), time.time()),
             )
 
-    def rules(self, sandbox_id: str) -> list[str]:
+    def rules(self, sandbox_id: str) -> list[str] | dict[str, Any]:
         rows = self._rows("SELECT rules_json FROM egress_rules WHERE sandbox_id = ?", sandbox_id)
-        return list(json.loads(str(rows[0][0]))) if rows else []
+        if not rows:
+            return []
+        stored = json.loads(str(rows[0][0]))
+        return dict(stored) if isinstance(stored, dict) else list(stored)
 
     def remove_rules(self, sandbox_id: str) -> None:
         self._rows("DELETE FROM egress_rules WHERE sandbox_id = ?", sandbox_id)

@@ -224,6 +224,8 @@ class FakeHutch:
             return httpx.Response(401, json=error_body("unauthorized", "missing or wrong API key"))
         if path == "/v1/images" and method == "GET":
             return httpx.Response(200, json={"images": self.images})
+        if path == "/v1/egress-policies" or path.startswith("/v1/egress-policies/"):
+            return self.net.policies_route(method, path, request)
         if path == "/v1/networks" or path.startswith("/v1/networks/"):
             return self.net.networks_route(method, path, request)
         if path == "/v1/secrets" or path.startswith("/v1/secrets/"):
@@ -382,6 +384,7 @@ class FakeHutch:
             child.dirs = set(sb.dirs)
             # Rules and networks survive a fork; the address is the child's own.
             child.egress, child.networks = list(sb.egress), list(sb.networks)
+            child.egress_doc = sb.egress_doc
             children.append(child.to_json())
         return httpx.Response(201, json={"sandboxes": children})
 

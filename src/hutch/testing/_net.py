@@ -16,6 +16,7 @@ import httpx
 
 from hutch.contract.egress import canonical_rules as _canonical_rules
 from hutch.contract.egress import mode_of
+from hutch.contract.egress_policy import parse_policy_document, require_available
 from hutch.contract.enums import DEFAULT_NETWORK_MODE, NetworkMode
 from hutch.contract.limits import (
     DEFAULT_EGRESS_LOG_LIMIT,
@@ -54,6 +55,8 @@ class FakeNet:
         self._network_counter = 0
         self._next_host_port = 40000
         self._next_block = 1  # block 0 of the pool is never used, as in the daemon
+        #: Named egress policies (API form, project 'default'), by name.
+        self.policies: dict[str, dict[str, Any]] = {}
 
     # -- create and fork ------------------------------------------------------------
 
@@ -63,10 +66,19 @@ class FakeNet:
         if mode not in {m.value for m in NetworkMode}:
             choices = ", ".join(repr(m.value) for m in NetworkMode)
             raise InvalidArgument(f"network={mode!r} is not one of {choices}")
-        egress = spec.get("egress")
-        sb.egress = [] if egress is None else canonical_rules(egress)
+        egress, named = spec.get("egress"), spec.get("egress_policy")
+        if named is not None and egress:
+            raise InvalidArgument(
+                'give either "egress" (rules or a policy) or "egress_policy" (a named '
+                "policy), not both"
+            )
+        sb.egress_doc = None
+        if named is not None:
+            self._apply(sb, self._named(named)["policy"])
+        else:
+            self._apply(sb, [] if egress is None else egress)
         refs = spec.get("networks") or []
-        if mode == NetworkMode.NONE and (sb.egress or refs):
+        if mode == NetworkMode.NONE and (sb.egress or named or refs):
             raise InvalidArgument(
                 'network "none" has no egress rules or private networks; drop '
                 '"egress"/"networks" or use network "default"'
@@ -160,10 +172,9 @@ class FakeNet:
         if rest == "/egress" and method == "GET":
             return httpx.Response(200, json=self.egress_json(sb))
         if rest == "/egress" and method == "PUT":
-            body = json_body(request)
-            rules = canonical_rules(body.get("rules"))
+            wanted = self._requested(json_body(request))
             self._require_network(sb)
-            sb.egress = rules
+            self._apply(sb, wanted)
             return httpx.Response(200, json=self.egress_json(sb))
         if rest == "/egress/log" and method == "GET":
             raw = request.url.params.get("limit", str(DEFAULT_EGRESS_LOG_LIMIT))
@@ -213,10 +224,94 @@ class FakeNet:
                 'create it with network "default" to use egress rules, ports or networks'
             )
 
+    # -- ordered and named policies (the daemon's validation, nothing enforced) -----
+
+    def _requested(self, body: dict[str, Any]) -> Any:
+        """What PUT .../egress asks for, read as the daemon's EgressRules does."""
+        unknown = sorted(set(body) - {"rules", "default", "inspection", "dry_run", "policy"})
+        if unknown:
+            raise InvalidArgument(f"{unknown[0]}: unknown field")
+        given = {
+            k: body[k] for k in ("default", "inspection", "dry_run") if body.get(k) is not None
+        }
+        rules = body.get("rules")
+        if body.get("policy") is not None:
+            if given or rules is not None:
+                raise InvalidArgument(
+                    'give either "policy" (a named policy) or the rules/policy fields, not both'
+                )
+            return self._named(str(body["policy"]))["policy"]
+        if given or any(isinstance(r, dict) for r in rules or []):
+            return {**given, "rules": list(rules or [])}
+        if rules is None:
+            raise InvalidArgument(
+                'give "rules" (a list), a policy ("default", "inspection", "rules") or '
+                '"policy" (a named policy)'
+            )
+        return rules
+
+    @staticmethod
+    def _apply(sb: FakeSandbox, wanted: Any) -> None:
+        if isinstance(wanted, dict):
+            policy = parse_policy_document(wanted)
+            require_available(policy)
+            sb.egress, sb.egress_doc = policy.lines(), policy.document()
+        else:
+            sb.egress, sb.egress_doc = canonical_rules(wanted), None
+
+    def _named(self, name: str) -> dict[str, Any]:
+        found = self.policies.get(name)
+        if found is None:
+            raise NotFound(
+                f"egress policy {name!r} does not exist in project 'default'; "
+                "create it with PUT /v1/egress-policies/{name}"
+            )
+        return found
+
+    def policies_route(self, method: str, path: str, request: httpx.Request) -> httpx.Response:
+        if path == "/v1/egress-policies" and method == "GET":
+            found = [self.policies[n] for n in sorted(self.policies)]
+            return httpx.Response(200, json={"policies": found})
+        match = re.fullmatch(r"/v1/egress-policies/([^/]+)", path)
+        if not match:
+            raise NotFound(f"no route {method} {path}")
+        name = unquote(match.group(1))
+        if not NAME_RE.match(name):
+            raise InvalidArgument(f"egress policy name {name!r} is invalid")
+        if method == "GET":
+            return httpx.Response(200, json=self._named(name))
+        if method == "DELETE":
+            self._named(name)
+            del self.policies[name]
+            return httpx.Response(204)
+        if method == "PUT":
+            body = json_body(request)
+            unknown = sorted(set(body) - {"rules", "default", "inspection", "dry_run"})
+            if unknown:
+                raise InvalidArgument(f"{unknown[0]}: unknown field")
+            policy = parse_policy_document({k: v for k, v in body.items() if v is not None})
+            require_available(policy)
+            old = self.policies.get(name)
+            now = TIME
+            row = {
+                "name": name,
+                "project": "default",
+                "policy": policy.document(),
+                "created_at": old["created_at"] if old else now,
+                "updated_at": now,
+            }
+            self.policies[name] = row
+            return httpx.Response(201 if old is None else 200, json=row)
+        raise NotFound(f"no route {method} {path}")
+
     def egress_json(self, sb: FakeSandbox) -> dict[str, Any]:
         return {
             "rules": list(sb.egress),
-            "mode": mode_of(sb.egress),
+            "mode": parse_policy_document(sb.egress_doc).mode
+            if sb.egress_doc is not None
+            else mode_of(sb.egress),
+            "policy": sb.egress_doc,
+            "rule_counts": [],
             "allowed": sb.allowed,
             "denied": sb.denied,
             "rate_limited": sb.rate_limited,

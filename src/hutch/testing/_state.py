@@ -66,8 +66,10 @@ class FakeSandbox:
     #: How many times it was resumed (explicitly or by ``auto_resume``).
     resumes: int = 0
     # -- networking (see _net) --
-    #: Canonical egress rules in force ([]: open).
+    #: Canonical egress rules in force ([]: open); for a policy, one line per rule.
     egress: list[str] = field(default_factory=list)
+    #: The ordered policy in force (canonical document), or None for a rule list.
+    egress_doc: dict[str, Any] | None = None
     #: What GET .../egress reports; tests set them.
     allowed: int = 0
     denied: int = 0

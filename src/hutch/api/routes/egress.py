@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 
-from hutch.api.deps import networking
+from hutch.api.deps import Caller, networking
 from hutch.api.net_schemas import Egress, EgressEvent, EgressLog, EgressRules
 from hutch.contract.limits import DEFAULT_EGRESS_LOG_LIMIT, EGRESS_LOG_MAX
 from hutch.services.networking import NetworkingService
@@ -25,11 +25,14 @@ async def get_egress(sandbox_id: str, svc: Service) -> Egress:
 
 
 @router.put("", response_model=Egress)
-async def set_egress(sandbox_id: str, body: EgressRules, svc: Service) -> Egress:
-    """Replace the rules; they apply at once (no restart), to open connections too: those
-    the new rules no longer allow are cut. An invalid rule rejects the whole list (400
-    naming the rule) and the previous rules stay."""
-    return Egress.of(await svc.egress_set(sandbox_id, list(body.rules)))
+async def set_egress(sandbox_id: str, body: EgressRules, svc: Service, who: Caller) -> Egress:
+    """Replace the rules with a rule list, an ordered policy or a copy of a named policy.
+    They apply at once (no restart) to new connections and requests; open connections
+    the new rules no longer allow by destination are cut, and a request already relayed
+    is not evaluated again. An invalid rule rejects the whole request (400 naming the
+    rule and field) and the previous rules stay."""
+    rules, name = body.requested()
+    return Egress.of(await svc.egress_set(sandbox_id, rules, name, who.project))
 
 
 @router.get("/log", response_model=EgressLog)

@@ -1,11 +1,11 @@
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Response
 
 from hutch.api.deps import Caller, lifecycle, networking, sandboxes, snapshots, volumes
-from hutch.api.net_schemas import SandboxNet
+from hutch.api.net_schemas import PolicyDocument, SandboxNet
 from hutch.api.schemas import (
     CreateSandbox,
     ForkRequest,
@@ -36,6 +36,12 @@ Net = Annotated[NetworkingService, Depends(networking)]
 Volumes = Annotated[VolumeService, Depends(volumes)]
 
 
+def _egress(egress: list[str] | PolicyDocument | None) -> list[str] | dict[str, Any] | None:
+    if isinstance(egress, PolicyDocument):
+        return egress.model_dump(exclude_none=True)
+    return None if egress is None else list(egress)
+
+
 def _view(net: NetworkingService, rec: SandboxRecord) -> Sandbox:
     """The sandbox as the API shows it, with its network block."""
     return Sandbox.of(rec, SandboxNet.of(net.sandbox_net(rec)))
@@ -64,7 +70,8 @@ async def create_sandbox(body: CreateSandbox, svc: Service, net: Net, who: Calle
         auto_delete_s=body.auto_delete_s,
         snapshot_id=body.snapshot,
         network=body.network,
-        egress=None if body.egress is None else list(body.egress),
+        egress=_egress(body.egress),
+        egress_policy=body.egress_policy,
         networks=list(body.networks),
         volumes=[m.to_mount() for m in body.volumes],
         project=who.project,

@@ -14,7 +14,7 @@ from hutch.contract.enums import DEFAULT_PAUSE_MODE
 from hutch.contract.limits import DEFAULT_FILE_MODE, DEFAULT_FORK_COUNT, DEFAULT_IMAGE
 from hutch.sdk import _io_async as _io
 from hutch.sdk._async._closing import AsyncClosesOnExit
-from hutch.sdk._async.net import AsyncNetworks
+from hutch.sdk._async.net import AsyncEgressPolicies, AsyncNetworks
 from hutch.sdk._async.secrets import AsyncSecrets
 from hutch.sdk._async.volumes import AsyncVolumes
 from hutch.sdk._config import Timeouts, resolve_config
@@ -81,6 +81,8 @@ class AsyncClient(AsyncClosesOnExit):
         self._images = ImageCalls(self.core)
         #: Private networks: ``client.networks.create(name)``, ``.list()``, ...
         self.networks = AsyncNetworks(self)
+        #: Named egress policies: ``client.egress_policies.put(name, policy)``, ...
+        self.egress_policies = AsyncEgressPolicies(self)
         #: Volumes: ``client.volumes.create(name, size)``, ``.list()``, ``.grow()``, ...
         self.volumes = AsyncVolumes(self)
         #: Write-only secrets: ``client.secrets.set(name, value)``, ``.list()``, ...

@@ -4,16 +4,29 @@
 from __future__ import annotations
 
 import builtins
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from hutch.contract.limits import DEFAULT_EGRESS_LOG_LIMIT
-from hutch.sdk._net import EgressEvent, EgressInfo, NetCalls, NetworkInfo, PortInfo
+from hutch.sdk._net import (
+    EgressEvent,
+    EgressInfo,
+    NamedPolicyInfo,
+    NetCalls,
+    NetworkInfo,
+    PortInfo,
+)
 
 if TYPE_CHECKING:
     from hutch.sdk._async.client import AsyncClient
 
-__all__ = ["AsyncEgress", "AsyncNetworks", "AsyncPorts", "AsyncSandboxNetworks"]
+__all__ = [
+    "AsyncEgress",
+    "AsyncEgressPolicies",
+    "AsyncNetworks",
+    "AsyncPorts",
+    "AsyncSandboxNetworks",
+]
 
 
 class AsyncEgress:
@@ -33,11 +46,20 @@ class AsyncEgress:
     async def get(self) -> EgressInfo:
         return await self._client.call(self._calls.egress_get(self._id))
 
-    async def set(self, rules: Sequence[str]) -> EgressInfo:
-        """Replace every rule at once; they apply immediately, also to open connections
-        (those no longer allowed are cut). An invalid rule raises ``InvalidArgument``
-        naming it, and the old rules stay."""
-        return await self._client.call(self._calls.egress_set(self._id, rules))
+    async def set(
+        self,
+        rules: Sequence[str] | None = None,
+        *,
+        policy: Mapping[str, Any] | str | None = None,
+    ) -> EgressInfo:
+        """Replace every rule at once: ``rules`` (a list as above) or ``policy``, an
+        ordered policy (``{"default": "deny", "rules": [{"action": "allow", "host":
+        "pypi.org:443"}, ...]}``, first match wins) or the name of one in
+        ``client.egress_policies`` (copied). They apply immediately to new connections
+        and requests, and open connections no longer allowed are cut; a request already
+        relayed is not evaluated again. An invalid rule raises ``InvalidArgument``
+        naming it (``rules[2].methods``), and the old rules stay."""
+        return await self._client.call(self._calls.egress_set(self._id, rules, policy))
 
     async def clear(self) -> EgressInfo:
         """Remove every rule: open egress again."""
@@ -89,6 +111,29 @@ class AsyncSandboxNetworks:
         """Ids of the networks the sandbox is on, as the daemon reports now."""
         info = await self._client.get_sandbox(self._id)
         return builtins.list(info.network.networks) if info.network else []
+
+
+class AsyncEgressPolicies:
+    """``client.egress_policies``: named egress policies of the project, reusable at
+    create (``egress_policy="name"``) and by ``sb.egress.set(policy="name")``. A sandbox
+    gets a copy: editing or deleting the named policy later changes no sandbox."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+        self._calls = NetCalls(client.core)
+
+    async def put(self, name: str, policy: Mapping[str, Any]) -> NamedPolicyInfo:
+        """Create or replace ``name``; ``InvalidArgument`` names a bad field."""
+        return await self._client.call(self._calls.put_policy(name, policy))
+
+    async def get(self, name: str) -> NamedPolicyInfo:
+        return await self._client.call(self._calls.get_policy(name))
+
+    async def list(self) -> builtins.list[NamedPolicyInfo]:
+        return await self._client.call(self._calls.list_policies())
+
+    async def delete(self, name: str) -> None:
+        await self._client.call(self._calls.delete_policy(name))
 
 
 class AsyncNetworks:

@@ -6,7 +6,7 @@ import builtins
 import contextlib
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Unpack
+from typing import Any, Unpack
 
 import httpx
 
@@ -24,6 +24,7 @@ from hutch.sdk._async.pty import AsyncPty
 from hutch.sdk._config import Timeouts
 from hutch.sdk._contexts import Execution, ResultCallback, TextCallback
 from hutch.sdk._exec import CommandArgs, ExecEvent, ExecResult
+from hutch.sdk._net import EgressInfo
 from hutch.sdk._sandboxes import CreateArgs, PauseModeArg, SandboxInfo, SnapshotInfo
 
 __all__ = ["AsyncSandbox"]
@@ -267,6 +268,16 @@ class AsyncSandbox:
             on_stderr=on_stderr,
             on_result=on_result,
         )
+
+    async def set_egress(
+        self,
+        rules: Sequence[str] | None = None,
+        *,
+        policy: Mapping[str, Any] | str | None = None,
+    ) -> EgressInfo:
+        """The same as ``sb.egress.set(rules, policy=...)``: a rule list, an ordered
+        policy document or the name of a policy in ``client.egress_policies``."""
+        return await self.egress.set(rules, policy=policy)
 
     async def grow_disk(self, disk_gib: int) -> SandboxInfo:
         """Grow this sandbox's own disk to ``disk_gib`` GiB while it runs (no restart):

@@ -48,7 +48,7 @@ from hutch.sdk._sandboxes import (
 )
 from hutch.sdk._streams import BytesDecoder, StreamDecoder, StreamState
 from hutch.sdk._sync._closing import ClosesOnExit
-from hutch.sdk._sync.net import Networks
+from hutch.sdk._sync.net import EgressPolicies, Networks
 from hutch.sdk._sync.secrets import Secrets
 from hutch.sdk._sync.volumes import Volumes
 
@@ -82,6 +82,8 @@ class Client(ClosesOnExit):
         self._images = ImageCalls(self.core)
         #: Private networks: ``client.networks.create(name)``, ``.list()``, ...
         self.networks = Networks(self)
+        #: Named egress policies: ``client.egress_policies.put(name, policy)``, ...
+        self.egress_policies = EgressPolicies(self)
         #: Volumes: ``client.volumes.create(name, size)``, ``.list()``, ``.grow()``, ...
         self.volumes = Volumes(self)
         #: Write-only secrets: ``client.secrets.set(name, value)``, ``.list()``, ...

@@ -7,7 +7,7 @@ import builtins
 import contextlib
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Unpack
+from typing import Any, Unpack
 
 import httpx
 
@@ -18,6 +18,7 @@ from hutch.sdk import _io_sync as _io
 from hutch.sdk._config import Timeouts
 from hutch.sdk._contexts import Execution, ResultCallback, TextCallback
 from hutch.sdk._exec import CommandArgs, ExecEvent, ExecResult
+from hutch.sdk._net import EgressInfo
 from hutch.sdk._sandboxes import CreateArgs, PauseModeArg, SandboxInfo, SnapshotInfo
 from hutch.sdk._sync._closing import ClosesOnExit
 from hutch.sdk._sync.client import Client, ResponseStream
@@ -264,6 +265,16 @@ class Sandbox:
             on_stderr=on_stderr,
             on_result=on_result,
         )
+
+    def set_egress(
+        self,
+        rules: Sequence[str] | None = None,
+        *,
+        policy: Mapping[str, Any] | str | None = None,
+    ) -> EgressInfo:
+        """The same as ``sb.egress.set(rules, policy=...)``: a rule list, an ordered
+        policy document or the name of a policy in ``client.egress_policies``."""
+        return self.egress.set(rules, policy=policy)
 
     def grow_disk(self, disk_gib: int) -> SandboxInfo:
         """Grow this sandbox's own disk to ``disk_gib`` GiB while it runs (no restart):
