@@ -10,6 +10,7 @@ from bench.cases.exec_rps import run_exec_rps
 from bench.cases.exec_rt import run_exec
 from bench.cases.files import run_files
 from bench.cases.fork import run_fork
+from bench.cases.meter_overhead import run_meter_overhead
 from bench.cases.net import run_net
 from bench.cases.noisy import run_noisy
 from bench.cases.pause_resume import run_pause_resume
@@ -22,6 +23,9 @@ BENCHMARKS: dict[str, Benchmark] = {
     for b in (
         Benchmark("boot", "cold boot to first command output", run_boot),
         Benchmark("exec", "exec round trip for `true`", run_exec),
+        Benchmark(
+            "meter_overhead", "exec round trip: event log on vs off (same run)", run_meter_overhead
+        ),
         Benchmark("files", "file throughput host<->guest", run_files),
         Benchmark("create", "create -> first command (p50/p95)", run_create),
         Benchmark("exec_rps", "sustained exec req/s across sandboxes", run_exec_rps),

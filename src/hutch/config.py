@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import math
 import os
 import tomllib
 from dataclasses import dataclass, field, fields, replace
@@ -78,6 +79,42 @@ class NetLimits:
     #: one summary line in the sandbox's egress log and the enforcer's
     #: ``denial_spike_hook`` (the event log's ``egress.denied``), once per minute.
     deny_spike_per_min: int = 120
+
+
+@dataclass(frozen=True)
+class MeterSettings:
+    """The meter, the event log and the price table (ARCHITECTURE.md, "Metering and
+    events"). Prices are USD per unit-hour (egress: per GB); the defaults are the issue's.
+
+    - ``heartbeat_s``: how often the meter writes that each running VM is alive; a VM
+      found gone after a restart is billed to its last heartbeat, so at most this long
+      of the time it ran under a live daemon goes unbilled.
+    - ``events_retention_days`` / ``events_max``: the reaper drops events older than the
+      one and all but the newest of the other.
+    - ``events``: False turns the event log off (no traces, no audit trail); the meter
+      is written all the same. ``bench/`` compares exec round trips with and without.
+    """
+
+    price_vcpu_hour: float = 0.03616363
+    price_gib_hour: float = 0.01159025
+    price_storage_gb_hour: float = 0.0001584
+    price_egress_gb: float = 0.0
+    heartbeat_s: float = 5.0
+    events_retention_days: float = 30.0
+    events_max: int = 1_000_000
+    events: bool = True
+
+
+#: setting -> (bounds, what it is), for the messages of bad values.
+METER_SETTINGS: dict[str, tuple[tuple[float, float], str]] = {
+    "price_vcpu_hour": ((0.0, 1e6), "USD per vCPU-hour"),
+    "price_gib_hour": ((0.0, 1e6), "USD per GiB-hour of memory"),
+    "price_storage_gb_hour": ((0.0, 1e6), "USD per GB-hour of storage"),
+    "price_egress_gb": ((0.0, 1e6), "USD per GB of egress"),
+    "heartbeat_s": ((1.0, 60.0), "seconds between a running VM's meter heartbeats"),
+    "events_retention_days": ((0.01, 36500.0), "days events are kept"),
+    "events_max": ((1000.0, 1e9), "events kept at most"),
+}
 
 
 #: setting -> (accepted range, what it counts): the validation messages say both.
@@ -154,6 +191,8 @@ class Settings:
     # Where the E2B-compatible API listens (E2B_API_URL and E2B_SANDBOX_URL point
     # here); None: not served.
     e2b_listen: tuple[str, int] | None = None
+    # The meter, the event log's retention and the price table.
+    meter: MeterSettings = field(default_factory=MeterSettings)
 
     @property
     def db_path(self) -> Path:
@@ -202,6 +241,11 @@ class Settings:
     @property
     def listen(self) -> str:
         return f"{self.listen_host}:{self.listen_port}"
+
+    @property
+    def metrics_token_path(self) -> Path:
+        """The Prometheus scrape token (``GET /metrics``), 0600, created on first start."""
+        return self.state_dir / "metrics-token"
 
     @property
     def e2b_key_path(self) -> Path:
@@ -280,10 +324,12 @@ def _net_limit(source: str, key: str, value: Any) -> int:
 
 
 def _from_mapping(base: Settings, values: dict[str, Any], source: str) -> Settings:
-    known = {f.name for f in fields(Settings)} - {"images_dir_override", "limits", "net_limits"}
+    known = {f.name for f in fields(Settings)} - {
+        "images_dir_override", "limits", "net_limits", "meter",
+    }  # fmt: skip
     known = known - {"e2b_listen"} | {
         "listen", "e2b_listen", "max_sandboxes", "max_memory_mib", "images_dir",
-        *NET_LIMIT_SETTINGS,
+        *NET_LIMIT_SETTINGS, *METER_SETTINGS, "events",
     }  # fmt: skip
     unknown = set(values) - known
     if unknown:
@@ -375,6 +421,17 @@ def _from_mapping(base: Settings, values: dict[str, Any], source: str) -> Settin
         }
         if net_limits:
             s = replace(s, net_limits=replace(s.net_limits, **net_limits))
+        meter: dict[str, Any] = {
+            k: _meter_setting(source, k, values[k]) for k in METER_SETTINGS if k in values
+        }
+        if "events" in values:
+            flag = str(values["events"]).strip().lower()
+            if flag not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                shown = "HUTCH_EVENTS" if source == "environment" else f"{source}: events"
+                raise InvalidArgument(f"{shown}={values['events']!r}; accepted: on/off, 1/0")
+            meter["events"] = flag in ("1", "true", "yes", "on")
+        if meter:
+            s = replace(s, meter=replace(s.meter, **meter))
     except (TypeError, ValueError) as exc:
         raise InvalidArgument(f"{source}: {exc}") from exc
     if s.e2b_listen is not None and s.e2b_listen[1] == s.listen_port:
@@ -385,6 +442,19 @@ def _from_mapping(base: Settings, values: dict[str, Any], source: str) -> Settin
     if s.accel not in ACCEL_CHOICES:
         raise InvalidArgument(f"{source}: accel={s.accel!r}; accepted: {', '.join(ACCEL_CHOICES)}")
     return s
+
+
+def _meter_setting(source: str, key: str, value: Any) -> float | int:
+    (lo, hi), what = METER_SETTINGS[key]
+    env = _ENV_OF.get(key, key)
+    shown = env if source == "environment" else f"{source}: {key}"
+    try:
+        number = float(str(value).strip())
+    except ValueError:
+        number = math.nan
+    if isinstance(value, bool) or not lo <= number <= hi:
+        raise InvalidArgument(f"{shown}={value!r} is not valid; accepted: {lo:g}-{hi:g} ({what})")
+    return int(number) if key == "events_max" else number
 
 
 def _in_range(source: str, key: str, value: Any, bounds: tuple[int, int], what: str) -> int:
@@ -477,6 +547,14 @@ _ENV = {
     "HUTCH_TCG_TB_MIB": "tcg_tb_mib",
     "HUTCH_BUILD_CACHE_BYTES": "build_cache_bytes",
     "HUTCH_E2B_LISTEN": "e2b_listen",
+    "HUTCH_PRICE_VCPU_HOUR": "price_vcpu_hour",
+    "HUTCH_PRICE_GIB_HOUR": "price_gib_hour",
+    "HUTCH_PRICE_STORAGE_GB_HOUR": "price_storage_gb_hour",
+    "HUTCH_PRICE_EGRESS_GB": "price_egress_gb",
+    "HUTCH_METER_HEARTBEAT_S": "heartbeat_s",
+    "HUTCH_EVENTS_RETENTION_DAYS": "events_retention_days",
+    "HUTCH_EVENTS_MAX": "events_max",
+    "HUTCH_EVENTS": "events",
 }
 _ENV_OF = {key: name for name, key in _ENV.items()}
 

@@ -41,6 +41,7 @@ from hutch.services.sandboxes import SandboxService
 from hutch.services.secret_box import SecretKey
 from hutch.services.secrets import SecretService
 from hutch.services.snapshots import SnapshotService
+from hutch.services.usage import UsageService
 from hutch.services.volumes import VolumeService
 from hutch.store import Store
 from hutch.store.images import ImageStore
@@ -117,6 +118,7 @@ def build_services(
         processes=ProcessService(guest),
         interpreter=InterpreterService(guest),
         files=FilesExtraService(guest),
+        usage=UsageService(core),
         volumes=volumes,
         secrets=secrets,
     )

@@ -55,13 +55,15 @@ MAX_EXAMPLES = int(os.environ.get("HUTCH_FUZZ_EXAMPLES", "10"))
 # sandbox runs whatever string it is given under /bin/sh).
 REQUEST_TIMEOUT_S = 30.0
 
-# Streams that end only when the client leaves (watch, a process's output or its wait),
-# or tar streams (an archive of "/" would tar the whole guest; schemathesis cannot
-# generate tar bodies): their own tests cover them, malformed archives included.
+# Streams that end only when the client leaves (watch, a process's output or its wait, a
+# sandbox's followed events: ``follow=true`` on the live fuzz sandbox), or tar streams (an
+# archive of "/" would tar the whole guest; schemathesis cannot generate tar bodies): their
+# own tests cover them, malformed archives included.
 schema = (
     schemathesis.openapi.from_path(SPEC_PATH)
     .exclude(path_regex=r"/files/(watch|archive)$")
     .exclude(path_regex=r"/processes/\{pid\}/(output|wait)$")
+    .exclude(path_regex=r"/sandboxes/\{sandbox_id\}/events$")
     # Image pulls would reach out to registries named by generated refs: never (the
     # fuzz app takes no imports anyway); tests/component/test_api_images.py covers them.
     .exclude(path=r"/v1/images", method="POST")

@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hutch.api import deps, errors, spec
-from hutch.api.auth import Authenticator
+from hutch.api.auth import Authenticator, load_or_create_key
 from hutch.api.limits import BodyLimit
 from hutch.api.routes import archive as archive_routes
 from hutch.api.routes import contexts as context_routes
@@ -25,10 +25,12 @@ from hutch.api.routes import (
     sandboxes,
 )
 from hutch.api.routes import exec as exec_routes
+from hutch.api.routes import metrics as metrics_routes
 from hutch.api.routes import processes as process_routes
 from hutch.api.routes import pty as pty_routes
 from hutch.api.routes import secrets as secret_routes
 from hutch.api.routes import ui as ui_routes
+from hutch.api.routes import usage as usage_routes
 from hutch.api.routes import volumes as volume_routes
 from hutch.api.routes import watch as watch_routes
 from hutch.api.routes import whoami as whoami_routes
@@ -44,6 +46,11 @@ def create_app(services: Services, api_key: str, *, manage_service: bool = True)
     """Build the app. With ``manage_service`` the app starts and closes ``services``."""
 
     core = getattr(services, "core", None)  # None: only the spec is wanted
+    metrics_token = (
+        load_or_create_key(core.settings.metrics_token_path, prefix="hm_")
+        if core is not None
+        else None
+    )
     source = getattr(core, "image_source", None)
     importer = (
         ImageImporter(core.settings, source, core)
@@ -92,7 +99,7 @@ def create_app(services: Services, api_key: str, *, manage_service: bool = True)
     app.state.builder = builder
     app.state.auth = Authenticator(api_key)
     # Every route but health: the caller's principal, allowed the route's permission.
-    auth = [Depends(deps.principal)]
+    auth = [Depends(deps.principal), Depends(deps.acting)]
     app.include_router(meta.health_router)
     app.include_router(meta.router, dependencies=auth)
     app.include_router(whoami_routes.router, dependencies=auth)
@@ -116,6 +123,8 @@ def create_app(services: Services, api_key: str, *, manage_service: bool = True)
     app.include_router(ports.router, dependencies=auth)
     app.include_router(networks.router, dependencies=auth)
     app.include_router(networks.membership_router, dependencies=auth)
+    app.include_router(usage_routes.router, dependencies=auth)
+    app.include_router(metrics_routes.router(metrics_token or ""))
     app.include_router(volume_routes.router, dependencies=auth)
     app.add_exception_handler(HutchError, errors.handle_hutch_error)
     app.add_exception_handler(RequestValidationError, errors.handle_validation_error)

@@ -44,9 +44,10 @@ MISSING_HEADER = (
 )
 
 
-def load_or_create_key(path: Path) -> str:
-    """Return the daemon's API key, creating it (0600) on first start. The file holds
-    the key and a newline."""
+def load_or_create_key(path: Path, prefix: str = "hk_") -> str:
+    """Return the daemon's API key (or another secret of its: the metrics scrape token,
+    ``prefix`` hm_), creating it (0600) on first start. The file holds the key and a
+    newline."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         key = path.read_text().strip()
@@ -55,7 +56,7 @@ def load_or_create_key(path: Path) -> str:
             return key
     except FileNotFoundError:
         pass
-    key = "hk_" + secrets.token_urlsafe(32)
+    key = prefix + secrets.token_urlsafe(32)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(key + "\n")

@@ -14,6 +14,7 @@ from hutch.api.permissions import permission_for
 from hutch.contract.auth import Permission, Principal
 from hutch.errors import Forbidden, HutchError
 from hutch.services.composed import Services
+from hutch.services.events import act_as
 from hutch.services.files_extra import FilesExtraService
 from hutch.services.guest_ops import GuestOps
 from hutch.services.interpreter import InterpreterService
@@ -24,6 +25,7 @@ from hutch.services.reaper import Reaper
 from hutch.services.sandboxes import SandboxService
 from hutch.services.secrets import SecretService
 from hutch.services.snapshots import SnapshotService
+from hutch.services.usage import UsageService
 from hutch.services.volumes import VolumeService
 
 
@@ -118,6 +120,18 @@ def principal(conn: HTTPConnection) -> Principal:
 
 #: A route's parameter for the request's principal.
 Caller = Annotated[Principal, Depends(principal)]
+
+
+async def acting(who: Caller) -> None:
+    """The request's events record its caller (key id, address) as their actor. Async on
+    purpose: it runs in the request's own task, so the context it sets is the route's
+    (a sync dependency runs in a worker thread and its context is lost)."""
+    act_as(who)
+
+
+def usage(conn: HTTPConnection) -> UsageService:
+    """Usage, cost and the event log."""
+    return services(conn).usage
 
 
 def volumes(conn: HTTPConnection) -> VolumeService:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from hutch.contract.auth import Permission
 
-__all__ = ["PUBLIC", "ROUTE_PERMISSIONS", "permission_for"]
+__all__ = ["PUBLIC", "ROUTE_PERMISSIONS", "SELF_CHECKED", "permission_for"]
 
 P = Permission
 _SB = "/v1/sandboxes/{sandbox_id}"
@@ -34,6 +34,11 @@ PUBLIC: frozenset[tuple[str, str]] = frozenset(
         ("GET", "/ui/{name:path}"),
     }
 )
+
+#: Routes that check a credential of their own instead of a role's permission:
+#: ``GET /metrics`` takes the scrape token (``<state>/metrics-token``) or the admin key
+#: (``hutch.api.routes.metrics``).
+SELF_CHECKED: frozenset[tuple[str, str]] = frozenset({("GET", "/metrics")})
 
 ROUTE_PERMISSIONS: dict[tuple[str, str], Permission] = {
     # who am I: any key may learn its own id, project and role (the console's buttons)
@@ -113,6 +118,10 @@ ROUTE_PERMISSIONS: dict[tuple[str, str], Permission] = {
     ("DELETE", "/v1/networks/{network_id}"): P.NETWORK_WRITE,
     ("POST", f"{_SB}/networks"): P.NETWORK_WRITE,
     ("DELETE", f"{_SB}/networks/{{network_id}}"): P.NETWORK_WRITE,
+    # usage and the event log
+    ("GET", "/v1/usage"): P.USAGE_READ,
+    ("GET", "/v1/events"): P.EVENTS_READ,
+    ("GET", f"{_SB}/events"): P.EVENTS_READ,
     # volumes (a create that mounts one also needs volume.write, or volume.read for
     # read-only mounts: checked by the create route)
     ("POST", "/v1/volumes"): P.VOLUME_WRITE,

@@ -28,6 +28,7 @@ from hutch.cli.sandboxes import create, inspect, ls, rm
 from hutch.cli.secrets import secret
 from hutch.cli.shell import shell
 from hutch.cli.snapshots import snapshot
+from hutch.cli.usage import events, usage
 from hutch.cli.volumes import grow, volume
 from hutch.cli.watch import watch
 from hutch.errors import HutchError
@@ -128,6 +129,8 @@ for _command in (
     ps,
     logs,
     kill,
+    usage,
+    events,
 ):
     cli.add_command(_command)
 

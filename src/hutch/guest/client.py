@@ -116,6 +116,11 @@ class ExecStream:
         self._exit: ExecExit | None = None
         self._stdin_task: asyncio.Task[None] | None = None
 
+    @property
+    def exit(self) -> ExecExit | None:
+        """How the command ended, once its exit arrived (None before)."""
+        return self._exit
+
     def __aiter__(self) -> AsyncIterator[ExecOutput]:
         return self._outputs()
 

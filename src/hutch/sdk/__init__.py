@@ -6,9 +6,9 @@ A client only (it imports the contract, never the daemon's code). Layout, after 
   builds its requests, reads its answers and holds its value types: ``_sandboxes``
   (create, lifecycle, snapshots, images), ``_exec``, ``_files`` (+ ``_tar``),
   ``_processes``, ``_contexts`` (code interpreter), ``_net`` (egress, ports, networks),
-  ``_secrets`` (write-only secrets),
-  ``_pty`` (terminals); ``_streams`` decodes streamed bodies. The create and command
-  fields are the contract's (``hutch.contract.requests``), declared once.
+  ``_secrets`` (write-only secrets), ``_pty`` (terminals), ``_usage`` (usage, cost, the
+  event log); ``_streams`` decodes streamed bodies. The create and command fields are the
+  contract's (``hutch.contract.requests``), declared once.
 - the shells that do I/O: ``_async/``, written by hand, and ``_sync/``, generated from it
   by ``scripts/unasync.py`` (a test fails when it is stale); where the two must differ,
   ``_io_async``/``_io_sync``.
@@ -77,6 +77,7 @@ from hutch.sdk._sync.pty import Pty, Terminal
 from hutch.sdk._sync.sandbox import Sandbox
 from hutch.sdk._sync.secrets import Secrets
 from hutch.sdk._sync.volumes import Volumes
+from hutch.sdk._usage import Event, EventPage, Usage, UsageRow
 from hutch.sdk._volumes import VolumeInfo, VolumeUser
 from hutch.version import __version__
 
@@ -113,6 +114,8 @@ __all__ = [
     "EgressEvent",
     "EgressInfo",
     "EgressPolicies",
+    "Event",
+    "EventPage",
     "ExecEvent",
     "ExecExit",
     "ExecOutput",
@@ -155,6 +158,8 @@ __all__ = [
     "SnapshotInfo",
     "Terminal",
     "Timeouts",
+    "Usage",
+    "UsageRow",
     "VolumeInfo",
     "VolumeMount",
     "VolumeUser",

@@ -14,6 +14,7 @@ Each service takes what it needs in its constructor::
     Reaper(core, sandboxes, lifecycle)                          timeout/auto-pause/delete
     Reconciler(core)                                            start-up reconcile
     ProcessService(guest), InterpreterService(guest), FilesExtraService(guest)
+    UsageService(core)                                          usage, cost, event log
     SecretService(SecretStore(store), SecretKey(<state>/secrets.key))   also core.secrets
 """
 
@@ -37,6 +38,7 @@ from hutch.services.registry import SandboxRegistry
 from hutch.services.sandboxes import SandboxService
 from hutch.services.secrets import SecretService
 from hutch.services.snapshots import SnapshotService
+from hutch.services.usage import UsageService
 from hutch.services.volumes import VolumeService
 from hutch.store.db import LIVE_STATES
 
@@ -57,6 +59,7 @@ class Services:
     processes: ProcessService
     interpreter: InterpreterService
     files: FilesExtraService
+    usage: UsageService
     volumes: VolumeService
     secrets: SecretService
     _reconcile_task: asyncio.Task[None] | None = field(default=None, repr=False)

@@ -6,7 +6,8 @@ outlives it (a command's output, a download) holds the lease until its last byte
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterable, AsyncIterator
+import shlex
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from types import TracebackType
 
 from hutch.guest.client import ExecStream
@@ -14,6 +15,7 @@ from hutch.guest.results import ExecExit, ExecOutput, ExecResult, FileEntry
 from hutch.models import SandboxRecord, SandboxState
 from hutch.runtime.backend import Runtime
 from hutch.services.activity import Lease, LeasedBytes, describe_command
+from hutch.services.events import COMMAND_CHARS, because, project_of, scrub
 from hutch.services.image_defaults import merged
 from hutch.services.images import ImageDefaults
 from hutch.services.lifecycle import LifecycleService
@@ -27,9 +29,17 @@ class ExecCall:
     is closed (:meth:`close`, or leaving ``async with``). Iterate it for output;
     ``wait()`` or ``collect()`` for the end (as :class:`~hutch.guest.client.ExecStream`)."""
 
-    def __init__(self, stream: ExecStream, lease: Lease) -> None:
+    def __init__(
+        self,
+        stream: ExecStream,
+        lease: Lease,
+        on_end: Callable[[ExecExit | None], None] | None = None,
+    ) -> None:
+        """``on_end``: told once how the command ended (None: the caller closed the
+        call before reading its exit), for its ``sandbox.exec`` event."""
         self._stream = stream
         self._lease = lease
+        self._on_end = on_end
 
     @property
     def pid(self) -> int:
@@ -47,19 +57,31 @@ class ExecCall:
 
     async def wait(self) -> ExecExit:
         try:
-            return await self._stream.wait()
+            done = await self._stream.wait()
+            self._ended(done)
+            return done
         finally:
             self.close()
 
     async def collect(self) -> ExecResult:
         try:
-            return await self._stream.collect()
+            result = await self._stream.collect()
+            self._ended(
+                ExecExit(result.exit_code, result.signal, result.timed_out, result.duration_ms)
+            )
+            return result
         finally:
             self.close()
+
+    def _ended(self, done: ExecExit | None) -> None:
+        on_end, self._on_end = self._on_end, None
+        if on_end is not None:
+            on_end(done)
 
     def close(self) -> None:
         """The call is over for the caller (idempotent): its lease goes. The command
         itself is not stopped."""
+        self._ended(self._stream.exit)
         self._lease.release()
 
     async def __aenter__(self) -> ExecCall:
@@ -104,7 +126,8 @@ class GuestOps:
             await self.activity.inflight.wait_open(sandbox_id)
             rec = self.get(sandbox_id)
             if rec.state is SandboxState.PAUSED and rec.auto_resume:
-                await self.lifecycle.resume(sandbox_id)
+                with because("auto_resume"):
+                    await self.lifecycle.resume(sandbox_id)
                 continue  # a lifecycle call may have taken the sandbox meanwhile
             runtime = self.runtime(sandbox_id)
             if lease is not None:
@@ -148,7 +171,32 @@ class GuestOps:
         except BaseException:
             lease.release()
             raise
-        return ExecCall(stream, lease)
+        command = cmd if isinstance(cmd, str) else shlex.join(cmd)
+        secrets = list((env or {}).values()) + list(rec.env.values())
+
+        def ended(done: ExecExit | None) -> None:
+            self._event(
+                rec,
+                "sandbox.exec",
+                {
+                    "command": scrub(command, secrets)[:COMMAND_CHARS],
+                    "exit_code": done.exit_code if done else None,
+                    "signal": done.signal if done else None,
+                    "timed_out": done.timed_out if done else False,
+                    "duration_ms": done.duration_ms if done else None,
+                },
+            )
+
+        return ExecCall(stream, lease, ended)
+
+    def _event(self, rec: SandboxRecord, type: str, data: dict[str, object]) -> None:
+        self.core.events.record(type, project=project_of(rec), sandbox_id=rec.id, data=data)
+
+    def _file_event(self, sandbox_id: str, op: str, path: str, size: int | None = None) -> None:
+        data: dict[str, object] = {"op": op, "path": path[:COMMAND_CHARS]}
+        if size is not None:
+            data["bytes"] = size
+        self._event(self.get(sandbox_id), "sandbox.file", data)
 
     async def read_file(self, sandbox_id: str, path: str) -> LeasedBytes:
         """The file's bytes; an error (no such file, a directory) is raised here, before
@@ -159,7 +207,9 @@ class GuestOps:
         except BaseException:
             lease.release()
             raise
-        return await LeasedBytes.open(chunks, lease)
+        opened = await LeasedBytes.open(chunks, lease)
+        self._file_event(sandbox_id, "read", path)
+        return opened
 
     async def write_file(
         self,
@@ -170,7 +220,9 @@ class GuestOps:
     ) -> FileEntry:
         with self.activity.work(sandbox_id, f"file upload {path}") as lease:
             runtime = await self.ready(sandbox_id, lease)
-            return await runtime.agent.write_file(path, data, mode=mode)
+            entry = await runtime.agent.write_file(path, data, mode=mode)
+        self._file_event(sandbox_id, "write", path, entry.size)
+        return entry
 
     async def list_dir(self, sandbox_id: str, path: str) -> list[FileEntry]:
         async with self._call(sandbox_id, f"list {path}") as runtime:
@@ -182,12 +234,17 @@ class GuestOps:
 
     async def mkdir(self, sandbox_id: str, path: str) -> FileEntry:
         async with self._call(sandbox_id, f"mkdir {path}") as runtime:
-            return await runtime.agent.mkdir(path)
+            entry = await runtime.agent.mkdir(path)
+        self._file_event(sandbox_id, "mkdir", path)
+        return entry
 
     async def remove(self, sandbox_id: str, path: str, recursive: bool = False) -> None:
         async with self._call(sandbox_id, f"remove {path}") as runtime:
             await runtime.agent.remove(path, recursive=recursive)
+        self._file_event(sandbox_id, "remove", path)
 
     async def rename(self, sandbox_id: str, source: str, destination: str) -> FileEntry:
         async with self._call(sandbox_id, f"rename {source}") as runtime:
-            return await runtime.agent.rename(source, destination)
+            entry = await runtime.agent.rename(source, destination)
+        self._file_event(sandbox_id, "rename", f"{source} -> {destination}")
+        return entry

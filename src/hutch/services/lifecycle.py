@@ -49,17 +49,17 @@ class LifecycleService:
         """
         rec = self.core.get(sandbox_id)
         async with self.core.lock(sandbox_id):
+            if only_if is None:
+                with self.core.metrics.timed("pause"):
+                    async with self.quiesced(sandbox_id, "pause"):
+                        return await self.pause_locked(self.core.get(rec.id), mode)
             try:
-                async with self.quiesced(sandbox_id, "pause", 0.0 if only_if else None):
+                async with self.quiesced(sandbox_id, "pause", 0.0):
                     rec = self.core.get(rec.id)
-                    if only_if is not None and not (
-                        rec.state is SandboxState.RUNNING and only_if(rec)
-                    ):
+                    if not (rec.state is SandboxState.RUNNING and only_if(rec)):
                         return rec
                     return await self.pause_locked(rec, mode)
             except Busy:
-                if only_if is None:
-                    raise
                 return self.core.get(rec.id)
 
     async def pause_locked(self, rec: SandboxRecord, mode: PauseMode) -> SandboxRecord:
@@ -101,7 +101,8 @@ class LifecycleService:
     async def resume(self, sandbox_id: str) -> SandboxRecord:
         rec = self.core.get(sandbox_id)
         async with self.core.lock(sandbox_id):
-            return await self.resume_locked(self.core.get(rec.id))
+            with self.core.metrics.timed("resume"):
+                return await self.resume_locked(self.core.get(rec.id))
 
     async def resume_locked(self, rec: SandboxRecord) -> SandboxRecord:
         if rec.state is SandboxState.RUNNING:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from hutch.contract.names import check_range
 from hutch.errors import HutchError, StateError
@@ -15,6 +16,7 @@ from hutch.models import (
     SandboxRecord,
     SandboxState,
 )
+from hutch.services.events import because
 from hutch.services.lifecycle import LifecycleService
 from hutch.services.registry import SandboxRegistry
 from hutch.services.sandboxes import SandboxService
@@ -24,6 +26,8 @@ __all__ = ["REAPER_INTERVAL_S", "Reaper"]
 log = logging.getLogger("hutch.services.sandboxes")
 
 REAPER_INTERVAL_S = 1.0
+#: Seconds between two passes of the event log's retention.
+EVENTS_PRUNE_EVERY_S = 60.0
 
 
 class Reaper:
@@ -84,9 +88,20 @@ class Reaper:
             log.info("sandbox %s idle for %ss; paused", sandbox_id, rec.auto_pause_s)
 
     async def _reap_expired(self) -> None:
+        beat = prune = 0.0
         while True:
             await asyncio.sleep(REAPER_INTERVAL_S)
             await self.apply_policies()
+            now = time.monotonic()
+            try:
+                if now - beat >= self.core.settings.meter.heartbeat_s:
+                    beat = now
+                    self.core.heartbeat()
+                if now - prune >= EVENTS_PRUNE_EVERY_S:
+                    prune = now
+                    self.core.events.prune()
+            except HutchError as exc:
+                log.error("meter heartbeat or event retention failed: %s", exc)
 
     async def apply_policies(self) -> None:
         """timeout_s, auto_pause_s and auto_delete_s: one pass (the reaper runs it every
@@ -96,15 +111,18 @@ class Reaper:
             try:
                 if rec.expires_at is not None and rec.expires_at <= now:
                     log.info("sandbox %s reached timeout_s=%s; deleting", rec.id, rec.timeout_s)
-                    await self.sandboxes.delete(rec.id)
+                    with because("timeout"):
+                        await self.sandboxes.delete(rec.id)
                 elif rec.auto_pause_s and self.core.activity.idle_for(rec, now) >= rec.auto_pause_s:
-                    await self._auto_pause(rec.id)
+                    with because("idle"):
+                        await self._auto_pause(rec.id)
             except HutchError as exc:
                 log.error("lifecycle policy on sandbox %s failed: %s", rec.id, exc)
         for rec in self.core.store.list_sandboxes(states=[SandboxState.PAUSED]):
             if rec.auto_delete_s and rec.paused_at and now - rec.paused_at >= rec.auto_delete_s:
                 log.info("sandbox %s paused for %ss; deleting", rec.id, rec.auto_delete_s)
                 try:
-                    await self.sandboxes.delete(rec.id)
+                    with because("auto_delete"):
+                        await self.sandboxes.delete(rec.id)
                 except HutchError as exc:
                     log.error("could not delete sandbox %s: %s", rec.id, exc)

@@ -20,6 +20,7 @@ from pathlib import Path
 from hutch.errors import HutchError
 from hutch.models import PauseMode, SandboxRecord, SandboxState, SnapshotRecord
 from hutch.runtime.backend import Runtime
+from hutch.services.events import internal
 from hutch.services.registry import SandboxRegistry
 from hutch.store.db import LIVE_STATES
 
@@ -103,6 +104,7 @@ class Reconciler:
         self.core.collect_snapshots()
 
     async def _reconcile_one(self, rec: SandboxRecord) -> None:
+        internal("restart")
         runtime: Runtime | None = None
         if rec.state is not SandboxState.STOPPING:
             try:
@@ -130,7 +132,7 @@ class Reconciler:
                 rec.id, rec.resume_from, clone=rec.resume_clone
             )
         ):
-            self.core.states.move(rec.id, SandboxState.PAUSED)
+            self.core.states.move(rec.id, SandboxState.PAUSED, lost=True)
             log.info("sandbox %s recovered as paused", rec.id)
             return
         if (
@@ -139,20 +141,21 @@ class Reconciler:
         ):
             # Disk mode keeps only the disk (synced by the guest before QEMU ended, and
             # untouched by a boot that had not got its agent up): paused, boots again.
-            self.core.states.move(rec.id, SandboxState.PAUSED)
+            self.core.states.move(rec.id, SandboxState.PAUSED, lost=True)
             return
         await self.core.teardown(rec.id)
         if rec.state is SandboxState.STOPPING:
-            self.core.finish(rec.id, SandboxState.DESTROYED)
+            self.core.finish(rec.id, SandboxState.DESTROYED, lost=True)
         elif rec.state is SandboxState.CREATING:
             self.core.finish(
                 rec.id,
                 SandboxState.FAILED,
                 "the daemon stopped before the sandbox had started; create (or fork) again",
+                lost=True,
             )
         else:
             self.core.finish(
-                rec.id, SandboxState.FAILED, "the VM was gone when the daemon restarted"
+                rec.id, SandboxState.FAILED, "the VM was gone when the daemon restarted", lost=True
             )
 
 

@@ -21,8 +21,10 @@ from hutch.errors import Capacity, HutchError, StateError
 from hutch.models import SandboxRecord, SandboxState
 from hutch.runtime.backend import Runtime, VmBackend
 from hutch.services.activity import Activity
+from hutch.services.events import EventLog, internal
 from hutch.services.image_defaults import run_start_command
 from hutch.services.images import ImageDefaults, ImageSource
+from hutch.services.metrics import Metrics
 from hutch.services.network import NetworkService
 from hutch.services.secret_box import SecretKey
 from hutch.services.secrets import SecretService
@@ -30,6 +32,7 @@ from hutch.services.state import SandboxStates
 from hutch.storage.volumes import VolumeFiles
 from hutch.store import Store
 from hutch.store.db import LIVE_STATES
+from hutch.store.meter import MeterStore
 from hutch.store.secrets import SecretStore
 from hutch.store.volumes import VolumeStore
 from hutch.teardown import TeardownStack
@@ -59,7 +62,18 @@ class SandboxRegistry:
             SecretStore(store), SecretKey(settings.secrets_key_path)
         )
         self.store = store
-        self.states = SandboxStates(store)
+        self.meter = MeterStore(store)
+        #: The event log (traces, audit trail); its lifecycle events are the state
+        #: writer's, in the same transaction as the state.
+        self.events = EventLog(
+            self.meter,
+            retention_s=settings.meter.events_retention_days * 86400,
+            max_events=settings.meter.events_max,
+            enabled=settings.meter.events,
+        )
+        self.states = SandboxStates(store, self.events)
+        self.metrics = Metrics()
+        self.events.listeners.append(self.metrics.on_event)
         self.backend = backend
         self.image_source = images
         self.net = net
@@ -164,6 +178,7 @@ class SandboxRegistry:
 
     async def _watch(self, sandbox_id: str, runtime: Runtime) -> None:
         """Notice a VM that stops on its own, record why, and clean up after it."""
+        internal()  # not the work of the request that started the VM
         await runtime.wait_exited()
         rec = self.store.get_sandbox(sandbox_id)
         if rec is None or rec.state is not SandboxState.RUNNING:
@@ -288,9 +303,17 @@ class SandboxRegistry:
             except HutchError as exc:
                 log.warning("could not release the network of %s: %s", sandbox_id, exc)
 
-    def finish(self, sandbox_id: str, state: SandboxState, error: str | None = None) -> None:
-        """The sandbox ended ``state`` (destroyed or failed): its books go."""
-        self.states.ended(sandbox_id, state, error)
+    def finish(
+        self,
+        sandbox_id: str,
+        state: SandboxState,
+        error: str | None = None,
+        *,
+        lost: bool = False,
+    ) -> None:
+        """The sandbox ended ``state`` (destroyed or failed): its books go. ``lost``: its
+        VM was found gone after a restart (billed to its last heartbeat)."""
+        self.states.ended(sandbox_id, state, error, lost=lost)
         self._locks.pop(sandbox_id, None)
         self._teardowns.pop(sandbox_id, None)  # closed by a teardown, or nothing on it
         self._owned.pop(sandbox_id, None)
@@ -304,6 +327,10 @@ class SandboxRegistry:
         if current is not None and current.state is SandboxState.STOPPING:
             state, error = SandboxState.DESTROYED, None
         self.finish(sandbox_id, state, error)
+
+    def heartbeat(self) -> None:
+        """The meter's heartbeat: every VM this daemon watches is alive now."""
+        self.meter.heartbeat(list(self.runtimes), self.clock())
 
     async def close(self) -> None:
         """Stop watching and drop every agent connection. The VMs keep running."""

@@ -98,6 +98,10 @@ class SandboxService:
 
     async def create(self, spec: SandboxSpec) -> SandboxRecord:
         """The volumes named in ``spec`` are those of ``spec.project``."""
+        with self.core.metrics.timed("create"):
+            return await self._create(spec)
+
+    async def _create(self, spec: SandboxSpec) -> SandboxRecord:
         source: SnapshotRecord | None = None
         if spec.snapshot_id is not None and spec.volumes:
             raise InvalidArgument(
@@ -121,6 +125,14 @@ class SandboxService:
         new_id = new_sandbox_id()
         mounts: list[PlannedMount] = self.volumes.plan(new_id, spec.volumes, spec.project)
         pooled = self.pool.take(image, spec.shape) if use_pool else None
+        # An ephemeral image (a build step's layer) boots once: no template.
+        templates = self.core.settings.templates and not image.ephemeral
+        template = (
+            self.core.backend.templates.find(image, spec.shape)
+            if templates and pooled is None and source is None and not mounts
+            else None
+        )
+        origin = "pool" if pooled else "snapshot" if source else "template" if template else "cold"
         async with self.core.create_gate:
             # Capacity is checked and the row inserted under one lock so that concurrent
             # creates cannot overshoot the limits together.
@@ -149,7 +161,7 @@ class SandboxService:
                 project=spec.project,
                 env_secrets=dict(spec.env_secrets),
             )
-            self.core.states.insert(rec)
+            self.core.states.insert(rec, origin=origin)
             if pooled is not None:
                 self.core.own_all(rec.id)  # the pool registered them: a no-op
             else:
@@ -159,10 +171,6 @@ class SandboxService:
                 # Written here, under the sandbox's lock, re-checked in one transaction
                 # (another daemon on the same database may have taken a volume meanwhile).
                 self.volumes.attach(rec.id, mounts)
-                # An ephemeral image (a build step's layer) boots once: no template.
-                templates = self.core.settings.templates and not image.ephemeral
-                find = self.core.backend.templates.find
-                template = find(image, spec.shape) if templates and not mounts else None
                 self.core.own_network(rec.id)
                 await self.networking.attach(rec, plan, pooled=pooled is not None)
                 self.core.own_vm(rec.id)

@@ -29,6 +29,7 @@ from hutch.models import (
     new_snapshot_id,
     validate_name,
 )
+from hutch.services.events import because, project_of
 from hutch.services.lifecycle import LifecycleService
 from hutch.services.registry import SandboxRegistry
 from hutch.services.volumes import refuse_copy
@@ -55,8 +56,16 @@ class SnapshotService:
         if isinstance(count, bool) or not isinstance(count, int) or not lo <= count <= hi:
             raise InvalidArgument(f"count={count!r} is out of range; accepted: {lo}-{hi}")
         refuse_copy(self.core, sandbox_id, "fork")
-        async with self.lifecycle.running_as_it_was(sandbox_id, "fork") as parent:
-            return await self._fork_locked(parent, count)
+        with because("fork"), self.core.metrics.timed("fork"):
+            async with self.lifecycle.running_as_it_was(sandbox_id, "fork") as parent:
+                children = await self._fork_locked(parent, count)
+        self.core.events.record(
+            "sandbox.forked",
+            project=project_of(parent),
+            sandbox_id=parent.id,
+            data={"children": [c.id for c in children]},
+        )
+        return children
 
     async def _fork_locked(self, parent: SandboxRecord, count: int) -> list[SandboxRecord]:
         async with self.core.create_gate:
@@ -79,7 +88,7 @@ class SnapshotService:
                     resume_clone=False,
                     parent_id=parent.id,
                 )
-                self.core.states.insert(child)
+                self.core.states.insert(child, origin="fork")
                 self.core.own_files(child.id)
                 children.append(child)
         crash_point("fork.rows")
@@ -168,6 +177,17 @@ class SnapshotService:
         """
         validate_name(name)
         refuse_copy(self.core, sandbox_id, "a named snapshot")
+        with because("snapshot"), self.core.metrics.timed("snapshot"):
+            snap = await self._snapshot(sandbox_id, name)
+        self.core.events.record(
+            "snapshot.created",
+            project=snap.project,
+            sandbox_id=snap.sandbox_id,
+            data={"snapshot": snap.id, "name": snap.name, "size_bytes": snap.size_bytes},
+        )
+        return snap
+
+    async def _snapshot(self, sandbox_id: str, name: str) -> SnapshotRecord:
         async with self.lifecycle.running_as_it_was(sandbox_id, "snapshot") as parent:
             snap_id = new_snapshot_id()
             snapshot_dir = self.core.backend.fork_dir(snap_id)
@@ -216,6 +236,12 @@ class SnapshotService:
         """Delete the snapshot, in any order with the sandboxes and snapshots built on
         it: it is no longer listed nor restorable at once; its files go now, or, while
         another disk is built on its disk, when the last of those goes."""
-        self.get_snapshot(snapshot_id)
+        snap = self.get_snapshot(snapshot_id)
         self.core.store.delete_snapshot(snapshot_id)
+        self.core.events.record(
+            "snapshot.deleted",
+            project=snap.project,
+            sandbox_id=snap.sandbox_id,
+            data={"snapshot": snap.id, "name": snap.name},
+        )
         self.core.collect_snapshots()

@@ -19,18 +19,27 @@ naming the state found and the states the change needs, as ``qemu.qmp`` guards i
 runstate. Callers that need a state ask :func:`require`. A transition is written before
 the side effect it announces, so a daemon killed at any point finds, on restart, a row
 that says what to finish (ARCHITECTURE.md, "Crash safety").
+
+Each write also records, in its own transaction, what the change means to the meter
+(:mod:`hutch.services.metering`: the intervals it closes and opens) and the lifecycle
+event it is (:mod:`hutch.services.events`): a state, its bill and its trace never
+disagree, whatever point a daemon is killed at.
 """
 
 from __future__ import annotations
 
+import sqlite3
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
 from hutch.errors import NotFound, StateError, Unavailable
 from hutch.models import SANDBOX_ID_RE, SandboxRecord, SandboxState
+from hutch.services.events import EventLog, acting, lifecycle_event, project_of
+from hutch.services.metering import changes, held
 from hutch.store import Store
+from hutch.store.meter_sql import close_intervals_in, last_alive_in, open_interval_in
 
 __all__ = ["TRANSITIONS", "SandboxStates", "require"]
 
@@ -80,8 +89,16 @@ class SandboxStates:
     :class:`~hutch.errors.Unavailable` (their row may not say what is true yet).
     """
 
-    def __init__(self, store: Store) -> None:
+    def __init__(
+        self,
+        store: Store,
+        events: EventLog | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """``events`` None: no event log (the meter is written all the same)."""
         self.store = store
+        self.events = events
+        self.clock = clock
         self.checking: set[str] = set()
 
     # -- reads -------------------------------------------------------------------------
@@ -112,17 +129,37 @@ class SandboxStates:
 
     # -- the writes ----------------------------------------------------------------------
 
-    def insert(self, rec: SandboxRecord) -> SandboxRecord:
-        """A new sandbox's row; it starts ``creating``."""
+    def insert(self, rec: SandboxRecord, origin: str = "cold") -> SandboxRecord:
+        """A new sandbox's row; it starts ``creating``. ``origin``: what it is made from
+        (cold, template, pool, snapshot, fork), for its ``sandbox.created`` event."""
         require(rec, S.CREATING)
-        self.store.insert_sandbox(rec)
+        data = {
+            "image": rec.image,
+            "shape": {
+                "vcpus": rec.shape.vcpus,
+                "memory_mib": rec.shape.memory_mib,
+                "disk_gib": rec.shape.disk_gib,
+            },
+            "from": origin,
+        }
+        if rec.parent_id is not None:
+            data["parent"] = rec.parent_id
+        self.store.insert_sandbox(
+            rec, also=lambda db: self._record(db, None, rec, "sandbox.created", data)
+        )
         return rec
 
-    def move(self, sandbox_id: str, to: SandboxState, **fields: Any) -> SandboxRecord:
+    def move(
+        self, sandbox_id: str, to: SandboxState, *, lost: bool = False, **fields: Any
+    ) -> SandboxRecord:
         """Write ``to`` (and ``fields``) if the table allows it from the stored state;
         else raise StateError and write nothing. Returns the row as written. The read
         and the write have no await between them: nothing else of the daemon runs in
-        between."""
+        between.
+
+        ``lost``: the sandbox's VM was found gone after a restart; the meter changes at
+        its last heartbeat instead of now (the VM is not billed for time no daemon saw
+        it alive)."""
         unknown = set(fields) - _WITH_STATE
         if unknown:
             raise ValueError(f"not written with a state: {sorted(unknown)}")
@@ -131,8 +168,52 @@ class SandboxStates:
             raise NotFound(f"no sandbox {sandbox_id}")
         if to not in TRANSITIONS[rec.state]:
             require(rec, *allowed_from(to))
-        self.store.update_sandbox(sandbox_id, state=to, **fields)
-        return replace(rec, state=to, **fields)
+        after = replace(rec, state=to, **fields)
+        event = lifecycle_event(rec.state, after, acting().reason)
+        self.store.update_sandbox(
+            sandbox_id,
+            also=lambda db: self._record(db, rec, after, *(event or (None, {})), lost=lost),
+            state=to,
+            **fields,
+        )
+        return after
+
+    def disk_grown(self, sandbox_id: str, disk_gib: int) -> None:
+        """The sandbox's disk is ``disk_gib`` GiB now (a live grow): its ``disk`` interval
+        closes and one of the new size opens, in the transaction of the row's change."""
+        rec = self.store.get_sandbox(sandbox_id)
+        if rec is None:
+            raise NotFound(f"no sandbox {sandbox_id}")
+        grown = replace(rec, shape=replace(rec.shape, disk_gib=disk_gib))
+        self.store.update_sandbox(
+            sandbox_id, also=lambda db: self._record(db, rec, grown, None, {}), disk_gib=disk_gib
+        )
+
+    def _record(
+        self,
+        db: sqlite3.Connection,
+        before: SandboxRecord | None,
+        after: SandboxRecord,
+        event: str | None,
+        data: dict[str, Any],
+        *,
+        lost: bool = False,
+    ) -> None:
+        """In the transaction of the change: its meter intervals and its event."""
+        now = self.clock() if before is not None else after.created_at
+        at = (last_alive_in(db, after.id) or now) if lost else now
+        close, opened = changes(
+            held(before.state, before.pause_mode, before.shape) if before else {},
+            held(after.state, after.pause_mode, after.shape),
+        )
+        close_intervals_in(db, after.id, close, at)
+        project = project_of(after)
+        for kind, quantity in opened.items():
+            open_interval_in(db, project, after.id, kind, quantity, at)
+        if event is not None and self.events is not None:
+            if lost:
+                data = {**data, "billed_until": at}
+            self.events.record_in(db, event, project=project, sandbox_id=after.id, data=data)
 
     # The transitions with the fields that always go with them.
 
@@ -154,9 +235,14 @@ class SandboxStates:
         )
 
     def ended(
-        self, sandbox_id: str, state: SandboxState, error: str | None = None
+        self,
+        sandbox_id: str,
+        state: SandboxState,
+        error: str | None = None,
+        *,
+        lost: bool = False,
     ) -> SandboxRecord:
         """``destroyed`` or ``failed`` (with why), for good."""
         if state.is_live:
             raise ValueError(f"{state} is not an end state")
-        return self.move(sandbox_id, state, ended_at=time.time(), error=error)
+        return self.move(sandbox_id, state, ended_at=time.time(), error=error, lost=lost)

@@ -237,7 +237,7 @@ class VolumeService:
                 return rec
             runtime = self._running(rec, "grow its disk")
             await runtime.grow_disk("root", "/", disk_gib << 30)
-            self.core.store.update_sandbox(sandbox_id, disk_gib=disk_gib)
+            self.core.states.disk_grown(sandbox_id, disk_gib)  # the row and its meter
             return self.core.get(sandbox_id)
 
     def _running(self, rec: SandboxRecord, action: str) -> Runtime:

@@ -11,14 +11,19 @@ import enum
 import json
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
 from hutch.errors import Conflict, StoreError
 from hutch.models import NetworkMode, PauseMode, SandboxRecord, SandboxState, Shape, SnapshotRecord
+from hutch.store.meter_sql import close_intervals_in, open_interval_in
 from hutch.store.migrations import MIGRATIONS
+
+#: What runs in a write's own transaction after it (the state writer's meter and event).
+Also = Callable[[sqlite3.Connection], None] | None
 
 _COLUMNS = (
     "id", "name", "image", "image_digest", "state", "vcpus", "memory_mib", "disk_gib",
@@ -105,7 +110,8 @@ class Store:
 
     # -- sandboxes ---------------------------------------------------------------------
 
-    def insert_sandbox(self, rec: SandboxRecord) -> None:
+    def insert_sandbox(self, rec: SandboxRecord, also: Also = None) -> None:
+        """``also`` runs in the same transaction (the meter and the event of the row)."""
         row = _to_row(rec)
         marks = ", ".join("?" for _ in _COLUMNS)
         with self._tx() as db:
@@ -122,8 +128,11 @@ class Store:
                         "choose another name or delete it first"
                     )
             db.execute(f"INSERT INTO sandboxes ({', '.join(_COLUMNS)}) VALUES ({marks})", row)
+            if also is not None:
+                also(db)
 
-    def update_sandbox(self, sandbox_id: str, **changes: Any) -> None:
+    def update_sandbox(self, sandbox_id: str, also: Also = None, **changes: Any) -> None:
+        """``also`` runs in the same transaction (the meter and the event of a state)."""
         unknown = set(changes) - _UPDATABLE
         if unknown:
             raise ValueError(f"not updatable: {sorted(unknown)}")
@@ -133,6 +142,8 @@ class Store:
         values = [str(v) if isinstance(v, enum.Enum) else v for v in changes.values()]
         with self._tx() as db:
             db.execute(f"UPDATE sandboxes SET {sets} WHERE id = ?", (*values, sandbox_id))
+            if also is not None:
+                also(db)
 
     def get_sandbox(self, sandbox_id: str) -> SandboxRecord | None:
         with self._lock:
@@ -182,6 +193,8 @@ class Store:
                  snap.shape.memory_mib, snap.shape.disk_gib, snap.path, snap.size_bytes,
                  snap.created_at, int(ready), snap.project),
             )  # fmt: skip
+            if ready:
+                _meter_snapshot(db, snap.project, snap.id, snap.size_bytes, snap.created_at)
 
     def finish_snapshot(self, snapshot_id: str, size_bytes: int) -> None:
         with self._tx() as db:
@@ -189,6 +202,10 @@ class Store:
                 "UPDATE snapshots SET ready = 1, size_bytes = ? WHERE id = ?",
                 (size_bytes, snapshot_id),
             )
+            row = db.execute("SELECT project FROM snapshots WHERE id = ?", (snapshot_id,))
+            found = row.fetchone()
+            if found is not None:
+                _meter_snapshot(db, str(found[0]), snapshot_id, size_bytes, time.time())
 
     def get_snapshot(self, snapshot_id: str) -> SnapshotRecord | None:
         """A ready snapshot (one still being saved is not found)."""
@@ -220,6 +237,14 @@ class Store:
     def delete_snapshot(self, snapshot_id: str) -> None:
         with self._tx() as db:
             db.execute("DELETE FROM snapshots WHERE id = ?", (snapshot_id,))
+            close_intervals_in(db, snapshot_id, ["snapshot"], time.time())
+
+    def count_by_state(self) -> dict[str, int]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT state, COUNT(*) FROM sandboxes GROUP BY state"
+            ).fetchall()
+        return {str(state): int(n) for state, n in rows}
 
     def live_usage(self) -> tuple[int, int]:
         """(number of live sandboxes, MiB of memory reserved by those with a VM process).
@@ -250,6 +275,14 @@ def _snapshot_from_row(row: tuple[Any, ...]) -> SnapshotRecord:
         id=sid, name=name, sandbox_id=sandbox_id, image=image, shape=Shape(vcpus, memory, disk),
         path=path, size_bytes=size, created_at=created, project=project,
     )  # fmt: skip
+
+
+def _meter_snapshot(
+    db: sqlite3.Connection, project: str, snapshot_id: str, size: int, at: float
+) -> None:
+    """A ready snapshot holds ``size`` bytes of storage from ``at`` until it is deleted
+    (GB = 10^9 bytes, as the storage price counts them)."""
+    open_interval_in(db, project, snapshot_id, "snapshot", size / 1e9, at)
 
 
 def _json_path(key: str) -> str:

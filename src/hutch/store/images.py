@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from hutch.contract.auth import DEFAULT_PROJECT
 from hutch.errors import Conflict
 from hutch.store.db import Store
+from hutch.store.meter_sql import close_intervals_in, open_interval_in
 
 __all__ = ["GLOBAL", "ImageRow", "ImageStore"]
 
@@ -49,6 +51,11 @@ def _row(r: tuple[Any, ...]) -> ImageRow:
     )
 
 
+def _subject(project: str, name: str) -> str:
+    """The meter's name for an image (as migration 7 names the images it found)."""
+    return f"image:{project}/{name}"
+
+
 class ImageStore:
     def __init__(self, store: Store) -> None:
         self._store = store
@@ -61,6 +68,11 @@ class ImageStore:
                     f"INSERT INTO images ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     (row.project, row.name, row.digest, json.dumps(row.source),
                      json.dumps(row.config), int(row.start), row.size_bytes, row.created_at),
+                )  # fmt: skip
+                # Storage from its import to its removal, in the same transaction.
+                open_interval_in(
+                    db, row.project or DEFAULT_PROJECT, _subject(row.project, row.name), "image",
+                    row.size_bytes / 1e9, row.created_at,
                 )  # fmt: skip
         except Conflict:
             raise Conflict(
@@ -86,4 +98,5 @@ class ImageStore:
             cur: sqlite3.Cursor = db.execute(
                 "DELETE FROM images WHERE project = ? AND name = ?", (project, name)
             )
+            close_intervals_in(db, _subject(project, name), ["image"], time.time())
             return cur.rowcount > 0

@@ -217,4 +217,66 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (project, name)
     );
     """,
+    # 11: the event log (traces, audit trail) and the meter (ARCHITECTURE.md, "Metering
+    # and events"). ``seq`` is AUTOINCREMENT so a pruned number is never handed out again
+    # (followers page with ``after=<seq>``). Meter intervals are written in the same
+    # transaction as the state change they follow; an open one has ``ended_at`` NULL and
+    # ``alive_at`` = the last heartbeat of the VM it bills. Sandboxes and snapshots live
+    # when this runs start their intervals now: no usage is invented for the time before.
+    """
+    CREATE TABLE events (
+        seq         INTEGER PRIMARY KEY AUTOINCREMENT,
+        at          REAL NOT NULL,
+        project     TEXT NOT NULL,
+        sandbox_id  TEXT,
+        type        TEXT NOT NULL,
+        actor       TEXT,
+        source      TEXT,
+        data_json   TEXT NOT NULL DEFAULT '{}'
+    );
+    CREATE INDEX events_sandbox ON events(sandbox_id, seq);
+    CREATE INDEX events_project ON events(project, seq);
+    CREATE INDEX events_at ON events(at);
+    CREATE TABLE meter (
+        id          INTEGER PRIMARY KEY,
+        project     TEXT NOT NULL,
+        subject     TEXT NOT NULL,
+        kind        TEXT NOT NULL,
+        quantity    REAL NOT NULL,
+        started_at  REAL NOT NULL,
+        ended_at    REAL,
+        alive_at    REAL NOT NULL
+    );
+    CREATE UNIQUE INDEX meter_open ON meter(subject, kind) WHERE ended_at IS NULL;
+    CREATE INDEX meter_project ON meter(project, started_at);
+    INSERT INTO meter (project, subject, kind, quantity, started_at, alive_at)
+        SELECT project, id, 'vcpu', vcpus, (julianday('now') - 2440587.5) * 86400.0,
+               (julianday('now') - 2440587.5) * 86400.0
+        FROM sandboxes WHERE state IN ('running', 'pausing', 'resuming');
+    INSERT INTO meter (project, subject, kind, quantity, started_at, alive_at)
+        SELECT project, id, 'memory', memory_mib / 1024.0,
+               (julianday('now') - 2440587.5) * 86400.0,
+               (julianday('now') - 2440587.5) * 86400.0
+        FROM sandboxes WHERE state IN ('running', 'pausing', 'resuming');
+    INSERT INTO meter (project, subject, kind, quantity, started_at, alive_at)
+        SELECT project, id, 'memory_paused', memory_mib / 1024.0,
+               (julianday('now') - 2440587.5) * 86400.0,
+               (julianday('now') - 2440587.5) * 86400.0
+        FROM sandboxes WHERE state = 'paused' AND pause_mode = 'memory';
+    INSERT INTO meter (project, subject, kind, quantity, started_at, alive_at)
+        SELECT project, id, 'disk', disk_gib * 1.073741824,
+               (julianday('now') - 2440587.5) * 86400.0,
+               (julianday('now') - 2440587.5) * 86400.0
+        FROM sandboxes WHERE state NOT IN ('destroyed', 'failed');
+    INSERT INTO meter (project, subject, kind, quantity, started_at, alive_at)
+        SELECT project, id, 'snapshot', size_bytes / 1e9,
+               (julianday('now') - 2440587.5) * 86400.0,
+               (julianday('now') - 2440587.5) * 86400.0
+        FROM snapshots WHERE ready = 1;
+    INSERT INTO meter (project, subject, kind, quantity, started_at, alive_at)
+        SELECT project, 'image:' || project || '/' || name, 'image', size_bytes / 1e9,
+               (julianday('now') - 2440587.5) * 86400.0,
+               (julianday('now') - 2440587.5) * 86400.0
+        FROM images;
+    """,
 )

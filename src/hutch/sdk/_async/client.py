@@ -50,6 +50,7 @@ from hutch.sdk._sandboxes import (
     SnapshotInfo,
 )
 from hutch.sdk._streams import BytesDecoder, StreamDecoder, StreamState
+from hutch.sdk._usage import Event, EventDecoder, EventPage, TimeArg, Usage, UsageCalls
 
 __all__ = ["AsyncClient", "AsyncResponseStream"]
 
@@ -79,6 +80,7 @@ class AsyncClient(AsyncClosesOnExit):
         self._exec = ExecCalls(self.core)
         self._files = FileCalls(self.core)
         self._images = ImageCalls(self.core)
+        self._usage = UsageCalls(self.core)
         #: Private networks: ``client.networks.create(name)``, ``.list()``, ...
         self.networks = AsyncNetworks(self)
         #: Named egress policies: ``client.egress_policies.put(name, policy)``, ...
@@ -231,6 +233,55 @@ class AsyncClient(AsyncClosesOnExit):
 
     async def remove_file(self, sandbox_id: str, path: str, recursive: bool = False) -> None:
         await self.call(self._files.remove(sandbox_id, path, recursive))
+
+    async def usage(
+        self,
+        start: TimeArg | None = None,
+        end: TimeArg | None = None,
+        *,
+        group_by: str = "sandbox",
+        project: str | None = None,
+    ) -> Usage:
+        """Metered usage and cost over [start, end) (default: this UTC month so far),
+        by ``sandbox``, ``day`` or ``project`` (admin); times are epoch seconds,
+        datetimes (naive = UTC) or ISO 8601 text."""
+        return await self.call(
+            self._usage.usage(start=start, end=end, group_by=group_by, project=project)
+        )
+
+    async def events(
+        self,
+        *,
+        sandbox_id: str | None = None,
+        types: str | Sequence[str] | None = None,
+        after: int = 0,
+        limit: int = 100,
+    ) -> EventPage:
+        """The project's audit trail, oldest first: a page of events after ``after``
+        (``page.next_after`` continues); ``types`` like ``sandbox.exec`` or ``sandbox.*``."""
+        return await self.call(
+            self._usage.events(sandbox_id=sandbox_id, types=types, after=after, limit=limit)
+        )
+
+    async def sandbox_events(
+        self,
+        sandbox_id: str,
+        *,
+        types: str | Sequence[str] | None = None,
+        after: int = 0,
+        limit: int = 100,
+    ) -> EventPage:
+        return await self.call(
+            self._usage.sandbox_events(sandbox_id, types=types, after=after, limit=limit)
+        )
+
+    def follow_events(
+        self, sandbox_id: str, *, types: str | Sequence[str] | None = None, after: int = 0
+    ) -> AsyncResponseStream[Event]:
+        """The sandbox's events after ``after``, then each as it happens; the stream
+        ends when the sandbox has ended (iterate it; close it to stop early)."""
+        request = self._usage.follow_request(sandbox_id, types=types, after=after)
+        return AsyncResponseStream(self, request, EventDecoder())
 
     async def list_images(self) -> builtins.list[ImageInfo]:
         return await self.call(self._sandboxes.list_images())

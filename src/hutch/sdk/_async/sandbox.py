@@ -26,6 +26,7 @@ from hutch.sdk._contexts import Execution, ResultCallback, TextCallback
 from hutch.sdk._exec import CommandArgs, ExecEvent, ExecResult
 from hutch.sdk._net import EgressInfo
 from hutch.sdk._sandboxes import CreateArgs, PauseModeArg, SandboxInfo, SnapshotInfo
+from hutch.sdk._usage import Event, EventPage
 
 __all__ = ["AsyncSandbox"]
 
@@ -268,6 +269,25 @@ class AsyncSandbox:
             on_stderr=on_stderr,
             on_result=on_result,
         )
+
+    async def events(
+        self,
+        *,
+        types: str | Sequence[str] | None = None,
+        after: int = 0,
+        limit: int = 100,
+    ) -> EventPage:
+        """This sandbox's trace, a page after ``after`` (``page.next_after`` continues):
+        created, started, each exec (command, exit code, duration; never output), file
+        operations, pause/resume with their reason, deletion."""
+        return await self._client.sandbox_events(self.id, types=types, after=after, limit=limit)
+
+    def follow_events(
+        self, *, types: str | Sequence[str] | None = None, after: int = 0
+    ) -> AsyncResponseStream[Event]:
+        """Iterate this sandbox's events as they happen (after ``after``); the stream
+        ends once the sandbox has ended."""
+        return self._client.follow_events(self.id, types=types, after=after)
 
     async def set_egress(
         self,

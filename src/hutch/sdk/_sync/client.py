@@ -51,6 +51,7 @@ from hutch.sdk._sync._closing import ClosesOnExit
 from hutch.sdk._sync.net import EgressPolicies, Networks
 from hutch.sdk._sync.secrets import Secrets
 from hutch.sdk._sync.volumes import Volumes
+from hutch.sdk._usage import Event, EventDecoder, EventPage, TimeArg, Usage, UsageCalls
 
 __all__ = ["Client", "ResponseStream"]
 
@@ -80,6 +81,7 @@ class Client(ClosesOnExit):
         self._exec = ExecCalls(self.core)
         self._files = FileCalls(self.core)
         self._images = ImageCalls(self.core)
+        self._usage = UsageCalls(self.core)
         #: Private networks: ``client.networks.create(name)``, ``.list()``, ...
         self.networks = Networks(self)
         #: Named egress policies: ``client.egress_policies.put(name, policy)``, ...
@@ -232,6 +234,55 @@ class Client(ClosesOnExit):
 
     def remove_file(self, sandbox_id: str, path: str, recursive: bool = False) -> None:
         self.call(self._files.remove(sandbox_id, path, recursive))
+
+    def usage(
+        self,
+        start: TimeArg | None = None,
+        end: TimeArg | None = None,
+        *,
+        group_by: str = "sandbox",
+        project: str | None = None,
+    ) -> Usage:
+        """Metered usage and cost over [start, end) (default: this UTC month so far),
+        by ``sandbox``, ``day`` or ``project`` (admin); times are epoch seconds,
+        datetimes (naive = UTC) or ISO 8601 text."""
+        return self.call(
+            self._usage.usage(start=start, end=end, group_by=group_by, project=project)
+        )
+
+    def events(
+        self,
+        *,
+        sandbox_id: str | None = None,
+        types: str | Sequence[str] | None = None,
+        after: int = 0,
+        limit: int = 100,
+    ) -> EventPage:
+        """The project's audit trail, oldest first: a page of events after ``after``
+        (``page.next_after`` continues); ``types`` like ``sandbox.exec`` or ``sandbox.*``."""
+        return self.call(
+            self._usage.events(sandbox_id=sandbox_id, types=types, after=after, limit=limit)
+        )
+
+    def sandbox_events(
+        self,
+        sandbox_id: str,
+        *,
+        types: str | Sequence[str] | None = None,
+        after: int = 0,
+        limit: int = 100,
+    ) -> EventPage:
+        return self.call(
+            self._usage.sandbox_events(sandbox_id, types=types, after=after, limit=limit)
+        )
+
+    def follow_events(
+        self, sandbox_id: str, *, types: str | Sequence[str] | None = None, after: int = 0
+    ) -> ResponseStream[Event]:
+        """The sandbox's events after ``after``, then each as it happens; the stream
+        ends when the sandbox has ended (iterate it; close it to stop early)."""
+        request = self._usage.follow_request(sandbox_id, types=types, after=after)
+        return ResponseStream(self, request, EventDecoder())
 
     def list_images(self) -> builtins.list[ImageInfo]:
         return self.call(self._sandboxes.list_images())

@@ -27,6 +27,7 @@ from hutch.sdk._sync.files import Files
 from hutch.sdk._sync.net import Egress, Ports, SandboxNetworks
 from hutch.sdk._sync.processes import Processes
 from hutch.sdk._sync.pty import Pty
+from hutch.sdk._usage import Event, EventPage
 
 __all__ = ["Sandbox"]
 
@@ -265,6 +266,25 @@ class Sandbox:
             on_stderr=on_stderr,
             on_result=on_result,
         )
+
+    def events(
+        self,
+        *,
+        types: str | Sequence[str] | None = None,
+        after: int = 0,
+        limit: int = 100,
+    ) -> EventPage:
+        """This sandbox's trace, a page after ``after`` (``page.next_after`` continues):
+        created, started, each exec (command, exit code, duration; never output), file
+        operations, pause/resume with their reason, deletion."""
+        return self._client.sandbox_events(self.id, types=types, after=after, limit=limit)
+
+    def follow_events(
+        self, *, types: str | Sequence[str] | None = None, after: int = 0
+    ) -> ResponseStream[Event]:
+        """Iterate this sandbox's events as they happen (after ``after``); the stream
+        ends once the sandbox has ended."""
+        return self._client.follow_events(self.id, types=types, after=after)
 
     def set_egress(
         self,
