@@ -15,7 +15,7 @@ APT_PACKAGES := qemu-system-x86 qemu-utils mmdebstrap nftables busybox-static lz
 	e2fsprogs bubblewrap iproute2 cpio kmod xz-utils zstd python3-venv python3-pip \
 	ca-certificates procps
 
-.PHONY: help deps system-deps test-system-deps apt-install js-deps venv qemu-user image images up down restart check lint typecheck test \
+.PHONY: help deps system-deps test-system-deps apt-install js-deps ui-vendor venv qemu-user image images up down restart check lint typecheck test \
 	test-fast openapi unasync bench clean
 
 help:
@@ -28,7 +28,9 @@ help:
 # Installed by `make test` only: what the test tiers use on the host.
 #   python3-matplotlib: the component tier runs the code-interpreter kernel with the host's
 #   system Python (tests/component/test_contexts.py::test_matplotlib_png).
-TEST_APT_PACKAGES := python3-matplotlib
+#   chromium: the console tests (tests/e2e/test_console.py) drive Debian's Chromium
+#   with Playwright (the suite installs it too when missing: tests/browser.py).
+TEST_APT_PACKAGES := python3-matplotlib chromium
 
 # The E2B JS SDK smoke test (tests/e2e/test_e2b.py::test_e2b_js_sdk_smoke) runs Node's
 # test runner in tests/e2b_js. Node.js >= 20.18.1 (the SDK's engines) comes with the
@@ -59,6 +61,16 @@ $(JS_DIR)/node_modules/.hutch-installed: $(JS_DIR)/package.json $(JS_DIR)/packag
 		$(MAKE) --no-print-directory apt-install PACKAGES="nodejs npm"; fi
 	cd $(JS_DIR) && npm ci --no-audit --no-fund --prefer-offline
 	@touch $@
+
+# The web console's npm packages (xterm.js, its fit addon) from the committed lock,
+# copied into src/hutch/ui/static/vendor with a manifest of their hashes. The copies are
+# committed: the daemon serves them and never needs npm. Run after changing ui/package.json.
+UI_DIR := ui
+ui-vendor: venv
+	@if ! command -v node >/dev/null || ! command -v npm >/dev/null; then \
+		$(MAKE) --no-print-directory apt-install PACKAGES="nodejs npm"; fi
+	cd $(UI_DIR) && npm ci --no-audit --no-fund --prefer-offline
+	$(BIN)/python scripts/ui_vendor.py
 
 $(BIN)/.installed: pyproject.toml requirements.lock
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

@@ -8,6 +8,7 @@ hash), never skipped: `make test` builds them first so the time shows up there.
 from __future__ import annotations
 
 import os
+from collections.abc import Generator
 from pathlib import Path
 
 import pytest
@@ -37,3 +38,15 @@ def ensure_image(name: str) -> object:
     if name not in _built:
         _built[name] = build_image(name, test_images_dir())
     return _built[name]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Keep each phase's report on the item (``item.rep_setup``, ``rep_call``), so a
+    fixture's teardown can tell whether its test failed (the console tests save a
+    screenshot then)."""
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report

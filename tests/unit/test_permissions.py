@@ -62,11 +62,16 @@ def test_every_guarded_http_route_depends_on_the_principal() -> None:
         assert deps.principal in _calls(dependant), f"{key} skips deps.principal"
 
 
-def test_public_routes_are_only_health_and_the_spec() -> None:
+def test_public_routes_are_only_health_the_spec_and_the_console_files() -> None:
+    """The console's static files (/ui) hold no data; every datum they show comes from
+    /v1 with the signed-in key."""
     assert {path for _, path in PUBLIC} == {
         "/healthz",
         "/openapi.json",
         "/docs",
         "/docs/oauth2-redirect",
         "/redoc",
+        "/ui",
+        "/ui/",
+        "/ui/{name:path}",
     }

@@ -30,9 +30,11 @@ from hutch.api.routes import processes as process_routes
 from hutch.api.routes import projects as project_routes
 from hutch.api.routes import pty as pty_routes
 from hutch.api.routes import secrets as secret_routes
+from hutch.api.routes import ui as ui_routes
 from hutch.api.routes import usage as usage_routes
 from hutch.api.routes import volumes as volume_routes
 from hutch.api.routes import watch as watch_routes
+from hutch.api.routes import whoami as whoami_routes
 from hutch.errors import HutchError
 from hutch.services.composed import Services
 from hutch.services.image_builder import ImageBuilder
@@ -101,6 +103,9 @@ def create_app(services: Services, api_key: str, *, manage_service: bool = True)
     auth = [Depends(deps.principal), Depends(deps.acting)]
     app.include_router(meta.health_router)
     app.include_router(meta.router, dependencies=auth)
+    app.include_router(whoami_routes.router, dependencies=auth)
+    # The web console's static files: no key (they hold no data), a strict CSP.
+    app.include_router(ui_routes.router())
     app.include_router(images.router, dependencies=auth)
     app.include_router(secret_routes.router, dependencies=auth)
     app.include_router(sandboxes.router, dependencies=auth)

@@ -27,6 +27,11 @@ PUBLIC: frozenset[tuple[str, str]] = frozenset(
         ("GET", "/docs"),
         ("GET", "/docs/oauth2-redirect"),
         ("GET", "/redoc"),
+        # The web console's static files: they hold no data (every datum comes from
+        # /v1 with the signed-in key), so fetching them needs none.
+        ("GET", "/ui"),
+        ("GET", "/ui/"),
+        ("GET", "/ui/{name:path}"),
     }
 )
 
@@ -36,6 +41,8 @@ PUBLIC: frozenset[tuple[str, str]] = frozenset(
 SELF_CHECKED: frozenset[tuple[str, str]] = frozenset({("GET", "/metrics")})
 
 ROUTE_PERMISSIONS: dict[tuple[str, str], Permission] = {
+    # who am I: any key may learn its own id, project and role (the console's buttons)
+    ("GET", "/v1/whoami"): P.PROJECT_READ,
     # secrets: reading is names, versions and times; no route reads a value
     ("GET", "/v1/secrets"): P.SECRET_READ,
     ("GET", "/v1/secrets/{name}"): P.SECRET_READ,
