@@ -28,6 +28,7 @@ from e2b import (
     CommandExitException,
     FilesystemEventType,
     PtySize,
+    RateLimitException,
     Sandbox,
     SandboxException,
     SandboxQuery,
@@ -38,6 +39,7 @@ from e2b_code_interpreter import AsyncSandbox as AsyncCodeSandbox
 from e2b_code_interpreter import Sandbox as CodeSandbox
 
 from hutch.config import load_settings
+from hutch.e2b.keys import e2b_form
 from hutch.sdk import Sandbox as HutchSandbox
 from tests.e2e.conftest import _LIVE, REPO, Daemon, finalize_daemon, free_port
 from tests.netfake import FakeInternet, free_net_pool
@@ -402,6 +404,36 @@ def test_e2b_egress_rules_hold_and_change_live(e2b_env: dict[str, str], e2bd: E2
         }
     finally:
         fenced.kill()
+
+
+def test_e2b_face_keeps_roles_quotas_and_the_meter(sb: Sandbox, e2bd: E2bDaemon) -> None:
+    """Through the E2B face as through hutch's own API: a project key's role and its
+    project's quotas hold (in E2B's error shape), and what an E2B client does is metered
+    and recorded with the calling key as its actor."""
+    with e2bd.client() as hutch:
+        hutch.projects.create("e2b-quota", {"max_sandboxes": 0})
+        viewer = hutch.keys.create("e2b-viewer", "viewer", project="e2b-quota").secret
+        developer = hutch.keys.create("e2b-dev", "developer", project="e2b-quota").secret
+        try:
+            with pytest.raises(SandboxException) as refused:
+                Sandbox.create("base", api_key=e2b_form(viewer), timeout=60)
+            assert "viewer" in str(refused.value) and "sandbox.create" in str(refused.value)
+            with pytest.raises(RateLimitException) as over:
+                Sandbox.create("base", api_key=e2b_form(developer), timeout=60)
+            assert "max_sandboxes" in str(over.value), over.value
+            # A project key sees its own project only: the admin's sandbox is not there.
+            listed = Sandbox.list(api_key=e2b_form(developer)).next_items()
+            assert sb.sandbox_id not in [s.sandbox_id for s in listed]
+            created = hutch.events(sandbox_id=sb.sandbox_id, types="sandbox.created").events
+            assert [e.actor for e in created] == ["admin"], created
+            rows = {r.key: r for r in hutch.usage(group_by="sandbox").rows}
+            assert rows[sb.sandbox_id].vcpu_seconds > 0, rows.get(sb.sandbox_id)
+            assert rows[sb.sandbox_id].cost_usd > 0
+        finally:
+            for key in hutch.keys.list(project="e2b-quota"):
+                if key.revoked_at is None:
+                    hutch.keys.revoke(key.id, project="e2b-quota")
+            hutch.projects.delete("e2b-quota")
 
 
 def test_e2b_unsupported_calls_say_what_hutch_offers(e2b_env: dict[str, str]) -> None:

@@ -4,7 +4,7 @@ and token checks, and the reported ``envdVersion``; plus request helpers."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +15,7 @@ from hutch.contract.auth import Permission, Principal
 from hutch.e2b.errors import E2bError
 from hutch.e2b.keys import TokenIssuer, verify_api_key
 from hutch.e2b.wiring import Hutch
+from hutch.services.events import act_as
 
 __all__ = ["ENVD_VERSION", "Face", "api_principal", "face", "needs", "read_json"]
 
@@ -53,14 +54,17 @@ def api_principal(request: Request) -> Principal:
     return verify_api_key(presented, face(request).auth, client.host if client else "")
 
 
-def needs(permission: Permission) -> Callable[[Request], Principal]:
+def needs(permission: Permission) -> Callable[[Request], Awaitable[Principal]]:
     """A route's dependency: the caller, allowed ``permission`` (else 403 naming the
     role and the permission, as the REST API says it)."""
 
-    def dependency(request: Request) -> Principal:
+    # Async so that it runs in the request's own task: the actor it sets is then the
+    # route's (a sync dependency runs in a worker thread, whose context is lost).
+    async def dependency(request: Request) -> Principal:
         who = api_principal(request)
         if not who.may(permission):
             raise E2bError(403, f"role {who.role} lacks permission {permission}")
+        act_as(who)  # the events of this request record its caller
         return who
 
     return dependency
