@@ -51,6 +51,9 @@ class Agent:
             ["ip", "netns", "exec", ns, sys.executable, "-c", AGENT],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
         )  # fmt: skip
+        #: Set reports that arrived while a question was waiting for its answer: the
+        #: watcher may report a change before the answer to the question asked after it.
+        self.sets: list[object] = []
 
     def next(self) -> dict[str, object]:
         assert self.proc.stdout is not None
@@ -64,7 +67,7 @@ class Agent:
         self.proc.stdin.write(addr + "\n")
         self.proc.stdin.flush()
         while "host" not in (answer := self.next()):
-            pass  # a set report that raced the question
+            self.sets.append(answer["set"])  # a set report that raced the question
         return answer["host"]
 
     def close(self) -> None:
@@ -78,6 +81,8 @@ class Agent:
             self.proc.stdout.close()
 
     def next_set(self) -> object:
+        if self.sets:
+            return self.sets.pop(0)
         while "set" not in (answer := self.next()):
             pass
         return answer["set"]
