@@ -48,6 +48,14 @@ from fnmatch import fnmatchcase
 from typing import Any, Literal, cast
 
 from hutch.contract.egress import EgressMode, EgressRule, IpAddress, normalize_name, parse_rule
+from hutch.contract.egress_http import (
+    FieldError,
+    HttpRequest,
+    SecretRef,
+    Template,
+    normalize_request_path,
+    parse_template,
+)
 from hutch.contract.limits import MAX_EGRESS_RULES
 from hutch.errors import InvalidArgument
 
@@ -84,8 +92,6 @@ _POLICY_KEYS = ("default", "inspection", "dry_run", "rules")
 _RULE_KEYS = ("action", "host", "methods", "path", "set_headers", "remove_headers")
 _METHOD = re.compile(r"^[A-Z][A-Z-]{0,15}$")
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,64}$")
-_SECRET_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
-_PLACEHOLDER = re.compile(r"\{secret:([^{}]*)\}")
 _PATH_CHARS = re.compile(r"^/[\x21-\x7e]*$")
 #: Headers a transform may not touch: framing, routing and hop-by-hop fields belong to
 #: the proxy (a transform that set Host could send a request somewhere the rules never
@@ -105,131 +111,6 @@ _RESERVED_HEADERS = frozenset(
 )
 MAX_PATH = 1024
 MAX_HEADERS_PER_RULE = 16
-MAX_HEADER_VALUE = 4096
-_UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
-
-
-class _Invalid(ValueError):
-    """One field is wrong: ``where`` (``rules[2].path``) and why (with what is accepted)."""
-
-    def __init__(self, where: str, why: str) -> None:
-        super().__init__(f"{where}: {why}")
-        self.where, self.why = where, why
-
-
-# ---- header value templates ------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SecretRef:
-    """A ``{secret:NAME}`` reference inside a header value."""
-
-    name: str
-
-
-@dataclass(frozen=True)
-class Template:
-    """A header value: literal text and secret references, in order."""
-
-    parts: tuple[str | SecretRef, ...]
-
-    @property
-    def text(self) -> str:
-        return "".join(p if isinstance(p, str) else f"{{secret:{p.name}}}" for p in self.parts)
-
-    @property
-    def secrets(self) -> tuple[str, ...]:
-        return tuple(p.name for p in self.parts if isinstance(p, SecretRef))
-
-    def render(self, resolve: Any) -> str:
-        """The value with each reference replaced by ``resolve(name)`` (a callable
-        returning the secret's text; it raises when the secret does not exist)."""
-        return "".join(p if isinstance(p, str) else str(resolve(p.name)) for p in self.parts)
-
-
-def parse_template(text: str, where: str = "value") -> Template:
-    """Parse a header value; ``{secret:NAME}`` is the only brace syntax."""
-    if len(text) > MAX_HEADER_VALUE:
-        raise _Invalid(where, f"is {len(text)} characters; at most {MAX_HEADER_VALUE}")
-    if any((ord(c) < 0x20 and c != "\t") or ord(c) == 0x7F for c in text):
-        raise _Invalid(where, "holds a control character (CR, LF, NUL, ...); not allowed")
-    parts: list[str | SecretRef] = []
-    pos = 0
-    for m in _PLACEHOLDER.finditer(text):
-        literal = text[pos : m.start()]
-        name = m.group(1)
-        if not _SECRET_NAME.match(name):
-            raise _Invalid(
-                where,
-                f"{{secret:{name}}} does not name a secret (1-64 letters, digits, '_', "
-                "'.', '-', starting with a letter or '_')",
-            )
-        if literal:
-            parts.append(literal)
-        parts.append(SecretRef(name))
-        pos = m.end()
-    if text[pos:]:
-        parts.append(text[pos:])
-    for part in parts:
-        if isinstance(part, str) and ("{" in part or "}" in part):
-            raise _Invalid(
-                where,
-                f"{text!r} has a brace outside a {{secret:NAME}} reference; the only brace "
-                "syntax accepted is {secret:NAME}",
-            )
-    return Template(tuple(parts))
-
-
-# ---- requests and paths ----------------------------------------------------------------
-
-
-def normalize_request_path(target: str) -> str | None:
-    """The path a rule's ``path`` is compared with: the request target without query,
-    percent-encoded unreserved characters decoded (``%7E`` -> ``~``). None when it is
-    ambiguous: a dot segment (``.``/``..``, also encoded), an encoded ``/`` or ``\\``, a
-    backslash, or not starting with ``/``. Servers resolve those differently, so no
-    path rule can be trusted to mean the same thing as the server."""
-    path = target.split("?", 1)[0].split("#", 1)[0]
-    if not path.startswith("/"):
-        return None
-    out: list[str] = []
-    i = 0
-    while i < len(path):
-        c = path[i]
-        if c == "%":
-            hexpart = path[i + 1 : i + 3]
-            if len(hexpart) != 2 or not all(h in "0123456789abcdefABCDEF" for h in hexpart):
-                return None  # a bare '%': servers disagree on it
-            ch = chr(int(hexpart, 16))
-            if ch in ("/", "\\"):
-                return None
-            out.append(ch if ch in _UNRESERVED else "%" + hexpart.upper())
-            i += 3
-            continue
-        if c == "\\":
-            return None
-        out.append(c)
-        i += 1
-    norm = "".join(out)
-    if any(seg in (".", "..") for seg in norm.split("/")):
-        return None
-    return norm
-
-
-@dataclass(frozen=True)
-class HttpRequest:
-    """What the evaluator needs of a request: the name (Host/SNI, normalized or not),
-    the address and port it goes to, the method and the raw request target."""
-
-    name: str | None
-    address: IpAddress | None
-    port: int
-    method: str
-    target: str
-
-    @property
-    def path(self) -> str | None:
-        return normalize_request_path(self.target)
 
 
 # ---- rules and policies ----------------------------------------------------------------
@@ -519,23 +400,23 @@ def is_policy_document(value: object) -> bool:
 
 def _choice(value: object, where: str, accepted: Sequence[str]) -> str:
     if not isinstance(value, str) or value not in accepted:
-        raise _Invalid(where, f"{value!r} is not accepted; accepted: {', '.join(accepted)}")
+        raise FieldError(where, f"{value!r} is not accepted; accepted: {', '.join(accepted)}")
     return value
 
 
 def _parse_methods(value: object, where: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not value:
-        raise _Invalid(where, 'must be a non-empty list of HTTP methods, e.g. ["GET", "HEAD"]')
+        raise FieldError(where, 'must be a non-empty list of HTTP methods, e.g. ["GET", "HEAD"]')
     out: list[str] = []
     for i, item in enumerate(value):
         if not isinstance(item, str) or not _METHOD.match(item.upper()):
-            raise _Invalid(
+            raise FieldError(
                 f"{where}[{i}]",
                 f"{item!r} is not an HTTP method (letters and '-', up to 16, e.g. GET, POST)",
             )
         method = item.upper()
         if method == "CONNECT":
-            raise _Invalid(f"{where}[{i}]", "CONNECT is never relayed; it cannot be allowed")
+            raise FieldError(f"{where}[{i}]", "CONNECT is never relayed; it cannot be allowed")
         if method not in out:
             out.append(method)
     return tuple(out)
@@ -543,16 +424,16 @@ def _parse_methods(value: object, where: str) -> tuple[str, ...]:
 
 def _parse_path(value: object, where: str) -> str:
     if not isinstance(value, str) or not _PATH_CHARS.match(value) or len(value) > MAX_PATH:
-        raise _Invalid(
+        raise FieldError(
             where,
             f"{value!r} is not accepted; a path starts with '/', is visible ASCII, at most "
             f"{MAX_PATH} characters: a prefix (/docs) or a glob with * or ? (/docs/*.json)",
         )
     if "#" in value:
-        raise _Invalid(where, "a path has no fragment ('#'); requests never carry one")
+        raise FieldError(where, "a path has no fragment ('#'); requests never carry one")
     plain = value.replace("*", "").replace("?", "")
     if normalize_request_path(plain or "/") != (plain or "/"):
-        raise _Invalid(
+        raise FieldError(
             where,
             f"{value!r} is not in normal form (no dot segments, no encoded '/', unreserved "
             "characters not percent-encoded, no query); write the path as servers see it",
@@ -562,27 +443,27 @@ def _parse_path(value: object, where: str) -> str:
 
 def _parse_headers(value: object, where: str) -> tuple[tuple[str, Template], ...]:
     if not isinstance(value, Mapping) or not value:
-        raise _Invalid(where, 'must be an object of header names to values, e.g. {"X-Key": "v"}')
+        raise FieldError(where, 'must be an object of header names to values, e.g. {"X-Key": "v"}')
     if len(value) > MAX_HEADERS_PER_RULE:
-        raise _Invalid(where, f"{len(value)} headers; at most {MAX_HEADERS_PER_RULE} per rule")
+        raise FieldError(where, f"{len(value)} headers; at most {MAX_HEADERS_PER_RULE} per rule")
     out: list[tuple[str, Template]] = []
     seen: set[str] = set()
     for name, raw in value.items():
         hname = _header_name(name, f"{where}.{name}")
         if hname.lower() in seen:
-            raise _Invalid(f"{where}.{name}", "is set twice (header names ignore case)")
+            raise FieldError(f"{where}.{name}", "is set twice (header names ignore case)")
         seen.add(hname.lower())
         if not isinstance(raw, str):
-            raise _Invalid(f"{where}.{name}", f"{raw!r} is not a string")
+            raise FieldError(f"{where}.{name}", f"{raw!r} is not a string")
         out.append((hname, parse_template(raw, f"{where}.{name}")))
     return tuple(out)
 
 
 def _header_name(name: object, where: str) -> str:
     if not isinstance(name, str) or not _TOKEN.match(name):
-        raise _Invalid(where, f"{name!r} is not a header name (a token of 1-64 characters)")
+        raise FieldError(where, f"{name!r} is not a header name (a token of 1-64 characters)")
     if name.lower() in _RESERVED_HEADERS:
-        raise _Invalid(
+        raise FieldError(
             where,
             f"{name} belongs to the proxy (framing or routing) and cannot be transformed; "
             f"not accepted: {', '.join(sorted(_RESERVED_HEADERS))}",
@@ -592,7 +473,7 @@ def _header_name(name: object, where: str) -> str:
 
 def _parse_remove(value: object, where: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not value:
-        raise _Invalid(where, 'must be a non-empty list of header names, e.g. ["Cookie"]')
+        raise FieldError(where, 'must be a non-empty list of header names, e.g. ["Cookie"]')
     out: list[str] = []
     for i, name in enumerate(value):
         hname = _header_name(name, f"{where}[{i}]")
@@ -604,16 +485,18 @@ def _parse_remove(value: object, where: str) -> tuple[str, ...]:
 def _parse_rule(raw: object, index: int) -> PolicyRule:
     where = f"rules[{index}]"
     if not isinstance(raw, Mapping):
-        raise _Invalid(where, f"{raw!r} is not an object with action and host")
+        raise FieldError(where, f"{raw!r} is not an object with action and host")
     unknown = [k for k in raw if k not in _RULE_KEYS]
     if unknown:
-        raise _Invalid(f"{where}.{unknown[0]}", f"unknown field; accepted: {', '.join(_RULE_KEYS)}")
+        raise FieldError(
+            f"{where}.{unknown[0]}", f"unknown field; accepted: {', '.join(_RULE_KEYS)}"
+        )
     if "action" not in raw:
-        raise _Invalid(f"{where}.action", f"is missing; accepted: {', '.join(ACTIONS)}")
+        raise FieldError(f"{where}.action", f"is missing; accepted: {', '.join(ACTIONS)}")
     action = cast(Action, _choice(raw["action"], f"{where}.action", ACTIONS))
     host_raw = raw.get("host")
     if not isinstance(host_raw, str):
-        raise _Invalid(
+        raise FieldError(
             f"{where}.host",
             "is missing or not a string; accepted: name, *.name, ip, cidr, each with :port",
         )
@@ -621,7 +504,7 @@ def _parse_rule(raw: object, index: int) -> PolicyRule:
         # Kept in canonical form (its text too), so equal policies compare equal.
         host = parse_rule(parse_rule(host_raw).canonical)
     except InvalidArgument as exc:
-        raise _Invalid(f"{where}.host", str(exc)) from exc
+        raise FieldError(f"{where}.host", str(exc)) from exc
     methods = _parse_methods(raw["methods"], f"{where}.methods") if "methods" in raw else None
     path = _parse_path(raw["path"], f"{where}.path") if "path" in raw else None
     set_headers = (
@@ -634,35 +517,35 @@ def _parse_rule(raw: object, index: int) -> PolicyRule:
     )
     if action != "transform" and (set_headers or remove):
         field_name = "set_headers" if set_headers else "remove_headers"
-        raise _Invalid(
+        raise FieldError(
             f"{where}.{field_name}",
             f'only a "transform" rule rewrites headers; this rule is "{action}"',
         )
     if action == "transform" and not (set_headers or remove):
-        raise _Invalid(where, 'a "transform" rule needs set_headers or remove_headers')
+        raise FieldError(where, 'a "transform" rule needs set_headers or remove_headers')
     needs_request = methods is not None or path is not None or action == "transform"
     if needs_request and host.port is not None and host.port not in (80, 443):
-        raise _Invalid(
+        raise FieldError(
             f"{where}.host",
             f"port {host.port}: requests are read on ports 80 and 443 only (where hutch's "
             "proxy sees them); accepted: no port (both), :80 or :443",
         )
     if (methods is not None or path is not None) and host.kind in ("ip", "cidr"):
         field_name = "methods" if methods is not None else "path"
-        raise _Invalid(
+        raise FieldError(
             f"{where}.{field_name}",
             "needs a host name (requests are matched by their Host and SNI); an ip/cidr "
             "rule decides by address only",
         )
     if action == "transform" and host.kind in ("ip", "cidr"):
-        raise _Invalid(
+        raise FieldError(
             f"{where}.host",
             "a transform needs a name (the secret is bound to it); write a host name, "
             "not an address",
         )
     overlap = {n.lower() for n, _ in set_headers} & {n.lower() for n in remove}
     if overlap:
-        raise _Invalid(f"{where}.remove_headers", f"{sorted(overlap)[0]} is also in set_headers")
+        raise FieldError(f"{where}.remove_headers", f"{sorted(overlap)[0]} is also in set_headers")
     return PolicyRule(index, action, host, methods, path, set_headers, remove)
 
 
@@ -681,7 +564,7 @@ def _check_enforceable(policy: OrderedPolicy) -> None:
             if earlier.host.port in (80, 443) and earlier.host.kind in ("host", "wildcard"):
                 continue  # TCP to a name on 80/443 is decided per connection by the proxy
             if _overlap(earlier.host, later.host):
-                raise _Invalid(
+                raise FieldError(
                     f"rules[{later.index}].host",
                     f"allows every port of {later.host.canonical} after rules[{earlier.index}] "
                     f"denied port {earlier.host.port} of an overlapping destination; hutch "
@@ -708,26 +591,26 @@ def parse_policy_document(raw: object) -> OrderedPolicy:
     (``egress policy rules[2].methods[0]: ...``) and what is accepted."""
     try:
         return _parse_policy(raw)
-    except _Invalid as exc:
+    except FieldError as exc:
         raise InvalidArgument(f"egress policy {exc.where}: {exc.why}") from exc
 
 
 def _parse_policy(raw: object) -> OrderedPolicy:
     if not isinstance(raw, Mapping):
-        raise _Invalid("policy", "must be an object {default, inspection, dry_run, rules}")
+        raise FieldError("policy", "must be an object {default, inspection, dry_run, rules}")
     unknown = [k for k in raw if k not in _POLICY_KEYS]
     if unknown:
-        raise _Invalid(str(unknown[0]), f"unknown field; accepted: {', '.join(_POLICY_KEYS)}")
+        raise FieldError(str(unknown[0]), f"unknown field; accepted: {', '.join(_POLICY_KEYS)}")
     default = cast(DefaultAction, _choice(raw.get("default", "deny"), "default", DEFAULTS))
     inspection = cast(Inspection, _choice(raw.get("inspection", "none"), "inspection", INSPECTIONS))
     dry_run = raw.get("dry_run", False)
     if not isinstance(dry_run, bool):
-        raise _Invalid("dry_run", f"{dry_run!r} is not accepted; accepted: true, false")
+        raise FieldError("dry_run", f"{dry_run!r} is not accepted; accepted: true, false")
     rules_raw = raw.get("rules", [])
     if not isinstance(rules_raw, list):
-        raise _Invalid("rules", "must be a list of rule objects")
+        raise FieldError("rules", "must be a list of rule objects")
     if len(rules_raw) > MAX_EGRESS_RULES:
-        raise _Invalid("rules", f"{len(rules_raw)} rules; at most {MAX_EGRESS_RULES}")
+        raise FieldError("rules", f"{len(rules_raw)} rules; at most {MAX_EGRESS_RULES}")
     rules = tuple(_parse_rule(r, i) for i, r in enumerate(rules_raw))
     policy = OrderedPolicy(default, inspection, dry_run, rules)
     if inspection == "none":
@@ -738,7 +621,7 @@ def _parse_policy(raw: object) -> OrderedPolicy:
                     if rule.action == "transform"
                     else ("methods" if rule.methods is not None else "path")
                 )
-                raise _Invalid(
+                raise FieldError(
                     f"rules[{rule.index}].{what if what != 'transform' else 'action'}",
                     "needs the HTTP request, so it needs inspection partial or full; "
                     'inspection is "none" (addresses and names only)',
