@@ -32,8 +32,12 @@ class NetworkRow:
 
 
 class NetStore:
-    def __init__(self, store: Store) -> None:
+    """``host``: the host whose address leases these are (each host of a cluster has
+    its own pool and taps; the other tables are the cluster's)."""
+
+    def __init__(self, store: Store, host: str = "local") -> None:
         self._store = store
+        self.host = host
 
     def _rows(self, sql: str, *params: object) -> list[tuple[object, ...]]:
         with self._store.transaction() as db:
@@ -44,15 +48,16 @@ class NetStore:
     def add_lease(self, sandbox_id: str, block: int, tap: str) -> None:
         with self._store.transaction() as db:
             db.execute(
-                "INSERT OR REPLACE INTO net_leases (sandbox_id, block, tap) VALUES (?, ?, ?)",
-                (sandbox_id, block, tap),
+                "INSERT OR REPLACE INTO net_leases (sandbox_id, block, tap, host) "
+                "VALUES (?, ?, ?, ?)",
+                (sandbox_id, block, tap, self.host),
             )
 
     def remove_lease(self, sandbox_id: str) -> None:
         self._rows("DELETE FROM net_leases WHERE sandbox_id = ?", sandbox_id)
 
     def leases(self) -> dict[str, Lease]:
-        rows = self._rows("SELECT sandbox_id, block, tap FROM net_leases")
+        rows = self._rows("SELECT sandbox_id, block, tap FROM net_leases WHERE host = ?", self.host)
         return {str(r[0]): Lease(str(r[0]), int(str(r[1])), str(r[2])) for r in rows}
 
     # -- egress rules --------------------------------------------------------------------
