@@ -60,7 +60,7 @@ _DROP_REQUEST = {
 }  # fmt: skip
 _DROP_RESPONSE = {
     "connection", "keep-alive", "proxy-authenticate", "te", "trailer", "transfer-encoding",
-    "upgrade",
+    "upgrade", "date", "server",  # the last two: this server adds its own
 }  # fmt: skip
 _WS_DROP = _DROP_REQUEST | {
     "sec-websocket-key", "sec-websocket-version", "sec-websocket-extensions",
