@@ -7,6 +7,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,6 +96,31 @@ def dns(server: str, name: str, qtype: str = "A", **kw: Any) -> dict[str, Any]:
 def gateway_of(sb: Sandbox) -> str:
     """The host side of the sandbox's /30 (its gateway and DNS server)."""
     return str(ipaddress.IPv4Address(address_of(sb)) - 1)
+
+
+def packets_from(sb: Sandbox) -> int:
+    """How many packets the host has received from the sandbox's tap so far (the
+    kernel's own count, before any nftables rule): what really reached the host, where
+    a guest's ``sendto`` count also includes what its own kernel dropped or still holds
+    (a UDP sender is told a qdisc drop succeeded)."""
+    shown = subprocess.run(
+        ["ip", "-j", "-4", "addr", "show", "to", f"{gateway_of(sb)}/32"],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    links = [link["ifname"] for link in json.loads(shown or "[]")]
+    assert len(links) == 1, f"no single host interface holds {sb.id}'s gateway: {shown}"
+    return int(Path(f"/sys/class/net/{links[0]}/statistics/rx_packets").read_text())
+
+
+def network_state(sb: Sandbox) -> str:
+    """The guest's own view of its NIC (counters, queue, neighbour, UDP errors, kernel
+    log): printed when a guest sent much more than reached the host."""
+    script = (
+        "ip -s link show eth0; tc -s qdisc show dev eth0; ip -s neigh; "
+        "grep -A1 '^Udp:' /proc/net/snmp; dmesg | tail -15"
+    )
+    answer = sb.exec(["sh", "-c", script], timeout_s=60)
+    return answer.stdout + answer.stderr
 
 
 def address_of(sb: Sandbox) -> str:
