@@ -9,17 +9,41 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hutch.config import load_settings
 from hutch.sdk import Client, Sandbox
-from tests.netfake import FakeInternet
+from tests.e2e.conftest import _LIVE, Daemon, finalize_daemon
+from tests.netfake import FakeInternet, free_net_pool
 
 PROBE = Path(__file__).resolve().parents[1] / "netfake" / "probe.py"
 # Seconds a denied connection may hang before the probe calls it failed; allowed ones
 # answer in well under a second even under TCG.
 CHECK_TIMEOUT_S = 5.0
+
+
+@contextmanager
+def network_daemon(
+    work: Path, fakenet: FakeInternet, env: dict[str, str] | None = None
+) -> Iterator[Daemon]:
+    """A hutchd of a network module's own: a free address pool, ``fakenet`` as its
+    upstream, ``env`` on top; the base image ready; checked clean when it stops (its
+    diagnostics go into a failing test's report: tests/vm/conftest.py)."""
+    from tests.conftest import ensure_image
+
+    ensure_image("base")
+    d = Daemon(work / "state")
+    d.daemon_env.update({"HUTCH_NET_POOL": free_net_pool(), **fakenet.env(), **(env or {})})
+    d.settings = load_settings(d.daemon_env)
+    _LIVE.append(d)
+    d.start()
+    yield d
+    problems = finalize_daemon(d)
+    assert not problems, "\n".join(problems)
 
 
 @dataclass

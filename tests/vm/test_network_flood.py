@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,15 +21,15 @@ from typing import Any
 
 import pytest
 
-from hutch.config import load_settings
 from hutch.errors import HutchError
 from hutch.sdk import Client, EgressInfo
-from tests.e2e.conftest import _LIVE, Daemon, finalize_daemon
-from tests.netfake import FakeInternet, free_net_pool
+from tests.e2e.conftest import Daemon
+from tests.netfake import FakeInternet
 from tests.vm.netlab import (
     Guest,
     gateway_of,
     make_guest,
+    network_daemon,
     network_state,
     packets_from,
     resolve,
@@ -51,51 +50,24 @@ FLOOD_S = 8.0
 #: Packets from the tap that are not IPv4 and so pass no rule: the guest's ARP requests
 #: for its gateway and its answers to the host's probes (7 in a run here).
 ARP_SLACK = 25
-
-
-@pytest.fixture(scope="module")
-def fakenet() -> Iterator[FakeInternet]:
-    with FakeInternet() as net:
-        yield net
+FLOOD_ENV = {
+    "HUTCH_DNS_RATE": str(DNS_RATE),
+    "HUTCH_DNS_BURST": str(DNS_BURST),
+    "HUTCH_DENY_LOG_RATE": str(LOG_RATE),
+    "HUTCH_DENY_LOG_BURST": str(LOG_BURST),
+}
 
 
 @pytest.fixture(scope="module")
 def netd(fakenet: FakeInternet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    from tests.conftest import ensure_image
-
-    ensure_image("base")
-    d = Daemon(tmp_path_factory.mktemp("hutchd-flood") / "state")
-    d.daemon_env.update(
-        {
-            "HUTCH_NET_POOL": free_net_pool(),
-            **fakenet.env(),
-            "HUTCH_DNS_RATE": str(DNS_RATE),
-            "HUTCH_DNS_BURST": str(DNS_BURST),
-            "HUTCH_DENY_LOG_RATE": str(LOG_RATE),
-            "HUTCH_DENY_LOG_BURST": str(LOG_BURST),
-        }
-    )
-    d.settings = load_settings(d.daemon_env)
-    _LIVE.append(d)
-    d.start()
-    yield d
-    problems = finalize_daemon(d)
-    assert not problems, "\n".join(problems)
+    with network_daemon(tmp_path_factory.mktemp("hutchd-flood"), fakenet, FLOOD_ENV) as d:
+        yield d
 
 
 @pytest.fixture(scope="module")
 def client(netd: Daemon) -> Iterator[Client]:
     with netd.client(timeout=300.0) as c:
         yield c
-
-
-@pytest.fixture(autouse=True)
-def _diagnostics_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
-    failed_before = request.session.testsfailed
-    yield
-    if request.session.testsfailed > failed_before:
-        for d in _LIVE:
-            print(d.diagnostics(), file=sys.stderr)
 
 
 @pytest.fixture
