@@ -3,8 +3,8 @@ through any worker, and a worker SIGKILLed (its running sandboxes reported lost 
 the lease, nothing else touched). One module-scoped cluster; every sandbox is 128 MiB
 and restored from each worker's template of the base image.
 
-Until the PostgreSQL store lands the workers share one WAL SQLite file
-(``HUTCH_SHARED_DB``), which is what several processes on one machine may do.
+The workers share one PostgreSQL database of the suite's server (``tests/pgserver.py``,
+Debian's PostgreSQL), as hosts on many machines would.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from hutch import errors
 from hutch.config import load_settings
 from hutch.images.build import ImageArtifacts
 from hutch.sdk import Sandbox, SandboxInfo
+from tests import pgserver
 from tests.e2e.conftest import _LIVE, Daemon, finalize_daemon, pid_alive, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vm]
@@ -34,7 +35,7 @@ LABELS = {"w1": "zone=a", "w2": "zone=a", "w3": "zone=b"}
 class Worker(Daemon):
     """A hutchd in the worker role of the test cluster."""
 
-    def __init__(self, state_dir: Path, host_id: str, shared: Path) -> None:
+    def __init__(self, state_dir: Path, host_id: str, shared: Path, database: str) -> None:
         super().__init__(state_dir)
         self.host_id = host_id
         self.daemon_env.update(
@@ -43,7 +44,7 @@ class Worker(Daemon):
                 "HUTCH_HOST_ID": host_id,
                 "HUTCH_HOST_LABELS": LABELS[host_id],
                 "HUTCH_HOST_LEASE_S": str(LEASE_S),
-                "HUTCH_SHARED_DB": str(shared / "cluster.db"),
+                "HUTCH_DATABASE_URL": database,
                 "HUTCH_CLUSTER_SECRET_FILE": str(shared / "cluster-secret"),
             }
         )
@@ -59,7 +60,8 @@ def cluster(
     shared.mkdir()
     (shared / "cluster-secret").write_text(secrets.token_hex(32) + "\n")
     (shared / "cluster-secret").chmod(0o600)
-    workers = [Worker(root / f"state-{h}", h, shared) for h in ("w1", "w2", "w3")]
+    database = pgserver.shared_server().fresh_database()
+    workers = [Worker(root / f"state-{h}", h, shared, database) for h in ("w1", "w2", "w3")]
     key = "hk_" + secrets.token_urlsafe(32)
     for w in workers:
         w.state_dir.mkdir(parents=True)

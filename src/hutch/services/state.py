@@ -28,7 +28,6 @@ disagree, whatever point a daemon is killed at.
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -39,6 +38,7 @@ from hutch.models import SANDBOX_ID_RE, SandboxRecord, SandboxState
 from hutch.services.events import EventLog, acting, lifecycle_event, project_of
 from hutch.services.metering import changes, held
 from hutch.store import Store
+from hutch.store.backend import Conn
 from hutch.store.hosts import place_in
 from hutch.store.meter_sql import close_intervals_in, last_alive_in, open_interval_in
 
@@ -154,7 +154,7 @@ class SandboxStates:
         if rec.parent_id is not None:
             data["parent"] = rec.parent_id
 
-        def also(db: sqlite3.Connection) -> None:
+        def also(db: Conn) -> None:
             place_in(db, rec.id, self.host)
             self._record(db, None, rec, "sandbox.created", data)
 
@@ -203,7 +203,7 @@ class SandboxStates:
 
     def _record(
         self,
-        db: sqlite3.Connection,
+        db: Conn,
         before: SandboxRecord | None,
         after: SandboxRecord,
         event: str | None,
