@@ -136,8 +136,11 @@ restart: down up
 # N workers on this machine sharing one database (scripts/cluster.py; README "A cluster
 # on one machine"): each its own state dir under var/cluster, port 7071.., address pool.
 WORKERS ?= 3
+CLUSTER_DB ?= postgres
 cluster-up: image
-	$(BIN)/python scripts/cluster.py up --workers $(WORKERS) --root $(STATE_DIR)/cluster --images $(STATE_DIR)/images
+	@if [ "$(CLUSTER_DB)" = postgres ]; then $(MAKE) --no-print-directory apt-install PACKAGES=postgresql; fi
+	$(BIN)/python scripts/cluster.py up --workers $(WORKERS) --root $(STATE_DIR)/cluster \
+		--images $(STATE_DIR)/images --db $(CLUSTER_DB)
 
 cluster-down:
 	$(BIN)/python scripts/cluster.py down --root $(STATE_DIR)/cluster

@@ -2,12 +2,15 @@
 
 Each worker has its own state dir (``<root>/w<i>``), port (``7071`` + i - 1), address
 pool (``10.214.<i>.0/24``) and run dir (derived from its state dir), and all share one
-database, one cluster secret, one admin key and one secrets key. The database is one
-WAL SQLite file (``<root>/shared/cluster.db``, ``HUTCH_SHARED_DB``) until the
-PostgreSQL store is in; with ``HUTCH_DATABASE_URL`` set it is passed to every worker
-instead. Any worker serves the whole API; ``hutch host ls`` lists them.
+database, one cluster secret, one admin key and one secrets key. The database
+(``--db``): ``postgres`` (default) is Debian's PostgreSQL 15 run here, its data in
+``<root>/pg`` (initdb on the first start, the ``postgres`` system user the package
+makes, 127.0.0.1:7079 and a unix socket, trust for local connections only), database
+``hutch``; ``sqlite`` is one WAL SQLite file (``<root>/shared/cluster.db``,
+``HUTCH_SHARED_DB``); ``HUTCH_DATABASE_URL`` set: that database. Any worker serves
+the whole API; ``hutch host ls`` lists them.
 
-    python scripts/cluster.py up [--workers 3] [--root var/cluster]
+    python scripts/cluster.py up [--workers 3] [--root var/cluster] [--db postgres|sqlite]
     python scripts/cluster.py down [--root var/cluster]
 """
 
@@ -26,6 +29,60 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 BASE_PORT = 7071
+PG_PORT = 7079
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+PG_USER = "postgres"
+
+
+def _pg(tool: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    argv = [str(PG_BIN / tool), *args]
+    if os.geteuid() == 0:  # PostgreSQL refuses to run as root
+        argv = ["runuser", "-u", PG_USER, "--", *argv]
+    return subprocess.run(argv, capture_output=True, text=True, check=False, cwd=cwd)
+
+
+def pg_up(root: Path) -> str:
+    """Start (initdb on first use) the cluster's PostgreSQL; its database URL."""
+    if not os.access(PG_BIN / "postgres", os.X_OK):
+        raise SystemExit(f"no PostgreSQL 15 in {PG_BIN}: `make cluster-up` installs postgresql")
+    pg = root / "pg"
+    data = pg / "data"
+    if not data.is_dir():
+        pg.mkdir(parents=True, exist_ok=True)
+        # The server runs as postgres: it must pass through the root (the workers' own
+        # state dirs stay 0700).
+        os.chmod(root, 0o711)
+        if os.geteuid() == 0:
+            shutil.chown(pg, PG_USER, PG_USER)
+        done = _pg(
+            "initdb", "-D", str(data), "-U", PG_USER, "--auth=trust", "--no-locale", "-E",
+            "UTF8", "--no-instructions", cwd=pg,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise SystemExit(f"initdb failed: {done.stdout}{done.stderr}")
+    if _pg("pg_ctl", "-D", str(data), "status", cwd=pg).returncode != 0:
+        options = f"-p {PG_PORT} -k {pg} -c listen_addresses=127.0.0.1 -c max_connections=200"
+        done = _pg(
+            "pg_ctl", "-D", str(data), "-l", str(pg / "server.log"), "-w", "-o", options,
+            "start", cwd=pg,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise SystemExit(f"PostgreSQL did not start: {done.stdout}{done.stderr}")
+    psql = ["-h", str(pg), "-p", str(PG_PORT), "-U", PG_USER, "-tA"]
+    exists = _pg("psql", *psql, "-c", "SELECT 1 FROM pg_database WHERE datname = 'hutch'", cwd=pg)
+    if exists.stdout.strip() != "1":
+        done = _pg("createdb", "-h", str(pg), "-p", str(PG_PORT), "-U", PG_USER, "hutch", cwd=pg)
+        if done.returncode != 0:
+            raise SystemExit(f"createdb failed: {done.stdout}{done.stderr}")
+    print(f"PostgreSQL: up on 127.0.0.1:{PG_PORT} (data {data})")
+    return f"postgresql://{PG_USER}@127.0.0.1:{PG_PORT}/hutch"
+
+
+def pg_down(root: Path) -> None:
+    data = root / "pg" / "data"
+    if data.is_dir() and _pg("pg_ctl", "-D", str(data), "status", cwd=root).returncode == 0:
+        _pg("pg_ctl", "-D", str(data), "-m", "fast", "-w", "stop", cwd=root)
+        print("PostgreSQL: stopped")
 
 
 def _write_secret(path: Path, value: str) -> None:
@@ -51,7 +108,8 @@ def _alive(pid_file: Path) -> int | None:
     return pid
 
 
-def up(root: Path, workers: int, images: Path | None) -> int:
+def up(root: Path, workers: int, images: Path | None, db: str) -> int:
+    database = os.environ.get("HUTCH_DATABASE_URL") or (pg_up(root) if db == "postgres" else "")
     shared = root / "shared"
     shared.mkdir(parents=True, exist_ok=True)
     _write_secret(shared / "cluster-secret", secrets.token_hex(32))
@@ -76,7 +134,9 @@ def up(root: Path, workers: int, images: Path | None) -> int:
             "HUTCH_HOST_ID": f"w{i}",
             "HUTCH_CLUSTER_SECRET_FILE": str(shared / "cluster-secret"),
         }
-        if not os.environ.get("HUTCH_DATABASE_URL"):
+        if database:
+            env["HUTCH_DATABASE_URL"] = database
+        else:
             env["HUTCH_SHARED_DB"] = str(shared / "cluster.db")
         if images is not None:
             env["HUTCH_IMAGES_DIR"] = str(images)
@@ -119,6 +179,7 @@ def down(root: Path) -> int:
             time.sleep(0.2)
         (state / "hutchd.pid").unlink(missing_ok=True)
         print(f"{state.name}: stopped (its sandboxes keep running; a start adopts them)")
+    pg_down(root)
     return 0
 
 
@@ -128,13 +189,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--root", type=Path, default=REPO / "var" / "cluster")
     parser.add_argument("--images", type=Path, default=REPO / "var" / "images")
+    parser.add_argument("--db", choices=("postgres", "sqlite"), default="postgres")
     args = parser.parse_args(argv)
     if not 1 <= args.workers <= 32:
         parser.error("--workers: 1-32")
     root = args.root.resolve()
     if args.action == "up":
         images = args.images.resolve() if args.images.is_dir() else None
-        return up(root, args.workers, images)
+        return up(root, args.workers, images, args.db)
     return down(root)
 
 
