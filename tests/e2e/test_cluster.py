@@ -147,8 +147,8 @@ def test_twenty_creates_spread_and_any_worker_reaches_the_right_vm(
         via = next(w for w in cluster if w.host_id != host)
         with via.client() as c:
             c.delete_sandbox(sandbox_id)
-    left = _owners(cluster)
-    assert not set(ids[10:]) & set(left) and set(ids[:10]) <= set(left)
+    assert wait_for(lambda: not set(ids[10:]) & set(_owners(cluster)), 20)
+    assert set(ids[:10]) <= set(_owners(cluster))
     for w in cluster:  # every worker lists the whole cluster
         with w.client() as c:
             assert {s.id for s in c.list_sandboxes() if s.state == "running"} >= set(ids[:10])
@@ -187,7 +187,10 @@ def test_a_killed_worker_reports_its_running_sandboxes_lost(cluster: list[Worker
 
     def lost() -> bool:
         with w2.client() as c:
-            return all(c.get_sandbox(s.id).state == "failed" for s in on_w3)
+            try:
+                return all(c.get_sandbox(s.id).state == "failed" for s in on_w3)
+            except errors.Unavailable:
+                return False  # w3 not marked down yet: its sandboxes' requests say so
 
     # Marked down at the first renewal after the lease ends (a third of it later).
     assert wait_for(lost, LEASE_S * 2.5)
