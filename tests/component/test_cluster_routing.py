@@ -197,3 +197,24 @@ async def test_an_expired_host_is_marked_down_its_sandboxes_lost_and_fenced(
 def test_settings_replace_keeps_cluster(tmp_path: Path) -> None:
     s = Settings(state_dir=tmp_path, cluster=ClusterSettings(role="worker", host_id="x"))
     assert replace(s, listen_port=1).host_id == "x"
+
+
+async def test_a_drain_reaches_its_host_pauses_its_sandboxes_and_stops_placement(
+    hosts: dict[str, Host],
+) -> None:
+    h1, h2 = hosts["h1"], hosts["h2"]
+    on_h1 = await _create(h2, host="h1")
+    r = await h2.client.post("/v1/hosts/h1/drain")  # sent to h2, done by h1
+    assert r.status_code == 200, r.text
+    assert r.json()["state"] == "draining" and r.json()["this"] is True  # h1 answered
+    assert (await h2.client.get(f"/v1/sandboxes/{on_h1}")).json()["state"] == "paused"
+    assert set(h1.svc.core.runtimes) == set()
+    fresh = await _create(h1)  # anywhere: h1 is draining, so h2
+    assert fresh in h2.svc.core.runtimes
+    pinned = await h1.client.post("/v1/sandboxes", json={"placement": {"host": "h1"}})
+    assert pinned.status_code == 429 and "h1 is draining" in pinned.json()["error"]["message"]
+    r = await h1.client.post("/v1/hosts/h1/undrain")
+    assert r.status_code == 200 and r.json()["state"] == "up"
+    resumed = await h2.client.post(f"/v1/sandboxes/{on_h1}/resume")
+    assert resumed.status_code == 200 and resumed.json()["state"] == "running"
+    assert on_h1 in h1.svc.core.runtimes
