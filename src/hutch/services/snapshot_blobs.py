@@ -1,0 +1,449 @@
+"""Named snapshots mirrored to the blob store (``HUTCH_BLOB_URL``), so that one is
+usable from any host once its upload completes (:class:`SnapshotBlobs`).
+
+Layout in the store, per snapshot::
+
+    snapshots/<snap-id>/state.mig, disk.qcow2, vm.json, manifest.json, frozen, ...
+    snapshots/<snap-id>/layer-1.qcow2 ... layer-N.qcow2   the qcow2 layers under its
+                                                           disk (a template's, a fork's)
+    snapshots/<snap-id>/index.json   written last: every file's size and sha256, the
+                                     chain, the raw image at its bottom. Its presence
+                                     means the upload is complete.
+
+Upload: after the snapshot is saved (its files are frozen: never written again), in
+the background, retried with backoff until it succeeds or the snapshot is deleted.
+Fetch (a create from a snapshot whose local copy is gone): every file downloaded and
+checked against the index (size + sha256), the migration stream also against the
+snapshot manifest's own ``state_digest``; the layers re-pointed at each other and at
+the local raw image (``qemu-img rebase -u``); the manifest's disk stamp renewed; the
+staging directory renamed into place last. A blob that fails a check is never used:
+the create fails with a ``BlobError`` naming it.
+
+Local copies are a cache: past ``HUTCH_BLOB_CACHE_BYTES`` the least recently used
+uploaded snapshots are removed from this host, except those any sandbox, snapshot or
+clone in progress reaches (collection's own rule: ``SandboxRegistry.collect_snapshots``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import secrets
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from hutch.errors import BlobError, HutchError, SnapshotError
+from hutch.models import SnapshotRecord
+from hutch.services.registry import SandboxRegistry
+from hutch.storage.blobs import BlobInfo, BlobStore, open_blob_store
+from hutch.vm.disk_chain import disk_chain
+from hutch.vm.snapshot import FROZEN_MARKER, MANIFEST_FILE, STATE_FILE, load_manifest
+from hutch.vm.snapshot_manifest import FileStamp, fd_digest, write_atomic
+
+__all__ = ["INDEX", "SnapshotBlobs"]
+
+log = logging.getLogger("hutch.services.snapshot_blobs")
+
+INDEX = "index.json"
+INDEX_FORMAT = 1
+#: Uploads in the bucket older than this that no journal of ours names are abandoned.
+ORPHAN_UPLOAD_AGE_S = 24 * 3600.0
+_RETRY_S = (2.0, 5.0, 15.0, 60.0)
+
+
+def _prefix(snapshot_id: str) -> str:
+    return f"snapshots/{snapshot_id}/"
+
+
+class SnapshotBlobs:
+    """The blob store side of named snapshots; ``store`` None: snapshots stay on this
+    host only (nothing is uploaded, nothing evicted)."""
+
+    def __init__(self, core: SandboxRegistry, store: BlobStore | None, cache_bytes: int) -> None:
+        self.core = core
+        self.store = store
+        self.cache_bytes = cache_bytes
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._fetching: dict[str, asyncio.Lock] = {}
+        self._evictions: set[asyncio.Task[list[str]]] = set()
+        self._closed = False
+
+    @classmethod
+    def from_settings(cls, core: SandboxRegistry) -> SnapshotBlobs:
+        """The store ``HUTCH_BLOB_URL`` names; unset: none (snapshots stay on this host,
+        whose snapshots/ directory already is their copy: mirroring it to
+        ``<state>/blobs`` on the same disk would only double it)."""
+        s = core.settings
+        if not s.blob_url:
+            return cls(core, None, 0)
+        store = open_blob_store(s.blob_url, state_dir=s.state_dir, s3_endpoint=s.s3_endpoint)
+        return cls(core, store, s.blob_cache_bytes)
+
+    @property
+    def enabled(self) -> bool:
+        return self.store is not None
+
+    # -- start and close ----------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Continue the uploads a stopped daemon left (their multipart journals make
+        them resume where they were), abandon orphaned ones. Never raises: a store that
+        cannot be reached is logged, and the uploads retry in the background."""
+        # Fetches a stopped daemon cut short (never renamed into place: never used).
+        await asyncio.to_thread(shutil.rmtree, self._staging_root(), True)
+        if self.store is None:
+            return
+        store = self.store
+        try:
+            await asyncio.to_thread(store.check)
+            aborted = await asyncio.to_thread(store.abort_uploads, ORPHAN_UPLOAD_AGE_S)
+            if aborted:
+                log.info("blob store %s: abandoned unfinished uploads %s", store.url, aborted)
+        except HutchError as exc:
+            log.warning("blob store: %s (uploads will retry)", exc)
+        for snap in self.core.store.list_snapshots():
+            # Only where the files are (another host saved the others).
+            if await asyncio.to_thread(Path(snap.path).is_dir):
+                self.schedule(snap)
+
+    def _staging_root(self) -> Path:
+        return self.core.settings.state_dir / "blob-fetch"
+
+    async def close(self) -> None:
+        self._closed = True
+        tasks: list[asyncio.Task[Any]] = [*self._tasks.values(), *self._evictions]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- upload -------------------------------------------------------------------------
+
+    def schedule(self, snap: SnapshotRecord) -> None:
+        """Upload ``snap`` in the background (no-op without a store or if under way)."""
+        if self.store is None or self._closed or snap.id in self._tasks:
+            return
+        task = asyncio.create_task(self._upload_until_done(snap), name=f"hutch-upload-{snap.id}")
+        self._tasks[snap.id] = task
+        snap_id = snap.id
+        task.add_done_callback(lambda _t: self._tasks.pop(snap_id, None))
+
+    async def wait_uploaded(self, snapshot_id: str) -> None:
+        """Until the snapshot's upload under way (if any) has ended."""
+        task = self._tasks.get(snapshot_id)
+        if task is not None:
+            await asyncio.shield(task)
+
+    def uploaded(self, snapshot_id: str) -> bool:
+        """The snapshot's index is in the store (its upload completed)."""
+        return self.store is not None and self.store.stat(_prefix(snapshot_id) + INDEX) is not None
+
+    async def _upload_until_done(self, snap: SnapshotRecord) -> None:
+        attempt = 0
+        while not self._closed:
+            if self.core.store.get_snapshot(snap.id) is None:
+                return  # deleted meanwhile: its blobs go with the delete
+            try:
+                started = time.monotonic()
+                size = await asyncio.to_thread(self._upload, snap)
+                if size is None:
+                    return  # uploaded before
+                took = time.monotonic() - started
+                log.info(
+                    "snapshot %s uploaded to %s: %d bytes in %.1f s",
+                    snap.id,
+                    self.store.url if self.store else "",
+                    size,
+                    took,
+                )
+                self.core.events.record(
+                    "snapshot.uploaded",
+                    project=snap.project,
+                    sandbox_id=snap.sandbox_id,
+                    data={"snapshot": snap.id, "bytes": size, "seconds": round(took, 3)},
+                )
+                await self.evict()
+                return
+            except (HutchError, OSError) as exc:
+                if self.core.store.get_snapshot(snap.id) is None:
+                    return
+                delay = _RETRY_S[min(attempt, len(_RETRY_S) - 1)]
+                attempt += 1
+                log.warning("snapshot %s: upload failed (retry in %.0f s): %s", snap.id, delay, exc)
+                await asyncio.sleep(delay)
+
+    def _upload(self, snap: SnapshotRecord) -> int | None:
+        """Upload the snapshot's files and chain, then its index; the bytes sent (None:
+        its index was there already)."""
+        assert self.store is not None
+        store = self.store
+        prefix = _prefix(snap.id)
+        if store.stat(prefix + INDEX) is not None:
+            return None
+        d = Path(snap.path)
+        if not self.core.backend.snapshots.complete(d):
+            raise SnapshotError(f"snapshot {snap.id}: {d} is not a complete snapshot")
+        files: dict[str, dict[str, Any]] = {}
+        for f in sorted(d.iterdir()):
+            if f.is_file() and not f.name.startswith("."):
+                files[f.name] = self._put(prefix + f.name, f)
+        layers, base = disk_chain(d / "disk.qcow2")
+        chain = []
+        for i, layer in enumerate(layers[1:], start=1):
+            name = f"layer-{i}.qcow2"
+            chain.append({"name": name, **self._put(prefix + name, layer)})
+        index = {
+            "format": INDEX_FORMAT,
+            "snapshot": snap.id,
+            "files": files,
+            "layers": chain,
+            "base": str(base) if base is not None else None,
+            "base_size": base.stat().st_size if base is not None else None,
+        }
+        tmp = self.core.settings.state_dir / f".index-{snap.id}-{secrets.token_hex(4)}.json"
+        try:
+            tmp.write_text(json.dumps(index, indent=2, sort_keys=True))
+            store.put(prefix + INDEX, tmp)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return sum(int(f["size"]) for f in [*files.values(), *chain])
+
+    def _put(self, key: str, path: Path) -> dict[str, Any]:
+        assert self.store is not None
+        info = self.store.put(key, path)
+        return {"size": info.size, "sha256": info.sha256}
+
+    # -- fetch --------------------------------------------------------------------------
+
+    async def local_dir(self, snap: SnapshotRecord) -> Path:
+        """This host's directory of ``snap``: its own, or else a copy fetched from the
+        blob store (checked against the index; ``BlobError`` naming a blob that fails)."""
+        for d in self._candidates(snap):
+            if self.core.backend.snapshots.complete(d):
+                _touch(d)
+                return d
+        if self.store is None:
+            raise SnapshotError(
+                f"snapshot {snap.id}: its files ({snap.path}) are not on this host and no "
+                "blob store is configured (HUTCH_BLOB_URL)"
+            )
+        lock = self._fetching.setdefault(snap.id, asyncio.Lock())
+        async with lock:
+            target = self.core.backend.fork_dir(snap.id)
+            if not self.core.backend.snapshots.complete(target):
+                with self.core.holding(str(target)):
+                    await asyncio.to_thread(self._fetch, snap, target)
+        _touch(target)
+        return target
+
+    def evict_soon(self) -> None:
+        """Evict (:meth:`evict`) in a thread, in the background."""
+        if self.store is None or self.cache_bytes <= 0 or self._closed:
+            return
+        task = asyncio.create_task(self.evict(), name="hutch-blob-evict")
+        self._evictions.add(task)
+        task.add_done_callback(self._evictions.discard)
+
+    def _candidates(self, snap: SnapshotRecord) -> Iterator[Path]:
+        yield Path(snap.path)
+        own = self.core.backend.fork_dir(snap.id)
+        if own != Path(snap.path):
+            yield own
+
+    def _fetch(self, snap: SnapshotRecord, target: Path) -> None:
+        assert self.store is not None
+        store = self.store
+        prefix = _prefix(snap.id)
+        found = store.stat(prefix + INDEX)
+        if found is None:
+            raise BlobError(
+                f"snapshot {snap.id} is not on this host and its upload to {store.url} has "
+                "not completed (no index); retry once it has, or on the host that saved it"
+            )
+        # Staged outside snapshots/ (collection removes what no row names there), on
+        # the same file system, so the rename into place is atomic.
+        staging = self._staging_root() / f"{snap.id}-{secrets.token_hex(4)}"
+        staging.mkdir(parents=True, mode=0o700)
+        try:
+            store.get(prefix + INDEX, staging / ".index.json", expect=found)
+            index = _parse_index(staging / ".index.json", snap.id, store.url)
+            for name, rec in index["files"].items():
+                store.get(prefix + name, staging / name, expect=_expect(prefix + name, rec))
+            for rec in index["layers"]:
+                name = rec["name"]
+                store.get(prefix + name, staging / name, expect=_expect(prefix + name, rec))
+            self._relink(snap, index, staging, target)
+            (staging / ".index.json").unlink()
+            for f in staging.iterdir():
+                os.chmod(f, 0o444)
+            if target.exists():
+                shutil.rmtree(target)  # an incomplete copy (evicted or fetched half way)
+            os.rename(staging, target)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        log.info("snapshot %s fetched from %s into %s", snap.id, store.url, target)
+
+    def _relink(
+        self, snap: SnapshotRecord, index: dict[str, Any], staging: Path, target: Path
+    ) -> None:
+        """Point the fetched chain at itself and at this host's raw image, renew the
+        manifest's disk stamp, and check the stream against the manifest's digest."""
+        base = index["base"]
+        if base is not None and (
+            not Path(base).is_file() or Path(base).stat().st_size != index["base_size"]
+        ):
+            raise BlobError(
+                f"snapshot {snap.id} is built on the image {base}, which this host does "
+                "not have (build or import that image here first)"
+            )
+        names = ["disk.qcow2", *(rec["name"] for rec in index["layers"])]
+        for i, name in enumerate(names):
+            if i + 1 < len(names):
+                backing, fmt = str(target / names[i + 1]), "qcow2"
+            elif base is not None:
+                backing, fmt = base, "raw"
+            else:
+                continue
+            _qemu_img(
+                ["rebase", "-u", "-f", "qcow2", "-F", fmt, "-b", backing, str(staging / name)]
+            )
+        manifest_path = staging / MANIFEST_FILE
+        os.chmod(manifest_path, 0o644)
+        manifest = load_manifest(staging)
+        with open(staging / STATE_FILE, "rb") as f:
+            digest, size = fd_digest(f.fileno(), manifest.state_digest.split(":", 1)[0])
+        if (digest, size) != (manifest.state_digest, manifest.state_size):
+            raise BlobError(
+                f"snapshot {snap.id}: the fetched {STATE_FILE} does not match its manifest "
+                f"({digest}, {size} bytes; the manifest has {manifest.state_digest}, "
+                f"{manifest.state_size}); it is not used"
+            )
+        disk = staging / "disk.qcow2"
+        st = disk.stat()
+        final = target.parent.resolve() / target.name
+        memory = manifest.memory
+        if memory is not None:
+            mem = staging / Path(memory.path).name
+            mst = mem.stat()
+            memory = FileStamp(str(final / mem.name), mst.st_size, mst.st_mtime_ns)
+        renewed = dataclasses.replace(
+            manifest,
+            disk=FileStamp(str(final / "disk.qcow2"), st.st_size, st.st_mtime_ns),
+            memory=memory,
+        )
+        write_atomic(manifest_path, renewed.to_json(), fsync=True)
+
+    # -- delete and the cache -----------------------------------------------------------
+
+    async def delete(self, snapshot_id: str) -> None:
+        """Remove the snapshot's blobs (its row is gone). Failures are logged: a blob
+        left behind costs storage, nothing else (no row names it)."""
+        if self.store is None:
+            return
+        task = self._tasks.get(snapshot_id)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        store = self.store
+
+        def remove() -> None:
+            # The index first: from then on the snapshot is no longer "uploaded".
+            store.delete(_prefix(snapshot_id) + INDEX)
+            for blob in store.list_prefix(_prefix(snapshot_id)):
+                store.delete(blob.key)
+
+        try:
+            await asyncio.to_thread(remove)
+        except HutchError as exc:
+            log.warning("snapshot %s: its blobs were not all removed: %s", snapshot_id, exc)
+
+    async def evict(self) -> list[str]:
+        """Remove the least recently used local copies of uploaded snapshots until they
+        hold at most ``cache_bytes``; never one a sandbox, snapshot or clone in
+        progress reaches (each removal is collection's own synchronous check, on the
+        event loop). Returns the snapshot ids removed."""
+        if self.store is None or self.cache_bytes <= 0:
+            return []
+        dirs = {s.id: self.core.backend.fork_dir(s.id) for s in self.core.store.list_snapshots()}
+        copies = await asyncio.to_thread(self._local_copies, dirs)
+        total = sum(size for _used, _id, _d, size, _up in copies)
+        removed: list[str] = []
+        for _used, snap_id, d, size, uploaded in sorted(copies):
+            if total <= self.cache_bytes:
+                break
+            if not uploaded:
+                continue  # the only copy: never evicted
+            if self.core.collect_snapshots(evict=str(d)):
+                removed.append(snap_id)
+                total -= size
+                log.info(
+                    "snapshot %s: local copy evicted (%d bytes; in %s)",
+                    snap_id,
+                    size,
+                    self.store.url,
+                )
+        return removed
+
+    def _local_copies(self, dirs: dict[str, Path]) -> list[tuple[float, str, Path, int, bool]]:
+        """(last used, id, dir, bytes, uploaded) of each complete local copy."""
+        out = []
+        for snap_id, d in dirs.items():
+            if d.is_dir() and self.core.backend.snapshots.complete(d):
+                try:
+                    up = self.uploaded(snap_id)
+                except HutchError:
+                    up = False
+                size = self.core.backend.snapshots.size(d)
+                out.append((_last_used(d), snap_id, d, size, up))
+        return out
+
+
+def _expect(key: str, rec: dict[str, Any]) -> BlobInfo:
+    return BlobInfo(key, int(rec["size"]), str(rec["sha256"]))
+
+
+def _parse_index(path: Path, snapshot_id: str, url: str) -> dict[str, Any]:
+    try:
+        index: dict[str, Any] = json.loads(path.read_text())
+        if index.get("format") != INDEX_FORMAT or index.get("snapshot") != snapshot_id:
+            raise ValueError(f"format {index.get('format')!r}, snapshot {index.get('snapshot')!r}")
+        for rec in [*index["files"].values(), *index["layers"]]:
+            int(rec["size"]), str(rec["sha256"])
+        for name in index["files"]:
+            if "/" in name or name.startswith("."):
+                raise ValueError(f"file name {name!r}")
+        if MANIFEST_FILE not in index["files"] or STATE_FILE not in index["files"]:
+            raise ValueError("no manifest or state file")
+        return index
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise BlobError(
+            f"blob snapshots/{snapshot_id}/{INDEX} at {url} is not a valid snapshot index "
+            f"({exc}); the snapshot cannot be fetched"
+        ) from exc
+
+
+def _qemu_img(args: list[str]) -> None:
+    done = subprocess.run(["qemu-img", *args], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SnapshotError(f"qemu-img {' '.join(args)} failed: {done.stderr.strip()}")
+
+
+def _touch(d: Path) -> None:
+    """Mark ``d`` used now (the cache's LRU order: the frozen marker's mtime)."""
+    with contextlib.suppress(OSError):
+        os.utime(d / FROZEN_MARKER)
+
+
+def _last_used(d: Path) -> float:
+    try:
+        return (d / FROZEN_MARKER).stat().st_mtime
+    except OSError:
+        return 0.0
