@@ -10,6 +10,7 @@ import hashlib
 import ipaddress
 import math
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -457,6 +458,8 @@ def _from_mapping(base: Settings, values: dict[str, Any], source: str) -> Settin
     return s
 
 
+#: An S3 bucket name (the rules AWS, MinIO and R2 share).
+S3_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 #: What HUTCH_BLOB_URL may be (hutch.storage.blobs.open_blob_store reads it).
 ACCEPTED_BLOB_URLS = "unset (<state_dir>/blobs), file:///absolute/path, s3://bucket[/prefix]"
 
@@ -477,6 +480,12 @@ def check_blob_url(url: str) -> str:
             raise InvalidArgument(
                 f"HUTCH_BLOB_URL={url!r}: an s3 URL is s3://bucket[/prefix] (the endpoint "
                 f"goes in HUTCH_S3_ENDPOINT); accepted: {ACCEPTED_BLOB_URLS}"
+            )
+        if not S3_BUCKET_RE.match(parts.netloc):
+            raise InvalidArgument(
+                f"HUTCH_BLOB_URL={url!r}: bucket name {parts.netloc!r} is not valid; "
+                "accepted: 3-63 characters of lower-case letters, digits, '.' and '-', "
+                "starting and ending with a letter or digit"
             )
         return url
     raise InvalidArgument(

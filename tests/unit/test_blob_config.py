@@ -44,7 +44,8 @@ def test_file_and_s3_urls_open_their_stores(tmp_path: Path) -> None:
         ({"HUTCH_BLOB_URL": "gs://bucket"}, "is not supported; accepted: unset"),
         ({"HUTCH_BLOB_URL": "file://relative/dir"}, "names an absolute path"),
         ({"HUTCH_BLOB_URL": "s3:///prefix-only"}, r"s3://bucket\[/prefix\]"),
-        ({"HUTCH_BLOB_URL": "s3://b/p?endpoint=x"}, "HUTCH_S3_ENDPOINT"),
+        ({"HUTCH_BLOB_URL": "s3://bucket/p?endpoint=x"}, "HUTCH_S3_ENDPOINT"),
+        ({"HUTCH_BLOB_URL": "s3://My_Bucket/p"}, "bucket name 'My_Bucket' is not valid"),
         ({"HUTCH_S3_ENDPOINT": "127.0.0.1:9000"}, "an http:// or https:// URL"),
         ({"HUTCH_BLOB_CACHE_BYTES": "-1"}, "0 \\(no limit\\) or more"),
         ({"HUTCH_BLOB_CACHE_BYTES": "lots"}, "is not a number"),
@@ -58,5 +59,7 @@ def test_bad_settings_name_what_is_accepted(
 
 
 def test_bad_bucket_name_is_refused_before_any_request(tmp_path: Path) -> None:
-    with pytest.raises(BlobError, match="bucket name 'Bad_Bucket' is not valid; accepted"):
+    with pytest.raises(InvalidArgument, match="bucket name 'Bad_Bucket' is not valid; accepted"):
         open_blob_store("s3://Bad_Bucket/x", state_dir=tmp_path)
+    with pytest.raises(BlobError, match="bucket name 'a' is not valid; accepted"):
+        S3BlobStore("a", "", tmp_path)

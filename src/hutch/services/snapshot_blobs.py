@@ -74,6 +74,9 @@ class SnapshotBlobs:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._fetching: dict[str, asyncio.Lock] = {}
         self._evictions: set[asyncio.Task[list[str]]] = set()
+        # Snapshots deleted while their upload's thread may still run: it stops at its
+        # next file (a thread cannot be cancelled), so no index appears after a delete.
+        self._deleted: set[str] = set()
         self._closed = False
 
     @classmethod
@@ -210,13 +213,16 @@ class SnapshotBlobs:
         tmp = self.core.settings.state_dir / f".index-{snap.id}-{secrets.token_hex(4)}.json"
         try:
             tmp.write_text(json.dumps(index, indent=2, sort_keys=True))
-            store.put(prefix + INDEX, tmp)
+            self._put(prefix + INDEX, tmp)
         finally:
             tmp.unlink(missing_ok=True)
         return sum(int(f["size"]) for f in [*files.values(), *chain])
 
     def _put(self, key: str, path: Path) -> dict[str, Any]:
         assert self.store is not None
+        snapshot_id = key.split("/")[1]
+        if snapshot_id in self._deleted:
+            raise SnapshotError(f"snapshot {snapshot_id} was deleted during its upload")
         info = self.store.put(key, path)
         return {"size": info.size, "sha256": info.sha256}
 
@@ -348,6 +354,7 @@ class SnapshotBlobs:
         left behind costs storage, nothing else (no row names it)."""
         if self.store is None:
             return
+        self._deleted.add(snapshot_id)
         task = self._tasks.get(snapshot_id)
         if task is not None:
             task.cancel()

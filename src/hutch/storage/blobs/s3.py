@@ -41,7 +41,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -49,6 +48,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+from hutch.config import S3_BUCKET_RE
 from hutch.errors import BlobError
 from hutch.storage.blobs.base import (
     CHUNK,
@@ -66,7 +66,6 @@ log = logging.getLogger(__name__)
 MIN_PART_SIZE = 5 << 20
 DEFAULT_PART_SIZE = 16 << 20
 MAX_PARTS = 10_000
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _T = TypeVar("_T")
 
 
@@ -120,7 +119,7 @@ class S3BlobStore:
     def __init__(
         self, bucket: str, prefix: str, journal_dir: Path, options: S3Options | None = None
     ) -> None:
-        if not _BUCKET.match(bucket):
+        if not S3_BUCKET_RE.match(bucket):
             raise BlobError(
                 f"s3 bucket name {bucket!r} is not valid; accepted: 3-63 characters of "
                 "lower-case letters, digits, '.' and '-', starting and ending with a letter "
