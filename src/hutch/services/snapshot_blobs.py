@@ -28,32 +28,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import json
 import logging
 import os
 import secrets
 import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from hutch.errors import BlobError, HutchError, SnapshotError
+from hutch.errors import HutchError, SnapshotError
 from hutch.models import SnapshotRecord
+from hutch.services.blob_dirs import INDEX, fetch_dir, upload_dir
 from hutch.services.registry import SandboxRegistry
 from hutch.storage.blobs import BlobInfo, BlobStore, open_blob_store
-from hutch.vm.disk_chain import disk_chain
-from hutch.vm.snapshot import FROZEN_MARKER, MANIFEST_FILE, STATE_FILE, load_manifest
-from hutch.vm.snapshot_manifest import FileStamp, fd_digest, write_atomic
+from hutch.vm.snapshot import FROZEN_MARKER
 
 __all__ = ["INDEX", "SnapshotBlobs"]
 
 log = logging.getLogger("hutch.services.snapshot_blobs")
 
-INDEX = "index.json"
-INDEX_FORMAT = 1
 #: Uploads in the bucket older than this that no journal of ours names are abandoned.
 ORPHAN_UPLOAD_AGE_S = 24 * 3600.0
 _RETRY_S = (2.0, 5.0, 15.0, 60.0)
@@ -186,45 +180,27 @@ class SnapshotBlobs:
         """Upload the snapshot's files and chain, then its index; the bytes sent (None:
         its index was there already)."""
         assert self.store is not None
-        store = self.store
         prefix = _prefix(snap.id)
-        if store.stat(prefix + INDEX) is not None:
+        if self.store.stat(prefix + INDEX) is not None:
             return None
         d = Path(snap.path)
         if not self.core.backend.snapshots.complete(d):
             raise SnapshotError(f"snapshot {snap.id}: {d} is not a complete snapshot")
-        files: dict[str, dict[str, Any]] = {}
-        for f in sorted(d.iterdir()):
-            if f.is_file() and not f.name.startswith("."):
-                files[f.name] = self._put(prefix + f.name, f)
-        layers, base = disk_chain(d / "disk.qcow2")
-        chain = []
-        for i, layer in enumerate(layers[1:], start=1):
-            name = f"layer-{i}.qcow2"
-            chain.append({"name": name, **self._put(prefix + name, layer)})
-        index = {
-            "format": INDEX_FORMAT,
-            "snapshot": snap.id,
-            "files": files,
-            "layers": chain,
-            "base": str(base) if base is not None else None,
-            "base_size": base.stat().st_size if base is not None else None,
-        }
-        tmp = self.core.settings.state_dir / f".index-{snap.id}-{secrets.token_hex(4)}.json"
-        try:
-            tmp.write_text(json.dumps(index, indent=2, sort_keys=True))
-            self._put(prefix + INDEX, tmp)
-        finally:
-            tmp.unlink(missing_ok=True)
-        return sum(int(f["size"]) for f in [*files.values(), *chain])
+        return upload_dir(
+            self.store,
+            prefix,
+            d,
+            owner=snap.id,
+            scratch=self.core.settings.state_dir,
+            put=self._put,
+        )
 
-    def _put(self, key: str, path: Path) -> dict[str, Any]:
+    def _put(self, key: str, path: Path) -> BlobInfo:
         assert self.store is not None
         snapshot_id = key.split("/")[1]
         if snapshot_id in self._deleted:
             raise SnapshotError(f"snapshot {snapshot_id} was deleted during its upload")
-        info = self.store.put(key, path)
-        return {"size": info.size, "sha256": info.sha256}
+        return self.store.put(key, path)
 
     # -- fetch --------------------------------------------------------------------------
 
@@ -266,29 +242,19 @@ class SnapshotBlobs:
     def _fetch(self, snap: SnapshotRecord, target: Path) -> None:
         assert self.store is not None
         store = self.store
-        prefix = _prefix(snap.id)
-        found = store.stat(prefix + INDEX)
-        if found is None:
-            raise BlobError(
-                f"snapshot {snap.id} is not on this host and its upload to {store.url} has "
-                "not completed (no index); retry once it has, or on the host that saved it"
-            )
         # Staged outside snapshots/ (collection removes what no row names there), on
         # the same file system, so the rename into place is atomic.
         staging = self._staging_root() / f"{snap.id}-{secrets.token_hex(4)}"
         staging.mkdir(parents=True, mode=0o700)
         try:
-            store.get(prefix + INDEX, staging / ".index.json", expect=found)
-            index = _parse_index(staging / ".index.json", snap.id, store.url)
-            for name, rec in index["files"].items():
-                store.get(prefix + name, staging / name, expect=_expect(prefix + name, rec))
-            for rec in index["layers"]:
-                name = rec["name"]
-                store.get(prefix + name, staging / name, expect=_expect(prefix + name, rec))
-            self._relink(snap, index, staging, target)
-            (staging / ".index.json").unlink()
-            for f in staging.iterdir():
-                os.chmod(f, 0o444)
+            fetch_dir(
+                store,
+                _prefix(snap.id),
+                staging,
+                target,
+                owner=snap.id,
+                images_dir=self.core.settings.images_dir,
+            )
             if target.exists():
                 shutil.rmtree(target)  # an incomplete copy (evicted or fetched half way)
             os.rename(staging, target)
@@ -296,56 +262,6 @@ class SnapshotBlobs:
             shutil.rmtree(staging, ignore_errors=True)
             raise
         log.info("snapshot %s fetched from %s into %s", snap.id, store.url, target)
-
-    def _relink(
-        self, snap: SnapshotRecord, index: dict[str, Any], staging: Path, target: Path
-    ) -> None:
-        """Point the fetched chain at itself and at this host's raw image, renew the
-        manifest's disk stamp, and check the stream against the manifest's digest."""
-        base = index["base"]
-        if base is not None and (
-            not Path(base).is_file() or Path(base).stat().st_size != index["base_size"]
-        ):
-            raise BlobError(
-                f"snapshot {snap.id} is built on the image {base}, which this host does "
-                "not have (build or import that image here first)"
-            )
-        names = ["disk.qcow2", *(rec["name"] for rec in index["layers"])]
-        for i, name in enumerate(names):
-            if i + 1 < len(names):
-                backing, fmt = str(target / names[i + 1]), "qcow2"
-            elif base is not None:
-                backing, fmt = base, "raw"
-            else:
-                continue
-            _qemu_img(
-                ["rebase", "-u", "-f", "qcow2", "-F", fmt, "-b", backing, str(staging / name)]
-            )
-        manifest_path = staging / MANIFEST_FILE
-        os.chmod(manifest_path, 0o644)
-        manifest = load_manifest(staging)
-        with open(staging / STATE_FILE, "rb") as f:
-            digest, size = fd_digest(f.fileno(), manifest.state_digest.split(":", 1)[0])
-        if (digest, size) != (manifest.state_digest, manifest.state_size):
-            raise BlobError(
-                f"snapshot {snap.id}: the fetched {STATE_FILE} does not match its manifest "
-                f"({digest}, {size} bytes; the manifest has {manifest.state_digest}, "
-                f"{manifest.state_size}); it is not used"
-            )
-        disk = staging / "disk.qcow2"
-        st = disk.stat()
-        final = target.parent.resolve() / target.name
-        memory = manifest.memory
-        if memory is not None:
-            mem = staging / Path(memory.path).name
-            mst = mem.stat()
-            memory = FileStamp(str(final / mem.name), mst.st_size, mst.st_mtime_ns)
-        renewed = dataclasses.replace(
-            manifest,
-            disk=FileStamp(str(final / "disk.qcow2"), st.st_size, st.st_mtime_ns),
-            memory=memory,
-        )
-        write_atomic(manifest_path, renewed.to_json(), fsync=True)
 
     # -- delete and the cache -----------------------------------------------------------
 
@@ -411,36 +327,6 @@ class SnapshotBlobs:
                 size = self.core.backend.snapshots.size(d)
                 out.append((_last_used(d), snap_id, d, size, up))
         return out
-
-
-def _expect(key: str, rec: dict[str, Any]) -> BlobInfo:
-    return BlobInfo(key, int(rec["size"]), str(rec["sha256"]))
-
-
-def _parse_index(path: Path, snapshot_id: str, url: str) -> dict[str, Any]:
-    try:
-        index: dict[str, Any] = json.loads(path.read_text())
-        if index.get("format") != INDEX_FORMAT or index.get("snapshot") != snapshot_id:
-            raise ValueError(f"format {index.get('format')!r}, snapshot {index.get('snapshot')!r}")
-        for rec in [*index["files"].values(), *index["layers"]]:
-            int(rec["size"]), str(rec["sha256"])
-        for name in index["files"]:
-            if "/" in name or name.startswith("."):
-                raise ValueError(f"file name {name!r}")
-        if MANIFEST_FILE not in index["files"] or STATE_FILE not in index["files"]:
-            raise ValueError("no manifest or state file")
-        return index
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        raise BlobError(
-            f"blob snapshots/{snapshot_id}/{INDEX} at {url} is not a valid snapshot index "
-            f"({exc}); the snapshot cannot be fetched"
-        ) from exc
-
-
-def _qemu_img(args: list[str]) -> None:
-    done = subprocess.run(["qemu-img", *args], capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise SnapshotError(f"qemu-img {' '.join(args)} failed: {done.stderr.strip()}")
 
 
 def _touch(d: Path) -> None:
