@@ -72,6 +72,7 @@ class SnapshotBlobs:
         # next file (a thread cannot be cancelled), so no index appears after a delete.
         self._deleted: set[str] = set()
         self._closed = False
+        self._starter: asyncio.Task[None] | None = None
 
     @classmethod
     def from_settings(cls, core: SandboxRegistry) -> SnapshotBlobs:
@@ -92,12 +93,17 @@ class SnapshotBlobs:
 
     async def start(self) -> None:
         """Continue the uploads a stopped daemon left (their multipart journals make
-        them resume where they were), abandon orphaned ones. Never raises: a store that
-        cannot be reached is logged, and the uploads retry in the background."""
+        them resume where they were) and abandon orphaned ones, in the background: a
+        store that cannot be reached (each request retried up to a minute) delays
+        nothing else, and is logged."""
         # Fetches a stopped daemon cut short (never renamed into place: never used).
         await asyncio.to_thread(shutil.rmtree, self._staging_root(), True)
-        if self.store is None:
+        if self.store is None or self._closed:
             return
+        self._starter = asyncio.create_task(self._resume_uploads(), name="hutch-blob-start")
+
+    async def _resume_uploads(self) -> None:
+        assert self.store is not None
         store = self.store
         try:
             await asyncio.to_thread(store.check)
@@ -117,6 +123,8 @@ class SnapshotBlobs:
     async def close(self) -> None:
         self._closed = True
         tasks: list[asyncio.Task[Any]] = [*self._tasks.values(), *self._evictions]
+        if self._starter is not None:
+            tasks.append(self._starter)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -196,11 +204,19 @@ class SnapshotBlobs:
         )
 
     def _put(self, key: str, path: Path) -> BlobInfo:
+        """One blob of an upload; stops (between parts) once the snapshot is deleted or
+        the daemon closes, since the thread running it cannot be cancelled."""
         assert self.store is not None
         snapshot_id = key.split("/")[1]
-        if snapshot_id in self._deleted:
-            raise SnapshotError(f"snapshot {snapshot_id} was deleted during its upload")
-        return self.store.put(key, path)
+
+        def still_wanted(_sent: int) -> None:
+            if snapshot_id in self._deleted:
+                raise SnapshotError(f"snapshot {snapshot_id} was deleted during its upload")
+            if self._closed:
+                raise SnapshotError(f"the daemon stopped during the upload of {snapshot_id}")
+
+        still_wanted(0)
+        return self.store.put(key, path, progress=still_wanted)
 
     # -- fetch --------------------------------------------------------------------------
 

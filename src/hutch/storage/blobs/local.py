@@ -44,11 +44,11 @@ class LocalBlobStore:
 
     def put(self, key: str, source: Path, *, progress: Progress | None = None) -> BlobInfo:
         dest = self._path(key)
+        tmp = dest.with_name(f".{dest.name}.part-{os.getpid()}")
+        digest = hashlib.sha256()
+        size = 0
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
-            tmp = dest.with_name(f".{dest.name}.part-{os.getpid()}")
-            digest = hashlib.sha256()
-            size = 0
             with source.open("rb") as src, tmp.open("wb") as out:
                 while chunk := src.read(CHUNK):
                     out.write(chunk)
@@ -60,10 +60,11 @@ class LocalBlobStore:
                 os.fsync(out.fileno())
             os.rename(tmp, dest)
         except OSError as exc:
-            tmp_path = locals().get("tmp")
-            if isinstance(tmp_path, Path):
-                tmp_path.unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
             raise BlobError(f"storing blob {key} at {self.url} failed: {exc}") from exc
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         return BlobInfo(key, size, digest.hexdigest())
 
     def get(
