@@ -1,12 +1,14 @@
 """The daemon's side of snapshots in the blob store, over the REST API with the real
 service (the bubblewrap agent for a VM) and a real S3 server: a named snapshot is
 uploaded in the background (its index appears, `snapshot.uploaded` is recorded) and its
-blobs go with it; refused credentials fail only the upload, never the API."""
+blobs go with it; refused credentials fail only the upload, never the API, and the next
+start with working credentials uploads it."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 from collections.abc import AsyncIterator, Iterator
 
 import httpx
@@ -14,6 +16,7 @@ import pytest
 
 from hutch.config import Settings
 from hutch.services.composed import Services
+from hutch.services.snapshot_blobs import SnapshotBlobs
 from tests.component.test_api_lifecycle import create
 from tests.s3server import BUCKET, SECRET_KEY, S3Server, s3_server
 
@@ -78,5 +81,17 @@ async def test_snapshot_is_uploaded_and_its_blobs_go_with_it(
         assert r.status_code == 200 and r.json()["state"] == "running"
         r = await api.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": ["echo", "serving"]})
         assert r.status_code == 200 and r.json()["stdout"] == "serving\n"
+        # The next start with credentials that work uploads what this one could not.
+        os.environ["AWS_SECRET_ACCESS_KEY"] = SECRET_KEY  # monkeypatch restores it
+        restarted = SnapshotBlobs.from_settings(service.core)
+        await restarted.start()
+        assert restarted._starter is not None
+        await restarted._starter
+        await restarted.wait_uploaded(snap)
+        keys = await asyncio.to_thread(_keys, s3_server, prefix)
+        assert f"snapshots/{snap}/index.json" in keys
+        # As the restarted daemon would: its store deletes the snapshot's blobs below.
+        await service.snapshots.blobs.close()
+        service.snapshots.blobs = restarted
     assert (await api.delete(f"/v1/snapshots/{snap}")).status_code == 204
     assert await asyncio.to_thread(_keys, s3_server, prefix) == []
