@@ -115,6 +115,8 @@ class Services:
 
     async def _after_start(self, plan: ReconcilePlan) -> None:
         await self.reconciler.finish_start(plan)
+        # Uploads a stopped daemon left continue (the snapshot rows are settled now).
+        await self.snapshots.blobs.start()
         default = self.core.image_source.find(self.core.settings.default_image)
         if default is not None:
             self.pool.refill(default)
@@ -125,6 +127,7 @@ class Services:
         ones, which have no row to be adopted by, are destroyed)."""
         await self.cluster.close()
         await self.pool.close()
+        await self.snapshots.blobs.close()
         if self._reconcile_task is not None:
             self._reconcile_task.cancel()
             await asyncio.gather(self._reconcile_task, return_exceptions=True)
