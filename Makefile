@@ -17,12 +17,15 @@ APT_PACKAGES := qemu-system-x86 qemu-utils mmdebstrap nftables busybox-static lz
 # libpq5: the PostgreSQL client library psycopg uses (HUTCH_DATABASE_URL); Debian's, so it
 # gets the distribution's security updates (no wheel with a libpq copy of its own).
 
+.PHONY: cluster-up cluster-down
 .PHONY: help deps system-deps test-system-deps apt-install js-deps ui-vendor venv qemu-user image images up down restart check lint typecheck test \
 	test-fast openapi unasync bench clean
 
 help:
 	@echo "make up      install deps, build the base image, start hutchd on $(LISTEN)"
 	@echo "make down    stop hutchd (sandboxes keep running; a restart adopts them)"
+	@echo "make cluster-up [WORKERS=3]  N hutchd workers on this machine, one database"
+	@echo "make cluster-down            stop them"
 	@echo "make test    install deps and run lint, types and the whole test suite"
 	@echo "make check   lint, types and the fast test tiers"
 	@echo "make bench   run the benchmark harness (results in bench/results/)"
@@ -129,6 +132,18 @@ down:
 	@rm -f $(STATE_DIR)/hutchd.pid
 
 restart: down up
+
+# N workers on this machine sharing one database (scripts/cluster.py; README "A cluster
+# on one machine"): each its own state dir under var/cluster, port 7071.., address pool.
+WORKERS ?= 3
+CLUSTER_DB ?= postgres
+cluster-up: image
+	@if [ "$(CLUSTER_DB)" = postgres ]; then $(MAKE) --no-print-directory apt-install PACKAGES=postgresql; fi
+	$(BIN)/python scripts/cluster.py up --workers $(WORKERS) --root $(STATE_DIR)/cluster \
+		--images $(STATE_DIR)/images --db $(CLUSTER_DB)
+
+cluster-down:
+	$(BIN)/python scripts/cluster.py down --root $(STATE_DIR)/cluster
 
 lint: venv
 	$(BIN)/ruff check src tests bench guest_agent scripts

@@ -11,6 +11,7 @@ import ipaddress
 import math
 import os
 import re
+import socket
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -131,6 +132,64 @@ NET_LIMIT_SETTINGS: dict[str, tuple[tuple[int, int], str]] = {
 }
 
 
+#: The roles a hutchd runs in: ``single`` (one host, the default) or ``worker`` (one of
+#: several hutchds sharing one database; ARCHITECTURE.md, "Many hosts").
+HOST_ROLES = ("single", "worker")
+#: Seconds a host's lease lasts without a renewal before another host marks it down.
+HOST_LEASE_S_RANGE = (2.0, 3600.0)
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    """This hutchd as a host of a cluster (``hutch.services.cluster``).
+
+    - ``role``: ``single`` or ``worker``. A single host registers itself too (so
+      ``hutch host ls`` works on one machine), as host ``local``.
+    - ``host_id``: the host's id in the ``hosts`` table; a worker's default is
+      ``<hostname>-<daemon tag>``. Two hutchds on one database must not share it.
+    - ``address``: the URL the other hutchds reach this one's API at (default: its
+      listen address); where sandboxes' egress cannot go (the host's own addresses).
+    - ``labels``: ``key=value`` pairs that creates pin to (``placement.labels``).
+    - ``lease_s``: a lease not renewed for this long marks the host down; renewed every
+      third of it.
+    - ``secret_path``: the cluster secret that signs host-to-host calls; every host of a
+      cluster holds the same file (0600). Created on first start when missing.
+    - ``shared_db``: one SQLite file shared by the hutchds of one machine (WAL), until
+      the PostgreSQL store takes ``HUTCH_DATABASE_URL``; None: ``<state>/hutch.db``.
+    """
+
+    role: str = "single"
+    host_id: str = ""
+    address: str = ""
+    labels: tuple[tuple[str, str], ...] = ()
+    lease_s: float = 15.0
+    secret_path: Path | None = None
+    shared_db: Path | None = None
+
+    @property
+    def worker(self) -> bool:
+        return self.role == "worker"
+
+
+def parse_labels(value: str, name: str = "HUTCH_HOST_LABELS") -> tuple[tuple[str, str], ...]:
+    """``k=v,k2=v2`` -> sorted pairs; InvalidArgument names a bad pair."""
+    pairs: dict[str, str] = {}
+    for item in (p.strip() for p in value.split(",")):
+        if not item:
+            continue
+        key, sep, val = item.partition("=")
+        if not sep or not _LABEL_RE.match(key) or not _LABEL_RE.match(val):
+            raise InvalidArgument(
+                f"{name}: {item!r} is not key=value (letters, digits, '.', '_', '-', "
+                "'/'; 1-63 characters each)"
+            )
+        pairs[key] = val
+    return tuple(sorted(pairs.items()))
+
+
+_LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
+
+
 def host_memory_mib() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20)
 
@@ -195,6 +254,8 @@ class Settings:
     e2b_listen: tuple[str, int] | None = None
     # The meter, the event log's retention and the price table.
     meter: MeterSettings = field(default_factory=MeterSettings)
+    # This hutchd as a host of a cluster (role, id, address, labels, lease).
+    cluster: ClusterSettings = field(default_factory=ClusterSettings)
     # Where named snapshots are kept besides this host (hutch.storage.blobs): None keeps
     # them on this host only (their directory under snapshots/ is the copy);
     # file:///path or s3://bucket/prefix mirrors each one there once it is saved.
@@ -212,7 +273,25 @@ class Settings:
 
     @property
     def db_path(self) -> Path:
-        return self.state_dir / "hutch.db"
+        return self.cluster.shared_db or self.state_dir / "hutch.db"
+
+    @property
+    def host_id(self) -> str:
+        """This hutchd's id in the ``hosts`` table (see :class:`ClusterSettings`)."""
+        if self.cluster.host_id:
+            return self.cluster.host_id
+        if not self.cluster.worker:
+            return "local"
+        return f"{socket.gethostname()}-{self.daemon_tag}"
+
+    @property
+    def host_address(self) -> str:
+        """The URL the other hutchds reach this one at."""
+        return self.cluster.address or f"http://{self.listen}"
+
+    @property
+    def cluster_secret_path(self) -> Path:
+        return self.cluster.secret_path or self.state_dir / "cluster-secret"
 
     @property
     def database(self) -> Path | str:
@@ -392,11 +471,11 @@ def _net_limit(source: str, key: str, value: Any) -> int:
 
 def _from_mapping(base: Settings, values: dict[str, Any], source: str) -> Settings:
     known = {f.name for f in fields(Settings)} - {
-        "images_dir_override", "limits", "net_limits", "meter",
+        "images_dir_override", "limits", "net_limits", "meter", "cluster",
     }  # fmt: skip
     known = known - {"e2b_listen"} | {
         "listen", "e2b_listen", "max_sandboxes", "max_memory_mib", "images_dir",
-        *NET_LIMIT_SETTINGS, *METER_SETTINGS, "events",
+        *NET_LIMIT_SETTINGS, *METER_SETTINGS, "events", *CLUSTER_KEYS,
     }  # fmt: skip
     unknown = set(values) - known
     if unknown:
@@ -481,6 +560,7 @@ def _from_mapping(base: Settings, values: dict[str, Any], source: str) -> Settin
                     f"{lo_s:g}-{hi_s:g} seconds"
                 )
         s = _cgroup_settings(s, values, source)
+        s = _cluster_settings(s, values, source)
         s = _blob_settings(s, values, source)
         limits = s.limits
         if "max_sandboxes" in values:
@@ -642,6 +722,54 @@ def _cgroup_settings(s: Settings, values: dict[str, Any], source: str) -> Settin
     return s
 
 
+#: The cluster's settings (:class:`ClusterSettings`), by their config-file key.
+CLUSTER_KEYS = (
+    "role", "host_id", "host_address", "host_labels", "host_lease_s", "cluster_secret_file",
+    "shared_db",
+)  # fmt: skip
+
+
+def _cluster_settings(s: Settings, values: dict[str, Any], source: str) -> Settings:
+    def shown(key: str) -> str:
+        return _ENV_OF.get(key, key) if source == "environment" else f"{source}: {key}"
+
+    c = s.cluster
+    if "role" in values:
+        role = str(values["role"]).strip().lower()
+        if role not in HOST_ROLES:
+            raise InvalidArgument(
+                f"{shown('role')}={values['role']!r}; accepted: {', '.join(HOST_ROLES)}"
+            )
+        c = replace(c, role=role)
+    if "host_id" in values:
+        host_id = str(values["host_id"]).strip()
+        if not _LABEL_RE.match(host_id) or "/" in host_id:
+            raise InvalidArgument(
+                f"{shown('host_id')}={host_id!r}; use 1-63 letters, digits, '.', '_', '-'"
+            )
+        c = replace(c, host_id=host_id)
+    if "host_address" in values:
+        address = str(values["host_address"]).strip().rstrip("/")
+        if not re.match(r"^https?://[^/\s]+$", address):
+            raise InvalidArgument(
+                f"{shown('host_address')}={address!r}; use http://HOST:PORT (or https://)"
+            )
+        c = replace(c, address=address)
+    if "host_labels" in values:
+        c = replace(c, labels=parse_labels(str(values["host_labels"]), shown("host_labels")))
+    if "host_lease_s" in values:
+        lease = _number(values, "host_lease_s", float, source)
+        lo, hi = HOST_LEASE_S_RANGE
+        if not lo <= lease <= hi:
+            raise InvalidArgument(f"{shown('host_lease_s')}={lease:g}; accepted: {lo:g}-{hi:g} s")
+        c = replace(c, lease_s=lease)
+    if "cluster_secret_file" in values:
+        c = replace(c, secret_path=Path(str(values["cluster_secret_file"])).resolve())
+    if "shared_db" in values:
+        c = replace(c, shared_db=Path(str(values["shared_db"])).resolve())
+    return replace(s, cluster=c)
+
+
 _ENV = {
     "HUTCH_STATE_DIR": "state_dir",
     "HUTCH_DATABASE_URL": "database_url",
@@ -683,6 +811,13 @@ _ENV = {
     "HUTCH_EVENTS_RETENTION_DAYS": "events_retention_days",
     "HUTCH_EVENTS_MAX": "events_max",
     "HUTCH_EVENTS": "events",
+    "HUTCH_ROLE": "role",
+    "HUTCH_HOST_ID": "host_id",
+    "HUTCH_HOST_ADDRESS": "host_address",
+    "HUTCH_HOST_LABELS": "host_labels",
+    "HUTCH_HOST_LEASE_S": "host_lease_s",
+    "HUTCH_CLUSTER_SECRET_FILE": "cluster_secret_file",
+    "HUTCH_SHARED_DB": "shared_db",
     "HUTCH_BLOB_URL": "blob_url",
     "HUTCH_S3_ENDPOINT": "s3_endpoint",
     "HUTCH_BLOB_CACHE_BYTES": "blob_cache_bytes",

@@ -24,6 +24,7 @@ from hutch.e2b.keys import load_or_create_secret, write_e2b_key_file
 from hutch.models import NetworkMode
 from hutch.runtime.backend import VmBackend
 from hutch.runtime.qemu.backend import QemuBackend
+from hutch.services.cluster import ClusterService
 from hutch.services.composed import Services
 from hutch.services.files_extra import FilesExtraService
 from hutch.services.guest_ops import GuestOps
@@ -107,6 +108,7 @@ def build_services(
     volumes = VolumeService(core)
     sandboxes = SandboxService(core, networking, snapshots, pool, volumes)
     return Services(
+        cluster=ClusterService(core, lifecycle),
         core=core,
         sandboxes=sandboxes,
         lifecycle=lifecycle,

@@ -11,6 +11,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hutch.api import deps, errors, spec
 from hutch.api.auth import Authenticator, load_or_create_key
+from hutch.api.cluster_router import ClusterRouter, Forwarder
 from hutch.api.limits import BodyLimit
 from hutch.api.routes import archive as archive_routes
 from hutch.api.routes import contexts as context_routes
@@ -25,6 +26,7 @@ from hutch.api.routes import (
     sandboxes,
 )
 from hutch.api.routes import exec as exec_routes
+from hutch.api.routes import hosts as host_routes
 from hutch.api.routes import metrics as metrics_routes
 from hutch.api.routes import processes as process_routes
 from hutch.api.routes import projects as project_routes
@@ -84,6 +86,7 @@ def create_app(services: Services, api_key: str, *, manage_service: bool = True)
         try:
             yield
         finally:
+            await forwarder.close()
             if builder is not None:
                 await builder.close()
             if manage_service:
@@ -96,6 +99,9 @@ def create_app(services: Services, api_key: str, *, manage_service: bool = True)
         lifespan=lifespan,
     )
     app.state.services = services
+    # Host-to-host forwards (hutch.api.cluster_router): one connection pool.
+    forwarder = Forwarder()
+    app.state.forwarder = forwarder
     app.state.importer = importer
     app.state.builder = builder
     app.state.auth = Authenticator(api_key, services.projects if core is not None else None)
@@ -128,10 +134,13 @@ def create_app(services: Services, api_key: str, *, manage_service: bool = True)
     app.include_router(metrics_routes.router(metrics_token or ""))
     app.include_router(project_routes.router, dependencies=auth)
     app.include_router(volume_routes.router, dependencies=auth)
+    app.include_router(host_routes.router, dependencies=auth)
     app.add_exception_handler(HutchError, errors.handle_hutch_error)
     app.add_exception_handler(RequestValidationError, errors.handle_validation_error)
     app.add_exception_handler(StarletteHTTPException, errors.handle_http_error)
     app.add_exception_handler(Exception, errors.handle_unexpected)
     app.add_middleware(BodyLimit)
+    # Outermost: a request for another host's sandbox is forwarded before anything here.
+    app.add_middleware(ClusterRouter)
     spec.install(app)
     return app

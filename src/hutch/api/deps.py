@@ -13,6 +13,7 @@ from hutch.api.auth import PROJECT_HEADER, Authenticator, bearer_token, requeste
 from hutch.api.permissions import permission_for
 from hutch.contract.auth import Permission, Principal, Role
 from hutch.errors import Forbidden, HutchError, NotFound
+from hutch.services.cluster_auth import ClusterSigner
 from hutch.services.composed import Services
 from hutch.services.events import act_as
 from hutch.services.files_extra import FilesExtraService
@@ -84,6 +85,18 @@ def authenticate(conn: HTTPConnection, presented: str) -> Principal:
     return auth.principal(presented, requested_project(conn.headers.get(PROJECT_HEADER)), source)
 
 
+def forwarded(conn: HTTPConnection) -> Principal | None:
+    """The principal another host of the cluster vouches for (it authenticated the
+    caller's key and forwarded the request here, :mod:`hutch.services.cluster_auth`);
+    None for a request that came straight from a client. Unauthorized for a forward
+    not signed with this cluster's secret."""
+    if not ClusterSigner.is_forward(conn.headers):
+        return None
+    method = "WS" if conn.scope["type"] == "websocket" else conn.scope["method"]
+    signer: ClusterSigner = services(conn).cluster.signer
+    return signer.verify(conn.headers, method, conn.scope["path"])
+
+
 def route_permission(conn: HTTPConnection) -> Permission:
     """The permission of the route ``conn`` was matched to (``hutch.api.permissions``)."""
     route = conn.scope.get("route")
@@ -121,7 +134,7 @@ def principal(conn: HTTPConnection) -> Principal:
     found = getattr(conn.state, "principal", None)
     if isinstance(found, Principal):
         return found
-    who = authenticate(conn, bearer_token(conn.headers.get("authorization", "")))
+    who = forwarded(conn) or authenticate(conn, bearer_token(conn.headers.get("authorization", "")))
     return authorize(conn, who)
 
 

@@ -128,6 +128,11 @@ ROUTE_PERMISSIONS: dict[tuple[str, str], Permission] = {
     ("GET", "/v1/projects/{project}"): P.PROJECT_READ,
     ("PATCH", "/v1/projects/{project}"): P.PROJECT_MANAGE,
     ("DELETE", "/v1/projects/{project}"): P.PROJECT_MANAGE,
+    # the hosts of a cluster: instance-wide, admin only
+    ("GET", "/v1/hosts"): P.HOST_MANAGE,
+    ("GET", "/v1/hosts/{host_id}"): P.HOST_MANAGE,
+    ("POST", "/v1/hosts/{host_id}/drain"): P.HOST_MANAGE,
+    ("POST", "/v1/hosts/{host_id}/undrain"): P.HOST_MANAGE,
     ("POST", "/v1/projects/{project}/keys"): P.KEY_MANAGE,
     ("GET", "/v1/projects/{project}/keys"): P.KEY_MANAGE,
     ("DELETE", "/v1/projects/{project}/keys/{key_id}"): P.KEY_MANAGE,

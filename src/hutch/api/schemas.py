@@ -39,6 +39,7 @@ from hutch.contract.limits import (
     USER_MAX_CHARS,
     VCPUS_RANGE,
 )
+from hutch.contract.placement import LABEL_RE, MAX_LABELS
 from hutch.models import (
     NetworkMode,
     PauseMode,
@@ -52,6 +53,17 @@ MAX_EXEC_TIMEOUT_S = EXEC_TIMEOUT_S_MAX
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+_LABEL = Annotated[str, Field(pattern=LABEL_RE.pattern)]
+
+
+class PlacementBody(Strict):
+    """``hutch.contract.placement``: where a create lands in a cluster."""
+
+    host: _LABEL | None = None
+    labels: dict[_LABEL, _LABEL] = Field(default_factory=dict, max_length=MAX_LABELS)
+    strategy: Literal["spread", "pack"] = "spread"
 
 
 class CreateSandbox(Strict):
@@ -118,6 +130,12 @@ class CreateSandbox(Strict):
             "name}: every command gets each secret's current value (code in the guest sees "
             "it). Only the names are stored with the sandbox and shown."
         ),
+    )
+    placement: PlacementBody | None = Field(
+        default=None,
+        description="Where in a cluster (GET /v1/hosts): `host` pins one host, `labels` "
+        "the hosts with all of them; `strategy` `spread` (default: most memory free) or "
+        "`pack` (fill hosts one after another).",
     )
 
 

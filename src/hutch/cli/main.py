@@ -19,6 +19,7 @@ from hutch.cli._output import print_json
 from hutch.cli.code import run_code
 from hutch.cli.cp import cp
 from hutch.cli.exec_cmd import exec_
+from hutch.cli.hosts import host
 from hutch.cli.images import image, images
 from hutch.cli.lifecycle import fork, pause, resume
 from hutch.cli.mcp_cmd import mcp
@@ -140,6 +141,7 @@ for _command in (
     events,
     project,
     key,
+    host,
 ):
     cli.add_command(_command)
 

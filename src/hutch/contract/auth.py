@@ -65,6 +65,7 @@ class Permission(enum.StrEnum):
     KEY_MANAGE = "key.manage"  # create, list, revoke the project's keys
     PROJECT_READ = "project.read"  # one's own project and its quotas
     PROJECT_MANAGE = "project.manage"  # create, change, delete projects (admin only)
+    HOST_MANAGE = "host.manage"  # list the hosts of a cluster, drain one (admin only)
 
 
 _P = Permission

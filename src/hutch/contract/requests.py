@@ -56,6 +56,8 @@ class CreateRequest:
     #: Volumes to mount at create (``hutch.contract.volumes.VolumeMount``).
     volumes: Sequence[VolumeMount] = ()
     env_secrets: Mapping[str, str] = field(default_factory=dict)
+    #: Where in a cluster (``hutch.contract.placement``): a host, labels, a strategy.
+    placement: Mapping[str, Any] | None = None
 
     def non_defaults(self) -> dict[str, Any]:
         """The fields that differ from their default (see :func:`_non_defaults`)."""

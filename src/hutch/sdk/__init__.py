@@ -41,6 +41,7 @@ from hutch.sdk._contexts import ContextInfo, Execution, ExecutionError, Result
 from hutch.sdk._errors import ApiKeyMissing, ClientClosed, DaemonUnreachable, ProtocolError
 from hutch.sdk._exec import ExecEvent, ExecExit, ExecOutput, ExecResult
 from hutch.sdk._files import ArchiveWritten, FileEntry, WatchEvent, WrittenFile
+from hutch.sdk._hosts import HostInfo
 from hutch.sdk._images import BuildEvent, ImageProgress
 from hutch.sdk._net import (
     EgressEvent,
@@ -128,6 +129,7 @@ __all__ = [
     "FileWatcher",
     "Files",
     "Health",
+    "HostInfo",
     "ImageInfo",
     "ImageProgress",
     "KeyInfo",

@@ -27,6 +27,7 @@ from hutch.contract.limits import (
     FORK_COUNT_RANGE,
 )
 from hutch.contract.names import validate_env_secrets, validate_name
+from hutch.contract.placement import parse_placement
 from hutch.contract.requests import SHAPE_FIELDS, CreateRequest
 from hutch.errors import InvalidArgument
 from hutch.sdk._core import Call, ClientCore, check_path, list_of, nothing, one
@@ -73,6 +74,7 @@ class CreateArgs(TypedDict, total=False):
     networks: Sequence[str] | None
     volumes: Sequence[MountArg] | None
     env_secrets: Mapping[str, str] | None
+    placement: Mapping[str, Any] | None
 
 
 # -- checks before sending ------------------------------------------------------------
@@ -146,6 +148,9 @@ def create_body(image: str, args: CreateArgs) -> dict[str, Any]:
         body["volumes"] = mounts_body(body["volumes"])
     if "env_secrets" in body:
         validate_env_secrets(body["env_secrets"], body.get("env"))
+    if "placement" in body:
+        parse_placement(body["placement"])  # a bad selector is refused before sending
+        body["placement"] = dict(body["placement"])
     return body
 
 

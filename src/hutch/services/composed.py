@@ -26,6 +26,7 @@ from functools import cached_property
 
 from hutch.config import Settings
 from hutch.runtime.backend import VmBackend
+from hutch.services.cluster import ClusterService
 from hutch.services.files_extra import FilesExtraService
 from hutch.services.guest_ops import GuestOps
 from hutch.services.interpreter import InterpreterService
@@ -65,6 +66,8 @@ class Services:
     usage: UsageService
     volumes: VolumeService
     secrets: SecretService
+    #: This hutchd as a host: registration, lease, the watch on the others, placement.
+    cluster: ClusterService
     _reconcile_task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @property
@@ -96,10 +99,12 @@ class Services:
         VMs found on the host in a task, so the API serves meanwhile (``reconciled``
         False, the sandboxes still being checked answer 503); else wait for all of it.
         """
+        # Registered first: the lease is renewed while the VMs found are checked.
+        await self.cluster.start()
         net = self.core.net
         if net is not None:
             # Before adoption: adopted guests are told their network again.
-            await net.start({r.id for r in self.core.store.list_sandboxes(states=LIVE_STATES)})
+            await net.start({r.id for r in self.core.own_rows(LIVE_STATES)})
         plan = await self.reconciler.host()
         if background:
             self._reconcile_task = asyncio.create_task(
@@ -120,6 +125,7 @@ class Services:
     async def close(self) -> None:
         """Stop background work and drop agent connections. VMs keep running (pooled
         ones, which have no row to be adopted by, are destroyed)."""
+        await self.cluster.close()
         await self.pool.close()
         await self.snapshots.blobs.close()
         if self._reconcile_task is not None:

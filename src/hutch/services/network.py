@@ -70,7 +70,7 @@ class NetworkService:
         dataplane: Dataplane | None = None,
     ) -> None:
         self.settings = settings
-        self.db = NetStore(store)
+        self.db = NetStore(store, settings.host_id)
         self.pool = AddressPool(settings.net_pool)
         self.enforcer = Enforcer(
             tag=settings.daemon_tag,

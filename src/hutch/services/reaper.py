@@ -107,7 +107,7 @@ class Reaper:
         """timeout_s, auto_pause_s and auto_delete_s: one pass (the reaper runs it every
         second)."""
         now = self.core.clock()
-        for rec in self.core.store.list_sandboxes(states=[SandboxState.RUNNING]):
+        for rec in self.core.own_rows([SandboxState.RUNNING]):
             try:
                 if rec.expires_at is not None and rec.expires_at <= now:
                     log.info("sandbox %s reached timeout_s=%s; deleting", rec.id, rec.timeout_s)
@@ -118,7 +118,7 @@ class Reaper:
                         await self._auto_pause(rec.id)
             except HutchError as exc:
                 log.error("lifecycle policy on sandbox %s failed: %s", rec.id, exc)
-        for rec in self.core.store.list_sandboxes(states=[SandboxState.PAUSED]):
+        for rec in self.core.own_rows([SandboxState.PAUSED]):
             if rec.auto_delete_s and rec.paused_at and now - rec.paused_at >= rec.auto_delete_s:
                 log.info("sandbox %s paused for %ss; deleting", rec.id, rec.auto_delete_s)
                 try:

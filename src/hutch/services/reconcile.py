@@ -60,7 +60,7 @@ class Reconciler:
         self.core.backend.templates.discard_unfinished()
         # Listed before the rows are read: a sandbox's row is written before its files.
         leftovers = self.core.backend.leftover_ids()
-        live = self.core.store.list_sandboxes(states=LIVE_STATES)
+        live = self.core.own_rows(LIVE_STATES)
         for rec in live:
             self.core.own_all(rec.id)  # whatever of it is on the host, its teardown ends
         for orphan in sorted(leftovers - {rec.id for rec in live}):
@@ -68,7 +68,8 @@ class Reconciler:
             await self.core.backend.cleanup(orphan)
         # Mounts of sandboxes that ended (a crash between the end and its teardown) free
         # their volumes; volume files no row names (a create or delete cut short) go.
-        live_ids = {rec.id for rec in live}
+        # Every host's live sandboxes: a mount row of another host's is that host's.
+        live_ids = {rec.id for rec in self.core.store.list_sandboxes(states=LIVE_STATES)}
         for sandbox_id in sorted(self.core.volumes.mounting_sandboxes() - live_ids):
             await self.core.release_volumes(sandbox_id)
         for name in self.core.volume_files.sweep(self.core.volumes.all_ids()):
@@ -76,7 +77,12 @@ class Reconciler:
         rows = [rec for rec in live if rec.state is not SandboxState.PAUSED]
         self.core.states.checking = {rec.id for rec in rows}
         # Read now: a snapshot started after this point is not a leftover.
-        return ReconcilePlan(rows, self.core.store.list_snapshots(ready=False))
+        unfinished = [
+            snap
+            for snap in self.core.store.list_snapshots(ready=False)
+            if self.core.hosts.host_of_snapshot(snap.id) in (self.core.host_id, None)
+        ]
+        return ReconcilePlan(rows, unfinished)
 
     async def rows(self, plan: ReconcilePlan) -> None:
         """Check every row concurrently (a slow VM holds up only itself), then finish

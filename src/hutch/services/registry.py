@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 
 from hutch.config import Settings
@@ -34,6 +34,7 @@ from hutch.services.state import SandboxStates
 from hutch.storage.volumes import VolumeFiles
 from hutch.store import Store
 from hutch.store.db import LIVE_STATES
+from hutch.store.hosts import HostStore
 from hutch.store.meter import MeterStore
 from hutch.store.projects import ProjectStore
 from hutch.store.secrets import SecretStore
@@ -75,6 +76,11 @@ class SandboxRegistry:
             enabled=settings.meter.events,
         )
         self.states = SandboxStates(store, self.events)
+        #: This hutchd's host in the cluster (``local`` on one host): the sandboxes it
+        #: creates run here, and its sweeps (reconcile, reaper, network) see only those.
+        self.host_id = settings.host_id
+        self.hosts = HostStore(store)
+        self.states.host = self.host_id
         self.metrics = Metrics()
         self.events.listeners.append(self.metrics.on_event)
         self.projects = ProjectStore(store)  # quotas, read under create_gate
@@ -107,6 +113,13 @@ class SandboxRegistry:
 
     def get(self, sandbox_id: str, project: str | None = None) -> SandboxRecord:
         return self.states.get(sandbox_id, project)
+
+    def own_rows(self, states: Iterable[SandboxState] = LIVE_STATES) -> list[SandboxRecord]:
+        """The rows in ``states`` of the sandboxes on this host (the engine's sweeps:
+        another host's sandboxes are that host's to adopt, reap or clean)."""
+        wanted = list(states)
+        mine = self.hosts.ids_on(self.host_id, wanted)
+        return [r for r in self.store.list_sandboxes(states=wanted) if r.id in mine]
 
     def guest_defaults(self, rec: SandboxRecord) -> ImageDefaults:
         """What ``rec`` takes from its image config (env, cwd, user, start command)."""
@@ -155,7 +168,8 @@ class SandboxRegistry:
                 vcpus=vcpus,
                 memory_mib=memory_mib,
             )
-        count, memory = self.store.live_usage()
+        use = self.hosts.usage().get(self.host_id)
+        count, memory = (use.sandboxes, use.memory_mib) if use is not None else (0, 0)
         limits = self.settings.limits
         if count + extra_sandboxes > limits.max_sandboxes:
             raise Capacity(

@@ -39,6 +39,7 @@ from hutch.services.events import EventLog, acting, lifecycle_event, project_of
 from hutch.services.metering import changes, held
 from hutch.store import Store
 from hutch.store.backend import Conn
+from hutch.store.hosts import place_in
 from hutch.store.meter_sql import close_intervals_in, last_alive_in, open_interval_in
 
 __all__ = ["TRANSITIONS", "SandboxStates", "require"]
@@ -100,6 +101,8 @@ class SandboxStates:
         self.events = events
         self.clock = clock
         self.checking: set[str] = set()
+        #: The host new rows run on (``hutch.store.hosts``; ``local`` on one host).
+        self.host = "local"
 
     # -- reads -------------------------------------------------------------------------
 
@@ -150,9 +153,12 @@ class SandboxStates:
         }
         if rec.parent_id is not None:
             data["parent"] = rec.parent_id
-        self.store.insert_sandbox(
-            rec, also=lambda db: self._record(db, None, rec, "sandbox.created", data)
-        )
+
+        def also(db: Conn) -> None:
+            place_in(db, rec.id, self.host)
+            self._record(db, None, rec, "sandbox.created", data)
+
+        self.store.insert_sandbox(rec, also=also)
         return rec
 
     def move(

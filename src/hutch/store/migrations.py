@@ -294,6 +294,45 @@ MIGRATIONS: tuple[str, ...] = (
                (julianday('now') - 2440587.5) * 86400.0
         FROM images;
     """,
+    # 12: hosts (many hutchds on one database): the hosts and their leases, the host
+    # each sandbox runs on, and address leases per host (each host has its own pool, so
+    # a block number is unique per host only; the table is rebuilt for that: SQLite
+    # cannot drop a UNIQUE). Rows from before name host 'local', the one-host id.
+    """
+    CREATE TABLE hosts (
+        id            TEXT PRIMARY KEY,
+        address       TEXT NOT NULL,
+        role          TEXT NOT NULL,
+        state         TEXT NOT NULL,
+        vcpus         INTEGER NOT NULL,
+        memory_mib    INTEGER NOT NULL,
+        disk_gib      INTEGER NOT NULL,
+        max_sandboxes INTEGER NOT NULL,
+        accel         TEXT NOT NULL,
+        qemu_version  TEXT NOT NULL,
+        cpu_model     TEXT NOT NULL,
+        labels_json   TEXT NOT NULL DEFAULT '{}',
+        started_at    REAL NOT NULL,
+        renewed_at    REAL NOT NULL,
+        lease_until   REAL NOT NULL,
+        down_at       REAL,
+        down_reason   TEXT,
+        swept         INTEGER NOT NULL DEFAULT 0
+    );
+    ALTER TABLE sandboxes ADD COLUMN host TEXT NOT NULL DEFAULT 'local';
+    CREATE INDEX sandboxes_host ON sandboxes(host, state);
+    CREATE TABLE net_leases_v12 (
+        sandbox_id  TEXT PRIMARY KEY,
+        block       INTEGER NOT NULL,
+        tap         TEXT NOT NULL UNIQUE,
+        host        TEXT NOT NULL DEFAULT 'local',
+        UNIQUE (host, block)
+    );
+    INSERT INTO net_leases_v12 (sandbox_id, block, tap)
+        SELECT sandbox_id, block, tap FROM net_leases;
+    DROP TABLE net_leases;
+    ALTER TABLE net_leases_v12 RENAME TO net_leases;
+    """,
 )
 
 

@@ -31,8 +31,12 @@ class NetworkRow:
 
 
 class NetStore:
-    def __init__(self, store: Store) -> None:
+    """``host``: the host whose address leases these are (each host of a cluster has
+    its own pool and taps; the other tables are the cluster's)."""
+
+    def __init__(self, store: Store, host: str = "local") -> None:
         self._store = store
+        self.host = host
 
     def _rows(self, sql: str, *params: object) -> list[tuple[object, ...]]:
         with self._store.transaction() as db:
@@ -43,17 +47,17 @@ class NetStore:
     def add_lease(self, sandbox_id: str, block: int, tap: str) -> None:
         with self._store.transaction() as db:
             db.execute(
-                "INSERT INTO net_leases (sandbox_id, block, tap) VALUES (?, ?, ?) "
+                "INSERT INTO net_leases (sandbox_id, block, tap, host) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT (sandbox_id) DO UPDATE SET block = excluded.block, "
-                "tap = excluded.tap",
-                (sandbox_id, block, tap),
+                "tap = excluded.tap, host = excluded.host",
+                (sandbox_id, block, tap, self.host),
             )
 
     def remove_lease(self, sandbox_id: str) -> None:
         self._rows("DELETE FROM net_leases WHERE sandbox_id = ?", sandbox_id)
 
     def leases(self) -> dict[str, Lease]:
-        rows = self._rows("SELECT sandbox_id, block, tap FROM net_leases")
+        rows = self._rows("SELECT sandbox_id, block, tap FROM net_leases WHERE host = ?", self.host)
         return {str(r[0]): Lease(str(r[0]), int(str(r[1])), str(r[2])) for r in rows}
 
     # -- egress rules --------------------------------------------------------------------

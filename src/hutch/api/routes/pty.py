@@ -34,7 +34,7 @@ from pydantic import BaseModel
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from hutch.api.auth import bearer_token
-from hutch.api.deps import authenticate, authorize, processes
+from hutch.api.deps import authenticate, authorize, forwarded, processes
 from hutch.api.errors import status_for
 from hutch.api.routes.processes import parse_signal
 from hutch.contract.limits import (
@@ -124,10 +124,13 @@ def ws_router() -> APIRouter:
     ) -> None:
         await websocket.accept()
         try:
-            presented = await _presented_key(websocket)
-            if presented is None:
-                return  # the client left before authenticating
-            authorize(websocket, authenticate(websocket, presented))
+            who = forwarded(websocket)  # another host authenticated the caller
+            if who is None:
+                presented = await _presented_key(websocket)
+                if presented is None:
+                    return  # the client left before authenticating
+                who = authenticate(websocket, presented)
+            authorize(websocket, who)
             if pty_id is not None:
                 session = await procs.attach_pty(sandbox_id, pty_id)
             else:

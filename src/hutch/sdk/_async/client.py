@@ -14,6 +14,7 @@ from hutch.contract.enums import DEFAULT_PAUSE_MODE
 from hutch.contract.limits import DEFAULT_FILE_MODE, DEFAULT_FORK_COUNT, DEFAULT_IMAGE
 from hutch.sdk import _io_async as _io
 from hutch.sdk._async._closing import AsyncClosesOnExit
+from hutch.sdk._async.hosts import AsyncHosts
 from hutch.sdk._async.net import AsyncEgressPolicies, AsyncNetworks
 from hutch.sdk._async.projects import AsyncKeys, AsyncProjects
 from hutch.sdk._async.secrets import AsyncSecrets
@@ -97,6 +98,8 @@ class AsyncClient(AsyncClosesOnExit):
         self.volumes = AsyncVolumes(self)
         #: Write-only secrets: ``client.secrets.set(name, value)``, ``.list()``, ...
         self.secrets = AsyncSecrets(self)
+        #: The hosts of a cluster (admin): ``client.hosts.list()``, ``.drain(id)``
+        self.hosts = AsyncHosts(self)
 
     @property
     def base_url(self) -> str:

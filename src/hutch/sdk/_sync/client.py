@@ -48,6 +48,7 @@ from hutch.sdk._sandboxes import (
 )
 from hutch.sdk._streams import BytesDecoder, StreamDecoder, StreamState
 from hutch.sdk._sync._closing import ClosesOnExit
+from hutch.sdk._sync.hosts import Hosts
 from hutch.sdk._sync.net import EgressPolicies, Networks
 from hutch.sdk._sync.projects import Keys, Projects
 from hutch.sdk._sync.secrets import Secrets
@@ -98,6 +99,8 @@ class Client(ClosesOnExit):
         self.volumes = Volumes(self)
         #: Write-only secrets: ``client.secrets.set(name, value)``, ``.list()``, ...
         self.secrets = Secrets(self)
+        #: The hosts of a cluster (admin): ``client.hosts.list()``, ``.drain(id)``
+        self.hosts = Hosts(self)
 
     @property
     def base_url(self) -> str:

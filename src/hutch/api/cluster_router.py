@@ -1,0 +1,371 @@
+"""Any hutchd serves the whole API: requests for another host's sandbox are forwarded.
+
+An ASGI layer in front of the REST app. For a request that came from a client (not a
+forward from another host):
+
+- ``/v1/sandboxes/{id}...`` (HTTP and WebSocket: exec, files, terminals, processes and
+  their streams, ports, egress and its log, pause/resume/fork/snapshot/delete): when the
+  row names another host that is not down, the request goes there.
+- ``POST /v1/sandboxes``: the create's ``placement`` picks the host
+  (:func:`hutch.services.placement.choose_host`); another host's create goes there, and
+  that host creates it (each host manages only its own VMs and address pool).
+- ``POST /v1/hosts/{id}/drain|undrain``: to that host.
+
+The caller's key is checked here, where it arrived, and not sent on: the forward carries
+the principal signed with the cluster secret (:mod:`hutch.services.cluster_auth`), and
+the owner host checks permission and project as for any request. A request whose key
+fails here is answered here, by the REST app, exactly as on one host. Bodies and
+answers are streamed both ways (NDJSON exec streams, file downloads, watch, follow);
+WebSockets are relayed message by message. A terminal WebSocket that sends its key in
+its first message (browsers cannot set headers) is relayed unsigned, and the owner
+checks that message itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
+
+from hutch.api.auth import PROJECT_HEADER, Authenticator, bearer_token, requested_project
+from hutch.api.errors import error_response, status_for
+from hutch.api.schemas import CreateSandbox
+from hutch.contract.auth import Principal
+from hutch.contract.placement import parse_placement
+from hutch.errors import HutchError, Unavailable
+from hutch.services.cluster import ClusterService, HostRow
+from hutch.services.cluster_auth import FORWARD_HEADERS, ClusterSigner
+
+__all__ = ["ClusterRouter", "Forwarder"]
+
+log = logging.getLogger("hutch.api.cluster")
+
+_SANDBOX = re.compile(r"^/v1/sandboxes/(sb-[0-9a-f]{12})(?:/.*)?$")
+_HOST_ACTION = re.compile(r"^/v1/hosts/([^/]+)/(?:drain|undrain)$")
+#: A create body is read whole to place it; larger ones are the REST app's to refuse.
+MAX_CREATE_BODY = 1 << 20
+#: Not passed on: per hop, or the caller's credential (the forward is signed instead).
+_DROP_REQUEST = {
+    "host", "authorization", "connection", "keep-alive", "proxy-authorization", "te",
+    "trailer", "transfer-encoding", "upgrade", *FORWARD_HEADERS,
+}  # fmt: skip
+_DROP_RESPONSE = {
+    "connection", "keep-alive", "proxy-authenticate", "te", "trailer", "transfer-encoding",
+    "upgrade", "date", "server",  # the last two: this server adds its own
+}  # fmt: skip
+_WS_DROP = _DROP_REQUEST | {
+    "sec-websocket-key", "sec-websocket-version", "sec-websocket-extensions",
+    "sec-websocket-protocol",
+}  # fmt: skip
+
+
+class Forwarder:
+    """The HTTP client of host-to-host calls (one connection pool, closed with the app)."""
+
+    def __init__(self) -> None:
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(None, connect=5.0), follow_redirects=False
+        )
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+class ClusterRouter:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        services = getattr(scope["app"].state, "services", None)
+        cluster: ClusterService | None = getattr(services, "cluster", None)
+        headers = Headers(scope=scope)
+        if cluster is None or ClusterSigner.is_forward(headers):
+            await self.app(scope, receive, send)  # a forward: the REST app checks it
+            return
+        path: str = scope["path"]
+        method = "WS" if scope["type"] == "websocket" else scope["method"]
+        if method == "POST" and path == "/v1/sandboxes":
+            await self._create(cluster, scope, receive, send, headers)
+            return
+        target: HostRow | None = None
+        try:
+            if found := _SANDBOX.match(path):
+                target = cluster.owner(found.group(1))
+            elif method == "POST" and (found := _HOST_ACTION.match(path)):
+                target = cluster.live_other(found.group(1))
+        except HutchError as exc:
+            await _error(exc, scope, receive, send)
+            return
+        if target is None:
+            await self.app(scope, receive, send)
+            return
+        who = _edge_principal(scope, headers)
+        if who is None and "authorization" in headers:
+            await self.app(scope, receive, send)  # the REST app answers the key's error
+            return
+        if scope["type"] == "websocket":
+            await _relay_ws(cluster, target, who, scope, receive, send)
+            return
+        if who is None:
+            await self.app(scope, receive, send)  # no key: the REST app says so
+            return
+        await _relay_http(cluster, target, who, scope, _stream(receive), send)
+
+    async def _create(
+        self, cluster: ClusterService, scope: Scope, receive: Receive, send: Send, headers: Headers
+    ) -> None:
+        body, complete = await _read_body(receive, MAX_CREATE_BODY)
+        replay = _replay(body, receive)
+        who = _edge_principal(scope, headers)
+        if who is None or not complete:
+            await self.app(scope, replay, send)  # the REST app refuses the key or the size
+            return
+        try:
+            create = CreateSandbox.model_validate_json(body or b"{}")
+        except ValueError:
+            await self.app(scope, replay, send)  # the REST app explains the bad body
+            return
+        try:
+            placement = parse_placement(
+                create.placement.model_dump() if create.placement is not None else None
+            )
+            if cluster.alone() and placement.host is None and not placement.labels:
+                # One host: its own admission answers (HUTCH_MAX_SANDBOXES, quotas, ...).
+                await self.app(scope, replay, send)
+                return
+            host = cluster.place(placement, create.memory_mib, create.snapshot)
+        except HutchError as exc:
+            await _error(exc, scope, replay, send)
+            return
+        if host.id == cluster.host_id:
+            await self.app(scope, replay, send)
+            return
+        log.info("create placed on host %s (%s)", host.id, placement.strategy)
+        await _relay_http(cluster, host, who, scope, _once(body), send)
+
+
+def _edge_principal(scope: Scope, headers: Headers) -> Principal | None:
+    """The caller of the request, by its key checked here; None when there is no valid
+    key in the ``Authorization`` header (the REST app answers why, or the owner checks a
+    terminal's first message)."""
+    header = headers.get("authorization")
+    if header is None:
+        return None
+    auth: Authenticator = scope["app"].state.auth
+    client = scope.get("client")
+    try:
+        return auth.principal(
+            bearer_token(header),
+            requested_project(headers.get(PROJECT_HEADER)),
+            client[0] if client else "",
+        )
+    except HutchError:
+        return None
+
+
+async def _error(exc: HutchError, scope: Scope, receive: Receive, send: Send) -> None:
+    response = error_response(exc.code, exc.message, status_for(exc))
+    await response(scope, receive, send)
+
+
+async def _read_body(receive: Receive, limit: int) -> tuple[bytes, bool]:
+    """The request body up to ``limit`` bytes; complete False when it is longer (what
+    was read is replayed, then the rest follows from ``receive``)."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b"".join(chunks), False
+        chunk = message.get("body", b"")
+        chunks.append(chunk)
+        size += len(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks), True
+        if size > limit:
+            return b"".join(chunks), False
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    done = False
+
+    async def replay() -> Message:
+        nonlocal done
+        if not done:
+            done = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def _once(body: bytes) -> AsyncIterator[bytes]:
+    yield body
+
+
+async def _stream(receive: Receive) -> AsyncIterator[bytes]:
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return
+        chunk = message.get("body", b"")
+        if chunk:
+            yield chunk
+        if not message.get("more_body", False):
+            return
+
+
+def _forward_headers(
+    scope: Scope, drop: set[str], cluster: ClusterService, who: Principal | None, method: str
+) -> list[tuple[str, str]]:
+    kept = [
+        (k.decode("latin-1"), v.decode("latin-1"))
+        for k, v in scope["headers"]
+        if k.decode("latin-1").lower() not in drop
+    ]
+    if who is not None:
+        kept.extend(cluster.signer.sign(who, method, scope["path"]).items())
+    return kept
+
+
+def _url(target: HostRow, scope: Scope, ws: bool = False) -> str:
+    base = target.address
+    if ws:
+        base = "ws" + base[len("http") :]
+    query = scope.get("query_string", b"").decode("latin-1")
+    return f"{base}{scope['path']}" + (f"?{query}" if query else "")
+
+
+async def _relay_http(
+    cluster: ClusterService,
+    target: HostRow,
+    who: Principal,
+    scope: Scope,
+    body: AsyncIterator[bytes],
+    send: Send,
+) -> None:
+    forwarder: Forwarder = scope["app"].state.forwarder
+    method = scope["method"]
+    request = forwarder.client.build_request(
+        method,
+        _url(target, scope),
+        headers=_forward_headers(scope, _DROP_REQUEST, cluster, who, method),
+        content=body,
+    )
+    try:
+        response = await forwarder.client.send(request, stream=True)
+    except httpx.HTTPError as exc:
+        unavailable = Unavailable(
+            f"host {target.id} ({target.address}), which runs this sandbox, did not answer: "
+            f"{exc!r}; retry in a moment (if it stays away its lease expires and it is "
+            "marked down)"
+        )
+        await _error(unavailable, scope, _no_body, send)
+        return
+    try:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": response.status_code,
+                "headers": [
+                    (k, v)
+                    for k, v in response.headers.raw
+                    if k.lower().decode("latin-1") not in _DROP_RESPONSE
+                ],
+            }
+        )
+        async for chunk in response.aiter_raw():
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    except httpx.HTTPError as exc:
+        # The answer had started: all that can be said now is that it stopped.
+        log.warning("forward to host %s cut short: %r", target.id, exc)
+        with contextlib.suppress(Exception):
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+    finally:
+        await response.aclose()
+
+
+async def _no_body() -> Message:
+    return {"type": "http.request", "body": b"", "more_body": False}
+
+
+async def _relay_ws(
+    cluster: ClusterService,
+    target: HostRow,
+    who: Principal | None,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+) -> None:
+    message = await receive()
+    if message["type"] != "websocket.connect":
+        return
+    try:
+        upstream = await connect(
+            _url(target, scope, ws=True),
+            additional_headers=_forward_headers(scope, _WS_DROP, cluster, who, "WS"),
+            subprotocols=scope.get("subprotocols") or None,
+            max_size=None,
+            open_timeout=10,
+            compression=None,
+        )
+    except (OSError, TimeoutError, InvalidStatus, WebSocketException) as exc:
+        log.warning("websocket forward to host %s failed: %r", target.id, exc)
+        await send({"type": "websocket.close", "code": 1011, "reason": "sandbox host unreachable"})
+        return
+    await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})
+    async with upstream:
+        up = asyncio.create_task(_client_to_upstream(receive, upstream))
+        down = asyncio.create_task(_upstream_to_client(upstream, send))
+        try:
+            await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (up, down):
+                task.cancel()
+            await asyncio.gather(up, down, return_exceptions=True)
+
+
+async def _client_to_upstream(receive: Receive, upstream: ClientConnection) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "websocket.disconnect":
+            await upstream.close(code=message.get("code", 1000) or 1000)
+            return
+        if message["type"] != "websocket.receive":
+            continue
+        data: Any = message.get("text")
+        if data is None:
+            data = message.get("bytes") or b""
+        try:
+            await upstream.send(data)
+        except ConnectionClosed:
+            return
+
+
+async def _upstream_to_client(upstream: ClientConnection, send: Send) -> None:
+    try:
+        async for data in upstream:
+            if isinstance(data, str):
+                await send({"type": "websocket.send", "text": data})
+            else:
+                await send({"type": "websocket.send", "bytes": data})
+    except ConnectionClosed:
+        pass
+    # 1005 (no code) and 1006 (no close frame) are never sent on the wire.
+    code = {None: 1000, 1005: 1000, 1006: 1011}.get(upstream.close_code, upstream.close_code)
+    reason = upstream.close_reason or ""
+    with contextlib.suppress(Exception):
+        await send({"type": "websocket.close", "code": code, "reason": reason})

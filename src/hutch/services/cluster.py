@@ -1,0 +1,259 @@
+"""This hutchd as one host of a cluster: its registration and lease, the watch on the
+other hosts' leases, placement, and drain.
+
+Every hutchd registers itself in the ``hosts`` table (a single host too, as ``local``)
+and renews its lease every third of ``HUTCH_HOST_LEASE_S``. At each renewal it also
+marks down every host whose lease ended (a conditional ``UPDATE``: with several live
+hosts exactly one marks each) and sweeps the down hosts nobody swept yet: their
+sandboxes that had a VM (creating, running, pausing, resuming, stopping) end ``failed``
+with an error that starts ``lost:`` and names the host and why, in the event log as
+``sandbox.failed`` with reason ``host_down``, billed up to their last heartbeat.
+Paused sandboxes keep their row and files: they hold no VM, so nothing of them was
+lost. A host that finds its own lease taken (it was marked down while alive: a stall
+longer than the lease) stops every VM whose row says lost, so a sandbox is never both
+reported lost and still running, and registers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from hutch.config import Settings
+from hutch.contract.placement import Placement
+from hutch.errors import HutchError, NotFound
+from hutch.models import PauseMode, SandboxState
+from hutch.services.cluster_auth import ClusterSigner, load_or_create_secret
+from hutch.services.events import because, internal
+from hutch.services.lifecycle import LifecycleService
+from hutch.services.placement import choose_host
+from hutch.services.registry import SandboxRegistry
+from hutch.store.db import RUNNING_STATES
+from hutch.store.hosts import HostRow, HostStore, HostUse
+
+__all__ = ["ClusterService", "HostRow", "HostView", "host_facts"]
+
+log = logging.getLogger("hutch.services.cluster")
+
+
+@dataclass(frozen=True)
+class HostView:
+    """A host with what it holds now (``hutch host ls``, ``GET /v1/hosts``)."""
+
+    row: HostRow
+    use: HostUse
+    this: bool
+
+
+def _cpu_model() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown"
+    found = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
+    return found.group(1).strip() if found else "unknown"
+
+
+async def _qemu_version() -> str:
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            "qemu-system-x86_64",
+            "--version",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        out, _ = await proc.communicate()
+    except OSError:
+        return "unknown"
+    found = re.search(rb"version (\S+)", out)
+    return found.group(1).decode() if found else "unknown"
+
+
+async def host_facts(settings: Settings, accel: str, now: float) -> HostRow:
+    """This host's row as it registers: capacity read from the machine and limits."""
+    disk = shutil.disk_usage(settings.state_dir)
+    lease = settings.cluster.lease_s
+    return HostRow(
+        id=settings.host_id,
+        address=settings.host_address,
+        role=settings.cluster.role,
+        state="up",
+        vcpus=os.cpu_count() or 1,
+        memory_mib=settings.limits.memory_budget_mib,
+        disk_gib=disk.free >> 30,
+        max_sandboxes=settings.limits.max_sandboxes,
+        accel=accel,
+        qemu_version=await _qemu_version(),
+        cpu_model=_cpu_model(),
+        labels=dict(settings.cluster.labels),
+        started_at=now,
+        renewed_at=now,
+        lease_until=now + lease,
+    )
+
+
+class ClusterService:
+    """See the module docstring; ``lifecycle`` pauses this host's sandboxes in a drain."""
+
+    def __init__(self, core: SandboxRegistry, lifecycle: LifecycleService) -> None:
+        self.core = core
+        self.lifecycle = lifecycle
+        self.settings = core.settings
+        self.host_id = core.host_id
+        self.hosts = HostStore(core.store)
+        self.signer = ClusterSigner(
+            load_or_create_secret(self.settings.cluster_secret_path), self.host_id
+        )
+        self.clock = time.time
+        self.me: HostRow | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def lease_s(self) -> float:
+        return self.settings.cluster.lease_s
+
+    # -- lifecycle of the host ---------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Register (up, a fresh lease) and keep the lease and the watch going."""
+        self.me = await host_facts(self.settings, self.core.backend.accel, self.clock())
+        self.hosts.register(self.me)
+        log.info(
+            "host %s registered (%s, lease %.0f s)", self.host_id, self.me.address, self.lease_s
+        )
+        self._task = asyncio.create_task(self._run(), name="hutch-host-lease")
+
+    async def close(self) -> None:
+        """Stop renewing. The host stays registered: a restart within the lease keeps
+        its sandboxes; past it, the other hosts mark it down."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _run(self) -> None:
+        internal("host_lease")
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            try:
+                await self.tick()
+            except HutchError as exc:
+                log.error("host lease or watch failed (retried): %s", exc)
+
+    async def tick(self) -> None:
+        """One renewal and one watch: renew, mark expired hosts down, sweep them."""
+        now = self.clock()
+        if not self.hosts.renew(self.host_id, now, now + self.lease_s):
+            await self._fenced()
+        for host in self.hosts.expire(self.clock()):
+            log.warning("host %s missed its lease: marked down", host)
+        for host in self.hosts.unswept():
+            if host != self.host_id and self.hosts.claim_sweep(host):
+                self.sweep(host)
+
+    def sweep(self, host: str) -> list[str]:
+        """Report the sandboxes of down ``host`` that had a VM as lost; their ids."""
+        row = self.hosts.get(host)
+        why = (row.down_reason if row else None) or "it is down"
+        lost: list[str] = []
+        for sandbox_id in sorted(self.hosts.ids_on(host, RUNNING_STATES)):
+            try:
+                with because("host_down"):
+                    self.core.states.ended(
+                        sandbox_id,
+                        SandboxState.FAILED,
+                        f"lost: host {host} is down ({why}); the sandbox's VM and memory "
+                        "are gone with it",
+                        lost=True,
+                    )
+                lost.append(sandbox_id)
+            except HutchError as exc:  # it moved meanwhile (e.g. deleted): not lost
+                log.info("sandbox %s of down host %s not marked lost: %s", sandbox_id, host, exc)
+        if lost:
+            log.warning("host %s is down: %d sandbox(es) lost: %s", host, len(lost), lost)
+        return lost
+
+    async def _fenced(self) -> None:
+        """This host was marked down while alive: drop every VM whose row ended."""
+        log.error(
+            "host %s was marked down while alive (lease missed); re-registering", self.host_id
+        )
+        for sandbox_id in list(self.core.runtimes):
+            rec = self.core.states.current(sandbox_id)
+            if rec is not None and not rec.state.is_live:
+                async with self.core.lock(sandbox_id):
+                    with contextlib.suppress(HutchError):
+                        await self.core.teardown(sandbox_id, deleted=False)
+        if self.me is not None:
+            now = self.clock()
+            self.me = replace(self.me, renewed_at=now, lease_until=now + self.lease_s)
+            self.hosts.register(self.me)
+
+    # -- placement and routing ---------------------------------------------------------------
+
+    def place(self, placement: Placement, memory_mib: int, snapshot: str | None) -> HostRow:
+        """The host a create of ``memory_mib`` (from ``snapshot``) lands on."""
+        return choose_host(
+            self.hosts.all(),
+            self.hosts.usage(),
+            placement,
+            memory_mib=memory_mib,
+            now=self.clock(),
+            snapshot_host=self.hosts.host_of_snapshot(snapshot) if snapshot else None,
+        )
+
+    def alone(self) -> bool:
+        """No other host is up (one host, or the others down): creates land here."""
+        return all(h.id == self.host_id or h.state != "up" for h in self.hosts.all())
+
+    def owner(self, sandbox_id: str) -> HostRow | None:
+        """The other live host a request for ``sandbox_id`` goes to; None: served here
+        (this host's, unknown, or its host is down: the row answers)."""
+        host = self.hosts.host_of(sandbox_id)
+        return self.live_other(host) if host is not None else None
+
+    def live_other(self, host_id: str) -> HostRow | None:
+        if host_id == self.host_id:
+            return None
+        row = self.hosts.get(host_id)
+        if row is None or row.state == "down":
+            return None
+        return row
+
+    # -- what the API shows and does --------------------------------------------------------
+
+    def views(self) -> list[HostView]:
+        use = self.hosts.usage()
+        return [
+            HostView(h, use.get(h.id, HostUse()), h.id == self.host_id) for h in self.hosts.all()
+        ]
+
+    def view(self, host_id: str) -> HostView:
+        for v in self.views():
+            if v.row.id == host_id:
+                return v
+        raise NotFound(f"no host {host_id!r}; see GET /v1/hosts")
+
+    async def drain(self) -> HostView:
+        """This host takes no new sandboxes; each running one is paused (memory mode),
+        so it holds no VM and can be resumed (on this host today; cross-host resume
+        needs the pause files where the other hosts read them, ARCHITECTURE.md)."""
+        self.hosts.set_state(self.host_id, "draining")
+        for rec in self.core.own_rows([SandboxState.RUNNING]):
+            try:
+                with because("drain"):
+                    await self.lifecycle.pause(rec.id, PauseMode.MEMORY)
+            except HutchError as exc:
+                log.error("drain of host %s: could not pause %s: %s", self.host_id, rec.id, exc)
+        return self.view(self.host_id)
+
+    def undrain(self) -> HostView:
+        self.hosts.set_state(self.host_id, "up")
+        return self.view(self.host_id)

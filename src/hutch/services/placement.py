@@ -1,0 +1,83 @@
+"""Which host a create lands on: pure (the hosts and their use come in as values).
+
+A host fits when it is ``up`` (not draining, not down), its lease is current, it
+carries every label asked for, it has room for one more sandbox of the asked memory
+(its ``memory_mib`` budget and ``max_sandboxes``), and, for a create from a snapshot,
+when it is the host that holds the snapshot's files and runs the same QEMU and CPU
+model (a memory snapshot restores only into the build and CPU that took it). Among the
+fitting hosts, ``spread`` takes the one with the most memory free, ``pack`` the one
+with the least; ties go to the fewest sandboxes, then the host id (deterministic).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from hutch.contract.placement import Placement
+from hutch.errors import Capacity, InvalidArgument
+from hutch.store.hosts import HostRow, HostUse
+
+__all__ = ["choose_host"]
+
+
+def choose_host(
+    hosts: Sequence[HostRow],
+    use: Mapping[str, HostUse],
+    placement: Placement,
+    *,
+    memory_mib: int,
+    now: float,
+    snapshot_host: str | None = None,
+) -> HostRow:
+    """The host for a sandbox of ``memory_mib``. InvalidArgument for a selector no host
+    could ever meet (unknown host, labels no host has); Capacity when hosts match but
+    none has room now (the message names each and why)."""
+    known = {h.id: h for h in hosts}
+    if placement.host is not None and placement.host not in known:
+        raise InvalidArgument(
+            f"placement.host {placement.host!r} is not a host of this cluster; hosts: "
+            f"{', '.join(sorted(known)) or 'none'}"
+        )
+    candidates = [h for h in hosts if placement.host in (None, h.id)]
+    wanted = dict(placement.labels)
+    if wanted:
+        candidates = [h for h in candidates if all(h.labels.get(k) == v for k, v in wanted.items())]
+        if not candidates:
+            shown = ", ".join(f"{k}={v}" for k, v in sorted(wanted.items()))
+            raise InvalidArgument(
+                f"no host has the labels {shown}; the hosts' labels: "
+                + "; ".join(f"{h.id}: {_labels(h)}" for h in hosts)
+            )
+    reasons: list[str] = []
+    fitting: list[tuple[HostRow, int]] = []
+    source = known.get(snapshot_host) if snapshot_host else None
+    for h in candidates:
+        held = use.get(h.id, HostUse())
+        free = h.memory_mib - held.memory_mib
+        if h.state != "up" or h.lease_until < now:
+            reasons.append(f"{h.id} is {h.state if h.state != 'up' else 'not renewing its lease'}")
+        elif snapshot_host is not None and h.id != snapshot_host:
+            reasons.append(f"{h.id} does not hold the snapshot's files ({snapshot_host} does)")
+        elif source is not None and (
+            h.qemu_version != source.qemu_version or h.cpu_model != source.cpu_model
+        ):
+            reasons.append(f"{h.id} runs another QEMU or CPU than the snapshot's")
+        elif held.sandboxes + 1 > h.max_sandboxes:
+            reasons.append(f"{h.id} holds {held.sandboxes}/{h.max_sandboxes} sandboxes")
+        elif free < memory_mib:
+            reasons.append(f"{h.id} has {free} MiB free, {memory_mib} MiB asked")
+        else:
+            fitting.append((h, free))
+    if not fitting:
+        raise Capacity("no host has room for this sandbox: " + "; ".join(reasons or ["no hosts"]))
+
+    def key(item: tuple[HostRow, int]) -> tuple[int, int, str]:
+        h, free = item
+        count = use.get(h.id, HostUse()).sandboxes
+        return (-free if placement.strategy == "spread" else free, count, h.id)
+
+    return min(fitting, key=key)[0]
+
+
+def _labels(h: HostRow) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(h.labels.items())) or "(none)"

@@ -1,0 +1,220 @@
+"""Two hosts in one process sharing one database (an SQLite file, and a PostgreSQL
+database of the suite's server: ``db_target``), each its own REST app on a real
+uvicorn: placement, forwarding (collected and streamed exec, files), the signature
+check, and a host whose lease expired (its sandboxes lost, its own VMs fenced)."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+
+from hutch.api import create_app
+from hutch.config import ClusterSettings, Limits, Settings
+from hutch.daemon import build_services
+from hutch.services.composed import Services
+from hutch.store import Store
+from tests.component.conftest import API_KEY, FakeImages
+from tests.component.fake_backend import FakeBackend
+
+
+@dataclass
+class Host:
+    id: str
+    svc: Services
+    backend: FakeBackend
+    url: str
+    client: httpx.AsyncClient
+
+
+@pytest.fixture
+async def hosts(tmp_path: Path, db_target: Path | str) -> AsyncIterator[dict[str, Host]]:
+    secret = tmp_path / "cluster-secret"
+    secret.write_text(secrets.token_hex(32) + "\n")
+    made: dict[str, Host] = {}
+    servers: list[tuple[uvicorn.Server, asyncio.Task[None], socket.socket]] = []
+    forwarders = []
+    try:
+        for host_id in ("h1", "h2"):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+            settings = Settings(
+                state_dir=tmp_path / host_id,
+                limits=Limits(max_sandboxes=10),
+                cluster=ClusterSettings(
+                    role="worker",
+                    host_id=host_id,
+                    address=url,
+                    labels=(("name", host_id),),
+                    lease_s=5.0,
+                    secret_path=secret,
+                    shared_db=db_target if isinstance(db_target, Path) else None,
+                ),
+                database_url=db_target if isinstance(db_target, str) else None,
+            )
+            backend = FakeBackend(tmp_path / f"run-{host_id}")
+            svc = build_services(settings, Store(settings.database), backend, FakeImages(tmp_path))
+            await svc.start()
+            app = create_app(svc, API_KEY, manage_service=False)
+            forwarders.append(app.state.forwarder)  # closed by the lifespan, off here
+            server = uvicorn.Server(
+                uvicorn.Config(app, log_config=None, access_log=False, lifespan="off")
+            )
+            task = asyncio.create_task(server.serve(sockets=[sock]))
+            servers.append((server, task, sock))
+            while not server.started:  # noqa: ASYNC110 (uvicorn has no started event)
+                await asyncio.sleep(0.01)
+            client = httpx.AsyncClient(
+                base_url=url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60
+            )
+            made[host_id] = Host(host_id, svc, backend, url, client)
+        yield made
+    finally:
+        for h in made.values():
+            await h.client.aclose()
+            for rec in h.svc.core.own_rows():
+                await h.svc.sandboxes.delete(rec.id)
+        for server, task, sock in servers:
+            server.should_exit = True
+            await task
+            sock.close()
+        for forwarder in forwarders:
+            await forwarder.close()
+        for h in made.values():
+            await h.svc.close()
+            assert h.backend.leftover_ids() == set(), f"{h.id} leaked sandbox resources"
+
+
+async def _create(via: Host, **placement: object) -> str:
+    r = await via.client.post("/v1/sandboxes", json={"placement": placement})
+    assert r.status_code == 201, r.text
+    return str(r.json()["id"])
+
+
+async def test_a_create_lands_where_placed_and_any_host_reaches_it(
+    hosts: dict[str, Host],
+) -> None:
+    h1, h2 = hosts["h1"], hosts["h2"]
+    listed = (await h1.client.get("/v1/hosts")).json()["hosts"]
+    assert [(h["id"], h["state"], h["this"]) for h in listed] == [
+        ("h1", "up", True),
+        ("h2", "up", False),
+    ]
+    on_h2 = await _create(h1, host="h2")
+    by_label = await _create(h2, labels={"name": "h1"})
+    assert set(h2.svc.core.runtimes) == {on_h2} and set(h1.svc.core.runtimes) == {by_label}
+    # Through the host that does not run it: exec, a streamed exec, files, a delete.
+    r = await h1.client.post(f"/v1/sandboxes/{on_h2}/exec", json={"cmd": ["echo", "hi"]})
+    assert r.status_code == 200 and r.json()["stdout"] == "hi\n", r.text
+    async with h1.client.stream(
+        "POST",
+        f"/v1/sandboxes/{on_h2}/exec",
+        json={"cmd": ["sh", "-c", "echo a; sleep 0.2; echo b"], "stream": True},
+    ) as streamed:
+        lines = [line async for line in streamed.aiter_lines() if line]
+    assert streamed.status_code == 200 and len(lines) >= 3  # a, b, the exit
+    put = await h1.client.put(
+        f"/v1/sandboxes/{on_h2}/files", params={"path": "/tmp/x"}, content=b"data"
+    )
+    assert put.status_code in (200, 201), put.text
+    got = await h1.client.get(f"/v1/sandboxes/{on_h2}/files", params={"path": "/tmp/x"})
+    assert got.content == b"data"
+    # Unknown host, unknown labels: a 400 naming what is there.
+    bad = await h1.client.post("/v1/sandboxes", json={"placement": {"host": "h9"}})
+    assert bad.status_code == 400 and "hosts: h1, h2" in bad.json()["error"]["message"]
+    deleted = await h1.client.delete(f"/v1/sandboxes/{on_h2}")
+    assert deleted.status_code == 204
+    assert set(h2.svc.core.runtimes) == set()
+
+
+async def test_a_forged_forward_is_refused_and_a_key_is_needed(hosts: dict[str, Host]) -> None:
+    h1, h2 = hosts["h1"], hosts["h2"]
+    sandbox_id = await _create(h1, host="h2")
+    forged = {
+        "hutch-cluster-principal": "e30=",
+        "hutch-cluster-time": "0",
+        "hutch-cluster-from": "h1",
+        "hutch-cluster-signature": "0" * 64,
+    }
+    async with httpx.AsyncClient(base_url=h2.url) as bare:
+        r = await bare.post(
+            f"/v1/sandboxes/{sandbox_id}/exec", json={"cmd": ["true"]}, headers=forged
+        )
+        assert r.status_code == 401 and "signature" in r.json()["error"]["message"]
+        # Through h1 with no key: refused where it arrived, exactly as on one host.
+        r = await bare.post(f"{h1.url}/v1/sandboxes/{sandbox_id}/exec", json={"cmd": ["true"]})
+        assert r.status_code == 401
+        r = await bare.post(
+            f"{h1.url}/v1/sandboxes/{sandbox_id}/exec",
+            json={"cmd": ["true"]},
+            headers={"Authorization": "Bearer hk_wrong"},
+        )
+        assert r.status_code == 401
+
+
+async def test_an_expired_host_is_marked_down_its_sandboxes_lost_and_fenced(
+    hosts: dict[str, Host],
+) -> None:
+    h1, h2 = hosts["h1"], hosts["h2"]
+    await h2.svc.cluster.close()  # h2 renews when this test says (it stalls meanwhile)
+    running = await _create(h1, host="h2")
+    paused = await _create(h1, host="h2")
+    r = await h1.client.post(f"/v1/sandboxes/{paused}/pause", json={})
+    assert r.status_code == 200, r.text
+    mine = await _create(h1, host="h1")
+    # h1's clock passes h2's lease: h1 marks it down and sweeps it.
+    later = h1.svc.cluster.clock() + 60
+    h1.svc.cluster.clock = lambda: later
+    await h1.svc.cluster.tick()
+    row = (await h1.client.get(f"/v1/sandboxes/{running}")).json()
+    assert row["state"] == "failed" and row["error"].startswith("lost: host h2 is down")
+    assert (await h1.client.get(f"/v1/sandboxes/{paused}")).json()["state"] == "paused"
+    assert (await h1.client.get(f"/v1/sandboxes/{mine}")).json()["state"] == "running"
+    host = (await h1.client.get("/v1/hosts/h2")).json()
+    assert host["state"] == "down" and "lease expired" in host["down_reason"]
+    # A create now lands on h1 (h2 is down) even when asked for anywhere.
+    fresh = await _create(h2)
+    assert fresh in h1.svc.core.runtimes
+    # h2 learns at its next renewal that it was marked down: its lost VM goes, and it
+    # registers again.
+    assert running in h2.svc.core.runtimes
+    await h2.svc.cluster.tick()
+    assert running not in h2.svc.core.runtimes
+    assert (await h1.client.get("/v1/hosts/h2")).json()["state"] == "up"
+    h1.svc.cluster.clock = lambda: later - 60
+    # The lost sandbox's row answers from any host; its files are gone from h2.
+    assert running not in h2.backend.leftover_ids()
+
+
+def test_settings_replace_keeps_cluster(tmp_path: Path) -> None:
+    s = Settings(state_dir=tmp_path, cluster=ClusterSettings(role="worker", host_id="x"))
+    assert replace(s, listen_port=1).host_id == "x"
+
+
+async def test_a_drain_reaches_its_host_pauses_its_sandboxes_and_stops_placement(
+    hosts: dict[str, Host],
+) -> None:
+    h1, h2 = hosts["h1"], hosts["h2"]
+    on_h1 = await _create(h2, host="h1")
+    r = await h2.client.post("/v1/hosts/h1/drain")  # sent to h2, done by h1
+    assert r.status_code == 200, r.text
+    assert r.json()["state"] == "draining" and r.json()["this"] is True  # h1 answered
+    assert (await h2.client.get(f"/v1/sandboxes/{on_h1}")).json()["state"] == "paused"
+    assert set(h1.svc.core.runtimes) == set()
+    fresh = await _create(h1)  # anywhere: h1 is draining, so h2
+    assert fresh in h2.svc.core.runtimes
+    pinned = await h1.client.post("/v1/sandboxes", json={"placement": {"host": "h1"}})
+    assert pinned.status_code == 429 and "h1 is draining" in pinned.json()["error"]["message"]
+    r = await h1.client.post("/v1/hosts/h1/undrain")
+    assert r.status_code == 200 and r.json()["state"] == "up"
+    resumed = await h2.client.post(f"/v1/sandboxes/{on_h1}/resume")
+    assert resumed.status_code == 200 and resumed.json()["state"] == "running"
+    assert on_h1 in h1.svc.core.runtimes
