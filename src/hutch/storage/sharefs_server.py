@@ -445,6 +445,19 @@ _WRITES = frozenset(
 )
 
 
+async def _finish_in_thread(fn: Callable[..., bytes], *args: object) -> bytes:
+    """``fn(*args)`` in a worker thread; if the caller is cancelled meanwhile, wait for
+    the thread before passing the cancellation on: the session's handles close after
+    this, and a call still running would write to a descriptor number that may by then
+    be another file of hutchd's."""
+    fut = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        return await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        await asyncio.wait({fut})
+        raise
+
+
 async def serve_stream(
     reader: asyncio.StreamReader, writer: asyncio.StreamWriter, session: ShareFsSession
 ) -> None:
@@ -461,7 +474,7 @@ async def serve_stream(
                     data = await asyncio.wait_for(reader.read(65536), STALL_S)
                 except TimeoutError:
                     log.info("sharefs: a request stalled half-way; scanning past it")
-                    out = await asyncio.to_thread(session.resync)
+                    out = await _finish_in_thread(session.resync)
                     if out:
                         writer.write(out)
                         await writer.drain()
@@ -470,7 +483,7 @@ async def serve_stream(
                 data = await reader.read(65536)
             if not data:
                 return
-            out = await asyncio.to_thread(session.feed, data)
+            out = await _finish_in_thread(session.feed, data)
             if out:
                 writer.write(out)
                 await writer.drain()
