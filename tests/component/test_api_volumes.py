@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from hutch.config import Settings
-from hutch.contract.volumes import VolumeMount
+from hutch.contract.volumes import VolumeKind, VolumeMount
 from hutch.daemon import build_services
 from hutch.guest.client import AgentClient
 from hutch.models import SandboxRecord, SandboxSpec, SandboxState
@@ -322,3 +322,39 @@ async def test_a_shared_volume_is_mounted_by_many_sandboxes_and_forks(
     assert backend.frozen == []  # nothing to freeze on a shared mount
     assert mounts.mounted() == set()
     assert (await api.delete("/v1/volumes/pool")).status_code == 204
+
+
+async def test_a_restart_serves_adopted_sandboxes_shared_volumes_again(
+    settings: Settings, tmp_path: Path
+) -> None:
+    backend = Adopting(tmp_path / "run")
+    mounts_root = tmp_path / "shared-mounts"
+
+    def start() -> Services:
+        svc = build_services(settings, Store(settings.db_path), backend, FakeImages(tmp_path))
+        svc.core.shared.mounts = DirMounts(mounts_root)
+        return svc
+
+    first = start()
+    await first.start()
+    vid = (await first.volumes.create("pool", 64 * MIB, VolumeKind.SHARED)).volume.id
+    rec = await first.sandboxes.create(
+        SandboxSpec(image="base", volumes=[VolumeMount("pool", "/pool")])
+    )
+    assert len(first.core.shared.links(rec.id)) == 1
+    await first.close()
+    assert first.core.shared.links(rec.id) == []  # the links end with the daemon...
+    (mounts_root / "vol-000000000stale").mkdir()  # ...the mounts stay; one nobody uses
+
+    second = start()
+    await second.start()
+    try:
+        # Served again (a running guest's FUSE waits for its next session), the stale
+        # mount swept.
+        [link] = second.core.shared.links(rec.id)
+        assert link.socket_path == backend.share_socket(rec.id, 0)
+        assert second.core.shared.mounts.mounted() == {vid}
+        await second.sandboxes.delete(rec.id)
+        assert second.core.shared.mounts.mounted() == set()
+    finally:
+        await second.close()
