@@ -1,7 +1,9 @@
 """``volumes``: sequential write throughput inside the guest (``dd`` of zeros ending in
 ``fsync``) to an exclusive volume (a raw file) against the sandbox's own disk (a qcow2
-overlay), in the same sandbox and run; and the time of a live grow (QMP block_resize +
-the guest's online ext4 resize) against the guest's ``sync``."""
+overlay), in the same sandbox and run; the same to a shared volume (FUSE in the guest,
+served by hutchd over a virtio-serial port) against the exclusive one; and the time of a
+live grow (QMP block_resize + the guest's online ext4 resize) against the guest's
+``sync``."""
 
 from __future__ import annotations
 
@@ -32,12 +34,15 @@ def run_volumes(ctx: BenchContext) -> BenchResult:
     reps = 2 if ctx.quick else 3
     result = BenchResult(
         "volumes",
-        "exclusive volume vs own disk write throughput; live grow",
+        "exclusive volume vs own disk and shared vs exclusive write throughput; live grow",
         ctx.quick,
         {"mib": mib, "repetitions": reps, **ctx.sandbox_params()},
     )
     name = f"bench-{int(now() * 1000) % 10**9}"
     ctx.client.volumes.create(name, "1G")
+    shared = f"{name}-sh"
+    ctx.client.volumes.create(shared, "1G", kind="shared")
+    shared_mbps: list[float] = []
     volume_mbps: list[float] = []
     disk_mbps: list[float] = []
     grow_s: list[float] = []
@@ -47,12 +52,13 @@ def run_volumes(ctx: BenchContext) -> BenchResult:
             ctx.image,
             vcpus=SANDBOX_VCPUS,
             memory_mib=SANDBOX_MEMORY_MIB,
-            volumes=[f"{name}:/vol"],
+            volumes=[f"{name}:/vol", f"{shared}:/shared"],
             client=ctx.client,
         ) as sb:
             for i in range(reps):
                 volume_mbps.append(_dd_mbps(sb, "/vol/bench.bin", mib))
                 disk_mbps.append(_dd_mbps(sb, "/root/bench.bin", mib))
+                shared_mbps.append(_dd_mbps(sb, "/shared/bench.bin", mib))
                 t0 = now()
                 sb.exec(["sync"])
                 sync_s.append(now() - t0)
@@ -61,10 +67,12 @@ def run_volumes(ctx: BenchContext) -> BenchResult:
                 grow_s.append(now() - t0)
                 ctx.log(
                     f"  rep {i + 1}/{reps}: volume {volume_mbps[-1]:.0f} MB/s, disk "
-                    f"{disk_mbps[-1]:.0f} MB/s, grow {grow_s[-1] * 1000:.0f} ms"
+                    f"{disk_mbps[-1]:.0f} MB/s, shared {shared_mbps[-1]:.1f} MB/s, "
+                    f"grow {grow_s[-1] * 1000:.0f} ms"
                 )
     finally:
         ctx.client.volumes.delete(name)
+        ctx.client.volumes.delete(shared)
     result.metrics = [
         Metric(
             "volume_write",
@@ -73,6 +81,15 @@ def run_volumes(ctx: BenchContext) -> BenchResult:
             f"dd of {mib} MiB + fsync in the guest to an exclusive volume (raw virtio-blk)",
             SampleSet("dd to the volume", volume_mbps),
             SampleSet("dd to the sandbox's own disk (qcow2 overlay), same sandbox", disk_mbps),
+        ),
+        Metric(
+            "shared_write",
+            "MB/s",
+            "higher",
+            f"dd of {mib} MiB + fsync in the guest to a shared volume (FUSE over a "
+            "virtio-serial port, one request at a time, at most 128 KiB each)",
+            SampleSet("dd to the shared volume", shared_mbps),
+            SampleSet("dd to an exclusive volume, same sandbox", volume_mbps),
         ),
         Metric(
             "live_grow",

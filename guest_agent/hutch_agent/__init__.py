@@ -16,7 +16,10 @@ because that mode runs on the host.
 
 Modules: framing (protocol v1 frames), transport (the port), streams (per-request
 flow control), core (the Agent: dispatch and handshake), ops_exec / ops_files (the
-operations), system (clock, entropy), __main__ (entry point).
+operations), system (clock, entropy), __main__ (entry point). Shared volumes:
+ops_sharefs (the mount and its /dev/fuse loop), fuse_fs (FUSE requests to file calls),
+fuse_proto (the kernel's FUSE structs), sharefs_client and sharefs_wire (the channel to
+hutchd; the wire module is a copy of ``src/hutch/storage/sharefs_wire.py``).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from hutch_agent import (
     ops_files,
     ops_process,
     ops_pty,
+    ops_sharefs,
     ops_volumes,
     ops_watch,
 )
@@ -65,6 +66,7 @@ class Agent:
             **ops_archive.OPS,
             **ops_contexts.OPS,
             **ops_volumes.OPS,
+            **ops_sharefs.OPS,
         }
 
     def send(self, data: bytes, stream: Stream | None = None) -> None:

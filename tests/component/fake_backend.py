@@ -96,6 +96,11 @@ class FakeRuntime:
     async def mount_volume(self, serial: str, path: str, *, read_only: bool) -> None:
         self._backend.mounted.setdefault(self.sandbox_id, []).append((serial, path, read_only))
 
+    async def mount_shared(self, slot: int, path: str, *, read_only: bool) -> None:
+        self._backend.mounted.setdefault(self.sandbox_id, []).append(
+            (f"share{slot}", path, read_only)
+        )
+
     async def freeze_volumes(self, guest_paths: list[str]) -> None:
         self._backend.frozen.append((self.sandbox_id, list(guest_paths)))
 
@@ -166,11 +171,17 @@ class FakeBackend:
         self.grown: list[tuple[str, str, str, int]] = []
         self.frozen: list[tuple[str, list[str]]] = []
         self.volumes_of: dict[str, tuple[VolumeDrive, ...]] = {}
+        self.shares_of: dict[str, tuple[int, ...]] = {}
 
     async def start(
-        self, rec: SandboxRecord, image: ImageArtifacts, volumes: Sequence[VolumeDrive] = ()
+        self,
+        rec: SandboxRecord,
+        image: ImageArtifacts,
+        volumes: Sequence[VolumeDrive] = (),
+        shares: Sequence[int] = (),
     ) -> FakeRuntime:
         self.volumes_of[rec.id] = tuple(volumes)
+        self.shares_of[rec.id] = tuple(shares)
         if self.fail_next_start is not None:
             exc, self.fail_next_start = self.fail_next_start, None
             raise exc
@@ -228,6 +239,10 @@ class FakeBackend:
 
     def pause_dir(self, sandbox_id: str) -> Path:
         return self.root / sandbox_id / "pause"
+
+    def share_socket(self, sandbox_id: str, slot: int) -> Path:
+        # Nothing listens there: a link waits for it, as for a VM that is not up yet.
+        return self.root / sandbox_id / f"share{slot}.sock"
 
     def disk_path(self, sandbox_id: str) -> Path:
         """The fake has no disk image: its guest's files are a directory on the host."""

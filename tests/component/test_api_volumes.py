@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from hutch.config import Settings
-from hutch.contract.volumes import VolumeMount
+from hutch.contract.volumes import VolumeKind, VolumeMount
 from hutch.daemon import build_services
 from hutch.guest.client import AgentClient
 from hutch.models import SandboxRecord, SandboxSpec, SandboxState
@@ -55,7 +55,6 @@ async def test_create_list_inspect_delete(api: httpx.AsyncClient, service: Servi
     [
         ({"name": "a", "size": 1}, "greater than or equal"),
         ({"name": "Bad_Name", "size": 64 * MIB}, "name="),
-        ({"name": "a", "size": 64 * MIB, "kind": "shared"}, "'shared' is not available"),
         ({"name": "a", "size": 64 * MIB, "kind": "nfs"}, "exclusive"),
         ({"name": "a", "size": 64 * MIB, "extra": 1}, "Extra inputs"),
     ],
@@ -254,3 +253,108 @@ async def test_volumes_are_per_project(api: httpx.AsyncClient, service: Services
     assert r.status_code == 201, r.text
     assert service.volumes.get(theirs["id"], "other").mounts[0].sandbox_id == r.json()["id"]
     assert service.volumes.get(mine["id"]).mounts == []
+
+
+class DirMounts:
+    """Stands in for the host loop mounts of shared volumes (privileged and VM tests use
+    the real ones): a directory per mounted volume."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.made: list[str] = []
+
+    def mount(self, volume_id: str, image: Path) -> Path:
+        assert image.exists()
+        (self.root / volume_id).mkdir(parents=True, exist_ok=True)
+        self.made.append(volume_id)
+        return self.root / volume_id
+
+    def mounted(self) -> set[str]:
+        return {p.name for p in self.root.iterdir()} if self.root.is_dir() else set()
+
+    def sweep(self, in_use: set[str]) -> list[str]:
+        gone = sorted(self.mounted() - in_use)
+        for vid in gone:
+            (self.root / vid).rmdir()
+        return gone
+
+
+async def test_a_shared_volume_is_mounted_by_many_sandboxes_and_forks(
+    api: httpx.AsyncClient, service: Services, tmp_path: Path
+) -> None:
+    backend = service.backend
+    assert isinstance(backend, FakeBackend)
+    mounts = DirMounts(tmp_path / "shared-mounts")
+    service.core.shared.mounts = mounts
+    r = await api.post("/v1/volumes", json={"name": "pool", "size": 64 * MIB, "kind": "shared"})
+    assert r.status_code == 201 and r.json()["kind"] == "shared", r.text
+    vid = r.json()["id"]
+    body = {"image": "base", "volumes": [{"volume": "pool", "path": "/pool"}]}
+    a = (await api.post("/v1/sandboxes", json=body)).json()["id"]
+    r = await api.post("/v1/sandboxes", json=body)  # at once: no exclusive check
+    assert r.status_code == 201, r.text
+    b = r.json()["id"]
+    for sid in (a, b):
+        # A port, no block device; served from the host mount, mounted by the agent.
+        assert backend.shares_of[sid] == (0,) and backend.volumes_of[sid] == ()
+        assert backend.mounted[sid] == [("share0", "/pool", False)]
+        [link] = service.core.shared.links(sid)
+        assert link.socket_path == backend.share_socket(sid, 0)
+        assert link.root == mounts.root / vid
+    assert mounts.mounted() == {vid}
+    # Fork: allowed, and the children mount it too, each with its own link.
+    r = await api.post(f"/v1/sandboxes/{a}/fork", json={"count": 2})
+    assert r.status_code == 201, r.text
+    children = [c["id"] for c in r.json()["sandboxes"]]
+    users = {u["sandbox_id"] for u in (await api.get("/v1/volumes/pool")).json()["mounted_by"]}
+    assert users == {a, b, *children}
+    assert all(len(service.core.shared.links(c)) == 1 for c in children)
+    # A named snapshot holds no volume: refused; growing a shared volume: refused.
+    r = await api.post(f"/v1/sandboxes/{a}/snapshots", json={"name": "s"})
+    assert r.status_code == 409 and "snapshot is refused" in r.text
+    r = await api.patch("/v1/volumes/pool", json={"size": 128 * MIB})
+    assert r.status_code == 400 and "shared" in r.text
+    # In use: not deleted. Each end stops its links; the last unmounts the volume.
+    assert (await api.delete("/v1/volumes/pool")).status_code == 409
+    for sid in (a, b, *children):
+        assert (await api.delete(f"/v1/sandboxes/{sid}")).status_code == 204
+        assert service.core.shared.links(sid) == []
+    assert backend.frozen == []  # nothing to freeze on a shared mount
+    assert mounts.mounted() == set()
+    assert (await api.delete("/v1/volumes/pool")).status_code == 204
+
+
+async def test_a_restart_serves_adopted_sandboxes_shared_volumes_again(
+    settings: Settings, tmp_path: Path
+) -> None:
+    backend = Adopting(tmp_path / "run")
+    mounts_root = tmp_path / "shared-mounts"
+
+    def start() -> Services:
+        svc = build_services(settings, Store(settings.db_path), backend, FakeImages(tmp_path))
+        svc.core.shared.mounts = DirMounts(mounts_root)
+        return svc
+
+    first = start()
+    await first.start()
+    vid = (await first.volumes.create("pool", 64 * MIB, VolumeKind.SHARED)).volume.id
+    rec = await first.sandboxes.create(
+        SandboxSpec(image="base", volumes=[VolumeMount("pool", "/pool")])
+    )
+    assert len(first.core.shared.links(rec.id)) == 1
+    await first.close()
+    assert first.core.shared.links(rec.id) == []  # the links end with the daemon...
+    (mounts_root / "vol-000000000stale").mkdir()  # ...the mounts stay; one nobody uses
+
+    second = start()
+    await second.start()
+    try:
+        # Served again (a running guest's FUSE waits for its next session), the stale
+        # mount swept.
+        [link] = second.core.shared.links(rec.id)
+        assert link.socket_path == backend.share_socket(rec.id, 0)
+        assert second.core.shared.mounts.mounted() == {vid}
+        await second.sandboxes.delete(rec.id)
+        assert second.core.shared.mounts.mounted() == set()
+    finally:
+        await second.close()

@@ -76,6 +76,7 @@ MODULES_DEP = "\n".join(
             ]
         ),
         "kernel/net/core/failover.ko:",
+        "kernel/fs/fuse/fuse.ko:",
         "kernel/fs/ext4/ext4.ko.xz: "
         + " ".join(
             [
@@ -107,6 +108,7 @@ def test_virtio_order_matches_the_design() -> None:
         "virtio_net.ko",
         "virtio_console.ko",
         "virtio-rng.ko",
+        "fuse.ko",  # shared volumes (guest_agent ops_sharefs)
     ]
 
 

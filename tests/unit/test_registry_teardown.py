@@ -44,6 +44,9 @@ class Host:
     async def detach(self, sandbox_id: str) -> None:
         self._call("network")
 
+    def share_socket(self, sandbox_id: str, slot: int) -> Path:
+        return Path("/nonexistent") / sandbox_id / f"share{slot}.sock"
+
 
 class FakeRuntime:
     def __init__(self, host: Host) -> None:

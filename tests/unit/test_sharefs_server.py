@@ -25,6 +25,7 @@ from hutch.storage.sharefs_server import (
     serve_stream,
 )
 from hutch.storage.sharefs_wire import (
+    HELLO,
     MAGIC,
     MAX_FRAME,
     MAX_IO,
@@ -33,6 +34,7 @@ from hutch.storage.sharefs_wire import (
     Op,
     decode_reply,
     encode_request,
+    frame,
 )
 
 
@@ -170,7 +172,7 @@ def test_dotdot_and_absolute_paths_from_a_hostile_frame(guest: Guest, tree: Path
     for path in (b"..", b"../outside", b"d/../../outside", b"/etc/passwd", b"d//f"):
         body = struct.pack("<IH", 5, Op.OPEN) + len(path).to_bytes(2, "little") + path
         body += struct.pack("<I", os.O_RDONLY)
-        err, _ = guest.raw(MAGIC + len(body).to_bytes(4, "little") + body, Op.OPEN)
+        err, _ = guest.raw(frame(body), Op.OPEN)
         assert err == errno.EINVAL, path
 
 
@@ -270,7 +272,7 @@ def test_bounds_on_sizes_and_offsets(guest: Guest) -> None:
 
 def test_an_oversize_frame_gets_emsgsize_and_the_session_goes_on(guest: Guest) -> None:
     huge = MAX_FRAME + 1
-    head = MAGIC + huge.to_bytes(4, "little") + struct.pack("<IH", 41, Op.WRITE)
+    head = MAGIC + huge.to_bytes(4, "little") + b"crc!" + struct.pack("<IH", 41, Op.WRITE)
     out = guest.s.feed(head)
     (reply,) = FrameDecoder().feed(out)
     assert decode_reply(Op.WRITE, reply) == (41, errno.EMSGSIZE, ())  # type: ignore[arg-type]
@@ -321,6 +323,8 @@ async def test_serve_stream_answers_pipelined_requests_and_closes_handles(tree: 
             got += [r for r in dec.feed(await g_reader.read(65536)) if isinstance(r, bytes)]
         return got
 
+    (hello,) = await replies(1)
+    assert frame(hello) == HELLO  # a new connection starts with the server's HELLO
     g_writer.write(encode_request(1, Op.OPEN, b"d/f", os.O_RDONLY) + b"junk")
     await g_writer.drain()
     (opened,) = await replies(1)
@@ -336,3 +340,19 @@ async def test_serve_stream_answers_pipelined_requests_and_closes_handles(tree: 
     await g_writer.wait_closed()
     await asyncio.wait_for(task, 10)
     assert session.open_handles == 0
+
+
+def test_a_repeat_of_the_last_request_is_answered_without_running_it_again(tree: Path) -> None:
+    # The guest repeats the request it waited on when a new session says HELLO; when
+    # this session had served it already, running it again would create twice.
+    s = ShareFsSession(tree)
+    req = encode_request(7, Op.MKDIR, b"once", 0o755)
+    first = s.feed(req)
+    assert decode_reply(Op.MKDIR, FrameDecoder().feed(first)[0])[1] == 0  # type: ignore[arg-type]
+    assert s.feed(req) == first  # the saved reply, not EEXIST
+    other = s.feed(encode_request(8, Op.MKDIR, b"once", 0o755))
+    assert decode_reply(Op.MKDIR, FrameDecoder().feed(other)[0])[1] == errno.EEXIST  # type: ignore[arg-type]
+    # Only the last one is saved: an older id runs again.
+    again = s.feed(req)
+    assert decode_reply(Op.MKDIR, FrameDecoder().feed(again)[0])[1] == errno.EEXIST  # type: ignore[arg-type]
+    s.close()

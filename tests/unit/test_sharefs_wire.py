@@ -10,6 +10,7 @@ import struct
 import pytest
 
 from hutch.storage.sharefs_wire import (
+    HELLO,
     MAGIC,
     MAX_FRAME,
     MAX_IO,
@@ -48,7 +49,7 @@ def test_every_request_round_trips(op: Op) -> None:
 def test_replies_round_trip_attrs_and_dir_entries() -> None:
     attr = Attr(1, 0o100644, 1, 1000, 1000, 5, 8, 1, 2, 3)
     assert decode_reply(Op.STAT, _body(encode_reply(3, Op.STAT, 0, attr))) == (3, 0, (attr,))
-    entries = (DirEntry(1, 0o40755, b"a"), DirEntry(2, 0o100600, b"b"))
+    entries = (DirEntry(1, 12, 0o40755, b"a"), DirEntry(2, 13, 0o100600, b"b"))
     assert decode_reply(Op.READDIR, _body(encode_reply(4, Op.READDIR, 0, entries))) == (
         4,
         0,
@@ -115,14 +116,14 @@ def test_decoder_reassembles_byte_by_byte_and_skips_garbage() -> None:
 def test_decoder_discards_an_oversize_frame_without_buffering_it() -> None:
     dec = FrameDecoder()
     huge = MAX_FRAME * 8
-    head = MAGIC + huge.to_bytes(4, "little") + struct.pack("<IH", 77, Op.WRITE)
+    head = MAGIC + huge.to_bytes(4, "little") + b"crc!" + struct.pack("<IH", 77, Op.WRITE)
     out = dec.feed(head)
     assert out == [Oversize(77, huge)]
     chunk = b"\xaa" * 65536
-    sent = len(head) - 8
+    sent = len(head) - 12
     while sent + len(chunk) <= huge:
         assert dec.feed(chunk) == []
-        assert len(dec._buf) <= 8  # nothing of the oversize frame is kept
+        assert len(dec._buf) <= 12  # nothing of the oversize frame is kept
         sent += len(chunk)
     rest = huge - sent
     after = encode_request(78, Op.STATFS)
@@ -162,3 +163,31 @@ def test_mountinfo_parsing_finds_mount_points_with_escapes() -> None:
         "garbage\n"
     )
     assert mount_points(text) == [Path("/mnt/a b"), Path("/state/shared/v1")]
+
+
+def test_a_frame_whose_crc_fails_is_skipped_and_a_frame_inside_it_is_found() -> None:
+    # A reconnect cut a reply short: the next session's HELLO and reply complete it.
+    # Without the CRC the reader would take those bytes for the cut frame's end.
+    cut = encode_reply(9, Op.READ, 0, b"x" * 4000)[:1000]
+    after = HELLO + encode_reply(10, Op.STAT, errno.ENOENT)
+    dec = FrameDecoder(discard_oversize=False)
+    got = dec.feed(cut + after + b"\0" * 4000)
+    assert [struct.unpack_from("<Ii", b) for b in got] == [(0, 0), (10, errno.ENOENT)]  # type: ignore[arg-type]
+
+
+def test_resync_gives_up_on_a_stalled_partial_frame() -> None:
+    # A magic and a length inside data that will never be completed: the reader gives
+    # up after a stall and finds the frames behind it.
+    fake = MAGIC + (60000).to_bytes(4, "little") + b"\0\0\0\0"
+    dec = FrameDecoder(discard_oversize=False)
+    assert dec.feed(fake + HELLO) == []
+    assert dec.pending
+    got = dec.resync()
+    assert got == [HELLO[12:]]
+    assert not dec.pending
+
+
+def test_without_discard_an_oversize_header_is_garbage() -> None:
+    dec = FrameDecoder(discard_oversize=False)
+    head = MAGIC + (MAX_FRAME + 1).to_bytes(4, "little") + b"crc!"
+    assert dec.feed(head + HELLO) == [HELLO[12:]]

@@ -120,3 +120,29 @@ def test_qemu_drops_to_an_unprivileged_user() -> None:
     for bad in ("root;rm", "Hutch", "", "a" * 40, "999:", ":995", "999:995:1", "-1:0"):
         with pytest.raises(InvalidArgument, match="run_as"):
             build_argv(replace(CFG, run_as=bad))
+
+
+def test_shared_volumes_get_a_port_each_and_nothing_changes_without_them() -> None:
+    from hutch.vm.argv import SharePort, VolumeDrive
+
+    plain = build_argv(CFG)
+    # No share: the device set of every sandbox, template and snapshot made before.
+    assert "virtio-serial-device,max_ports=2" in _opt(plain, "-device")
+    assert not any("share" in c for c in _opt(plain, "-chardev"))
+    cfg = replace(
+        CFG,
+        volumes=(VolumeDrive(Path("/v/vol-a.img"), "vol-a", slot=1),),
+        shares=(SharePort(0, Path("/run/s/share0.sock")), SharePort(2, Path("/run/s/share2.sock"))),
+    )
+    argv = build_argv(cfg)
+    devices = _opt(argv, "-device")
+    assert "virtio-serial-device,max_ports=4" in devices
+    assert "virtserialport,chardev=share0,name=org.hutch.vol.0" in devices
+    assert "virtserialport,chardev=share2,name=org.hutch.vol.2" in devices
+    assert "socket,id=share2,path=/run/s/share2.sock,server=on,wait=off" in _opt(argv, "-chardev")
+    # The exclusive volume keeps its mount slot as its drive name (what block_resize takes).
+    assert any(d.startswith("id=vol1,") for d in _opt(argv, "-drive"))
+    with pytest.raises(InvalidArgument, match="distinct"):
+        build_argv(replace(cfg, shares=(SharePort(1, Path("/run/s/x.sock")),)))
+    with pytest.raises(InvalidArgument, match="distinct"):
+        build_argv(replace(cfg, shares=(SharePort(8, Path("/run/s/x.sock")),)))

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from hutch.runtime.qemu.host import read_config, write_config
 from hutch.storage.volumes import VolumeFiles
 from hutch.store import Store
 from hutch.store.volumes import MountRow, VolumeRow, VolumeStore
-from hutch.vm.argv import VmConfig, VolumeDrive, build_argv
+from hutch.vm.argv import SharePort, VmConfig, VolumeDrive, build_argv
 
 MIB = 1024**2
 
@@ -175,5 +176,12 @@ def test_volumes_on_the_command_line_and_in_vm_json(tmp_path: Path) -> None:
     )
     write_config(tmp_path / "vm.json", _cfg(tmp_path, drives))
     assert read_config(tmp_path / "vm.json") == _cfg(tmp_path, drives)
+    # Slots and shared volumes' ports are part of vm.json (a resume restores the same set).
+    with_shares = dataclasses.replace(
+        _cfg(tmp_path, (VolumeDrive(tmp_path / "v", "vol-1", slot=1),)),
+        shares=(SharePort(0, tmp_path / "share0.sock"),),
+    )
+    write_config(tmp_path / "vm.json", with_shares)
+    assert read_config(tmp_path / "vm.json") == with_shares
     with pytest.raises(InvalidArgument, match="serial"):
         build_argv(_cfg(tmp_path, (VolumeDrive(tmp_path / "x", "a" * 21),)))

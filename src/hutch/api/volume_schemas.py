@@ -56,8 +56,9 @@ class VolumeRequest(_Strict):
     )
     kind: VolumeKind = Field(
         default=DEFAULT_VOLUME_KIND,
-        description="`exclusive`: a block device on one sandbox at a time. `shared` is "
-        "refused by this version (see the README).",
+        description="`exclusive`: a block device on one sandbox at a time (fastest; "
+        "fork refused). `shared`: mounted by many sandboxes at once, writes of one seen by "
+        "the others; fork children mount it too; its size cannot grow.",
     )
 
 

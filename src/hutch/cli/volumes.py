@@ -58,7 +58,8 @@ def volume() -> None:
     type=click.Choice([k.value for k in VolumeKind]),
     default=VolumeKind.EXCLUSIVE.value,
     show_default=True,
-    help="exclusive: a block device on one sandbox at a time.",
+    help="exclusive: a block device on one sandbox at a time (fastest). shared: mounted "
+    "by many sandboxes at once, fork children included.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the volume as JSON.")
 def volume_create(name: str, size: str, kind: str, as_json: bool) -> None:

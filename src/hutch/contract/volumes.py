@@ -2,8 +2,8 @@
 
 A volume is a filesystem that outlives sandboxes. ``exclusive``: a block device (a raw
 ext4 image on the host) attached to one sandbox at a time. ``shared``: mounted by many
-sandboxes at once (not served by this version of hutch: refused with a message saying
-so, see ARCHITECTURE.md "Volumes").
+sandboxes at once, served by hutchd as files over a virtio-serial port per mount (FUSE
+in the guest; see ARCHITECTURE.md "Volumes").
 
 Every check raises :class:`~hutch.errors.InvalidArgument` naming the value and what is
 accepted. The REST schemas, the SDK, the CLI and the MCP tools import these.

@@ -551,6 +551,14 @@ class AgentClient:
         )
         return str(reply.get("device", ""))
 
+    async def mount_shared(self, port: str, path: str, *, read_only: bool = False) -> None:
+        """Mount the shared volume served on the virtio-serial port named ``port`` at
+        ``path`` (the guest's FUSE, ``guest_agent/hutch_agent/ops_sharefs.py``); a no-op
+        if it is mounted there already."""
+        await self._request(
+            {"op": "volume_mount_shared", "port": port, "path": path, "read_only": read_only}
+        )
+
     async def freeze_fs(self, paths: list[str]) -> list[str]:
         """Flush and freeze the filesystems mounted at ``paths`` (the VM is about to be
         killed); the paths frozen."""

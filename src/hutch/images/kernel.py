@@ -43,7 +43,9 @@ __all__ = [
 
 KERNEL_METAPACKAGE = "linux-image-cloud-amd64"
 #: Load order the guest needs (design.md); their dependencies are added from modules.dep.
-#: virtio_rng is extra: it lets the VM layer feed host entropy with virtio-rng-device.
+#: virtio_rng is extra: it lets the VM layer feed host entropy with virtio-rng-device;
+#: fuse (no dependencies; devtmpfs then makes /dev/fuse) serves shared volumes in the
+#: guest (guest_agent ops_sharefs).
 VIRTIO_MODULES: tuple[str, ...] = (
     "virtio_ring",
     "virtio",
@@ -54,6 +56,7 @@ VIRTIO_MODULES: tuple[str, ...] = (
     "virtio_net",
     "virtio_console",
     "virtio_rng",
+    "fuse",
 )
 _FORMAT = "kernel-v1"
 

@@ -65,6 +65,10 @@ class Runtime(Protocol):
     async def mount_volume(self, serial: str, path: str, *, read_only: bool) -> None:
         """Mount the attached volume disk ``serial`` at ``path`` in the guest."""
 
+    async def mount_shared(self, slot: int, path: str, *, read_only: bool) -> None:
+        """Mount the shared volume served on the port of mount ``slot`` at ``path`` in
+        the guest (a no-op if it is mounted there: a fork child or a resume has it)."""
+
     async def freeze_volumes(self, guest_paths: list[str]) -> None:
         """Flush and freeze the volume filesystems at ``guest_paths`` before the VM is
         killed, so each is left clean (its journal checkpointed)."""
@@ -125,10 +129,14 @@ class VmBackend(Protocol):
         """The accelerator VMs run with (kvm, tcg)."""
 
     async def start(
-        self, rec: SandboxRecord, image: ImageArtifacts, volumes: Sequence[VolumeDrive] = ()
+        self,
+        rec: SandboxRecord,
+        image: ImageArtifacts,
+        volumes: Sequence[VolumeDrive] = (),
+        shares: Sequence[int] = (),
     ) -> Runtime:
-        """Create the sandbox's disk, boot it with ``volumes`` attached (slot order) and
-        connect to its agent.
+        """Create the sandbox's disk, boot it with ``volumes`` attached and a shared
+        volume's port for each slot in ``shares``, and connect to its agent.
 
         On failure everything acquired so far is released before raising.
         """
@@ -146,6 +154,9 @@ class VmBackend(Protocol):
 
     def pause_dir(self, sandbox_id: str) -> Path:
         """Where a memory-mode pause of this sandbox is saved."""
+
+    def share_socket(self, sandbox_id: str, slot: int) -> Path:
+        """The socket hutchd connects to for the shared volume in mount ``slot``."""
 
     def disk_path(self, sandbox_id: str) -> Path:
         """The sandbox's own disk (a qcow2 overlay on its image)."""

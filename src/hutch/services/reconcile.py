@@ -74,6 +74,15 @@ class Reconciler:
             await self.core.release_volumes(sandbox_id)
         for name in self.core.volume_files.sweep(self.core.volumes.all_ids()):
             log.info("removed the volume file %s: no volume row names it", name)
+        # Shared volumes: serve the live sandboxes again (a running guest's FUSE waits
+        # for its next session; a paused one's link waits for the resume), then unmount
+        # what an earlier daemon left mounted for sandboxes that are gone.
+        for rec in live:
+            try:
+                await self.core.shared.serve(rec.id)
+            except HutchError as exc:
+                log.error("sandbox %s: cannot serve its shared volumes: %s", rec.id, exc)
+        await self.core.shared.sweep()
         rows = [rec for rec in live if rec.state is not SandboxState.PAUSED]
         self.core.states.checking = {rec.id for rec in rows}
         # Read now: a snapshot started after this point is not a leftover.

@@ -30,7 +30,9 @@ from hutch.services.network import NetworkService
 from hutch.services.projects import check_quota
 from hutch.services.secret_box import SecretKey
 from hutch.services.secrets import SecretService
+from hutch.services.shared_volumes import HostMounts, SharedVolumes
 from hutch.services.state import SandboxStates
+from hutch.storage.shared_mounts import SharedMounts
 from hutch.storage.volumes import VolumeFiles
 from hutch.store import Store
 from hutch.store.db import LIVE_STATES
@@ -58,9 +60,12 @@ class SandboxRegistry:
         images: ImageSource,
         net: NetworkService | None = None,
         secrets: SecretService | None = None,
+        host_mounts: HostMounts | None = None,
     ) -> None:
         """``net`` None (tests without root): every sandbox gets network "none";
-        ``secrets`` None: the state dir's (``SecretService`` on ``secrets.key``)."""
+        ``secrets`` None: the state dir's (``SecretService`` on ``secrets.key``);
+        ``host_mounts`` None: shared volumes are loop-mounted under the state dir
+        (``SharedMounts``; component tests pass directories)."""
         self.settings = settings
         self.secrets = secrets or SecretService(
             SecretStore(store), SecretKey(settings.secrets_key_path)
@@ -90,6 +95,13 @@ class SandboxRegistry:
         #: Volumes: their rows and mounts, and their files (``hutch.services.volumes``).
         self.volumes = VolumeStore(store)
         self.volume_files = VolumeFiles(settings.state_dir / "volumes")
+        #: Shared volumes' host mounts and per-sandbox links (``services/shared_volumes``).
+        self.shared = SharedVolumes(
+            self.volumes,
+            self.volume_files,
+            host_mounts or SharedMounts(settings.state_dir / "shared-mounts"),
+            backend.share_socket,
+        )
         # ``clock``: the wall clock of activity, pauses and the reaper (tests move it).
         self.clock: Callable[[], float] = time.time
         # Idle tracking for auto_pause_s and the calls in flight that pause, snapshot and
@@ -267,6 +279,7 @@ class SandboxRegistry:
         self._own(sandbox_id, "volumes", lambda: self.release_volumes(sandbox_id))
 
     async def release_volumes(self, sandbox_id: str) -> None:
+        await self.shared.stop(sandbox_id)  # its VM is gone: nothing reads the sockets
         released = self.volumes.release(sandbox_id)
         if released:
             log.info("sandbox %s released %d volume(s)", sandbox_id, released)
@@ -375,6 +388,7 @@ class SandboxRegistry:
                 await runtime.agent.close()
         self.runtimes.clear()
         self._monitors.clear()
+        await self.shared.close()  # the host mounts stay for the next daemon to serve
 
     # -- snapshot files ----------------------------------------------------------------
 

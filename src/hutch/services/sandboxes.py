@@ -199,7 +199,8 @@ class SandboxService:
                     runtime = await self.core.backend.start_clone(rec, template)
                 else:
                     drives = self.volumes.drives(mounts)
-                    runtime = await self.core.backend.start(rec, image, drives)
+                    shares = self.volumes.share_slots(mounts)
+                    runtime = await self.core.backend.start(rec, image, drives, shares)
                     if templates and not mounts:
                         self._schedule_template(image, spec.shape)
                 self.core.booted(rec.id, runtime)
@@ -244,7 +245,12 @@ class SandboxService:
         filesystems, so each is clean for the next sandbox (a read-only mount cannot
         replay a journal). Best effort, bounded: a guest that does not answer is killed
         anyway, and the next read-write mount replays the journal."""
-        mounts = self.core.volumes.mounts_of_sandbox(sandbox_id)
+        # Shared volumes need nothing: every write went to the host as it was made (the
+        # guest's FUSE has no write-back cache), and the host's ext4 is not the guest's.
+        shared = {(m.slot) for m in self.core.shared.shared_mounts(sandbox_id)}
+        mounts = [
+            m for m in self.core.volumes.mounts_of_sandbox(sandbox_id) if m.slot not in shared
+        ]
         runtime = self.core.runtimes.get(sandbox_id)
         if not mounts or runtime is None:
             return

@@ -63,7 +63,7 @@ class SnapshotService:
         lo, hi = FORK_COUNT_RANGE
         if isinstance(count, bool) or not isinstance(count, int) or not lo <= count <= hi:
             raise InvalidArgument(f"count={count!r} is out of range; accepted: {lo}-{hi}")
-        refuse_copy(self.core, sandbox_id, "fork")
+        refuse_copy(self.core, sandbox_id, "fork", shared_ok=True)
         with because("fork"), self.core.metrics.timed("fork"):
             async with self.lifecycle.running_as_it_was(sandbox_id, "fork") as parent:
                 children = await self._fork_locked(parent, count)
@@ -76,6 +76,7 @@ class SnapshotService:
         return children
 
     async def _fork_locked(self, parent: SandboxRecord, count: int) -> list[SandboxRecord]:
+        shared = self.core.shared.shared_mounts(parent.id)
         async with self.core.create_gate:
             self.core.check_capacity(
                 parent.shape.memory_mib * count,
@@ -103,6 +104,13 @@ class SnapshotService:
                 )
                 self.core.states.insert(child, origin="fork")
                 self.core.own_files(child.id)
+                if shared:
+                    # The children mount the parent's shared volumes, at the same slots
+                    # (their guests have them mounted already, in the memory they share).
+                    self.core.own_volumes(child.id)
+                    self.core.volumes.attach(
+                        child.id, [replace(m, sandbox_id=child.id) for m in shared]
+                    )
                 children.append(child)
         crash_point("fork.rows")
         snapshot_dir = self.core.backend.fork_dir("fork-" + secrets.token_hex(6))
@@ -131,6 +139,7 @@ class SnapshotService:
                             net.policy_of(parent.id),
                             net.networks_of(parent.id),
                         )
+                    await self.core.shared.serve(child.id)  # its own sessions
                     self.core.own_vm(child.id)
                     runtime = await self.core.backend.start_clone(child, snapshot_dir)
                 except BaseException as exc:

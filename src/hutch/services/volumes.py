@@ -5,9 +5,9 @@ A volume belongs to a project and outlives sandboxes. Its file is made before it
 (``hutch.storage.volumes``), so a row always names a complete file. A sandbox's mounts
 are rows written under the create gate with the sandbox's row and released by its
 teardown (the "volumes" step of its TeardownStack, ``services/registry.py``); a volume
-with mount rows cannot be deleted. Why exclusive volumes are block devices, what fork,
-snapshots and pause do with them and why shared volumes are refused here: ARCHITECTURE.md
-"Volumes".
+with mount rows cannot be deleted. Why exclusive volumes are block devices and shared
+ones a file service, and what fork, snapshots and pause do with each: ARCHITECTURE.md
+"Volumes". Shared volumes are served by ``services/shared_volumes.py``.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ __all__ = [
     "VolumeService",
     "mount_all",
     "refuse_copy",
-    "shared_refusal",
 ]
 
 log = logging.getLogger(__name__)
@@ -45,14 +44,6 @@ log = logging.getLogger(__name__)
 #: bytes its volumes will add up to); raises (e.g. ``Capacity``) to refuse. The hook the
 #: per-project quotas of the auth branch plug into; None: no quota.
 QuotaCheck = Callable[[str, int, int], None]
-
-
-def shared_refusal() -> InvalidArgument:
-    return InvalidArgument(
-        "kind 'shared' is not available in this version of hutch: a file service a "
-        "memory-mode pause and fork can keep mounted is not built yet (QEMU 7.2 blocks "
-        "migration with virtiofs or a mounted 9p export); use kind 'exclusive'"
-    )
 
 
 @dataclass(frozen=True)
@@ -113,8 +104,6 @@ class VolumeService:
         validate_name(name)
         validate_size(size_bytes)
         kind = VolumeKind(kind)
-        if kind is VolumeKind.SHARED:
-            raise shared_refusal()
         async with self._lock(f"{project}/{name}"):
             if self.core.volumes.get(project, name) is not None:
                 raise Conflict(
@@ -178,10 +167,22 @@ class VolumeService:
         self.core.volumes.attach(sandbox_id, [p.mount for p in planned])
 
     def drives(self, planned: Sequence[PlannedMount]) -> list[VolumeDrive]:
+        """The exclusive volumes' block devices, each at its mount slot."""
         return [
-            VolumeDrive(self.core.volume_files.path(p.volume.id), p.volume.id, p.mount.read_only)
+            VolumeDrive(
+                self.core.volume_files.path(p.volume.id),
+                p.volume.id,
+                p.mount.read_only,
+                p.mount.slot,
+            )
             for p in planned
+            if p.volume.kind is VolumeKind.EXCLUSIVE
         ]
+
+    @staticmethod
+    def share_slots(planned: Sequence[PlannedMount]) -> list[int]:
+        """The mount slots of shared volumes: a virtio-serial port each."""
+        return [p.mount.slot for p in planned if p.volume.kind is VolumeKind.SHARED]
 
     # -- growing -----------------------------------------------------------------------
 
@@ -201,6 +202,12 @@ class VolumeService:
             )
         if size_bytes == row.size_bytes:
             return self._info(row)
+        if row.kind is VolumeKind.SHARED:
+            raise InvalidArgument(
+                f"volume {row.name!r} is shared: growing a shared volume is not supported "
+                "in this version (its size is fixed at create); create a larger one and "
+                "copy the data"
+            )
         async with self._lock(row.id):
             self._check_quota(project, extra_count=0, extra_bytes=size_bytes - row.size_bytes)
             mounts = self.core.volumes.mounts_of_volume(row.id)
@@ -253,25 +260,46 @@ class VolumeService:
 
 
 async def mount_all(core: SandboxRegistry, sandbox_id: str, runtime: Runtime) -> None:
-    """Mount the sandbox's volumes in its guest (after a boot: create, disk resume)."""
+    """Mount the sandbox's volumes in its guest (after a boot: create, disk resume);
+    shared ones are served from the host first."""
+    await core.shared.serve(sandbox_id)
     for m in core.volumes.mounts_of_sandbox(sandbox_id):
-        await runtime.mount_volume(m.volume_id, m.path, read_only=m.read_only)
+        row = core.volumes.get_by_id(m.volume_id)
+        if row is not None and row.kind is VolumeKind.SHARED:
+            await runtime.mount_shared(m.slot, m.path, read_only=m.read_only)
+        else:
+            await runtime.mount_volume(m.volume_id, m.path, read_only=m.read_only)
 
 
-def refuse_copy(core: SandboxRegistry, sandbox_id: str, action: str) -> None:
-    """Fork and named snapshots of a sandbox with exclusive volumes are refused (see
-    ARCHITECTURE.md "Volumes": one block device cannot be attached to several VMs, and a
-    snapshot holds the sandbox's disk, not its volumes)."""
+def refuse_copy(
+    core: SandboxRegistry, sandbox_id: str, action: str, *, shared_ok: bool = False
+) -> None:
+    """Fork of a sandbox with exclusive volumes, and named snapshots of one with any
+    volume, are refused (see ARCHITECTURE.md "Volumes": one block device cannot be
+    attached to several VMs, and a snapshot holds the sandbox's disk, not its volumes).
+    ``shared_ok`` (fork): shared volumes are fine, the children mount them too."""
     mounts = core.volumes.mounts_of_sandbox(sandbox_id)
-    if not mounts:
-        return
     names = []
     for m in mounts:
         row = core.volumes.get_by_id(m.volume_id)
-        names.append(f"{row.name if row else m.volume_id} at {m.path}")
+        if shared_ok and row is not None and row.kind is VolumeKind.SHARED:
+            continue
+        kind = row.kind.value if row else "unknown"
+        names.append(f"{row.name if row else m.volume_id} ({kind}) at {m.path}")
+    if not names:
+        return
+    if shared_ok:
+        raise Conflict(
+            f"sandbox {sandbox_id} mounts exclusive volume(s) ({', '.join(names)}); "
+            f"{action} is refused for sandboxes with exclusive volumes: an exclusive volume "
+            "is attached to one sandbox at a time, and a copy would not hold its data. Use "
+            "a shared volume (fork children mount it too), or copy the data into the "
+            "sandbox's own disk first"
+        )
     raise Conflict(
-        f"sandbox {sandbox_id} mounts exclusive volume(s) ({', '.join(names)}); {action} is "
-        "refused for sandboxes with exclusive volumes: an exclusive volume is attached to one "
-        "sandbox at a time, and a copy would not hold its data. Copy the data into the "
-        "sandbox's own disk first, or use a sandbox without volumes"
+        f"sandbox {sandbox_id} mounts volume(s) ({', '.join(names)}); {action} is refused "
+        "for sandboxes with volumes: a snapshot holds the sandbox's disk and memory, not "
+        "its volumes, and a restore would pair its page cache with a volume that moved "
+        "on. Copy the data into the sandbox's own disk first, or use a sandbox without "
+        "volumes"
     )

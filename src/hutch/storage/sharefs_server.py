@@ -13,7 +13,10 @@ Hostile input, so:
 - at most ``max_handles`` open files per connection (EMFILE past it), handle numbers are
   never reused, not even across sessions (a random 62-bit base each: a handle the guest
   kept from before a reconnect is EBADF), and all of them close with the connection;
-- every failure is an errno reply: :meth:`ShareFsSession.handle` never raises.
+- every failure is an errno reply: :meth:`ShareFsSession.handle` never raises;
+- a repeat of the last request id is answered from the saved reply, not run again (the
+  guest repeats the request it was waiting on when it sees a new session's HELLO, which
+  may be one this session has served already: ``sharefs_wire``).
 
 The size limit is not enforced here: the tree lives on a filesystem of the volume's size
 (a host-mounted ext4 image), whose ENOSPC reaches the guest as an errno.
@@ -32,6 +35,8 @@ from collections.abc import Callable
 
 from hutch.storage.sharefs_resolve import ConfinedRoot
 from hutch.storage.sharefs_wire import (
+    HELLO,
+    HELLO_ID,
     MAX_DIR_ENTRIES,
     MAX_IO,
     Attr,
@@ -51,6 +56,7 @@ __all__ = [
     "SET_MODE",
     "SET_MTIME",
     "SET_SIZE",
+    "STALL_S",
     "ShareFsSession",
     "serve_stream",
 ]
@@ -58,6 +64,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_HANDLES = 256
+#: A frame whose bytes stop arriving for this long is given up on (``resync``): the
+#: guest writes each request whole, so a gap this long inside one is no request.
+STALL_S = 2.0
 #: SETATTR's ``valid`` bits.
 SET_MODE = 1
 SET_SIZE = 2
@@ -109,6 +118,7 @@ class ShareFsSession:
         # the old session, and they must be EBADF here, never another file's handle.
         self._next_handle = secrets.randbits(62) + 1
         self._decoder = FrameDecoder()
+        self._last: tuple[int, bytes] | None = None  # (request id, its framed reply)
         self._ops: dict[Op, Callable[..., tuple[object, ...]]] = {
             Op.STAT: self._stat,
             Op.READDIR: self._readdir,
@@ -141,10 +151,23 @@ class ShareFsSession:
         self._handles.clear()
         self.root.close()
 
+    @property
+    def pending(self) -> bool:
+        """A request has begun arriving but not ended (see :meth:`resync`)."""
+        return self._decoder.pending
+
+    def resync(self) -> bytes:
+        """The partial request buffered stalled (its bytes stopped for ``STALL_S``): a
+        magic inside data, or a request cut by a reconnect. Give up on it, scan on."""
+        return self._answer(self._decoder.resync())
+
     def feed(self, data: bytes) -> bytes:
         """Bytes from the guest -> the replies to send back (possibly none yet)."""
+        return self._answer(self._decoder.feed(data))
+
+    def _answer(self, items: list[bytes | Oversize]) -> bytes:
         out: list[bytes] = []
-        for item in self._decoder.feed(data):
+        for item in items:
             if isinstance(item, Oversize):
                 log.warning("sharefs: dropped a %d-byte frame (limit exceeded)", item.length)
                 out.append(encode_reply(max(item.req_id, 0), None, errno.EMSGSIZE))
@@ -158,7 +181,16 @@ class ShareFsSession:
         if isinstance(req, Malformed):
             log.info("sharefs: malformed request: %s", req.reason)
             return encode_reply(max(req.req_id, 0), None, req.errno)
-        return self._dispatch(req)
+        if self._last is not None and self._last[0] == req.req_id != HELLO_ID:
+            return self._last[1]
+        reply = self._dispatch(req)
+        self._last = (req.req_id, reply)
+        return reply
+
+    @staticmethod
+    def hello() -> bytes:
+        """What to send first on a new connection (``sharefs_wire.HELLO``)."""
+        return HELLO
 
     def _dispatch(self, req: Request) -> bytes:
         try:
@@ -225,13 +257,13 @@ class ShareFsSession:
             for i in range(offset, len(names)):
                 name = os.fsencode(names[i])
                 try:
-                    mode = os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
                 except FileNotFoundError:  # removed since the listing
                     continue
-                size += 16 + len(name)
+                size += 24 + len(name)
                 if len(entries) >= MAX_DIR_ENTRIES or size > MAX_IO:
                     break
-                entries.append(DirEntry(i + 1, mode, name))
+                entries.append(DirEntry(i + 1, st.st_ino, st.st_mode, name))
             return (tuple(entries),)
         finally:
             os.close(fd)
@@ -413,19 +445,45 @@ _WRITES = frozenset(
 )
 
 
+async def _finish_in_thread(fn: Callable[..., bytes], *args: object) -> bytes:
+    """``fn(*args)`` in a worker thread; if the caller is cancelled meanwhile, wait for
+    the thread before passing the cancellation on: the session's handles close after
+    this, and a call still running would write to a descriptor number that may by then
+    be another file of hutchd's."""
+    fut = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        return await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        await asyncio.wait({fut})
+        raise
+
+
 async def serve_stream(
     reader: asyncio.StreamReader, writer: asyncio.StreamWriter, session: ShareFsSession
 ) -> None:
     """Serve ``session`` on one connection until the peer closes it (a sandbox stopped,
     or QEMU's chardev went away: hutchd reconnects with a new session). Requests are
     answered in order, each in a worker thread (file I/O blocks); the session's handles
-    close when this returns, however it returns."""
+    close when this returns, however it returns. Sends the HELLO first."""
     try:
+        writer.write(session.hello())
+        await writer.drain()
         while True:
-            data = await reader.read(65536)
+            if session.pending:
+                try:
+                    data = await asyncio.wait_for(reader.read(65536), STALL_S)
+                except TimeoutError:
+                    log.info("sharefs: a request stalled half-way; scanning past it")
+                    out = await _finish_in_thread(session.resync)
+                    if out:
+                        writer.write(out)
+                        await writer.drain()
+                    continue
+            else:
+                data = await reader.read(65536)
             if not data:
                 return
-            out = await asyncio.to_thread(session.feed, data)
+            out = await _finish_in_thread(session.feed, data)
             if out:
                 writer.write(out)
                 await writer.drain()

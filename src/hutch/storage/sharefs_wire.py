@@ -11,14 +11,25 @@ Frame layout (integers little-endian)::
     offset size
      0      4   magic b"HSF1"
      4      4   body length L (at most MAX_FRAME)
-     8      L   body
+     8      4   CRC-32 of the body
+    12      L   body
+
+The CRC is what lets a reader find its way again after a reconnect cut a frame short:
+without it, the next session's bytes would complete the cut frame and be taken for its
+end. A frame whose CRC does not match is skipped like garbage.
 
 Request body: ``u32 request id, u16 op`` then the op's arguments (:data:`REQUESTS`).
 Reply body: ``u32 request id, i32 errno`` (0 = success) then, on success only, the
 op's results (:data:`REPLIES`). Argument kinds: ``p`` a path or name (u16 length, bytes),
 ``b`` bytes (u32 length, at most MAX_IO), ``I`` u32, ``Q`` u64, ``q`` i64, ``A`` an
 attribute record (:data:`ATTR`), ``D`` directory entries (u32 count, then ``Q next
-offset, I mode, p name`` each).
+offset, Q inode, I mode, p name`` each).
+
+Every new connection starts with the server's :data:`HELLO` (a reply to request id 0,
+which no request uses): a guest that was waiting for a reply when the channel went away
+(a pause, a fork child, a daemon restart) sends that request again on seeing it, and a
+session answers a repeat of the last request id it served from its saved reply instead
+of running it twice.
 
 Garbage before a magic (bytes left in QEMU's buffers across a reconnect) is skipped; an
 oversize length yields :class:`Oversize` with the request id when it can be read (the
@@ -28,6 +39,7 @@ buffered.
 
 from __future__ import annotations
 
+import binascii
 import errno
 import struct
 from dataclasses import dataclass
@@ -35,6 +47,8 @@ from enum import IntEnum
 
 __all__ = [
     "ATTR",
+    "HELLO",
+    "HELLO_ID",
     "MAGIC",
     "MAX_DIR_ENTRIES",
     "MAX_FRAME",
@@ -67,9 +81,11 @@ MAX_NAME = 255
 MAX_FRAME = MAX_IO + 2 * MAX_PATH + 256
 #: A READDIR page holds at most this many entries (the server also stops at MAX_IO bytes).
 MAX_DIR_ENTRIES = 256
-_HEAD = struct.Struct("<4sI")
+_HEAD = struct.Struct("<4sII")
 _REQ = struct.Struct("<IH")
 _REP = struct.Struct("<Ii")
+#: The request id no request uses: a reply to it is the server's :data:`HELLO`.
+HELLO_ID = 0
 
 
 class Op(IntEnum):
@@ -158,6 +174,7 @@ ATTR = struct.Struct("<QIIIIQQqqq")
 @dataclass(frozen=True)
 class DirEntry:
     next_offset: int
+    ino: int
     mode: int
     name: bytes
 
@@ -260,9 +277,10 @@ def _decode_fields(kinds: str, body: bytes, pos: int) -> tuple[tuple[object, ...
                 raise _Bad(errno.EPROTO, f"{count} directory entries in one reply")
             items: list[DirEntry] = []
             for _ in range(count):
-                (off, mode, name), pos = _decode_fields("QIp", body, pos)
-                assert isinstance(off, int) and isinstance(mode, int) and isinstance(name, bytes)
-                items.append(DirEntry(off, mode, name))
+                (off, ino, mode, name), pos = _decode_fields("QQIp", body, pos)
+                assert isinstance(off, int) and isinstance(ino, int)
+                assert isinstance(mode, int) and isinstance(name, bytes)
+                items.append(DirEntry(off, ino, mode, name))
             out.append(tuple(items))
         else:  # pragma: no cover - the tables above use only these kinds
             raise AssertionError(kind)
@@ -304,7 +322,7 @@ def _encode_fields(kinds: str, values: tuple[object, ...]) -> bytes:
             parts.append(len(value).to_bytes(4, "little"))
             for e in value:
                 assert isinstance(e, DirEntry)
-                parts.append(_encode_fields("QIp", (e.next_offset, e.mode, e.name)))
+                parts.append(_encode_fields("QQIp", (e.next_offset, e.ino, e.mode, e.name)))
         else:  # pragma: no cover
             raise AssertionError(kind)
     return b"".join(parts)
@@ -313,7 +331,11 @@ def _encode_fields(kinds: str, values: tuple[object, ...]) -> bytes:
 def frame(body: bytes) -> bytes:
     if len(body) > MAX_FRAME:
         raise ValueError(f"frame body of {len(body)} bytes exceeds {MAX_FRAME}")
-    return _HEAD.pack(MAGIC, len(body)) + body
+    return _HEAD.pack(MAGIC, len(body), binascii.crc32(body)) + body
+
+
+#: What a server sends first on every connection (see the module docstring).
+HELLO = frame(_REP.pack(HELLO_ID, 0))
 
 
 def encode_request(req_id: int, op: Op, *args: object) -> bytes:
@@ -370,13 +392,32 @@ def decode_reply(op: Op, body: bytes) -> tuple[int, int, tuple[object, ...]]:
 
 class FrameDecoder:
     """Split a byte stream into frame bodies. Buffers at most one frame (MAX_FRAME plus
-    its header); skips garbage before a magic and discards oversize frames as they
-    stream past."""
+    its header); skips garbage before a magic and a frame whose CRC does not match (it
+    scans on from the byte after that magic, so a frame inside the bad one is found).
 
-    def __init__(self) -> None:
+    ``discard_oversize`` (the server): a frame longer than MAX_FRAME yields
+    :class:`Oversize` and its bytes are dropped as they stream past, never buffered.
+    False (the guest, whose server never sends one): such a header is garbage, skipped
+    like any other. :meth:`resync` gives up on a partial frame that stalled."""
+
+    def __init__(self, *, discard_oversize: bool = True) -> None:
         self._buf = bytearray()
         self._discard = 0  # bytes of an oversize frame still to drop
+        self._discard_oversize = discard_oversize
         self.skipped = 0  # garbage bytes dropped while looking for a magic (for logs)
+
+    @property
+    def pending(self) -> bool:
+        """Whether a frame has begun (its magic is buffered) but not ended."""
+        return self._buf.startswith(MAGIC)
+
+    def resync(self) -> list[bytes | Oversize]:
+        """Give up on the partial frame buffered (its magic may have been data, or its
+        end was lost across a reconnect) and scan on from its second byte."""
+        if self._buf:
+            self.skipped += 1
+            del self._buf[:1]
+        return self.feed(b"")
 
     def feed(self, data: bytes) -> list[bytes | Oversize]:
         out: list[bytes | Oversize] = []
@@ -405,8 +446,12 @@ class FrameDecoder:
                 del self._buf[:at]
             if len(self._buf) < _HEAD.size:
                 return out
-            _, length = _HEAD.unpack_from(self._buf, 0)
+            _, length, crc = _HEAD.unpack_from(self._buf, 0)
             if length > MAX_FRAME:
+                if not self._discard_oversize:
+                    self.skipped += 1
+                    del self._buf[:1]
+                    continue
                 have = self._buf[_HEAD.size : _HEAD.size + 4]
                 req_id = int.from_bytes(have, "little") if len(have) == 4 else -1
                 out.append(Oversize(req_id, length))
@@ -415,5 +460,11 @@ class FrameDecoder:
                 continue
             if len(self._buf) < _HEAD.size + length:
                 return out
-            out.append(bytes(self._buf[_HEAD.size : _HEAD.size + length]))
+            body = bytes(self._buf[_HEAD.size : _HEAD.size + length])
+            if binascii.crc32(body) != crc:
+                # Not a frame (a magic inside data, or a frame cut by a reconnect).
+                self.skipped += 1
+                del self._buf[:1]
+                continue
+            out.append(body)
             del self._buf[: _HEAD.size + length]

@@ -20,11 +20,13 @@ __all__ = [
     "MACHINE",
     "MEMORY_BACKEND_ID",
     "SANDBOX",
+    "SharePort",
     "VmConfig",
     "VolumeDrive",
     "build_argv",
     "guest_cmdline",
     "in_cgroups",
+    "share_port_name",
     "volume_drive_id",
 ]
 
@@ -67,6 +69,9 @@ class VolumeDrive:
     path: Path
     serial: str
     read_only: bool = False
+    #: The mount slot (its drive is ``vol<slot>``); None: its index in
+    #: ``VmConfig.volumes`` (configurations saved before shared volumes had slots).
+    slot: int | None = None
 
 
 def volume_drive_id(slot: int) -> str:
@@ -75,6 +80,26 @@ def volume_drive_id(slot: int) -> str:
 
 
 _SERIAL_RE = re.compile(r"^[A-Za-z0-9-]{1,20}$")
+
+
+@dataclass(frozen=True)
+class SharePort:
+    """A shared volume's channel: a virtserialport named ``share_port_name(slot)`` whose
+    chardev is a unix socket server at ``socket`` that hutchd connects to (and connects
+    to again after a restart). Only a virtio-serial port: nothing of the volume is QEMU
+    device state, so a VM with it pauses with memory, forks and restores."""
+
+    slot: int
+    socket: Path
+
+
+def share_port_name(slot: int) -> str:
+    """The port name the guest agent opens for the shared mount in ``slot``."""
+    return f"org.hutch.vol.{slot}"
+
+
+#: Mount slots (exclusive and shared together) a sandbox may have.
+MAX_MOUNT_SLOTS = 8
 
 
 @dataclass(frozen=True)
@@ -136,6 +161,10 @@ class VmConfig:
     #: Volumes, in slot order (``vol0``, ``vol1``, ...). Part of the device set: a VM
     #: saved with them restores only with them (pause/resume keeps them attached).
     volumes: tuple[VolumeDrive, ...] = ()
+    #: Shared volumes' ports, one per shared mount. Part of the device set like
+    #: ``volumes`` (the port count is in ``max_ports``): a VM saved with them restores
+    #: only with them. None of them: the same command line as before they existed.
+    shares: tuple[SharePort, ...] = ()
 
 
 def _opt(path: Path) -> str:
@@ -178,6 +207,20 @@ def _validate(cfg: VmConfig) -> None:
             raise InvalidArgument(f"volume file {str(vol.path)!r} must be an absolute path")
         if not _SERIAL_RE.match(vol.serial):
             raise InvalidArgument(f"volume serial {vol.serial!r}: 1-20 letters, digits, '-'")
+    slots = [v.slot if v.slot is not None else i for i, v in enumerate(cfg.volumes)]
+    slots += [p.slot for p in cfg.shares]
+    if len(set(slots)) != len(slots) or any(
+        isinstance(n, bool) or not 0 <= n < MAX_MOUNT_SLOTS for n in slots
+    ):
+        raise InvalidArgument(
+            f"mount slots {slots} (volumes, then shares): distinct, 0-{MAX_MOUNT_SLOTS - 1}"
+        )
+    for share in cfg.shares:
+        if len(str(share.socket).encode()) > _MAX_SOCKET_PATH:
+            raise InvalidArgument(
+                f"share socket {str(share.socket)!r} is longer than {_MAX_SOCKET_PATH} "
+                "bytes; use a shorter run directory"
+            )
     if cfg.run_as is not None and not _USER_RE.match(cfg.run_as):
         raise InvalidArgument(f"run_as {cfg.run_as!r} is neither a user name nor uid:gid")
     if (
@@ -228,8 +271,8 @@ def _runtime_disk(cfg: VmConfig) -> list[str]:
 
 def _volume_disks(cfg: VmConfig) -> list[str]:
     out: list[str] = []
-    for slot, vol in enumerate(cfg.volumes):
-        drive = volume_drive_id(slot)
+    for index, vol in enumerate(cfg.volumes):
+        drive = volume_drive_id(vol.slot if vol.slot is not None else index)
         ro = "on" if vol.read_only else "off"
         # raw + cache=writeback like the root disk; the guest's flushes reach the file.
         out += [
@@ -238,6 +281,29 @@ def _volume_disks(cfg: VmConfig) -> list[str]:
             "cache=writeback,auto-read-only=off,aio=threads,discard=unmap,detect-zeroes=unmap",
             "-device",
             f"virtio-blk-device,drive={drive},serial={vol.serial}",
+        ]
+    return out
+
+
+def _serial_ports(cfg: VmConfig) -> list[str]:
+    # max_ports: port 0 is reserved for a console, port 1 is the agent, then one per
+    # shared volume (a sandbox without one keeps max_ports=2: the same device set, so
+    # its snapshots and templates stay valid).
+    out = [
+        "-device",
+        f"virtio-serial-device,max_ports={2 + len(cfg.shares)}",
+        "-chardev",
+        f"socket,id=agent,path={_opt(cfg.agent_socket)},server=on,wait=off",
+        "-device",
+        f"virtserialport,chardev=agent,name={AGENT_PORT_NAME}",
+    ]
+    for share in cfg.shares:
+        chardev = f"share{share.slot}"
+        out += [
+            "-chardev",
+            f"socket,id={chardev},path={_opt(share.socket)},server=on,wait=off",
+            "-device",
+            f"virtserialport,chardev={chardev},name={share_port_name(share.slot)}",
         ]
     return out
 
@@ -309,13 +375,7 @@ def build_argv(cfg: VmConfig, qemu_binary: str = "qemu-system-x86_64") -> list[s
         "virtio-blk-device,drive=root",
         *_runtime_disk(cfg),
         *_volume_disks(cfg),
-        # max_ports=2: port 0 is reserved for a console, port 1 is the agent.
-        "-device",
-        "virtio-serial-device,max_ports=2",
-        "-chardev",
-        f"socket,id=agent,path={_opt(cfg.agent_socket)},server=on,wait=off",
-        "-device",
-        f"virtserialport,chardev=agent,name={AGENT_PORT_NAME}",
+        *_serial_ports(cfg),
         # Entropy from the host: without it early userspace blocks on getrandom().
         "-object",
         "rng-random,id=rng0,filename=/dev/urandom",

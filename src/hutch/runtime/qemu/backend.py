@@ -28,7 +28,7 @@ from hutch.runtime.qemu.runtime import QemuRuntime, undo_interrupted_pause
 from hutch.runtime.qemu.snapshots import QemuSnapshotFiles, discard_stale_saves, save_written
 from hutch.runtime.qemu.templates import QemuTemplates, finish_template
 from hutch.storage.overlay import create_overlay
-from hutch.vm.argv import VmConfig, VolumeDrive
+from hutch.vm.argv import SharePort, VmConfig, VolumeDrive
 from hutch.vm.cgroup_driver import record_path
 from hutch.vm.disk_chain import compact_if_deep
 from hutch.vm.process import QemuVm, kill_verified
@@ -66,6 +66,9 @@ class QemuBackend:
     def disk_path(self, sandbox_id: str) -> Path:
         return self.paths(sandbox_id).disk
 
+    def share_socket(self, sandbox_id: str, slot: int) -> Path:
+        return self.paths(sandbox_id).share_socket(slot)
+
     def fork_dir(self, snapshot_id: str) -> Path:
         return self.layout.fork_dir(snapshot_id)
 
@@ -83,7 +86,11 @@ class QemuBackend:
     # -- making a runtime ----------------------------------------------------------------
 
     async def start(
-        self, rec: SandboxRecord, image: ImageArtifacts, volumes: Sequence[VolumeDrive] = ()
+        self,
+        rec: SandboxRecord,
+        image: ImageArtifacts,
+        volumes: Sequence[VolumeDrive] = (),
+        shares: Sequence[int] = (),
     ) -> QemuRuntime:
         p = self.paths(rec.id)
         p.state.mkdir(parents=True, mode=0o700)
@@ -91,7 +98,11 @@ class QemuBackend:
         await asyncio.to_thread(
             create_overlay, image.rootfs, p.disk, rec.shape.disk_gib, image.rootfs_format
         )
-        cfg = dataclasses.replace(self.vm_config(rec, image), volumes=tuple(volumes))
+        cfg = dataclasses.replace(
+            self.vm_config(rec, image),
+            volumes=tuple(volumes),
+            shares=tuple(SharePort(slot, p.share_socket(slot)) for slot in shares),
+        )
         write_config(p.vm_json, cfg)
         vm, agent = await self.booter.boot(cfg, p, rec.name or rec.id)
         return self._runtime(rec, vm, agent)
@@ -168,6 +179,8 @@ class QemuBackend:
             qemu_log=p.qemu_log,
             # A snapshot from before NICs existed restores without one: no network.
             tap=self.tap_of(rec) if template_cfg.nic else None,
+            # The same ports (the device set), each on this sandbox's own socket.
+            shares=tuple(SharePort(s.slot, p.share_socket(s.slot)) for s in template_cfg.shares),
         )
         write_config(p.vm_json, cfg)
         crash_point("clone.disk")

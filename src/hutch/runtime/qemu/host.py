@@ -12,7 +12,7 @@ from typing import Any
 
 from hutch.config import Settings
 from hutch.models import SANDBOX_ID_RE
-from hutch.vm.argv import VmConfig, VolumeDrive
+from hutch.vm.argv import SharePort, VmConfig, VolumeDrive
 
 __all__ = ["HostLayout", "SandboxPaths", "read_config", "write_config"]
 
@@ -60,6 +60,10 @@ class SandboxPaths:
     @property
     def agent_socket(self) -> Path:
         return self.run / "agent.sock"
+
+    def share_socket(self, slot: int) -> Path:
+        """The chardev socket of the shared volume mounted in ``slot``."""
+        return self.run / f"share{slot}.sock"
 
 
 class HostLayout:
@@ -112,8 +116,11 @@ def read_config(path: Path) -> VmConfig | None:
         if data.get("runtime_disk") is not None:
             data["runtime_disk"] = Path(data["runtime_disk"])
         data["volumes"] = tuple(
-            VolumeDrive(Path(v["path"]), v["serial"], bool(v["read_only"]))
+            VolumeDrive(Path(v["path"]), v["serial"], bool(v["read_only"]), v.get("slot"))
             for v in data.get("volumes", ())
+        )
+        data["shares"] = tuple(
+            SharePort(int(v["slot"]), Path(v["socket"])) for v in data.get("shares", ())
         )
         return VmConfig(**data)
     except (OSError, ValueError, TypeError, KeyError):

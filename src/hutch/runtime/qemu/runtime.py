@@ -18,6 +18,7 @@ from hutch.models import PauseMode, SandboxRecord
 from hutch.runtime.qemu.boot import Booter
 from hutch.runtime.qemu.host import SandboxPaths
 from hutch.runtime.qemu.templates import finish_template
+from hutch.vm.argv import share_port_name
 from hutch.vm.console import console_tail
 from hutch.vm.process import QemuVm
 from hutch.vm.snapshot import save_snapshot
@@ -111,6 +112,9 @@ class QemuRuntime:
 
     async def mount_volume(self, serial: str, path: str, *, read_only: bool) -> None:
         await self.agent.mount_volume(serial, path, read_only=read_only)
+
+    async def mount_shared(self, slot: int, path: str, *, read_only: bool) -> None:
+        await self.agent.mount_shared(share_port_name(slot), path, read_only=read_only)
 
     async def freeze_volumes(self, guest_paths: list[str]) -> None:
         await self.agent.freeze_fs(guest_paths)

@@ -17,7 +17,8 @@ __all__ = ["AsyncVolumes"]
 class AsyncVolumes:
     """``client.volumes``: create one, then mount it at create with
     ``Sandbox.create(volumes=["data:/data"])``. ``exclusive`` volumes are block devices on
-    one sandbox at a time; their data outlives the sandbox."""
+    one sandbox at a time; ``shared`` ones are mounted by many sandboxes at once (fork
+    children too). Their data outlives the sandbox."""
 
     def __init__(self, client: AsyncClient) -> None:
         self._client = client

@@ -18,7 +18,8 @@ __all__ = ["Volumes"]
 class Volumes:
     """``client.volumes``: create one, then mount it at create with
     ``Sandbox.create(volumes=["data:/data"])``. ``exclusive`` volumes are block devices on
-    one sandbox at a time; their data outlives the sandbox."""
+    one sandbox at a time; ``shared`` ones are mounted by many sandboxes at once (fork
+    children too). Their data outlives the sandbox."""
 
     def __init__(self, client: Client) -> None:
         self._client = client
