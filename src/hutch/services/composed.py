@@ -21,10 +21,12 @@ Each service takes what it needs in its constructor::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass, field
 from functools import cached_property
 
 from hutch.config import Settings
+from hutch.errors import HutchError
 from hutch.runtime.backend import VmBackend
 from hutch.services.files_extra import FilesExtraService
 from hutch.services.guest_ops import GuestOps
@@ -127,4 +129,7 @@ class Services:
         await self.core.close()
         if self.core.net is not None:
             await self.core.net.close()
+        with contextlib.suppress(HutchError):  # what was counted since the last heartbeat
+            self.core.egress_meter.flush_bytes()
+            self.core.egress_meter.flush_denials(0)
         self.core.backend.close()

@@ -16,6 +16,17 @@ kind               held while                                    quantity
 ``image``          an imported or built image, until removed     GB of its content
 =================  ============================================  ========================
 
+Counted kinds (:data:`COUNTED_KINDS`) are amounts, not quantities held over time: a row
+``[started_at, ended_at]`` holds ``quantity`` bytes counted in that span (the egress meter,
+:mod:`hutch.services.egress_meter`, adds to its latest row for up to
+:data:`COUNTED_ROW_S`), and a window gets the whole row when it contains ``started_at``:
+
+=================  =====================================================================
+``egress``         bytes a sandbox sent out: forwarded from its tap (nft) or relayed by
+                   the egress proxy; priced per GB (``HUTCH_PRICE_EGRESS_GB``)
+``egress_denied``  bytes of its packets nft dropped (not priced)
+=================  =====================================================================
+
 GB is 10^9 bytes (the storage price counts them so); a disk of ``disk_gib`` GiB is
 ``disk_gib * 1.073741824`` GB.
 """
@@ -31,6 +42,8 @@ from hutch.models import PauseMode, SandboxState, Shape
 from hutch.store.meter import IntervalRow
 
 __all__ = [
+    "COUNTED_KINDS",
+    "COUNTED_ROW_S",
     "GROUP_BY",
     "KINDS",
     "Prices",
@@ -47,6 +60,11 @@ GIB_IN_GB = (1 << 30) / 1e9
 #: States in which a sandbox has a QEMU process (billed vCPU and memory).
 COMPUTE_STATES = frozenset({S.RUNNING, S.PAUSING, S.RESUMING})
 KINDS = ("vcpu", "memory", "memory_paused", "disk", "snapshot", "image")
+#: Amounts counted when they happen (bytes), summed rather than multiplied by time.
+COUNTED_KINDS = ("egress", "egress_denied")
+#: A counted row gathers what is counted for this long (at most), then a new row opens:
+#: how far off a window's edge an amount may be attributed.
+COUNTED_ROW_S = 60.0
 GROUP_BY = ("sandbox", "day", "project")
 
 
@@ -117,6 +135,12 @@ class UsageRow:
         elif kind == "image":
             self.image_gb_hours += unit_seconds / 3600
 
+    def count(self, kind: str, amount: float) -> None:
+        if kind == "egress":
+            self.egress_allowed_bytes += round(amount)
+        elif kind == "egress_denied":
+            self.egress_denied_bytes += round(amount)
+
     def price(self, prices: Prices) -> None:
         storage = self.disk_gb_hours + self.snapshot_gb_hours + self.image_gb_hours
         memory = self.memory_gib_seconds + self.paused_memory_gib_seconds
@@ -148,6 +172,12 @@ def _days(start: float, end: float) -> Iterable[tuple[str, float, float]]:
         day += dt.timedelta(days=1)
 
 
+def _key(iv: IntervalRow, group_by: str) -> str:
+    if group_by == "day":
+        return dt.datetime.fromtimestamp(iv.started_at, dt.UTC).date().isoformat()
+    return iv.subject if group_by == "sandbox" else iv.project
+
+
 def usage(
     intervals: Iterable[IntervalRow],
     *,
@@ -164,6 +194,11 @@ def usage(
     rows: dict[str, UsageRow] = {}
     hi = min(end, now)
     for iv in intervals:
+        if iv.kind in COUNTED_KINDS:
+            if start <= iv.started_at < end:  # counted by now: it has a row
+                key = _key(iv, group_by)
+                rows.setdefault(key, UsageRow(key)).count(iv.kind, iv.quantity)
+            continue
         stop = iv.ended_at if iv.ended_at is not None else now
         if group_by == "day":
             parts = [
@@ -171,8 +206,7 @@ def usage(
                 for key, lo, d_hi in _days(max(iv.started_at, start), min(stop, hi))
             ]
         else:
-            key = iv.subject if group_by == "sandbox" else iv.project
-            parts = [(key, overlap(iv.started_at, stop, start, hi))]
+            parts = [(_key(iv, group_by), overlap(iv.started_at, stop, start, hi))]
         for key, seconds in parts:
             if seconds > 0 and not math.isclose(seconds, 0.0, abs_tol=1e-9):
                 rows.setdefault(key, UsageRow(key)).add(iv.kind, seconds * iv.quantity)

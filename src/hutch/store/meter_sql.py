@@ -9,7 +9,14 @@ import sqlite3
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["append_event_in", "close_intervals_in", "last_alive_in", "open_interval_in"]
+__all__ = [
+    "add_amount_in",
+    "append_event_in",
+    "close_intervals_in",
+    "grow_amount_in",
+    "last_alive_in",
+    "open_interval_in",
+]
 
 
 def append_event_in(
@@ -64,3 +71,27 @@ def last_alive_in(db: sqlite3.Connection, subject: str) -> float | None:
         "SELECT MAX(alive_at) FROM meter WHERE subject = ? AND ended_at IS NULL", (subject,)
     ).fetchone()
     return None if row is None or row[0] is None else float(row[0])
+
+
+def add_amount_in(
+    db: sqlite3.Connection, project: str, subject: str, kind: str, amount: float, at: float
+) -> int:
+    """A counted amount (egress bytes), not a held quantity: a closed row [at, at] whose
+    ``quantity`` is the amount; returns its id (:func:`grow_amount_in` adds to it)."""
+    cur = db.execute(
+        "INSERT INTO meter (project, subject, kind, quantity, started_at, ended_at, alive_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (project, subject, kind, amount, at, at, at),
+    )
+    return int(cur.lastrowid or 0)
+
+
+def grow_amount_in(db: sqlite3.Connection, row_id: int, amount: float, at: float) -> bool:
+    """Add ``amount`` to the counted row ``row_id`` (its end moves to ``at``); False if
+    there is no such row (pruned, or another daemon's database)."""
+    cur = db.execute(
+        "UPDATE meter SET quantity = quantity + ?, ended_at = MAX(ended_at, ?) "
+        "WHERE id = ? AND ended_at IS NOT NULL",
+        (amount, at, row_id),
+    )
+    return cur.rowcount > 0
