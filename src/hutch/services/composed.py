@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from hutch.config import Settings
+from hutch.contract.auth import DEFAULT_PROJECT
 from hutch.errors import HutchError
 from hutch.runtime.backend import VmBackend
 from hutch.services.files_extra import FilesExtraService
@@ -112,7 +113,8 @@ class Services:
 
     async def _after_start(self, plan: ReconcilePlan) -> None:
         await self.reconciler.finish_start(plan)
-        default = self.core.image_source.find(self.core.settings.default_image)
+        # The pool warms the default image of project default (a built-in by default).
+        default = self.core.image_source.find(self.core.settings.default_image, DEFAULT_PROJECT)
         if default is not None:
             self.pool.refill(default)
         self.reaper.start()

@@ -117,7 +117,7 @@ class SandboxRegistry:
 
     def guest_defaults(self, rec: SandboxRecord) -> ImageDefaults:
         """What ``rec`` takes from its image config (env, cwd, user, start command)."""
-        return self.image_source.defaults(rec.image)
+        return self.image_source.defaults(rec.image, rec.project)
 
     def secret_env(self, rec: SandboxRecord) -> dict[str, str]:
         """``rec``'s env_secrets as variables, each secret's current version, read now
