@@ -133,5 +133,5 @@ class Services:
             await self.core.net.close()
         with contextlib.suppress(HutchError):  # what was counted since the last heartbeat
             self.core.egress_meter.flush_bytes()
-            self.core.egress_meter.flush_denials(0)
+            self.core.egress_meter.flush_denials(0, force=True)
         self.core.backend.close()

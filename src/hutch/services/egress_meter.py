@@ -111,11 +111,15 @@ class EgressMeter:
             return
         rows[(sid, kind)] = (add_amount_in(db, project, sid, kind, amount, at), at)
 
-    def flush_denials(self, every_s: float) -> None:
-        """Every ``every_s`` (called more often: it waits its turn), one ``egress.denied``
-        event per sandbox denied anything since the last, in one transaction."""
+    def flush_denials(self, every_s: float, *, force: bool = False) -> None:
+        """Every ``every_s`` (called more often: it waits its turn; the first call starts
+        the first interval), one ``egress.denied`` event per sandbox denied anything
+        since the last, in one transaction. ``force``: now (the daemon is stopping)."""
         now = self.clock()
-        if self._denials_at is not None and now - self._denials_at < every_s:
+        if self._denials_at is None and not force:
+            self._denials_at = now
+            return
+        if not force and self._denials_at is not None and now - self._denials_at < every_s:
             return
         window = now - self._denials_at if self._denials_at is not None else None
         self._denials_at = now
