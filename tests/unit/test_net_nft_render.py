@@ -372,7 +372,9 @@ def test_traffic_from_the_qemu_user_is_dropped_only_when_configured() -> None:
 def test_forwarded_bytes_are_counted_per_sandbox_after_the_filter() -> None:
     """The meter's egress bytes: what left the host from a tap (not to another tap), after
     the forward filter accepted it, counted in the sandbox's own tx counter."""
-    script = render_table(RulesetState(config=CFG, host_addrs=(), sandboxes=(sb([]),), networks={}))
+    script = render_table(
+        RulesetState(config=CFG, host_addrs=frozenset(), sandboxes=(sb([]),), networks={})
+    )
     assert _table_chain(script, "sent") == [
         "type filter hook postrouting priority filter; policy accept;",
         "iifname @taps oifname != @taps counter name iifname map @tx_ctr",
