@@ -394,8 +394,8 @@ def test_images_are_per_project_through_the_cli_and_the_sdk(world: World, tmp_pa
     with as_key(d, alpha_key) as alpha:
         sb = alpha.create_sandbox("app", vcpus=1, memory_mib=256)
         try:
-            run = alpha.exec(sb.id, ["cat", "/etc/tag"])
-            assert run.stdout == "alpha", run
+            # The image holds no programs: its own file, read by the agent, says whose it is.
+            assert alpha.read_file(sb.id, "/etc/tag") == b"alpha"
         finally:
             alpha.delete_sandbox(sb.id)
     for key in (alpha_key, beta_key):
