@@ -5,9 +5,10 @@ the change it follows. No imports from the rest of the package (``db`` uses it).
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from hutch.store.backend import Conn
 
 __all__ = [
     "add_amount_in",
@@ -20,7 +21,7 @@ __all__ = [
 
 
 def append_event_in(
-    db: sqlite3.Connection,
+    db: Conn,
     *,
     at: float,
     project: str,
@@ -30,16 +31,16 @@ def append_event_in(
     source: str | None,
     data: Mapping[str, Any],
 ) -> int:
-    cur = db.execute(
+    row = db.execute(
         "INSERT INTO events (at, project, sandbox_id, type, actor, source, data_json) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+        "VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING seq",
         (at, project, sandbox_id, type, actor, source, json.dumps(dict(data))),
-    )
-    return int(cur.lastrowid or 0)
+    ).fetchone()
+    return int(row[0])
 
 
 def open_interval_in(
-    db: sqlite3.Connection, project: str, subject: str, kind: str, quantity: float, at: float
+    db: Conn, project: str, subject: str, kind: str, quantity: float, at: float
 ) -> None:
     """Open ``kind`` for ``subject`` at ``at``; one already open is kept (never two)."""
     db.execute(
@@ -50,22 +51,20 @@ def open_interval_in(
     )
 
 
-def close_intervals_in(
-    db: sqlite3.Connection, subject: str, kinds: Iterable[str], at: float
-) -> None:
+def close_intervals_in(db: Conn, subject: str, kinds: Iterable[str], at: float) -> None:
     """Close the open ``kinds`` of ``subject`` at ``at`` (never before they started)."""
     wanted = list(kinds)
     if not wanted:
         return
     marks = ", ".join("?" for _ in wanted)
     db.execute(
-        f"UPDATE meter SET ended_at = MAX(started_at, ?) "
+        f"UPDATE meter SET ended_at = {db.dialect.greatest('started_at', '?')} "
         f"WHERE subject = ? AND ended_at IS NULL AND kind IN ({marks})",
         (at, subject, *wanted),
     )
 
 
-def last_alive_in(db: sqlite3.Connection, subject: str) -> float | None:
+def last_alive_in(db: Conn, subject: str) -> float | None:
     """The last heartbeat of the subject's open intervals (None: none open)."""
     row = db.execute(
         "SELECT MAX(alive_at) FROM meter WHERE subject = ? AND ended_at IS NULL", (subject,)
@@ -73,24 +72,23 @@ def last_alive_in(db: sqlite3.Connection, subject: str) -> float | None:
     return None if row is None or row[0] is None else float(row[0])
 
 
-def add_amount_in(
-    db: sqlite3.Connection, project: str, subject: str, kind: str, amount: float, at: float
-) -> int:
+def add_amount_in(db: Conn, project: str, subject: str, kind: str, amount: float, at: float) -> int:
     """A counted amount (egress bytes), not a held quantity: a closed row [at, at] whose
     ``quantity`` is the amount; returns its id (:func:`grow_amount_in` adds to it)."""
-    cur = db.execute(
+    row = db.execute(
         "INSERT INTO meter (project, subject, kind, quantity, started_at, ended_at, alive_at) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+        "VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
         (project, subject, kind, amount, at, at, at),
-    )
-    return int(cur.lastrowid or 0)
+    ).fetchone()
+    return int(row[0])
 
 
-def grow_amount_in(db: sqlite3.Connection, row_id: int, amount: float, at: float) -> bool:
+def grow_amount_in(db: Conn, row_id: int, amount: float, at: float) -> bool:
     """Add ``amount`` to the counted row ``row_id`` (its end moves to ``at``); False if
     there is no such row (pruned, or another daemon's database)."""
+    end = db.dialect.greatest("ended_at", "?")
     cur = db.execute(
-        "UPDATE meter SET quantity = quantity + ?, ended_at = MAX(ended_at, ?) "
+        f"UPDATE meter SET quantity = quantity + ?, ended_at = {end} "
         "WHERE id = ? AND ended_at IS NOT NULL",
         (amount, at, row_id),
     )
