@@ -94,6 +94,9 @@ class MeterSettings:
       of the time it ran under a live daemon goes unbilled.
     - ``events_retention_days`` / ``events_max``: the reaper drops events older than the
       one and all but the newest of the other.
+    - ``egress_event_s``: a sandbox's denied egress is one ``egress.denied`` event per
+      this many seconds at most (a summary: counts and the top destinations), whatever
+      the packet rate. Egress bytes are written to the meter every ``heartbeat_s``.
     - ``events``: False turns the event log off (no traces, no audit trail); the meter
       is written all the same. ``bench/`` compares exec round trips with and without.
     """
@@ -103,6 +106,7 @@ class MeterSettings:
     price_storage_gb_hour: float = 0.0001584
     price_egress_gb: float = 0.0
     heartbeat_s: float = 5.0
+    egress_event_s: float = 60.0
     events_retention_days: float = 30.0
     events_max: int = 1_000_000
     events: bool = True
@@ -115,6 +119,7 @@ METER_SETTINGS: dict[str, tuple[tuple[float, float], str]] = {
     "price_storage_gb_hour": ((0.0, 1e6), "USD per GB-hour of storage"),
     "price_egress_gb": ((0.0, 1e6), "USD per GB of egress"),
     "heartbeat_s": ((1.0, 60.0), "seconds between a running VM's meter heartbeats"),
+    "egress_event_s": ((1.0, 3600.0), "seconds a sandbox's egress.denied event sums up"),
     "events_retention_days": ((0.01, 36500.0), "days events are kept"),
     "events_max": ((1000.0, 1e9), "events kept at most"),
 }
@@ -808,6 +813,7 @@ _ENV = {
     "HUTCH_PRICE_STORAGE_GB_HOUR": "price_storage_gb_hour",
     "HUTCH_PRICE_EGRESS_GB": "price_egress_gb",
     "HUTCH_METER_HEARTBEAT_S": "heartbeat_s",
+    "HUTCH_EGRESS_EVENT_S": "egress_event_s",
     "HUTCH_EVENTS_RETENTION_DAYS": "events_retention_days",
     "HUTCH_EVENTS_MAX": "events_max",
     "HUTCH_EVENTS": "events",

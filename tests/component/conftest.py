@@ -44,16 +44,16 @@ class FakeImages:
             size_bytes=1 << 30,
         )
 
-    def find(self, name: str) -> ImageArtifacts | None:
+    def find(self, name: str, project: str = "default") -> ImageArtifacts | None:
         return self.base if name == "base" else None
 
-    def names(self) -> list[str]:
+    def names(self, project: str = "default") -> list[str]:
         return ["base", "devbox"]
 
-    def defaults(self, name: str) -> ImageDefaults:
+    def defaults(self, name: str, project: str = "default") -> ImageDefaults:
         return ImageDefaults()
 
-    def list(self) -> list[ImageView]:
+    def list(self, project: str | None = None) -> list[ImageView]:
         return [
             ImageView("base", "fake base", True, self.base.digest, 1 << 30, "6.1.0-fake"),
             ImageView("devbox", "fake devbox", False, None, None, None),

@@ -151,8 +151,15 @@ class FakeSnapshotFiles:
                 removed.append(snap.name)
         return removed
 
+    #: What size() and estimate() answer (tests change them).
+    size_bytes = 4096
+    estimate_bytes = 4096
+
     def size(self, snapshot_dir: Path) -> int:
-        return 4096
+        return self.size_bytes
+
+    def estimate(self, rec: SandboxRecord) -> int:
+        return self.estimate_bytes
 
 
 class FakeBackend:

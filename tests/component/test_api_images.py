@@ -417,3 +417,73 @@ async def test_two_imports_of_one_name_race_to_one_winner(
     assert "already running" in loser or "already exists" in loser
     assert [i["name"] for i in (await client.get("/v1/images")).json()["images"]].count("race") == 1
     assert not list((tmp_path / "state" / "imports").glob("*"))
+
+
+async def _project_key(client: httpx.AsyncClient, project: str) -> dict[str, str]:
+    r = await client.post("/v1/projects", json={"name": project})
+    assert r.status_code == 201, r.text
+    r = await client.post(f"/v1/projects/{project}/keys", json={"name": "k", "role": "developer"})
+    assert r.status_code == 201, r.text
+    return {"Authorization": f"Bearer {r.json()['secret']}"}
+
+
+async def test_images_are_per_project_and_a_name_may_exist_in_two(
+    served: tuple[httpx.AsyncClient, Services], tmp_path: Path
+) -> None:
+    client, _ = served
+    alpha, beta = await _project_key(client, "alpha"), await _project_key(client, "beta")
+    one, two = tmp_path / "one.tar", tmp_path / "two.tar"
+    write_oci_archive(image("alpha's"), one, tmp_path)
+    write_oci_archive(image("beta's"), two, tmp_path)
+
+    async def up(key: dict[str, str], name: str, path: Path) -> httpx.Response:
+        return await client.post(
+            "/v1/images",
+            params={"name": name},
+            content=path.read_bytes(),  # noqa: ASYNC240 - small test archives
+            headers={"Content-Type": "application/x-tar", **key},
+        )
+
+    def names(r: httpx.Response) -> dict[str, str | None]:
+        assert r.status_code == 200, r.text
+        return {i["name"]: i["project"] for i in r.json()["images"]}
+
+    made = await up(alpha, "app", one)
+    assert made.status_code == 201, made.text
+    assert made.json()["project"] == "alpha"
+    # Only alpha sees and boots it; the built-ins are everyone's.
+    assert names(await client.get("/v1/images", headers=alpha)) == {
+        "base": None, "devbox": None, "app": "alpha",
+    }  # fmt: skip
+    assert names(await client.get("/v1/images", headers=beta)) == {"base": None, "devbox": None}
+    r = await client.post("/v1/sandboxes", json={"image": "app"}, headers=beta)
+    assert r.status_code == 400 and "unknown image 'app'" in r.json()["error"]["message"], r.text
+    r = await client.delete("/v1/images/app", headers=beta)
+    assert r.status_code == 404, r.text
+    r = await client.get("/v1/images", params={"project": "alpha"}, headers=beta)
+    assert r.status_code == 404, r.text
+    # The same name in beta is its own image, with other content.
+    theirs = await up(beta, "app", two)
+    assert theirs.status_code == 201, theirs.text
+    assert theirs.json()["digest"] != made.json()["digest"]
+    # A name of a built-in is never taken.
+    r = await up(beta, "base", two)
+    assert r.status_code == 409 and "built-in" in r.json()["error"]["message"], r.text
+    sandbox = await client.post("/v1/sandboxes", json={"image": "app"}, headers=alpha)
+    assert sandbox.status_code == 201, sandbox.text
+    assert sandbox.json()["image"] == "app"
+    # The admin sees every project's (each naming its project), or one's with ?project=.
+    every = (await client.get("/v1/images")).json()["images"]
+    assert sorted((i["name"], i["project"]) for i in every if i["project"]) == [
+        ("app", "alpha"), ("app", "beta"),
+    ]  # fmt: skip
+    assert names(await client.get("/v1/images", params={"project": "beta"}))["app"] == "beta"
+    # beta's delete leaves alpha's, in use, alone; alpha's is refused while its sandbox lives.
+    assert (await client.delete("/v1/images/app", headers=beta)).status_code == 204
+    r = await client.delete("/v1/images/app", headers=alpha)
+    assert r.status_code == 409 and sandbox.json()["id"] in r.json()["error"]["message"]
+    assert (
+        await client.delete(f"/v1/sandboxes/{sandbox.json()['id']}", headers=alpha)
+    ).status_code == 204
+    assert (await client.delete("/v1/images/app", headers=alpha)).status_code == 204
+    assert leftovers(tmp_path) == []

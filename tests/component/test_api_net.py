@@ -8,6 +8,7 @@ ports but nothing here sends them traffic. Exposed ports really listen on 127.0.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import socket
 from collections.abc import AsyncIterator
@@ -22,6 +23,7 @@ from hutch.config import Settings
 from hutch.contract.views import DenialSpike, EgressEvent, Verdict
 from hutch.daemon import build_services
 from hutch.net.dataplane import MemoryDataplane
+from hutch.net.nft_apply import SandboxCounters
 from hutch.services.composed import Services
 from hutch.services.network import NetworkService as NetworkManager
 from hutch.store import Store
@@ -448,3 +450,53 @@ async def test_rule_counts_and_the_denial_spike_hook(
     assert len(summaries) == 1 and "denial spike" in summaries[0]["reason"]
     r = await api.put(url, json=policy)
     assert r.status_code == 200 and r.json()["rule_counts"] == []
+
+
+async def test_egress_bytes_and_denials_reach_usage_and_the_event_log(
+    api: httpx.AsyncClient, service: Services
+) -> None:
+    """The enforcer's poll turns nft counter growth (set on the in-memory dataplane) into
+    the meter's egress bytes and one egress.denied event, through GET /v1/usage and the
+    event routes; a counter that grows again adds only its growth."""
+    sb = await create(api, egress=["good.test"])
+    net = service.core.net
+    assert net is not None
+    dataplane = net.enforcer.dataplane
+    assert isinstance(dataplane, MemoryDataplane)
+    dataplane.counter_values[sb["id"]] = SandboxCounters(
+        allowed=3, denied=40, denied_bytes=4000, sent_bytes=100_000
+    )
+    for n in range(500):  # a flood of logged denials: still one event
+        net.log.record(
+            EgressEvent(1_800_000_000 + n, sb["id"], "bad.test", 443, "tcp", "bad.test",
+                        "deny", None, "no rule allows bad.test"),
+        )  # fmt: skip
+    net.log.add_bytes(sb["id"], sent=2345)  # what the proxy relayed
+
+    async def usage_row() -> dict[str, Any]:
+        body = (await api.get("/v1/usage", params={"from": "0"})).json()
+        rows = [r for r in body["rows"] if r["key"] == sb["id"]]
+        return rows[0] if rows else {}
+
+    deadline = asyncio.get_running_loop().time() + 20
+    while (await usage_row()).get("egress_allowed_bytes") != 102_345:
+        assert asyncio.get_running_loop().time() < deadline, await usage_row()
+        await asyncio.sleep(0.2)
+        service.core.heartbeat()
+    dataplane.counter_values[sb["id"]] = SandboxCounters(
+        allowed=3, denied=41, denied_bytes=4100, sent_bytes=150_000
+    )
+    while (await usage_row()).get("egress_allowed_bytes") != 152_345:
+        assert asyncio.get_running_loop().time() < deadline, await usage_row()
+        await asyncio.sleep(0.2)
+        service.core.heartbeat()
+    row = await usage_row()
+    assert row["egress_denied_bytes"] == 4100
+    service.core.egress_meter.flush_denials(0, force=True)
+    page = await api.get(f"/v1/sandboxes/{sb['id']}/events", params={"type": "egress.denied"})
+    events = page.json()["events"]
+    assert len(events) == 1, events
+    assert events[0]["data"]["denials"] == 541  # 41 dropped by nft + 500 refused
+    assert events[0]["data"]["top"][0]["destination"] == "bad.test"
+    audit = (await api.get("/v1/events", params={"type": "egress.*"})).json()["events"]
+    assert [e["seq"] for e in audit] == [events[0]["seq"]]

@@ -62,15 +62,15 @@ HAS_MATPLOTLIB = (
 class E2bImages(FakeImages):
     """``base`` and ``devbox`` both built (``code-interpreter-v1`` maps to devbox)."""
 
-    def find(self, name: str) -> ImageArtifacts | None:
+    def find(self, name: str, project: str = "default") -> ImageArtifacts | None:
         if name not in ("base", "devbox"):
             return None
         return ImageArtifacts(**{**self.base.__dict__, "name": name})
 
-    def defaults(self, name: str) -> ImageDefaults:
+    def defaults(self, name: str, project: str = "default") -> ImageDefaults:
         return ImageDefaults()
 
-    def list(self) -> list[ImageView]:
+    def list(self, project: str | None = None) -> list[ImageView]:
         return [
             ImageView(n, "fake", True, self.base.digest, 1 << 30, "6.1.0-fake")
             for n in ("base", "devbox")

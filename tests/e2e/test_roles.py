@@ -28,7 +28,7 @@ import websockets.sync.client as ws_client
 from hutch.api.permissions import ROUTE_PERMISSIONS
 from hutch.contract.auth import ROLE_PERMISSIONS, Role
 from hutch.e2b.keys import e2b_form
-from hutch.errors import QuotaExceeded, Unauthorized
+from hutch.errors import InvalidArgument, QuotaExceeded, Unauthorized
 from hutch.sdk import Client
 from tests.e2e.conftest import _LIVE, Daemon, finalize_daemon, free_port
 
@@ -346,3 +346,58 @@ def test_key_secrets_never_appear_in_logs_events_or_the_state_dir(world: World) 
             if secret.encode() in data:
                 hits.append(f"{path}: {secret[:8]}...")
     assert not hits, hits
+
+
+def test_images_are_per_project_through_the_cli_and_the_sdk(world: World, tmp_path: Path) -> None:
+    """An image imported with alpha's key is alpha's: beta's key neither lists, boots nor
+    deletes it, and beta may import its own image of the same name; the admin lists both.
+    A sandbox boots from alpha's image with alpha's key (a real VM)."""
+    from tests.e2e.test_cli_images import small_image
+    from tests.ocikit import write_docker_archive
+
+    d = world.d
+    alpha_key, beta_key = world.keys[Role.DEVELOPER], world.beta_owner
+
+    def hutch(*args: str, key: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "hutch", *args],
+            env={**d.env, "HUTCH_API_KEY": key},
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+
+    def listed(key: str) -> dict[str, str | None]:
+        out = hutch("images", "--json", key=key)
+        assert out.returncode == 0, out.stderr
+        return {i["name"]: i["project"] for i in json.loads(out.stdout)}
+
+    ours, theirs = tmp_path / "ours.tar", tmp_path / "theirs.tar"
+    write_docker_archive(small_image("alpha"), ours, tag="e2e/app:1")
+    write_docker_archive(small_image("beta"), theirs, tag="e2e/app:1")
+    made = hutch("image", "import", "app", str(ours), "--json", key=alpha_key)
+    assert made.returncode == 0, made.stderr
+    assert json.loads(made.stdout)["project"] == "alpha"
+    assert listed(alpha_key).get("app") == "alpha"
+    assert "app" not in listed(beta_key)
+    with as_key(d, beta_key) as beta, pytest.raises(InvalidArgument, match="unknown image 'app'"):
+        beta.create_sandbox("app", vcpus=1, memory_mib=256)
+    gone = hutch("image", "rm", "app", key=beta_key)
+    assert gone.returncode == 1 and "no image called 'app'" in gone.stderr, gone.stderr
+    other = hutch("image", "import", "app", str(theirs), "--json", key=beta_key)
+    assert other.returncode == 0, other.stderr
+    assert json.loads(other.stdout)["digest"] != json.loads(made.stdout)["digest"]
+    with d.client(timeout=300.0) as admin:
+        every = sorted((i.name, i.project) for i in admin.list_images() if i.project)
+    assert ("app", "alpha") in every and ("app", "beta") in every
+    with as_key(d, alpha_key) as alpha:
+        sb = alpha.create_sandbox("app", vcpus=1, memory_mib=256)
+        try:
+            # The image holds no programs: its own file, read by the agent, says whose it is.
+            assert alpha.read_file(sb.id, "/etc/tag") == b"alpha"
+        finally:
+            alpha.delete_sandbox(sb.id)
+    for key in (alpha_key, beta_key):
+        removed = hutch("image", "rm", "app", key=key)
+        assert removed.returncode == 0, removed.stderr

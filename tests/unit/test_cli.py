@@ -283,9 +283,9 @@ def test_cp_errors(fake: FakeHutch, hutch: Hutch, tmp_path: Path) -> None:
 def test_images(hutch: Hutch) -> None:
     lines = hutch("images").stdout.splitlines()
     assert lines[0].split() == [
-        "NAME", "BUILT", "SIZE", "DIGEST", "KERNEL", "SOURCE", "DESCRIPTION"
+        "NAME", "PROJECT", "BUILT", "SIZE", "DIGEST", "KERNEL", "SOURCE", "DESCRIPTION"
     ]  # fmt: skip
-    assert lines[1].split()[:3] == ["base", "yes", "1.0"]
+    assert lines[1].split()[:4] == ["base", "(built-in)", "yes", "1.0"]
     data = json.loads(hutch("images", "--json").stdout)
     assert [i["name"] for i in data] == ["base", "devbox"]
     assert data[1] == {
@@ -299,6 +299,7 @@ def test_images(hutch: Hutch) -> None:
         "config": None,
         "start": False,
         "created_at": None,
+        "project": None,
     }
 
 

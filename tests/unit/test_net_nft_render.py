@@ -255,7 +255,9 @@ def test_remove_sandbox_is_idempotent_by_construction() -> None:
     )
     for name in ("keep", "keepport"):
         assert f"delete set inet hutch_ab12 a_{KEY}_{name}" in lines
-    for kind, obj in (("nolog", "nolog_ctr"), ("limit", "limit_ctr"), ("deny", "deny_ctr")):
+    for kind, obj in (
+        ("nolog", "nolog_ctr"), ("limit", "limit_ctr"), ("deny", "deny_ctr"), ("tx", "tx_ctr"),
+    ):  # fmt: skip
         added = lines.index(f"add counter inet hutch_ab12 c_{KEY}_{kind}")
         unmapped = lines.index(f'delete element inet hutch_ab12 {obj} {{ "hab120123456789" }}')
         assert added < unmapped < lines.index(f"delete counter inet hutch_ab12 c_{KEY}_{kind}")
@@ -365,3 +367,16 @@ def test_traffic_from_the_qemu_user_is_dropped_only_when_configured() -> None:
     for bad in (0, -1, 1 << 32):
         with pytest.raises(InvalidArgument, match="vmm_uid"):
             replace(CFG, vmm_uid=bad)
+
+
+def test_forwarded_bytes_are_counted_per_sandbox_after_the_filter() -> None:
+    """The meter's egress bytes: what left the host from a tap (not to another tap), after
+    the forward filter accepted it, counted in the sandbox's own tx counter."""
+    script = render_table(
+        RulesetState(config=CFG, host_addrs=frozenset(), sandboxes=(sb([]),), networks={})
+    )
+    assert _table_chain(script, "sent") == [
+        "type filter hook postrouting priority filter; policy accept;",
+        "iifname @taps oifname != @taps counter name iifname map @tx_ctr",
+    ]
+    assert f'add element inet hutch_ab12 tx_ctr {{ "hab120123456789" : "c_{KEY}_tx" }}' in script

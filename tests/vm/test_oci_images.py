@@ -494,7 +494,7 @@ async def test_template_of_an_imported_image(env: Env) -> None:
     """A template is taken after the agent says boot work is done (the image has no
     pgrep or sync to wait with); a create then restores it instead of booting."""
     svc = env.svc
-    image = svc.core.image_source.find("busybox")
+    image = svc.core.image_source.find("busybox", "default")
     assert image is not None and image.runtime_disk is not None
     backend = svc.backend
     assert isinstance(backend, QemuBackend)
@@ -517,7 +517,7 @@ async def test_template_of_an_imported_image(env: Env) -> None:
 
 
 async def test_delete_an_unused_image(env: Env) -> None:
-    image = env.svc.core.image_source.find("busybox")
+    image = env.svc.core.image_source.find("busybox", "default")
     assert image is not None
     backend = env.svc.backend
     assert isinstance(backend, QemuBackend) and backend.templates.find(image, SHAPE)

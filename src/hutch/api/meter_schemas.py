@@ -1,11 +1,15 @@
 """Response bodies of usage (``GET /v1/usage``) and the event log (``GET /v1/events``,
-``GET /v1/sandboxes/{id}/events``). The web console reads exactly these shapes."""
+``GET /v1/sandboxes/{id}/events``). The web console reads exactly these shapes. A usage
+row is the contract's :class:`hutch.contract.usage.UsageRow` itself (one declaration for
+the daemon, this schema and the SDK)."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
+
+from hutch.contract.usage import UsageRow
 
 __all__ = ["Event", "EventList", "Prices", "UsageReport", "UsageRow"]
 
@@ -17,29 +21,6 @@ class Prices(BaseModel):
     gib_hour: float = Field(description="Memory while running and memory state held paused.")
     storage_gb_hour: float = Field(description="Sandbox disks, snapshots and images.")
     egress_gb: float
-
-
-class UsageRow(BaseModel):
-    """One group's quantities and cost over the window. Times are per second: a sandbox
-    running 90 s with 2 vCPUs is ``vcpu_seconds`` 180."""
-
-    key: str = Field(
-        description="The sandbox or snapshot id (image:<project>/<name> for an image), the "
-        "UTC day (YYYY-MM-DD), or the project, as group_by asks; 'total' for the sum."
-    )
-    vcpu_seconds: float
-    memory_gib_seconds: float = Field(description="Guest RAM while the VM runs.")
-    paused_memory_gib_seconds: float = Field(description="Memory state held paused (memory mode).")
-    disk_gb_hours: float
-    snapshot_gb_hours: float
-    image_gb_hours: float
-    egress_allowed_bytes: int
-    egress_denied_bytes: int
-    cost_usd: float
-
-    @classmethod
-    def of(cls, row: Any) -> UsageRow:
-        return cls.model_validate(row, from_attributes=True)
 
 
 class UsageReport(BaseModel):

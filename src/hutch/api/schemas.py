@@ -320,6 +320,11 @@ class Image(BaseModel):
     config: ImageConfigModel | None = None
     start: bool = False
     created_at: dt.datetime | None = None
+    project: str | None = Field(
+        default=None,
+        description="The project the image belongs to (only it sees and boots it); null: "
+        "a built-in image, every project's",
+    )
 
 
 class ImageList(BaseModel):

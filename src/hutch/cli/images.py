@@ -35,17 +35,18 @@ def _bar_columns() -> tuple[TextColumn | BarColumn | TimeElapsedColumn, ...]:
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
 def images(as_json: bool) -> None:
-    """List the image catalog and what is built."""
+    """List the built-in images and the project's own (the admin key: every project's)."""
     found = get_env().client().list_images()
     if as_json:
         print_json([i.to_dict() for i in found])
         return
     table = Table(box=None, pad_edge=False, show_edge=False)
-    for column in ("NAME", "BUILT", "SIZE", "DIGEST", "KERNEL", "SOURCE", "DESCRIPTION"):
+    for column in ("NAME", "PROJECT", "BUILT", "SIZE", "DIGEST", "KERNEL", "SOURCE", "DESCRIPTION"):
         table.add_column(column, no_wrap=True)
     for i in found:
         table.add_row(
             i.name,
+            i.project or "(built-in)",
             "yes" if i.built else "no",
             human_bytes(i.size_bytes),
             (i.digest or "-").removeprefix("sha256:")[:12],

@@ -158,7 +158,7 @@ async def create_sandbox(request: Request, f: FaceDep, who: Creator) -> JSONResp
         raise E2bError(400, "templateID is required (a template name such as 'base')")
     _refuse_unsupported_create_fields(body)
     svc = f.hutch.sandboxes
-    template = resolve_template(template_id, [i.name for i in svc.images()])
+    template = resolve_template(template_id, [i.name for i in svc.images(who.project)])
     timeout = _timeout(opt_int(body, "timeout"), DEFAULT_TIMEOUT_S)
     auto_pause = opt_bool(body, "autoPause", False)
     if auto_pause and opt_bool(body, "autoPauseMemory", True) is False:
@@ -268,7 +268,8 @@ def _listed(f: Face, request: Request, states: set[str], project: str) -> list[S
     recs = [r for r in recs if e2b_state(r) in states]
     template = q.get("template")
     if template:
-        image = resolve_template(template, [i.name for i in f.hutch.sandboxes.images()]).image
+        names = [i.name for i in f.hutch.sandboxes.images(project)]
+        image = resolve_template(template, names).image
         recs = [r for r in recs if r.image == image]
     after = q.get("startedAfter")
     if after:

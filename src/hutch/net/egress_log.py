@@ -5,6 +5,12 @@ Fed by the resolver, the proxy and NFLOG denials (all in the data path's thread,
 API's loop). One lock guards it: every call is a few dict/deque operations. In memory
 only: it starts empty when the daemon starts.
 
+For the meter and the event log it tallies, per sandbox, what the last take left: bytes
+sent out (nft forwarded + proxy relayed) and denied (:meth:`EgressLog.add_bytes`,
+:meth:`EgressLog.take_bytes`), and the denials with a bounded sample of their
+destinations (:meth:`EgressLog.take_denials`): whatever the packet rate, a take is one
+entry per sandbox. A sandbox forgotten (deleted) keeps its tally until it is taken.
+
 It also keeps, per sandbox, the decisions each rule of an ordered policy made (by rule
 index: ``EgressEvent.rule_index``) and watches for *denial spikes*: when the counted
 denials of one sandbox in the current minute (a fixed window) reach ``spike_per_min``,
@@ -23,13 +29,56 @@ from dataclasses import dataclass, field
 from hutch.contract.limits import EGRESS_LOG_MAX
 from hutch.contract.views import DenialSpike, EgressEvent, RuleCount
 
-__all__ = ["DEFAULT_CAPACITY", "SPIKE_WINDOW_S", "EgressLog"]
+__all__ = ["DEFAULT_CAPACITY", "DENIAL_SAMPLE_KEYS", "SPIKE_WINDOW_S", "DenialTally", "EgressLog"]
 
 #: The denial-spike window, in seconds (fixed windows: minute 0, 1, 2, ...).
 SPIKE_WINDOW_S = 60
 
 #: What ``GET .../egress/log`` can return at most (the contract's EGRESS_LOG_MAX).
 DEFAULT_CAPACITY = EGRESS_LOG_MAX
+
+#: Distinct (destination, port, reason) a denial tally keeps; the rest count as "other".
+DENIAL_SAMPLE_KEYS = 32
+
+
+@dataclass(frozen=True)
+class DenialTally:
+    """The denials of one sandbox since the last take: ``denials`` (packets dropped by
+    nft, queries and connections refused by the resolver and the proxy), ``bytes`` (of
+    the dropped packets), ``top`` the most frequent (destination, port, reason, count)
+    of those logged one by one, ``other`` the logged ones past the sample's keys, and
+    ``spike`` whether a denial spike fired meanwhile."""
+
+    denials: int
+    bytes: int
+    top: tuple[tuple[str, int | None, str, int], ...]
+    other: int
+    spike: bool
+
+
+@dataclass
+class _Tally:
+    sent: int = 0
+    denied_bytes: int = 0  # until the next take_bytes
+    denied_seen: int = 0  # until the next take_denials
+    denials: int = 0
+    sample: dict[tuple[str, int | None, str], int] = field(default_factory=dict)
+    other: int = 0
+    spike: bool = False
+
+    @property
+    def empty(self) -> bool:
+        return not (
+            self.sent or self.denied_bytes or self.denied_seen or self.denials
+            or self.sample or self.other
+        )  # fmt: skip
+
+    def note(self, event: EgressEvent) -> None:
+        key = (event.destination, event.port, event.reason)
+        if key in self.sample or len(self.sample) < DENIAL_SAMPLE_KEYS:
+            self.sample[key] = self.sample.get(key, 0) + 1
+        else:
+            self.other += 1
 
 
 @dataclass
@@ -56,6 +105,7 @@ class EgressLog:
     on_spike: Callable[[DenialSpike], None] | None = None
     clock: Callable[[], float] = time.time
     _logs: dict[str, _SandboxLog] = field(default_factory=dict)
+    _tallies: dict[str, _Tally] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -73,7 +123,10 @@ class EgressLog:
                 log.allowed += 1
             elif count:
                 log.denied += 1
+                self._tally(event.sandbox_id).denials += 1
                 spike = self._watch(log, event)
+            if event.verdict == "deny" and event.destination != "-":
+                self._tally(event.sandbox_id).note(event)  # a denial, not a summary line
             if count and event.rule_index is not None:
                 pair = log.rules.setdefault(event.rule_index, [0, 0])
                 pair[0 if event.verdict == "allow" else 1] += 1
@@ -92,6 +145,7 @@ class EgressLog:
         if log.spiked or log.window_denials < self.spike_per_min:
             return None
         log.spiked = True
+        self._tally(event.sandbox_id).spike = True
         return DenialSpike(now, event.sandbox_id, log.window_denials, self.spike_per_min, event)
 
     def _spiked(self, spike: DenialSpike) -> None:
@@ -129,6 +183,64 @@ class EgressLog:
         with self._lock:
             log = self._logs.get(sandbox_id)
             return 0 if log is None else log.rate_limited
+
+    # -- tallies for the meter and the event log -----------------------------------------
+
+    def _tally(self, sandbox_id: str) -> _Tally:
+        tally = self._tallies.get(sandbox_id)
+        if tally is None:
+            tally = self._tallies[sandbox_id] = _Tally()
+        return tally
+
+    def add_bytes(
+        self, sandbox_id: str, *, sent: int = 0, denied: int = 0, denials: int = 0
+    ) -> None:
+        """``sent`` bytes went out for the sandbox (forwarded or relayed), ``denied``
+        bytes of ``denials`` packets were dropped (counted by nft, not recorded here)."""
+        if sent < 0 or denied < 0 or denials < 0:
+            raise ValueError(f"negative tally: sent={sent} denied={denied} denials={denials}")
+        if not (sent or denied or denials):
+            return
+        with self._lock:
+            tally = self._tally(sandbox_id)
+            tally.sent += sent
+            tally.denied_bytes += denied
+            tally.denied_seen += denied
+            tally.denials += denials
+
+    def take_bytes(self) -> dict[str, tuple[int, int]]:
+        """(sent, denied) bytes per sandbox since the last take, and zero them."""
+        out: dict[str, tuple[int, int]] = {}
+        with self._lock:
+            for sid, tally in list(self._tallies.items()):
+                if tally.sent or tally.denied_bytes:
+                    out[sid] = (tally.sent, tally.denied_bytes)
+                    tally.sent = tally.denied_bytes = 0
+                self._drop_if_empty(sid, tally)
+        return out
+
+    def take_denials(self) -> dict[str, DenialTally]:
+        """The denials per sandbox since the last take (sandboxes with none left out),
+        and zero them. ``bytes``: the denied bytes added since the last denial take (the
+        meter takes them with :meth:`take_bytes`, apart)."""
+        out: dict[str, DenialTally] = {}
+        with self._lock:
+            for sid, tally in list(self._tallies.items()):
+                if tally.denials or tally.sample or tally.other:
+                    ranked = sorted(tally.sample.items(), key=lambda kv: (-kv[1], str(kv[0])))
+                    top = tuple((d, p, r, n) for (d, p, r), n in ranked[:5])
+                    other = tally.other + sum(n for _, n in ranked[5:])
+                    out[sid] = DenialTally(
+                        tally.denials, tally.denied_seen, top, other, tally.spike
+                    )
+                    tally.denials, tally.sample, tally.other = 0, {}, 0
+                    tally.spike, tally.denied_seen = False, 0
+                self._drop_if_empty(sid, tally)
+        return out
+
+    def _drop_if_empty(self, sid: str, tally: _Tally) -> None:
+        if sid not in self._logs and tally.empty:
+            del self._tallies[sid]  # forgotten and nothing left to take
 
     def _get(self, sandbox_id: str) -> _SandboxLog:
         log = self._logs.get(sandbox_id)

@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -44,7 +45,7 @@ from hutch.net.datapath import Datapath
 from hutch.net.dataplane import Dataplane, NftDataplane
 from hutch.net.destinations import Forbidden, classify_destination
 from hutch.net.dns import Resolver, SandboxNetInfo
-from hutch.net.egress_log import EgressLog
+from hutch.net.egress_log import DenialTally, EgressLog
 from hutch.net.host_addresses import HostAddressWatcher, is_host_address
 from hutch.net.learning import Learner
 from hutch.net.nflog import LoggedPacket, NflogReader, split_prefix
@@ -131,15 +132,21 @@ class Enforcer:
         self.dataplane: Dataplane = dataplane or NftDataplane()
         self.real = dataplane is None
         self.log = EgressLog(spike_per_min=limits.deny_spike_per_min, on_spike=self._denial_spike)
-        #: Called with every DenialSpike (in the data path's thread): the one place the
-        #: event log's ``egress.denied`` is emitted from, once it exists (see
-        #: ARCHITECTURE.md, egress policies). None: the spike is logged only.
+        #: Called with every DenialSpike (in the data path's thread), for alerts. The
+        #: event log's ``egress.denied`` takes its summaries from :meth:`take_denials`
+        #: instead (a spike is its ``spike`` flag). None: the spike is logged only.
         self.denial_spike_hook: Callable[[DenialSpike], None] | None = None
         self._host_addrs: frozenset[IPv4Address] = frozenset()
         # Host address events arrive in the caller's loop; the data path reads the set
         # (replaced whole) and asks the kernel at each check (_is_host).
         self._host_watch = HostAddressWatcher(host_addresses, self._host_addrs_changed)
         self._counters: dict[str, SandboxCounters] = {}
+        # The byte and denial deltas of the nft counters go to the log's tallies once:
+        # under this lock (the poll in the data path's thread, a removal in the caller's),
+        # never for a sandbox removed after the read began (_gone).
+        self._account_lock = threading.Lock()
+        self._reads = self._accounted = 0
+        self._gone: dict[str, int] = {}
         # What the data path's thread reads: replaced whole by publish(), never changed.
         self._published = Snapshot({}, {}, {})
         self._lock = asyncio.Lock()  # table changes from the caller's loop, one at a time
@@ -257,9 +264,12 @@ class Enforcer:
                 raise
 
     async def remove(self, sb: SandboxNet) -> None:
-        """Delete ``sb``'s table entries and tap. Safe for a sandbox never added."""
+        """Delete ``sb``'s table entries and tap. Safe for a sandbox never added. Its
+        counters are read one last time first, so no byte since the last poll is lost."""
         cfg = self.config()
         async with self._lock:
+            with contextlib.suppress(HutchError):
+                await self._read_counters(last_of=sb.sandbox_id)
             await self.dataplane.remove(cfg, sb)
 
     async def forget(self, sandbox_id: str) -> None:
@@ -327,6 +337,21 @@ class Enforcer:
     def events(self, sandbox_id: str, limit: int) -> list[EgressEvent]:
         return self.log.events(sandbox_id, limit)
 
+    def take_bytes(self) -> dict[str, tuple[int, int]]:
+        """(sent, denied) bytes per sandbox since the last take: forwarded from its tap
+        out of the host (nft) and relayed upstream by the proxy, never both for one
+        byte (proxied traffic is redirected to the host, not forwarded); denied: bytes
+        of the packets nft dropped. Counted by the poll (every ``_COUNTERS_EVERY_S``)."""
+        return self.log.take_bytes()
+
+    def add_back(self, sandbox_id: str, sent: int, denied: int) -> None:
+        """Bytes taken that could not be written: taken again with the next take."""
+        self.log.add_bytes(sandbox_id, sent=sent, denied=denied)
+
+    def take_denials(self) -> dict[str, DenialTally]:
+        """The denials per sandbox since the last take (see :meth:`EgressLog.take_denials`)."""
+        return self.log.take_denials()
+
     # -- what the resolver, the proxy and the learner ask (the data path's thread) -------
 
     def lookup(self, addr: IPv4Address) -> SandboxNetInfo | None:
@@ -383,9 +408,42 @@ class Enforcer:
             if time.monotonic() - polled >= _COUNTERS_EVERY_S:
                 polled = time.monotonic()
                 with contextlib.suppress(HutchError):
-                    self._counters = await self.dataplane.counters(self.config())
+                    await self._read_counters()
                     self.summaries.kernel(self._counters)
             await asyncio.sleep(_REFUSALS_EVERY_S)
+
+    async def _read_counters(self, last_of: str | None = None) -> None:
+        """Read the nft counters; their growth since the last read goes to the log's
+        tallies. ``last_of``: that sandbox is about to be removed (counted now, and
+        never again: a read that still sees it must not count it from zero)."""
+        with self._account_lock:
+            self._reads += 1
+            seq = self._reads
+        counters = await self.dataplane.counters(self.config())
+        with self._account_lock:
+            if seq < self._accounted:
+                return  # a newer read was counted meanwhile: this one is stale
+            self._accounted = seq
+            previous = self._counters
+            for sid, now in counters.items():
+                if sid in self._gone and sid != last_of:
+                    continue  # counted to its end already
+                before = previous.get(sid, SandboxCounters(0, 0))
+                self.log.add_bytes(
+                    sid,
+                    sent=_grew(before.sent_bytes, now.sent_bytes),
+                    denied=_grew(before.denied_bytes, now.denied_bytes),
+                    denials=_grew(before.denied, now.denied),
+                )
+            merged = dict(counters)
+            if last_of is not None:
+                self._gone[last_of] = seq
+                merged.pop(last_of, None)
+            for sid in [s for s in self._gone if s not in counters and self._gone[s] < seq]:
+                # Gone from the table for a read begun after its removal: no later read
+                # sees it (polls run one at a time, so none begun earlier is pending).
+                del self._gone[sid]
+            self._counters = merged
 
     def _account_refusals(self) -> None:
         self.summaries.take_refused(
@@ -443,3 +501,8 @@ _REASONS = {
         "is not checked); HTTPS over TCP works"
     ),
 }
+
+
+def _grew(before: int, now: int) -> int:
+    """How much a counter grew (one that went down was re-created: all of it)."""
+    return now - before if now >= before else now

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 from hutch.net.http_head import BodyFramer, HeadError, RequestHead
 
@@ -24,7 +25,11 @@ _CHUNK = 64 * 1024
 
 
 async def _upload(
-    guest: asyncio.StreamReader, up: asyncio.StreamWriter, framer: BodyFramer, first: bytes
+    guest: asyncio.StreamReader,
+    up: asyncio.StreamWriter,
+    framer: BodyFramer,
+    first: bytes,
+    sent: Callable[[int], None],
 ) -> None:
     """The body, exactly as framed. Whatever the guest sends after it (a pipelined or
     smuggled request) is read and dropped; the guest's EOF is passed on as a half-close,
@@ -34,6 +39,7 @@ async def _upload(
         if data:
             take = framer.feed(data)
             up.write(data[:take])
+            sent(take)
             await up.drain()
             if framer.done:
                 break  # the rest of ``data`` is never sent
@@ -63,13 +69,19 @@ async def relay_one_request(
     up_writer: asyncio.StreamWriter,
     request: RequestHead,
     buffered: bytes,
+    *,
+    sent: Callable[[int], None] = lambda count: None,
 ) -> str | None:
     """Send ``request`` (``buffered``: bytes read after its head) upstream and relay the
     answer until the server closes (or, after the guest closed, ends its answer).
     Returns None, or why the body was cut (a malformed chunked body: the connection is
-    closed at once, nothing more is sent)."""
+    closed at once, nothing more is sent). ``sent`` is told every count of bytes
+    written upstream (the meter's egress)."""
     up_writer.write(request.head)
-    upload = asyncio.create_task(_upload(guest_reader, up_writer, BodyFramer(request), buffered))
+    sent(len(request.head))
+    upload = asyncio.create_task(
+        _upload(guest_reader, up_writer, BodyFramer(request), buffered, sent)
+    )
     download = asyncio.create_task(_download(up_reader, guest_writer))
     try:
         done, _ = await asyncio.wait({upload, download}, return_when=asyncio.FIRST_COMPLETED)

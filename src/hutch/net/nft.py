@@ -24,6 +24,9 @@ One table per daemon, ``inet hutch_<tag>``; every change is one script = one ato
     peers                    ip saddr @net_<nid> ip daddr @net_<nid> accept (per network)
     ingress                  to a tap: established flows of the current policy ok
                              (est_vmap), rest dropped (inbound is closed)
+  sent (filter, postrouting) forwarded from a tap out of the host (not to another tap):
+                             bytes counted per sandbox (``c_<key>_tx``): what it sent
+                             that the filter accepted, for the meter
   postrouting (nat, srcnat)  ip saddr @pool oifname != @taps masquerade
 
 ``<key>`` is the sandbox id's 12 hex digits, ``<nid>`` the network id's. Every denial is
@@ -41,7 +44,9 @@ dropped for any reason, shared rules included via the ``deny_ctr`` map),
 ``c_<key>_nolog`` (of those, the ones past the log budget: not logged one by one) and
 ``c_<key>_limit`` (DNS packets and new resolver/proxy connections dropped past the kernel
 ceiling, :data:`KERNEL_CEILING` times the daemon's limits; not denials, so not in
-``deny``).
+``deny``), ``c_<key>_tx`` (packets and bytes forwarded from its tap out of the host:
+what the meter bills as egress; redirected DNS and proxy traffic is not forwarded, so the
+proxy counts what it relays itself). Every counter has bytes as well as packets.
 
 Ordering matters: the source check comes before any conntrack accept, so a guest cannot
 inject packets into another sandbox's flows by spoofing its peer's address.
@@ -289,7 +294,7 @@ def _deny(
 # A sandbox's sets, in the order they are flushed and deleted.
 _SETS = ("ip", "ipport", "dns", "dnsport", "keep", "keepport")
 # Its named counters, in the order they are deleted.
-_COUNTERS = ("allow", "deny", "nolog", "limit")
+_COUNTERS = ("allow", "deny", "nolog", "limit", "tx")
 
 # The per-sandbox counters, found by the input interface (shared rules).
 _TAP_DENY = "counter name iifname map @deny_ctr"
@@ -336,6 +341,7 @@ def _sb_names(key: str) -> dict[str, str]:
         "deny": f"c_{key}_deny",
         "nolog": f"c_{key}_nolog",
         "limit": f"c_{key}_limit",
+        "tx": f"c_{key}_tx",
     }
 
 
@@ -352,6 +358,7 @@ def _sb_set_decls(cfg: TableConfig, key: str) -> list[str]:
         f"add counter inet {t} {n['deny']}",
         f"add counter inet {t} {n['nolog']}",
         f"add counter inet {t} {n['limit']}",
+        f"add counter inet {t} {n['tx']}",
         f"add chain inet {t} {n['chain']}",
         f"add chain inet {t} {n['px']}",
         f"add chain inet {t} {n['est']}",
@@ -426,6 +433,7 @@ def _sb_elements(sb: SandboxNet) -> list[tuple[str, str]]:
         ("deny_ctr", f"{tap} : {_q(n['deny'])}"),
         ("nolog_ctr", f"{tap} : {_q(n['nolog'])}"),
         ("limit_ctr", f"{tap} : {_q(n['limit'])}"),
+        ("tx_ctr", f"{tap} : {_q(n['tx'])}"),
     ]
 
 
@@ -501,6 +509,7 @@ def _skeleton(cfg: TableConfig, host_addrs: Iterable[IPv4Address]) -> str:
   map deny_ctr {{ type ifname : counter; }}
   map nolog_ctr {{ type ifname : counter; }}
   map limit_ctr {{ type ifname : counter; }}
+  map tx_ctr {{ type ifname : counter; }}
   set log_budget {{ {_METER} }}
   set dns_meter {{ {_METER} }}
   set conn_meter {{ {_METER} }}
@@ -536,6 +545,10 @@ def _skeleton(cfg: TableConfig, host_addrs: Iterable[IPv4Address]) -> str:
     type filter hook forward priority filter; policy accept;
     iifname {wildcard} jump egress
     oifname {wildcard} jump ingress
+  }}
+  chain sent {{
+    type filter hook postrouting priority filter; policy accept;
+    iifname @taps oifname != @taps counter name iifname map @tx_ctr
   }}
   chain postrouting {{
     type nat hook postrouting priority srcnat; policy accept;
@@ -607,6 +620,7 @@ def render_remove_sandbox(cfg: TableConfig, sb: SandboxNet) -> str:
         f"delete element inet {t} deny_ctr {{ {tap} }}",
         f"delete element inet {t} nolog_ctr {{ {tap} }}",
         f"delete element inet {t} limit_ctr {{ {tap} }}",
+        f"delete element inet {t} tx_ctr {{ {tap} }}",
         f"delete element inet {t} est_vmap {{ {tap} }}",
         f"delete element inet {t} px_vmap {{ {tap} }}",
         f"delete element inet {t} sb_vmap {{ {tap} }}",

@@ -25,7 +25,7 @@ __all__ = [
     "table_exists",
 ]
 
-_COUNTER_RE = re.compile(r"^c_([0-9a-f]{12})_(allow|deny|nolog|limit)$")
+_COUNTER_RE = re.compile(r"^c_([0-9a-f]{12})_(allow|deny|nolog|limit|tx)$")
 _LOCATION_RE = re.compile(r"^/dev/stdin:(\d+):")
 
 
@@ -35,6 +35,8 @@ class SandboxCounters:
     denied: int  # packets dropped (any reason)
     unlogged: int = 0  # of the denied, those past the sandbox's log budget (no NFLOG entry)
     rate_limited: int = 0  # DNS packets / new resolver+proxy connections past the ceiling
+    denied_bytes: int = 0  # bytes of the denied packets
+    sent_bytes: int = 0  # bytes forwarded from the tap out of the host (accepted egress)
 
 
 def _failing_lines(script: str, stderr: str) -> str:
@@ -99,15 +101,17 @@ async def read_counters(tag: str, netns: str | None = None) -> dict[str, Sandbox
             continue
         match = _COUNTER_RE.match(counter.get("name", ""))
         if match:
-            found.setdefault("sb-" + match.group(1), {})[match.group(2)] = int(
-                counter.get("packets", 0)
-            )
+            values = found.setdefault("sb-" + match.group(1), {})
+            values[match.group(2)] = int(counter.get("packets", 0))
+            values[match.group(2) + "_bytes"] = int(counter.get("bytes", 0))
     return {
         sid: SandboxCounters(
             allowed=v.get("allow", 0),
             denied=v.get("deny", 0),
             unlogged=v.get("nolog", 0),
             rate_limited=v.get("limit", 0),
+            denied_bytes=v.get("deny_bytes", 0),
+            sent_bytes=v.get("tx_bytes", 0),
         )
         for sid, v in found.items()
     }

@@ -398,16 +398,24 @@ class EgressProxy:
             )  # fmt: skip
             up_writer.transport.abort()
             return
+        sid = sandbox.sandbox_id
+
+        def sent(count: int) -> None:  # the sandbox's egress, relayed (the meter's bytes)
+            self._log.add_bytes(sid, sent=count)
+
         try:
             if seen.request is not None:
                 body = raw[seen.request.consumed :]
                 request = rewritten[0] if rewritten else seen.request
-                cut = await relay_one_request(reader, writer, up_reader, up_writer, request, body)
+                cut = await relay_one_request(
+                    reader, writer, up_reader, up_writer, request, body, sent=sent
+                )
                 if cut is not None:
                     self._event(sandbox, str(addr), port, "http", seen.name, "deny", rule, cut)
             else:
                 up_writer.write(raw)
-                await pipe_both(reader, writer, up_reader, up_writer)
+                sent(len(raw))
+                await pipe_both(reader, writer, up_reader, up_writer, sent=sent)
         finally:
             self._relays.discard(relay)
             await close_writer(up_writer)
@@ -602,10 +610,17 @@ class EgressProxy:
 # ---- plumbing ---------------------------------------------------------------------------
 
 
-async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-    """Copy until EOF; ``drain`` makes a slow reader slow down the writer (backpressure)."""
+async def _pump(
+    src: asyncio.StreamReader,
+    dst: asyncio.StreamWriter,
+    counted: Callable[[int], None] | None = None,
+) -> None:
+    """Copy until EOF; ``drain`` makes a slow reader slow down the writer (backpressure).
+    ``counted`` is told the size of every chunk written."""
     while data := await src.read(64 * 1024):
         dst.write(data)
+        if counted is not None:
+            counted(len(data))
         await dst.drain()
     if dst.can_write_eof():  # half-close: the other direction may still be talking
         with contextlib.suppress(OSError):
@@ -617,9 +632,12 @@ async def pipe_both(
     a_writer: asyncio.StreamWriter,
     b_reader: asyncio.StreamReader,
     b_writer: asyncio.StreamWriter,
+    *,
+    sent: Callable[[int], None] | None = None,
 ) -> None:
-    """Both directions until both reach EOF or either fails (then both are cut)."""
-    up = asyncio.create_task(_pump(a_reader, b_writer))
+    """Both directions until both reach EOF or either fails (then both are cut).
+    ``sent`` is told the bytes written from a to b."""
+    up = asyncio.create_task(_pump(a_reader, b_writer, sent))
     down = asyncio.create_task(_pump(b_reader, a_writer))
     try:
         await asyncio.wait({up, down}, return_when=asyncio.FIRST_EXCEPTION)

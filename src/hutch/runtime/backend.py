@@ -114,6 +114,10 @@ class SnapshotFiles(Protocol):
     def size(self, snapshot_dir: Path) -> int:
         """Bytes the snapshot holds on disk."""
 
+    def estimate(self, rec: SandboxRecord) -> int:
+        """Bytes a named snapshot of ``rec`` taken now is expected to hold (what a save
+        reserves against the project's quota before its size is known)."""
+
 
 class VmBackend(Protocol):
     @property

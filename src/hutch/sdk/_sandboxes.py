@@ -350,6 +350,8 @@ class ImageInfo:
     config: dict[str, Any] | None = None
     start: bool = False
     created_at: datetime | None = None
+    #: The project it belongs to (only it sees and boots it); None: a built-in image.
+    project: str | None = None
 
     @classmethod
     def from_dict(cls, obj: Any) -> ImageInfo:
@@ -365,6 +367,7 @@ class ImageInfo:
             config=maybe(obj, "config", dict, w),
             start=bool(maybe(obj, "start", bool, w)),
             created_at=moment(obj, "created_at", w),
+            project=maybe(obj, "project", str, w),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -379,6 +382,7 @@ class ImageInfo:
             "config": self.config,
             "start": self.start,
             "created_at": iso(self.created_at),
+            "project": self.project,
         }
 
 

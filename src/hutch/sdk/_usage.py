@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hutch.contract.usage import UsageRow
 from hutch.sdk._core import Call, ClientCore, json_of, one
 from hutch.sdk._errors import ProtocolError
 from hutch.sdk._streams import LineDecoder
@@ -16,40 +17,6 @@ __all__ = ["Event", "EventDecoder", "EventPage", "TimeArg", "Usage", "UsageCalls
 
 #: A time for ``start``/``end``: epoch seconds, a datetime (naive = UTC) or ISO 8601 text.
 TimeArg = float | int | str | dt.datetime
-
-
-@dataclass(frozen=True)
-class UsageRow:
-    """One group's quantities over the window (``*_seconds`` are unit-seconds)."""
-
-    key: str
-    vcpu_seconds: float
-    memory_gib_seconds: float
-    paused_memory_gib_seconds: float
-    disk_gb_hours: float
-    snapshot_gb_hours: float
-    image_gb_hours: float
-    egress_allowed_bytes: int
-    egress_denied_bytes: int
-    cost_usd: float
-
-    @classmethod
-    def from_dict(cls, d: Any) -> UsageRow:
-        try:
-            return cls(
-                key=str(d["key"]),
-                vcpu_seconds=float(d["vcpu_seconds"]),
-                memory_gib_seconds=float(d["memory_gib_seconds"]),
-                paused_memory_gib_seconds=float(d["paused_memory_gib_seconds"]),
-                disk_gb_hours=float(d["disk_gb_hours"]),
-                snapshot_gb_hours=float(d["snapshot_gb_hours"]),
-                image_gb_hours=float(d["image_gb_hours"]),
-                egress_allowed_bytes=int(d["egress_allowed_bytes"]),
-                egress_denied_bytes=int(d["egress_denied_bytes"]),
-                cost_usd=float(d["cost_usd"]),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ProtocolError(f"malformed usage row: {d!r}") from exc
 
 
 @dataclass(frozen=True)

@@ -72,10 +72,10 @@ def base_config(cfg: dict[str, Any]) -> BaseConfig:
 
 
 async def resolve_base(
-    ref: str, where: str, images: HostImages, max_bytes: int, report: Progress
+    ref: str, where: str, images: HostImages, max_bytes: int, report: Progress, *, project: str
 ) -> Base:
     """The FROM image ``ref`` (written at ``where``): ``scratch``, a built-in image (its
-    package tree), an image record of this daemon, or an OCI reference (its manifest and
+    package tree), an image of ``project`` in this daemon, or an OCI reference (its manifest and
     config are fetched now, its layers when :attr:`Base.content` is called). Raises
     ``InvalidDockerfile`` for a name that is neither, ``RegistryError`` for a failed
     pull."""
@@ -85,7 +85,7 @@ async def resolve_base(
     if ref in IMAGES:
         config = BaseConfig(env=(("PATH", DEFAULT_PATH),))
         return Base(ref, config, lambda: builtin_base(ref, images_dir))
-    row = images.row(ref) if "/" not in ref and ":" not in ref else None
+    row = images.row(ref, project) if "/" not in ref and ":" not in ref else None
     if row is not None:
 
         def stored() -> OciContent:

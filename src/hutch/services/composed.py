@@ -21,10 +21,13 @@ Each service takes what it needs in its constructor::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass, field
 from functools import cached_property
 
 from hutch.config import Settings
+from hutch.contract.auth import DEFAULT_PROJECT
+from hutch.errors import HutchError
 from hutch.runtime.backend import VmBackend
 from hutch.services.cluster import ClusterService
 from hutch.services.files_extra import FilesExtraService
@@ -117,7 +120,8 @@ class Services:
         await self.reconciler.finish_start(plan)
         # Uploads a stopped daemon left continue (the snapshot rows are settled now).
         await self.snapshots.blobs.start()
-        default = self.core.image_source.find(self.core.settings.default_image)
+        # The pool warms the default image of project default (a built-in by default).
+        default = self.core.image_source.find(self.core.settings.default_image, DEFAULT_PROJECT)
         if default is not None:
             self.pool.refill(default)
         self.reaper.start()
@@ -136,4 +140,7 @@ class Services:
         await self.core.close()
         if self.core.net is not None:
             await self.core.net.close()
+        with contextlib.suppress(HutchError):  # what was counted since the last heartbeat
+            self.core.egress_meter.flush_bytes()
+            self.core.egress_meter.flush_denials(0, force=True)
         self.core.backend.close()

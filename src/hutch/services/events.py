@@ -19,6 +19,10 @@ Types (stable names)::
     sandbox.file      op: read | write | mkdir | remove | rename, path, bytes
     sandbox.forked    children
     snapshot.created  snapshot, name          snapshot.deleted  snapshot
+    port.exposed      port, host, host_port   port.closed       port
+    egress.denied     denials, bytes, window_s, spike, top: [{destination, port,
+                      reason, count}] (one per sandbox per HUTCH_EGRESS_EVENT_S at
+                      most, whatever the packet rate: see services/egress_meter.py)
 """
 
 from __future__ import annotations
@@ -56,7 +60,8 @@ COMMAND_CHARS = 200
 EVENT_TYPES = (
     "sandbox.created", "sandbox.started", "sandbox.paused", "sandbox.resumed",
     "sandbox.failed", "sandbox.deleted", "sandbox.exec", "sandbox.file", "sandbox.forked",
-    "snapshot.created", "snapshot.deleted", "snapshot.uploaded",
+    "snapshot.created", "snapshot.deleted", "snapshot.uploaded", "port.exposed",
+    "port.closed", "egress.denied",
 )  # fmt: skip
 REDACTED = "[redacted]"
 _KEYS = re.compile(r"\b(?:hk|e2b)_[A-Za-z0-9_-]{8,}")

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from hutch.config import Settings
+from hutch.contract.auth import DEFAULT_PROJECT
 from hutch.contract.limits import BUILD_OUTPUT_TAIL_BYTES, BUILD_TIMEOUT_S_RANGE
 from hutch.errors import (
     BuildFailed,
@@ -107,6 +108,9 @@ class BuildOptions:
     no_cache: bool = False
     start: bool = False
     filename: str | None = None  # the uploaded context's name, for the record
+    #: The project the image goes to (its build sandboxes run, are metered and counted
+    #: against quotas there; FROM may name its images).
+    project: str = DEFAULT_PROJECT
 
 
 def _noop(_: BuildProgress) -> None:
@@ -248,7 +252,7 @@ class ImageBuilder:
         past ``options.timeout_s``, ``Conflict`` for a name taken or being built."""
         try:
             self.check(options)
-            with self.importer.reserve(name, "build"):
+            with self.importer.reserve(name, options.project, "build"):
                 try:
                     async with asyncio.timeout(options.timeout_s) as limit:
                         return await self._build(name, context, options, progress or _noop)
@@ -279,7 +283,8 @@ class ImageBuilder:
             ref, from_ins = base_reference(instructions, options.build_args, df.escape)
             report(BuildProgress("status", f"resolving the base image {ref}"))
             base = await resolve_base(ref, from_ins.raw.where(), self.images,
-                                      self.settings.max_image_bytes, report)  # fmt: skip
+                                      self.settings.max_image_bytes, report,
+                                      project=options.project)  # fmt: skip
             plan = evaluate(instructions, options.build_args, base.config, df.escape)
             sources = await asyncio.to_thread(self._sources, ctx, plan)
             content = await asyncio.to_thread(base.content)
@@ -404,6 +409,7 @@ class ImageBuilder:
                 metadata={BUILD_TAG: build_id, "hutch.build.step": f"{step.number}/{total}"},
                 network=options.network,
                 egress=options.egress,
+                project=options.project,
                 # The build's deadline cuts the step first; this one only bounds a VM
                 # whose builder went away without deleting it.
                 timeout_s=options.timeout_s + 600,
@@ -560,7 +566,7 @@ class ImageBuilder:
         }
         if options.filename:
             source["filename"] = options.filename
-        view = self.importer.record(name, content, source, options.start)
+        view = self.importer.record(name, content, source, options.start, options.project)
         report(BuildProgress("status", f"image {name} is {digest}"))
         if options.no_cache:
             keep_out = self._in_use.get(build_id, set())

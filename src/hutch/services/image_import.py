@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hutch.config import Settings
+from hutch.contract.auth import DEFAULT_PROJECT
 from hutch.errors import Conflict, HutchError, ImageBuildError, InvalidArgument, NotFound
 from hutch.images.catalog import IMAGES
 from hutch.images.oci.archives import open_archive
@@ -84,7 +85,7 @@ class ImageImporter:
         self.settings = settings
         self.images = images
         self.core = core
-        self._busy: set[str] = set()
+        self._busy: set[tuple[str, str]] = set()  # (project, name)
         self._busy_lock = threading.Lock()
         # Records in this daemon's store that use a content directory, by file name
         # under refs/: the images dir may be shared with other daemons.
@@ -104,7 +105,7 @@ class ImageImporter:
         shutil.rmtree(self.spool_dir, ignore_errors=True)
         for name in discard_partial(self.images.images_dir):
             log.info("removed the unfinished image import %s", name)
-        if self.images.store.list():
+        if self.images.store.list_all():
             threading.Thread(target=self._refresh_boot, name="hutch-oci-boot", daemon=True).start()
 
     def _refresh_boot(self) -> None:
@@ -119,31 +120,34 @@ class ImageImporter:
         return self.spool_dir / f"{uuid.uuid4().hex}.tar"
 
     @contextlib.contextmanager
-    def reserve(self, name: str, what: str = "import") -> Any:
-        """Hold ``name`` for one import (or build). Runs with the work (an import's worker
-        thread), so a caller that goes away (a cancelled request) never frees the name
-        while its import still runs."""
+    def reserve(self, name: str, project: str, what: str = "import") -> Any:
+        """Hold ``name`` in ``project`` for one import (or build). Runs with the work (an
+        import's worker thread), so a caller that goes away (a cancelled request) never
+        frees the name while its import still runs. A built-in name is refused."""
         check_name(name)
         if os.geteuid() != 0:
             raise Conflict(
                 f"image {what}s need hutchd to run as root: layers carry file owners, "
                 "setuid bits and device nodes that only root can create"
             )
+        if name in IMAGES:
+            raise Conflict(f"{name!r} is a built-in image; pick another name")
+        held = (project, name)
         with self._busy_lock:
-            if name in self._busy:
+            if held in self._busy:
                 raise Conflict(f"an import or build of image {name!r} is already running")
-            existing = self.images.store.get(name)
+            existing = self.images.store.get(name, project)
             if existing is not None:
                 raise Conflict(
                     f"an image named {name!r} already exists ({existing.digest}); delete it "
                     "first (DELETE /v1/images/{name}) or pick another name"
                 )
-            self._busy.add(name)
+            self._busy.add(held)
         try:
             yield
         finally:
             with self._busy_lock:
-                self._busy.discard(name)
+                self._busy.discard(held)
 
     async def import_archive(
         self,
@@ -153,13 +157,15 @@ class ImageImporter:
         filename: str | None = None,
         start: bool = False,
         progress: Progress | None = None,
+        project: str = DEFAULT_PROJECT,
     ) -> ImageView:
-        """Import the archive file at ``archive`` (removed afterwards, whatever happens)."""
+        """Import the archive file at ``archive`` (removed afterwards, whatever happens)
+        as ``project``'s image ``name``."""
 
         def work() -> ImageView:
             try:
-                with self.reserve(name):
-                    return self._import_archive(name, archive, filename, start, progress)
+                with self.reserve(name, project):
+                    return self._import_archive(name, archive, filename, start, progress, project)
             finally:
                 remove_spool(archive)
 
@@ -173,12 +179,15 @@ class ImageImporter:
         credentials: Credentials | None = None,
         start: bool = False,
         progress: Progress | None = None,
+        project: str = DEFAULT_PROJECT,
     ) -> ImageView:
         parsed = parse_ref(ref)
 
         def work() -> ImageView:
-            with self.reserve(name):
-                return self._pull(name, parsed, credentials or Credentials(), start, progress)
+            with self.reserve(name, project):
+                return self._pull(
+                    name, parsed, credentials or Credentials(), start, progress, project
+                )
 
         return await asyncio.to_thread(work)
 
@@ -191,6 +200,7 @@ class ImageImporter:
         filename: str | None,
         start: bool,
         progress: Progress | None,
+        project: str,
     ) -> ImageView:
         report = progress or (lambda _: None)
         report(ImportProgress("resolving", f"reading archive {filename or archive.name}"))
@@ -198,7 +208,7 @@ class ImageImporter:
         with open_archive(plain, filename) as source:
             what = f"archive {filename or 'upload'}"
             resolved = resolve(source, what)
-            return self._finish(name, source, resolved, what, start, report)
+            return self._finish(name, source, resolved, what, start, report, project)
 
     def _pull(
         self,
@@ -207,6 +217,7 @@ class ImageImporter:
         credentials: Credentials,
         start: bool,
         progress: Progress | None,
+        project: str,
     ) -> ImageView:
         report = progress or (lambda _: None)
         report(ImportProgress("resolving", f"resolving {ref}"))
@@ -214,7 +225,7 @@ class ImageImporter:
         try:
             source = RegistrySource(client)
             resolved = resolve(source, str(ref))
-            return self._finish(name, source, resolved, str(ref), start, report)
+            return self._finish(name, source, resolved, str(ref), start, report, project)
         finally:
             client.close()
 
@@ -226,6 +237,7 @@ class ImageImporter:
         what: str,
         start: bool,
         report: Callable[[ImportProgress], None],
+        project: str,
     ) -> ImageView:
         try:
             content = build_content(
@@ -242,16 +254,22 @@ class ImageImporter:
             raise
         except OSError as exc:
             raise ImageBuildError(f"importing {what}: {exc}") from exc
-        view = self.record(name, content, source.describe(), start)
+        view = self.record(name, content, source.describe(), start, project)
         report(ImportProgress("done", f"image {name} is {content.digest}"))
         return view
 
     def record(
-        self, name: str, content: OciContent, source: dict[str, Any], start: bool
+        self,
+        name: str,
+        content: OciContent,
+        source: dict[str, Any],
+        start: bool,
+        project: str = DEFAULT_PROJECT,
     ) -> ImageView:
-        """List ``content`` as image ``name`` (held with :meth:`reserve`): the content is
-        referenced, then the row inserted (a failed insert drops the reference)."""
-        ref = self._ref(name)
+        """List ``content`` as ``project``'s image ``name`` (held with :meth:`reserve`):
+        the content is referenced, then the row inserted (a failed insert drops the
+        reference)."""
+        ref = self._ref(name, project)
         add_ref(content, ref)
         row = ImageRow(
             name=name,
@@ -261,6 +279,7 @@ class ImageImporter:
             start=start,
             size_bytes=content.size_bytes,
             created_at=time.time(),
+            project=project,
         )
         try:
             self.images.store.insert(row)
@@ -269,8 +288,13 @@ class ImageImporter:
             raise
         return self.images.view(row)
 
-    def _ref(self, name: str) -> str:
-        return f"{self._ref_prefix}-{name}"
+    def _ref(self, name: str, project: str) -> str:
+        """The reference file of an image record. ``default``'s are named as before
+        projects had images (their refs on disk stay valid); another project's carry
+        its name after an ``@``, which neither names nor projects contain."""
+        if project == DEFAULT_PROJECT:
+            return f"{self._ref_prefix}-{name}"
+        return f"{self._ref_prefix}-{project}@{name}"
 
     def ref_name(self, what: str) -> str:
         """This daemon's name for a reference on content (``refs/<name>``) held by
@@ -279,24 +303,29 @@ class ImageImporter:
 
     # -- delete ----------------------------------------------------------------------------
 
-    def users(self, name: str) -> tuple[list[str], list[str]]:
-        """(live sandboxes, named snapshots) made from image ``name``."""
+    def users(self, name: str, project: str) -> tuple[list[str], list[str]]:
+        """(live sandboxes, named snapshots) of ``project`` made from its image ``name``."""
         store = self.core.store
-        sandboxes = [r.id for r in store.list_sandboxes(states=LIVE_STATES) if r.image == name]
-        snapshots = [s.id for s in store.list_snapshots() if s.image == name]
+        sandboxes = [
+            r.id
+            for r in store.list_sandboxes(states=LIVE_STATES, project=project)
+            if r.image == name
+        ]
+        snapshots = [s.id for s in store.list_snapshots(project=project) if s.image == name]
         return sandboxes, snapshots
 
-    async def delete(self, name: str) -> None:
+    async def delete(self, name: str, project: str = DEFAULT_PROJECT) -> None:
+        """Delete ``project``'s image ``name`` (another project's is not found)."""
         if name in IMAGES:
             raise Conflict(f"{name!r} is a built-in image; built-in images cannot be deleted")
-        row = self.images.store.get(name)
+        row = self.images.store.get(name, project)
         if row is None:
             raise NotFound(f"no image called {name!r}")
-        if name in self._busy:
+        if (project, name) in self._busy:
             raise Conflict(f"image {name!r} is being imported or built")
         # Under the create gate: no create can insert a sandbox of it meanwhile.
         async with self.core.create_gate:
-            sandboxes, snapshots = self.users(name)
+            sandboxes, snapshots = self.users(name, project)
             if sandboxes or snapshots:
                 parts = []
                 if sandboxes:
@@ -306,9 +335,9 @@ class ImageImporter:
                 raise Conflict(
                     f"image {name!r} is in use by {' and '.join(parts)}; delete them first"
                 )
-            self.images.store.delete(name)
+            self.images.store.delete(name, project)
         removed = await asyncio.to_thread(
-            drop_ref, content_dir(self.images.images_dir, row.digest), self._ref(name)
+            drop_ref, content_dir(self.images.images_dir, row.digest), self._ref(name, project)
         )
         await asyncio.to_thread(self.core.backend.templates.remove, name)
         log.info("deleted image %s (%s; content %s)", name, row.digest,

@@ -1,6 +1,9 @@
 """Which guest images this host can start sandboxes from: hutch's own (built from
-Debian packages, ``hutch image build``) and imported OCI images (``POST /v1/images``,
-records in the store, content in the images directory)."""
+Debian packages, ``hutch image build``), which every project sees, and the images a
+project imported or built (``POST /v1/images``: records in the store, content in the
+images directory), which only that project sees and boots. A name is looked up in the
+caller's project: two projects may each have an image of the same name, and a built-in
+name cannot be taken by any."""
 
 from __future__ import annotations
 
@@ -33,6 +36,8 @@ class ImageView:
     config: dict[str, Any] | None = None
     start: bool = False
     created_at: float | None = None
+    #: The project it belongs to (None: a built-in image, every project's).
+    project: str | None = None
 
 
 @dataclass(frozen=True)
@@ -63,13 +68,16 @@ EPHEMERAL_PREFIX = ".build-"
 
 
 class ImageSource(Protocol):
-    def find(self, name: str) -> ImageArtifacts | None: ...
+    """Images by name in a project (built-ins are in every project); ``list`` with
+    ``project`` None lists every project's (the admin's view)."""
 
-    def names(self) -> list[str]: ...
+    def find(self, name: str, project: str) -> ImageArtifacts | None: ...
 
-    def list(self) -> list[ImageView]: ...
+    def names(self, project: str) -> list[str]: ...
 
-    def defaults(self, name: str) -> ImageDefaults: ...
+    def list(self, project: str | None) -> list[ImageView]: ...
+
+    def defaults(self, name: str, project: str) -> ImageDefaults: ...
 
 
 class LocalImages:
@@ -78,17 +86,17 @@ class LocalImages:
     def __init__(self, images_dir: Path) -> None:
         self.images_dir = images_dir
 
-    def find(self, name: str) -> ImageArtifacts | None:
+    def find(self, name: str, project: str = "") -> ImageArtifacts | None:
         return find_image(name, self.images_dir)
 
-    def names(self) -> list[str]:
+    def names(self, project: str = "") -> list[str]:
         return sorted(IMAGES)
 
-    def defaults(self, name: str) -> ImageDefaults:
+    def defaults(self, name: str, project: str = "") -> ImageDefaults:
         del name
         return NO_DEFAULTS
 
-    def list(self) -> list[ImageView]:
+    def list(self, project: str | None = None) -> list[ImageView]:
         views = []
         for info in list_images(self.images_dir):
             built = find_image(info.name, self.images_dir) if info.built else None
@@ -163,32 +171,37 @@ class HostImages:
     def drop_ephemeral(self, name: str) -> None:
         self._ephemeral.pop(name, None)
 
-    def find(self, name: str) -> ImageArtifacts | None:
+    def find(self, name: str, project: str) -> ImageArtifacts | None:
         if name.startswith(EPHEMERAL_PREFIX):
             return self._ephemeral.get(name)
-        if name in self.builtin.names():
-            return self.builtin.find(name)
-        row = self.store.get(name)
+        if name in self.builtin.names(project):
+            return self.builtin.find(name, project)
+        row = self.store.get(name, project)
         if row is None:
             return None
+        return self.artifacts(row)
+
+    def artifacts(self, row: ImageRow) -> ImageArtifacts | None:
+        """What ``row`` boots, if its content and the boot set are on this host."""
         content = find_content(self.images_dir, row.digest)
         boot = self.boot.find()
         if content is None or boot is None:
             return None
         return oci_artifacts(row, content.rootfs, content.size_bytes, boot)
 
-    def names(self) -> list[str]:
-        return sorted({*self.builtin.names(), *(r.name for r in self.store.list())})
+    def names(self, project: str) -> list[str]:
+        return sorted({*self.builtin.names(project), *(r.name for r in self.store.list(project))})
 
-    def defaults(self, name: str) -> ImageDefaults:
-        row = self.store.get(name) if name not in self.builtin.names() else None
+    def defaults(self, name: str, project: str) -> ImageDefaults:
+        row = self.row(name, project)
         return ImageDefaults.of(row) if row is not None else NO_DEFAULTS
 
-    def row(self, name: str) -> ImageRow | None:
-        return None if name in self.builtin.names() else self.store.get(name)
+    def row(self, name: str, project: str) -> ImageRow | None:
+        """The project's image ``name`` (None: a built-in, or none)."""
+        return None if name in self.builtin.names(project) else self.store.get(name, project)
 
     def view(self, row: ImageRow) -> ImageView:
-        arts = self.find(row.name)
+        arts = self.artifacts(row)
         return ImageView(
             name=row.name,
             description=_describe(row.source),
@@ -200,10 +213,13 @@ class HostImages:
             config=row.config,
             start=row.start,
             created_at=row.created_at,
+            project=row.project,
         )
 
-    def list(self) -> list[ImageView]:
-        return [*self.builtin.list(), *(self.view(r) for r in self.store.list())]
+    def list(self, project: str | None) -> list[ImageView]:
+        """The built-ins and ``project``'s images (None: every project's)."""
+        rows = self.store.list(project) if project is not None else self.store.list_all()
+        return [*self.builtin.list(project), *(self.view(r) for r in rows)]
 
 
 def _describe(source: dict[str, Any]) -> str:
@@ -216,15 +232,17 @@ def _describe(source: dict[str, Any]) -> str:
     return f"imported from {fmt}" + (f" {filename}" if filename else "")
 
 
-def resolve(images: ImageSource, name: str) -> ImageArtifacts:
-    """The built image ``name``, or an error saying how to get it."""
+def resolve(images: ImageSource, name: str, project: str) -> ImageArtifacts:
+    """The built image ``name`` of ``project`` (or a built-in), or an error saying how to
+    get it. Another project's image is unknown here, exactly as a missing one."""
     if name.startswith(EPHEMERAL_PREFIX):
-        found = images.find(name)
+        found = images.find(name, project)
         if found is not None:
             return found
-    if name not in images.names():
-        raise UnknownImage(f"unknown image {name!r}; available: {', '.join(images.names())}")
-    image = images.find(name)
+    names = images.names(project)
+    if name not in names:
+        raise UnknownImage(f"unknown image {name!r}; available: {', '.join(names)}")
+    image = images.find(name, project)
     if image is None:
         if name in IMAGES:
             raise Conflict(

@@ -16,6 +16,17 @@ kind               held while                                    quantity
 ``image``          an imported or built image, until removed     GB of its content
 =================  ============================================  ========================
 
+Counted kinds (:data:`COUNTED_KINDS`) are amounts, not quantities held over time: a row
+``[started_at, ended_at]`` holds ``quantity`` bytes counted in that span (the egress meter,
+:mod:`hutch.services.egress_meter`, adds to its latest row for up to
+:data:`COUNTED_ROW_S`), and a window gets the whole row when it contains ``started_at``:
+
+=================  =====================================================================
+``egress``         bytes a sandbox sent out: forwarded from its tap (nft) or relayed by
+                   the egress proxy; priced per GB (``HUTCH_PRICE_EGRESS_GB``)
+``egress_denied``  bytes of its packets nft dropped (not priced)
+=================  =====================================================================
+
 GB is 10^9 bytes (the storage price counts them so); a disk of ``disk_gib`` GiB is
 ``disk_gib * 1.073741824`` GB.
 """
@@ -25,12 +36,16 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
+from hutch.contract.usage import UsageRow
 from hutch.models import PauseMode, SandboxState, Shape
 from hutch.store.meter import IntervalRow
 
 __all__ = [
+    "COUNTED_KINDS",
+    "COUNTED_ROW_S",
     "GROUP_BY",
     "KINDS",
     "Prices",
@@ -47,6 +62,11 @@ GIB_IN_GB = (1 << 30) / 1e9
 #: States in which a sandbox has a QEMU process (billed vCPU and memory).
 COMPUTE_STATES = frozenset({S.RUNNING, S.PAUSING, S.RESUMING})
 KINDS = ("vcpu", "memory", "memory_paused", "disk", "snapshot", "image")
+#: Amounts counted when they happen (bytes), summed rather than multiplied by time.
+COUNTED_KINDS = ("egress", "egress_denied")
+#: A counted row gathers what is counted for this long (at most), then a new row opens:
+#: how far off a window's edge an amount may be attributed.
+COUNTED_ROW_S = 60.0
 GROUP_BY = ("sandbox", "day", "project")
 
 
@@ -89,8 +109,9 @@ def overlap(start: float, end: float, lo: float, hi: float) -> float:
 
 
 @dataclass
-class UsageRow:
-    """Quantities of one group: ``*_seconds`` are unit-seconds, ``*_gb_hours`` GB-hours."""
+class _Sum:
+    """A group's quantities as they add up (``*_seconds`` unit-seconds, ``*_gb_hours``
+    GB-hours); :meth:`row` is the contract's row, priced."""
 
     key: str
     vcpu_seconds: float = 0.0
@@ -101,7 +122,6 @@ class UsageRow:
     image_gb_hours: float = 0.0
     egress_allowed_bytes: int = 0
     egress_denied_bytes: int = 0
-    cost_usd: float = 0.0
 
     def add(self, kind: str, unit_seconds: float) -> None:
         if kind == "vcpu":
@@ -117,15 +137,33 @@ class UsageRow:
         elif kind == "image":
             self.image_gb_hours += unit_seconds / 3600
 
-    def price(self, prices: Prices) -> None:
+    def count(self, kind: str, amount: float) -> None:
+        if kind == "egress":
+            self.egress_allowed_bytes += round(amount)
+        elif kind == "egress_denied":
+            self.egress_denied_bytes += round(amount)
+
+    def row(self, prices: Prices) -> UsageRow:
         storage = self.disk_gb_hours + self.snapshot_gb_hours + self.image_gb_hours
         memory = self.memory_gib_seconds + self.paused_memory_gib_seconds
-        self.cost_usd = (
+        cost = (
             self.vcpu_seconds / 3600 * prices.vcpu_hour
             + memory / 3600 * prices.gib_hour
             + storage * prices.storage_gb_hour
             + (self.egress_allowed_bytes / 1e9) * prices.egress_gb
         )
+        return UsageRow(**{f.name: getattr(self, f.name) for f in fields(self)}, cost_usd=cost)
+
+
+def _total(rows: Iterable[UsageRow]) -> UsageRow:
+    """The sum of ``rows`` (key ``total``), their costs summed as they are."""
+    sums: dict[str, Any] = {
+        f.name: 0 if f.type == "int" else 0.0 for f in fields(UsageRow) if f.name != "key"
+    }
+    for row in rows:
+        for name in sums:
+            sums[name] += getattr(row, name)
+    return UsageRow(key="total", **sums)
 
 
 @dataclass
@@ -134,7 +172,7 @@ class Usage:
     end: float
     group_by: str
     rows: list[UsageRow] = field(default_factory=list)
-    total: UsageRow = field(default_factory=lambda: UsageRow("total"))
+    total: UsageRow = field(default_factory=lambda: _total([]))
 
 
 def _days(start: float, end: float) -> Iterable[tuple[str, float, float]]:
@@ -146,6 +184,12 @@ def _days(start: float, end: float) -> Iterable[tuple[str, float, float]]:
             return
         yield day.isoformat(), lo, lo + 86400.0
         day += dt.timedelta(days=1)
+
+
+def _key(iv: IntervalRow, group_by: str) -> str:
+    if group_by == "day":
+        return dt.datetime.fromtimestamp(iv.started_at, dt.UTC).date().isoformat()
+    return iv.subject if group_by == "sandbox" else iv.project
 
 
 def usage(
@@ -161,9 +205,14 @@ def usage(
     ``now``. Rows are sorted by key; ``total`` sums them."""
     if group_by not in GROUP_BY:
         raise ValueError(f"group_by {group_by!r}; accepted: {', '.join(GROUP_BY)}")
-    rows: dict[str, UsageRow] = {}
+    rows: dict[str, _Sum] = {}
     hi = min(end, now)
     for iv in intervals:
+        if iv.kind in COUNTED_KINDS:
+            if start <= iv.started_at < end:  # counted by now: it has a row
+                key = _key(iv, group_by)
+                rows.setdefault(key, _Sum(key)).count(iv.kind, iv.quantity)
+            continue
         stop = iv.ended_at if iv.ended_at is not None else now
         if group_by == "day":
             parts = [
@@ -171,18 +220,9 @@ def usage(
                 for key, lo, d_hi in _days(max(iv.started_at, start), min(stop, hi))
             ]
         else:
-            key = iv.subject if group_by == "sandbox" else iv.project
-            parts = [(key, overlap(iv.started_at, stop, start, hi))]
+            parts = [(_key(iv, group_by), overlap(iv.started_at, stop, start, hi))]
         for key, seconds in parts:
             if seconds > 0 and not math.isclose(seconds, 0.0, abs_tol=1e-9):
-                rows.setdefault(key, UsageRow(key)).add(iv.kind, seconds * iv.quantity)
-    result = Usage(start, end, group_by, [rows[k] for k in sorted(rows)])
-    for row in result.rows:
-        row.price(prices)
-        for name in (
-            "vcpu_seconds", "memory_gib_seconds", "paused_memory_gib_seconds",
-            "disk_gb_hours", "snapshot_gb_hours", "image_gb_hours",
-            "egress_allowed_bytes", "egress_denied_bytes", "cost_usd",
-        ):  # fmt: skip
-            setattr(result.total, name, getattr(result.total, name) + getattr(row, name))
-    return result
+                rows.setdefault(key, _Sum(key)).add(iv.kind, seconds * iv.quantity)
+    priced = [rows[k].row(prices) for k in sorted(rows)]
+    return Usage(start, end, group_by, priced, _total(priced))

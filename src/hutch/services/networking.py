@@ -108,16 +108,26 @@ class NetworkingService:
     # -- ports ---------------------------------------------------------------------------
 
     async def expose_port(self, sandbox_id: str, port: int) -> PortView:
-        self.core.get(sandbox_id)
-        return await self._netman().expose(sandbox_id, port)
+        rec = self.core.get(sandbox_id)
+        view = await self._netman().expose(sandbox_id, port)
+        self.core.events.record(
+            "port.exposed",
+            project=rec.project,
+            sandbox_id=sandbox_id,
+            data={"port": view.port, "host": view.host, "host_port": view.host_port},
+        )
+        return view
 
     def list_ports(self, sandbox_id: str) -> list[PortView]:
         self.core.get(sandbox_id)
         return self._netman().ports(sandbox_id)
 
     async def close_port(self, sandbox_id: str, port: int) -> None:
-        self.core.get(sandbox_id)
+        rec = self.core.get(sandbox_id)
         await self._netman().unexpose(sandbox_id, port)
+        self.core.events.record(
+            "port.closed", project=rec.project, sandbox_id=sandbox_id, data={"port": port}
+        )
 
     # -- private networks ----------------------------------------------------------------
 

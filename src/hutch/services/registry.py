@@ -22,6 +22,7 @@ from hutch.errors import Capacity, HutchError, StateError
 from hutch.models import SandboxRecord, SandboxState
 from hutch.runtime.backend import Runtime, VmBackend
 from hutch.services.activity import Activity
+from hutch.services.egress_meter import EgressMeter
 from hutch.services.events import EventLog, internal
 from hutch.services.image_defaults import run_start_command
 from hutch.services.images import ImageDefaults, ImageSource
@@ -109,6 +110,13 @@ class SandboxRegistry:
         self.activity = Activity(clock=lambda: self.clock())
         if net is not None:
             net.forwarder.activity = self.activity.in_use  # an open inbound connection is use
+        #: Egress bytes into the meter, denials into ``egress.denied`` events.
+        self.egress_meter = EgressMeter(
+            store,
+            self.events,
+            lambda: self.net.enforcer if self.net is not None else None,
+            lambda: self.clock(),
+        )
         self.runtimes: dict[str, Runtime] = {}
         self._booting: dict[str, Runtime] = {}
         self._teardowns: dict[str, TeardownStack] = {}
@@ -135,7 +143,7 @@ class SandboxRegistry:
 
     def guest_defaults(self, rec: SandboxRecord) -> ImageDefaults:
         """What ``rec`` takes from its image config (env, cwd, user, start command)."""
-        return self.image_source.defaults(rec.image)
+        return self.image_source.defaults(rec.image, rec.project)
 
     def secret_env(self, rec: SandboxRecord) -> dict[str, str]:
         """``rec``'s env_secrets as variables, each secret's current version, read now
@@ -374,8 +382,11 @@ class SandboxRegistry:
         self.finish(sandbox_id, state, error)
 
     def heartbeat(self) -> None:
-        """The meter's heartbeat: every VM this daemon watches is alive now."""
+        """The meter's heartbeat: every VM this daemon watches is alive now; the egress
+        counted since the last one is written (bytes; denials every egress_event_s)."""
         self.meter.heartbeat(list(self.runtimes), self.clock())
+        self.egress_meter.flush_bytes()
+        self.egress_meter.flush_denials(self.settings.meter.egress_event_s)
 
     async def close(self) -> None:
         """Stop watching and drop every agent connection. The VMs keep running."""

@@ -91,8 +91,9 @@ class SandboxService:
         states = [state] if state else [s for s in SandboxState if s is not SandboxState.DESTROYED]
         return self.core.store.list_sandboxes(states=states, metadata=metadata, project=project)
 
-    def images(self) -> list[ImageView]:
-        return self.core.image_source.list()
+    def images(self, project: str | None) -> list[ImageView]:
+        """The built-in images and ``project``'s (None: every project's: the admin)."""
+        return self.core.image_source.list(project)
 
     # -- create / delete ---------------------------------------------------------------
 
@@ -112,7 +113,7 @@ class SandboxService:
             source = self.snapshots.get_snapshot(spec.snapshot_id, spec.project)
             # A snapshot fixes the machine: its image and shape come with it.
             spec = replace(spec, image=source.image, shape=source.shape)
-        image = resolve(self.core.image_source, spec.image)
+        image = resolve(self.core.image_source, spec.image, spec.project)
         # Names only are kept with the sandbox; each must exist (and decrypt) now.
         self.core.secrets.check_refs(spec.env_secrets, spec.project)
         plan = self.networking.plan_network(spec)

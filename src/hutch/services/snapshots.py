@@ -198,7 +198,7 @@ class SnapshotService:
         a daemon killed during the save finds it and finishes or drops it.
         """
         validate_name(name)
-        self._check_snapshot_quota(self.core.get(sandbox_id).project)
+        self._snapshot_quota(self.core.get(sandbox_id).project)  # fail fast, before any work
         refuse_copy(self.core, sandbox_id, "a named snapshot")
         with because("snapshot"), self.core.metrics.timed("snapshot"):
             snap = await self._snapshot(sandbox_id, name)
@@ -223,11 +223,13 @@ class SnapshotService:
                 image=parent.image,
                 shape=parent.shape,
                 path=str(snapshot_dir),
-                size_bytes=0,
+                # Reserved against the quota until the save's real size replaces it.
+                size_bytes=self.core.backend.snapshots.estimate(parent),
                 created_at=time.time(),
                 project=parent.project,
             )
-            self.core.store.insert_snapshot(snap, ready=False)
+            quota = self._snapshot_quota(parent.project)
+            self.core.store.insert_snapshot(snap, ready=False, quota=quota)
             crash_point("snapshot.row")
             try:
                 await self._freeze_parent(parent, snapshot_dir)
@@ -240,22 +242,33 @@ class SnapshotService:
                 snap,
                 size_bytes=await asyncio.to_thread(self.core.backend.snapshots.size, snapshot_dir),
             )
-            self.core.store.finish_snapshot(snap_id, snap.size_bytes)
+            quota = self._snapshot_quota(parent.project)
+            if not self.core.store.finish_snapshot(snap_id, snap.size_bytes, quota=quota):
+                self.core.collect_snapshots()
+                raise QuotaExceeded(
+                    f"project {parent.project!r} quota max_snapshot_bytes exceeded: the "
+                    f"snapshot came to {snap.size_bytes} bytes, more than the quota of "
+                    f"{quota} leaves; it was discarded (the sandbox runs on). Delete "
+                    "snapshots or raise the quota"
+                )
         return snap
 
-    def _check_snapshot_quota(self, project: str) -> None:
-        """A snapshot's size is known only once saved: refused when the project is at or
-        over ``max_snapshot_bytes`` already (one save may take it past the limit)."""
+    def _snapshot_quota(self, project: str) -> int | None:
+        """The project's ``max_snapshot_bytes`` (None: none), refused at once when the
+        project is at it already. The hold itself is the store's: a save reserves its
+        estimated size in the transaction that inserts its row, and its real size must
+        fit when it is finished (:meth:`hutch.store.db.Store.insert_snapshot`)."""
         row = self.core.projects.get(project)
         limit = row.quotas.get("max_snapshot_bytes") if row is not None else None
         if limit is None:
-            return
+            return None
         used = self.core.projects.use(project).snapshot_bytes
         if used >= limit:
             raise QuotaExceeded(
-                f"project {project!r} quota max_snapshot_bytes exceeded: {used} in use >= "
-                f"limit {limit}; delete snapshots or raise the quota"
+                f"project {project!r} quota max_snapshot_bytes exceeded: {used} in use or "
+                f"reserved >= limit {limit}; delete snapshots or raise the quota"
             )
+        return limit
 
     def get_snapshot(self, snapshot_id: str, project: str | None = None) -> SnapshotRecord:
         """The snapshot; with ``project``, one of another project is not found, exactly

@@ -18,7 +18,7 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
-from hutch.errors import Conflict, StoreError
+from hutch.errors import Conflict, QuotaExceeded, StoreError
 from hutch.models import NetworkMode, PauseMode, SandboxRecord, SandboxState, Shape, SnapshotRecord
 from hutch.store.backend import Backend, Conn, ConnectionLost, IntegrityViolation
 from hutch.store.meter_sql import close_intervals_in, open_interval_in
@@ -256,10 +256,25 @@ class Store:
 
     # -- snapshots ----------------------------------------------------------------------
 
-    def insert_snapshot(self, snap: SnapshotRecord, *, ready: bool = True) -> None:
+    def insert_snapshot(
+        self, snap: SnapshotRecord, *, ready: bool = True, quota: int | None = None
+    ) -> None:
         """``ready=False``: the snapshot is being saved; it is not listed nor found until
-        :meth:`finish_snapshot` (its row is the intent a restarted daemon finishes)."""
+        :meth:`finish_snapshot` (its row is the intent a restarted daemon finishes).
+
+        ``quota``: the project's ``max_snapshot_bytes``. ``snap.size_bytes`` (a save's
+        reservation) is counted against it with every other row of the project, ready or
+        being saved, in the transaction of the insert: :class:`QuotaExceeded` and no row
+        when it does not fit, so concurrent saves never reserve past it together."""
         with self._tx() as db:
+            if quota is not None:
+                used = _snapshot_bytes(db, snap.project)
+                if used + snap.size_bytes > quota:
+                    raise QuotaExceeded(
+                        f"project {snap.project!r} quota max_snapshot_bytes exceeded: {used} "
+                        f"in use or reserved + {snap.size_bytes} for this snapshot > limit "
+                        f"{quota}; delete snapshots or raise the quota"
+                    )
             db.execute(
                 "INSERT INTO snapshots (id, name, sandbox_id, image, vcpus, memory_mib, "
                 "disk_gib, path, size_bytes, created_at, ready, project) "
@@ -271,8 +286,23 @@ class Store:
             if ready:
                 _meter_snapshot(db, snap.project, snap.id, snap.size_bytes, snap.created_at)
 
-    def finish_snapshot(self, snapshot_id: str, size_bytes: int) -> None:
+    def finish_snapshot(
+        self, snapshot_id: str, size_bytes: int, *, quota: int | None = None
+    ) -> bool:
+        """The save is done: ``size_bytes`` replaces its reservation and it is listed.
+        With ``quota``, a snapshot that takes its project past it (the guest wrote more
+        than the reservation foresaw) is deleted instead, in the same transaction:
+        False (the caller removes its files and refuses)."""
         with self._tx() as db:
+            if quota is not None:
+                found = db.execute(
+                    "SELECT project FROM snapshots WHERE id = ?", (snapshot_id,)
+                ).fetchone()
+                if found is not None:
+                    others = _snapshot_bytes(db, str(found[0]), but=snapshot_id)
+                    if others + size_bytes > quota:
+                        db.execute("DELETE FROM snapshots WHERE id = ?", (snapshot_id,))
+                        return False
             db.execute(
                 "UPDATE snapshots SET ready = 1, size_bytes = ? WHERE id = ?",
                 (size_bytes, snapshot_id),
@@ -281,6 +311,7 @@ class Store:
             found = row.fetchone()
             if found is not None:
                 _meter_snapshot(db, str(found[0]), snapshot_id, size_bytes, time.time())
+        return True
 
     def get_snapshot(self, snapshot_id: str) -> SnapshotRecord | None:
         """A ready snapshot (one still being saved is not found)."""
@@ -343,6 +374,19 @@ def _snapshot_from_row(row: tuple[Any, ...]) -> SnapshotRecord:
         id=sid, name=name, sandbox_id=sandbox_id, image=image, shape=Shape(vcpus, memory, disk),
         path=path, size_bytes=size, created_at=created, project=project,
     )  # fmt: skip
+
+
+def _snapshot_bytes(db: Conn, project: str, but: str | None = None) -> int:
+    """Bytes of the project's snapshots: ready ones' sizes and the reservations of those
+    being saved (``but``: leave that one out). The project's row is locked first, so on
+    PostgreSQL two saves' transactions sum and reserve one after the other (a no-op
+    write on SQLite, whose write transactions run one at a time anyway)."""
+    db.execute("UPDATE projects SET name = name WHERE name = ?", (project,))
+    (total,) = db.execute(
+        "SELECT COALESCE(SUM(size_bytes), 0) FROM snapshots WHERE project = ? AND id != ?",
+        (project, but or ""),
+    ).fetchone()
+    return int(total)
 
 
 def _meter_snapshot(db: Conn, project: str, snapshot_id: str, size: int, at: float) -> None:

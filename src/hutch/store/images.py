@@ -7,6 +7,7 @@ existed were moved into ``default`` (migration 7).
 
 from __future__ import annotations
 
+import builtins
 import json
 import time
 from dataclasses import dataclass
@@ -90,6 +91,12 @@ class ImageStore:
             rows = db.execute(
                 f"SELECT {_COLUMNS} FROM images WHERE project = ? ORDER BY name", (project,)
             ).fetchall()
+        return [_row(r) for r in rows]
+
+    def list_all(self) -> builtins.list[ImageRow]:
+        """Every project's images (the admin's view), by project and name."""
+        with self._store.transaction() as db:
+            rows = db.execute(f"SELECT {_COLUMNS} FROM images ORDER BY project, name").fetchall()
         return [_row(r) for r in rows]
 
     def delete(self, name: str, project: str = GLOBAL) -> bool:

@@ -10,7 +10,14 @@ from typing import Any
 
 from hutch.store.backend import Conn
 
-__all__ = ["append_event_in", "close_intervals_in", "last_alive_in", "open_interval_in"]
+__all__ = [
+    "add_amount_in",
+    "append_event_in",
+    "close_intervals_in",
+    "grow_amount_in",
+    "last_alive_in",
+    "open_interval_in",
+]
 
 
 def append_event_in(
@@ -63,3 +70,26 @@ def last_alive_in(db: Conn, subject: str) -> float | None:
         "SELECT MAX(alive_at) FROM meter WHERE subject = ? AND ended_at IS NULL", (subject,)
     ).fetchone()
     return None if row is None or row[0] is None else float(row[0])
+
+
+def add_amount_in(db: Conn, project: str, subject: str, kind: str, amount: float, at: float) -> int:
+    """A counted amount (egress bytes), not a held quantity: a closed row [at, at] whose
+    ``quantity`` is the amount; returns its id (:func:`grow_amount_in` adds to it)."""
+    row = db.execute(
+        "INSERT INTO meter (project, subject, kind, quantity, started_at, ended_at, alive_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
+        (project, subject, kind, amount, at, at, at),
+    ).fetchone()
+    return int(row[0])
+
+
+def grow_amount_in(db: Conn, row_id: int, amount: float, at: float) -> bool:
+    """Add ``amount`` to the counted row ``row_id`` (its end moves to ``at``); False if
+    there is no such row (pruned, or another daemon's database)."""
+    end = db.dialect.greatest("ended_at", "?")
+    cur = db.execute(
+        f"UPDATE meter SET quantity = quantity + ?, ended_at = {end} "
+        "WHERE id = ? AND ended_at IS NOT NULL",
+        (amount, at, row_id),
+    )
+    return cur.rowcount > 0

@@ -31,6 +31,7 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
+from hutch.api.deps import Caller
 from hutch.api.errors import status_for
 from hutch.api.image_schemas import IMAGE_NAME_PATTERN, ImagePullRequest
 from hutch.api.schemas import Image
@@ -71,6 +72,7 @@ def image_model(i: ImageView) -> Image:
             "created_at": dt.datetime.fromtimestamp(i.created_at, dt.UTC)
             if i.created_at is not None
             else None,
+            "project": i.project,
         }
     )
 
@@ -130,6 +132,7 @@ _REQUEST_BODY: dict[str, Any] = {
 )
 async def create_image(
     request: Request,
+    who: Caller,
     name: Annotated[
         str | None,
         Query(pattern=IMAGE_NAME_PATTERN, description="The new image's name (archive uploads)"),
@@ -202,6 +205,7 @@ async def create_image(
             no_cache=no_cache,
             start=start,
             filename=request.headers.get("x-hutch-filename"),
+            project=who.project,
         )
         builder.check(options)
         spool = await _spool(request, importer)
@@ -225,7 +229,12 @@ async def create_image(
 
         def run(report: Progress) -> Awaitable[ImageView]:
             return importer.pull(
-                body.name, body.ref, credentials=creds, start=body.start, progress=report
+                body.name,
+                body.ref,
+                credentials=creds,
+                start=body.start,
+                progress=report,
+                project=who.project,
             )
 
     elif ctype in ARCHIVE_TYPES:
@@ -237,7 +246,12 @@ async def create_image(
 
         def run(report: Progress) -> Awaitable[ImageView]:
             return importer.import_archive(
-                image_name, spool, filename=filename, start=start, progress=report
+                image_name,
+                spool,
+                filename=filename,
+                start=start,
+                progress=report,
+                project=who.project,
             )
 
     else:
@@ -343,6 +357,7 @@ async def _spool(request: Request, importer: ImageImporter) -> Any:
     status_code=204,
     responses={409: {"description": "Built in, or used by sandboxes or snapshots (named)"}},
 )
-async def delete_image(name: str, request: Request) -> Response:
-    await _importer(request).delete(name)
+async def delete_image(name: str, request: Request, who: Caller) -> Response:
+    """The caller's project's image (another project's is not found)."""
+    await _importer(request).delete(name, who.project)
     return Response(status_code=204)

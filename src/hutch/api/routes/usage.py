@@ -12,7 +12,7 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.responses import StreamingResponse
 
 from hutch.api.deps import Caller, usage
-from hutch.api.meter_schemas import Event, EventList, Prices, UsageReport, UsageRow
+from hutch.api.meter_schemas import Event, EventList, Prices, UsageReport
 from hutch.api.streaming import TrackedStream
 from hutch.services.usage import EVENTS_PAGE_MAX, UsageService, parse_time
 
@@ -71,8 +71,8 @@ async def get_usage(
             storage_gb_hour=p.storage_gb_hour,
             egress_gb=p.egress_gb,
         ),
-        rows=[UsageRow.of(r) for r in result.rows],
-        total=UsageRow.of(result.total),
+        rows=result.rows,
+        total=result.total,
     )
 
 

@@ -66,6 +66,15 @@ class QemuSnapshotFiles:
         """Bytes the snapshot holds on disk (allocated, not apparent: disks are sparse)."""
         return sum(f.stat().st_blocks * 512 for f in snapshot_dir.rglob("*") if f.is_file())
 
+    def estimate(self, rec: SandboxRecord) -> int:
+        """The disk overlay as allocated now plus the guest's RAM (the saved state holds at
+        most that): what the save takes in, short of what the guest writes meanwhile."""
+        try:
+            disk = self.layout.paths(rec.id).disk.stat().st_blocks * 512
+        except OSError:
+            disk = 0
+        return disk + rec.shape.memory_mib * (1 << 20)
+
     def collect(self, live_ids: set[str], keep: set[str]) -> list[str]:
         """Remove the snapshot directories nothing reaches; return their names.
 
