@@ -13,10 +13,9 @@ from hutch.contract.egress_policy import (
     HttpRequest,
     OrderedPolicy,
     normalize_request_path,
-    parse_policy_document,
     parse_template,
-    require_available,
 )
+from hutch.contract.egress_policy_parse import parse_policy_document, require_available
 from hutch.errors import InvalidArgument
 from hutch.net.rules import EgressPolicy, lower_policy, parse_policy, policy_from_stored
 

@@ -27,9 +27,8 @@ from hutch.contract.egress import (
     parse_rule,
     parse_rules,
 )
-from hutch.contract.egress_policy import (
-    OrderedPolicy,
-    PolicyRule,
+from hutch.contract.egress_policy import OrderedPolicy, PolicyRule
+from hutch.contract.egress_policy_parse import (
     is_policy_document,
     parse_policy_document,
     require_available,

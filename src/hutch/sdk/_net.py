@@ -16,7 +16,7 @@ from typing import Any, Literal
 from urllib.parse import quote
 
 from hutch.contract.egress import parse_rules
-from hutch.contract.egress_policy import parse_policy_document
+from hutch.contract.egress_policy_parse import parse_policy_document
 from hutch.contract.enums import NetworkMode
 from hutch.contract.limits import (
     DEFAULT_EGRESS_LOG_LIMIT,

@@ -16,7 +16,7 @@ import httpx
 
 from hutch.contract.egress import canonical_rules as _canonical_rules
 from hutch.contract.egress import mode_of
-from hutch.contract.egress_policy import parse_policy_document, require_available
+from hutch.contract.egress_policy_parse import parse_policy_document, require_available
 from hutch.contract.enums import DEFAULT_NETWORK_MODE, NetworkMode
 from hutch.contract.limits import (
     DEFAULT_EGRESS_LOG_LIMIT,
