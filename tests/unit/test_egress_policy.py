@@ -217,7 +217,7 @@ def test_request_rules_open_only_the_web_ports() -> None:
     the address level it opens those ports only, so HTTP on another port cannot skip it."""
     p = policy_from_stored(
         {
-            "inspection": "partial",
+            "inspection": "full",
             "rules": [
                 {"action": "deny", "host": "api.test", "methods": ["POST"], "path": "/admin"},
                 {"action": "allow", "host": "api.test", "path": "/docs"},
@@ -308,15 +308,23 @@ def test_what_is_not_available_yet_is_refused_by_name() -> None:
     require_available(parse_policy_document(partial))  # plain HTTP by method and path
     literal = {"action": "transform", "host": "a.test", "set_headers": {"X-Key": "v"}}
     require_available(parse_policy_document({"inspection": "partial", "rules": [literal]}))
+    secret = {"action": "transform", "host": "a.test", "set_headers": {"A": "B {secret:k}"}}
+    require_available(parse_policy_document({"inspection": "full", "rules": [secret]}))
+    https_path = {"action": "allow", "host": "a.test:443", "path": "/d"}
+    require_available(parse_policy_document({"inspection": "full", "rules": [https_path]}))
     for doc, says in [
-        ({"inspection": "full"}, 'inspection: "full" is not available'),
         ({"inspection": "learn"}, 'inspection: "learn" is not available'),
-        ({"inspection": "partial", "rules": [
-            {"action": "transform", "host": "a.test", "set_headers": {"A": "{secret:k}"}}]},
-         "rules[0].set_headers.A: {secret:k} needs the secrets store"),
         ({"dry_run": True}, "dry_run: true is not available"),
         ({"default": "allow", "rules": [{"action": "deny", "host": "a.test"}]},
          'default: "allow" with deny rules (rules[0])'),
+        ({"default": "allow", "inspection": "full"}, 'default: "allow" with inspection "full"'),
+        ({"inspection": "partial", "rules": [https_path]},
+         'rules[0].host: a.test:443: HTTPS requests (port 443) are read only with inspection '
+         '"full"'),
+        ({"inspection": "full", "rules": [{"action": "allow", "host": "10.0.0.0/8"}]},
+         'rules[0].host: 10.0.0.0/8: inspection "full" decides by name'),
+        ({"inspection": "full", "rules": [{"action": "allow", "host": "a.test:22"}]},
+         'rules[0].host: a.test:22: inspection "full" reads HTTP and HTTPS only'),
     ]:  # fmt: skip
         with pytest.raises(
             InvalidArgument,

@@ -310,9 +310,10 @@ class OrderedPolicy:
                 continue
             if rule.action == "deny":
                 continue  # a request-level deny: the request decides, not the address
-            if rule.needs_http:
+            if rule.needs_http or self.inspection == "full":
                 # Requests are read on the web ports only (the proxy): a request rule
-                # opens those, never every port (HTTP on another port would skip it).
+                # opens those, never every port (HTTP on another port would skip it);
+                # inspection full reads every request, so every rule opens only those.
                 for web in (80, 443) if port is None else (port,):
                     if web not in denied and web not in ports:
                         ports.append(web)

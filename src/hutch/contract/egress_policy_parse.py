@@ -57,27 +57,25 @@ MAX_HEADERS_PER_RULE = 16
 
 
 def require_available(policy: OrderedPolicy) -> None:
-    """Refuse what the daemon does not enforce yet (the API v1 as served today):
-    inspection ``full`` and ``learn``, ``{secret:NAME}`` in a transform (no secrets
-    store yet: literal values only), ``dry_run``, and a ``default: allow`` with deny
-    rules (address-level enforcement is an allow list).
-    ``partial`` is served for plain HTTP only: requests are decided by method and path;
-    TLS to a destination whose rules need the request is refused (no TLS termination
-    yet). InvalidArgument says what is accepted; the previous policy stays."""
-    if policy.inspection not in ("none", "partial"):
+    """Refuse what the daemon does not enforce (yet), each with a 400 saying what is
+    accepted (the previous policy stays):
+
+    - inspection ``learn``, ``dry_run`` (not built yet);
+    - ``default: allow`` with deny rules, or with inspection ``full`` (address-level
+      enforcement is an allow list);
+    - under ``partial``, a request rule (methods, path, transform) on port 443: HTTPS
+      requests are read only with inspection ``full`` (TLS is terminated then; under
+      ``partial`` a rule for both ports decides plain HTTP and TLS to its host is refused
+      per connection);
+    - under ``full``, an ip/cidr allow rule (nft would pass it without the proxy, so
+      uninspected) and an allow rule on a port other than 80/443 (only HTTP(S) is
+      inspected; every other port is closed)."""
+    if policy.inspection == "learn":
         raise InvalidArgument(
-            f'egress policy inspection: "{policy.inspection}" is not available on this '
-            'daemon yet; accepted: "none" (addresses and names) or "partial" (plus '
-            "methods and paths of plain-HTTP requests; TLS termination is not built yet)"
+            'egress policy inspection: "learn" is not available on this daemon yet; '
+            'accepted: "none" (addresses and names), "partial" (plus methods and paths of '
+            'plain-HTTP requests) or "full" (TLS terminated: every HTTP(S) request decided)'
         )
-    for rule in policy.rules:
-        for header, tpl in rule.set_headers:
-            if tpl.secrets:
-                raise InvalidArgument(
-                    f"egress policy rules[{rule.index}].set_headers.{header}: "
-                    f"{{secret:{tpl.secrets[0]}}} needs the secrets store, which this daemon "
-                    "does not have yet; accepted: literal values"
-                )
     if policy.dry_run:
         raise InvalidArgument(
             "egress policy dry_run: true is not available on this daemon yet; accepted: false"
@@ -89,6 +87,34 @@ def require_available(policy: OrderedPolicy) -> None:
             'is not available on this daemon yet; accepted: default "deny" with the '
             'destinations to allow, or default "allow" without deny rules (open egress)'
         )
+    if policy.default == "allow" and (policy.inspection == "full" or policy.needs_http):
+        raise InvalidArgument(
+            'egress policy default: "allow" with inspection "full" or request rules is not '
+            'available on this daemon yet; accepted: default "deny" with the destinations '
+            "to allow"
+        )
+    for rule in policy.rules:
+        where = f"egress policy rules[{rule.index}]"
+        if policy.inspection == "partial" and rule.needs_http and rule.host.port == 443:
+            raise InvalidArgument(
+                f"{where}.host: {rule.host.canonical}: HTTPS requests (port 443) are read "
+                'only with inspection "full" (hutch terminates TLS then); accepted: '
+                'inspection "full", or port 80 / no port for plain HTTP under "partial"'
+            )
+        if policy.inspection != "full" or rule.action == "deny":
+            continue
+        if rule.host.kind in ("ip", "cidr"):
+            raise InvalidArgument(
+                f'{where}.host: {rule.host.canonical}: inspection "full" decides by name '
+                "(TLS server name and Host); an ip/cidr allow rule would pass uninspected; "
+                "accepted: a host name or *.name"
+            )
+        if rule.host.port not in (None, 80, 443):
+            raise InvalidArgument(
+                f'{where}.host: {rule.host.canonical}: inspection "full" reads HTTP and '
+                "HTTPS only (ports 80 and 443; every other port is closed); accepted: no "
+                'port, :80 or :443, or inspection "partial" for other protocols'
+            )
 
 
 # ---- parsing ---------------------------------------------------------------------------
