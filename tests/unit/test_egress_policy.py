@@ -411,3 +411,14 @@ def test_rewrite_fields_sets_and_removes_and_keeps_connection_close_last() -> No
     assert again is not None and again.head == head  # still a strictly valid head
     with pytest.raises(HeadError, match="control character"):
         rewrite_fields(req.head, [("X-Key", "a\r\nEvil: 1")], [])
+
+
+def test_full_inspection_opens_only_the_web_ports_of_allowed_names() -> None:
+    """Under inspection full every request is read by the proxy (80/443), so an allow
+    rule without a port opens only those at the address level: nothing else leaves."""
+    full = policy_from_stored(
+        {"inspection": "full", "rules": [{"action": "allow", "host": "a.test"}]}
+    )
+    assert full.name_ports("a.test") == (80, 443)
+    none = policy_from_stored({"rules": [{"action": "allow", "host": "a.test"}]})
+    assert none.name_ports("a.test") == (None,)

@@ -13,9 +13,12 @@ from hutch.contract.views import (
     SandboxNetView,
 )
 from hutch.errors import InvalidArgument, NetworkError
+from hutch.guest.client import AgentClient
 from hutch.models import NetworkMode, SandboxRecord, SandboxSpec
+from hutch.net.proxy_decide import inspects_tls
 from hutch.net.rules import EgressPolicy, StoredPolicy, policy_from_stored
 from hutch.services.egress_policies import DEFAULT_PROJECT, EgressPolicyService
+from hutch.services.egress_trust import install_ca
 from hutch.services.network import NetworkService
 from hutch.services.registry import SandboxRegistry
 
@@ -99,7 +102,18 @@ class NetworkingService:
         self.core.get(sandbox_id)
         # InvalidArgument names the bad rule or field; nothing changes then.
         policy = self.resolve_egress(rules, policy_name, project)
-        return await self._netman().set_policy(sandbox_id, policy)
+        view = await self._netman().set_policy(sandbox_id, policy)
+        runtime = self.core.runtimes.get(sandbox_id)
+        if runtime is not None:
+            await self.trust_ca(runtime.agent, policy)
+        return view
+
+    async def trust_ca(self, agent: AgentClient, policy: EgressPolicy) -> None:
+        """Under inspection ``full``, make the guest trust the proxy's CA
+        (:mod:`hutch.services.egress_trust`); otherwise nothing."""
+        pem = self.net.egress_ca_pem() if self.net is not None else None
+        if pem is not None and inspects_tls(policy):
+            await install_ca(agent, pem)
 
     def egress_log(self, sandbox_id: str, limit: int) -> list[EgressEvent]:
         self.core.get(sandbox_id)
