@@ -15,16 +15,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 from collections.abc import Iterator
 
 import pytest
 
-from hutch.config import load_settings
 from hutch.errors import HutchError
 from hutch.sdk import Client, Sandbox
-from tests.e2e.conftest import _LIVE, Daemon, finalize_daemon
-from tests.netfake import FakeInternet, free_net_pool
+from tests.e2e.conftest import Daemon
+from tests.netfake import FakeInternet
+from tests.vm.netlab import network_daemon
 
 pytestmark = [
     pytest.mark.vm,
@@ -51,45 +50,10 @@ POLICY = {
 
 
 @pytest.fixture(scope="module")
-def fakenet() -> Iterator[FakeInternet]:
-    with FakeInternet() as net:
-        yield net
-
-
-@pytest.fixture(scope="module")
-def base_image() -> object:
-    from tests.conftest import ensure_image
-
-    return ensure_image("base")
-
-
-@pytest.fixture(scope="module")
-def netd(
-    fakenet: FakeInternet, base_image: object, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Daemon]:
-    d = Daemon(tmp_path_factory.mktemp("hutchd-inspect") / "state")
-    d.daemon_env.update(
-        {
-            "HUTCH_NET_POOL": free_net_pool(),
-            "HUTCH_EGRESS_UPSTREAM_CA": str(fakenet.ca_cert),
-            **fakenet.env(),
-        }
-    )
-    d.settings = load_settings(d.daemon_env)
-    _LIVE.append(d)
-    d.start()
-    yield d
-    problems = finalize_daemon(d)
-    assert not problems, "\n".join(problems)
-
-
-@pytest.fixture(autouse=True)
-def _diagnostics_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
-    failed_before = request.session.testsfailed
-    yield
-    if request.session.testsfailed > failed_before:
-        for d in _LIVE:
-            print(d.diagnostics(), file=sys.stderr)
+def netd(fakenet: FakeInternet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    env = {"HUTCH_EGRESS_UPSTREAM_CA": str(fakenet.ca_cert)}
+    with network_daemon(tmp_path_factory.mktemp("hutchd-inspect"), fakenet, env) as d:
+        yield d
 
 
 @pytest.fixture(scope="module")
