@@ -396,7 +396,7 @@ async def test_ordered_egress_policies(target: Target) -> None:
          "egress policy rules[0].path: needs the HTTP request"),
         ({"rules": [{"action": "allow", "host": "a.test"}, {"action": "permit", "host": "b"}]},
          "egress policy rules[1].action: 'permit' is not accepted; accepted: allow, deny"),
-        ({"inspection": "learn", "rules": []}, 'inspection: "learn" is not available'),
+        ({"default": "allow", "inspection": "learn"}, 'default: "allow" with inspection'),
         ({"inspection": "partial", "rules": [{"action": "allow", "host": "a.test:443",
                                               "path": "/x"}]},
          'HTTPS requests (port 443) are read only with inspection "full"'),

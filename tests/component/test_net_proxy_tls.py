@@ -30,7 +30,9 @@ from tests.netfake.certs import make_certs
 
 SERVER = "127.0.0.20"
 SRC = "127.0.0.7"
+LEARN_SRC, DRY_SRC = "127.0.0.8", "127.0.0.10"
 SECRET = "sk-live-0123456789abcdef"
+DOCS_ONLY = [{"action": "allow", "host": "api.test", "methods": ["GET"], "path": "/docs"}]
 POLICY = {
     "default": "deny",
     "inspection": "full",
@@ -108,13 +110,15 @@ class Env:
     upstream: Upstream
     secrets: Secrets
 
-    async def connect(self, name: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def connect(
+        self, name: str, src: str = SRC
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         return await asyncio.open_connection(
-            "127.0.0.1", self.port, ssl=self.client, server_hostname=name, local_addr=(SRC, 0)
+            "127.0.0.1", self.port, ssl=self.client, server_hostname=name, local_addr=(src, 0)
         )
 
-    async def request(self, name: str, raw: bytes) -> bytes:
-        reader, writer = await self.connect(name)
+    async def request(self, name: str, raw: bytes, src: str = SRC) -> bytes:
+        reader, writer = await self.connect(name, src)
         try:
             writer.write(raw)
             await writer.drain()
@@ -155,10 +159,17 @@ async def env(upstream_certs: tuple[Path, Path, Path], tmp_path: Path) -> AsyncI
     from hutch.net.rules import policy_from_stored
 
     info = SandboxNetInfo("sb-full", policy_from_stored(POLICY), {}, "proj-a")
+    learn = policy_from_stored({"inspection": "learn", "rules": DOCS_ONLY})
+    dry = policy_from_stored({"inspection": "full", "dry_run": True, "rules": DOCS_ONLY})
+    directory = {
+        IPv4Address(SRC): info,
+        IPv4Address(LEARN_SRC): SandboxNetInfo("sb-learn", learn, {}, "proj-a"),
+        IPv4Address(DRY_SRC): SandboxNetInfo("sb-dry", dry, {}, "proj-a"),
+    }
     log, secrets = EgressLog(), Secrets()
     ca = EgressCA(tmp_path / "egress-ca")
     proxy = EgressProxy(
-        Directory({IPv4Address(SRC): info}), FakeResolver(), log, forbidden,
+        Directory(directory), FakeResolver(), log, forbidden,
         connect_timeout_s=2, peek_timeout_s=2, original_port=lambda _s: https_port,
         ca=ca, upstream_tls=upstream_context(ca_file), secrets=secrets,
     )  # fmt: skip
@@ -286,3 +297,29 @@ def test_the_redactor_finds_a_secret_split_across_pieces() -> None:
     r = Redactor([b"secret"])
     out = r.feed(b"xx sec") + r.feed(b"ret yy") + r.flush()
     assert out == b"xx ****** yy"
+
+
+async def test_learn_and_dry_run_record_what_would_be_denied_without_denying(env: Env) -> None:
+    """inspection learn terminates TLS and lets every request out, logging each with its
+    method and path (a would-be denial says so); dry_run does the same for its policy.
+    The suggestion from the learned log allows exactly what was used."""
+    from hutch.contract.egress_suggest import suggest_policy
+
+    for src, sid, what in ((LEARN_SRC, "sb-learn", "learn"), (DRY_SRC, "sb-dry", "dry run")):
+        docs = await env.request("api.test", get("api.test", "/docs/x"), src=src)
+        admin = await env.request("api.test", get("api.test", "/admin", "POST"), src=src)
+        assert docs.startswith(b"HTTP/1.1 200") and admin.startswith(b"HTTP/1.1 200"), admin
+        events = env.log.events(sid)
+        assert (events[-2].verdict, events[-2].rule_index, events[-2].path) == (
+            "allow", 0, "/docs/x",
+        )  # fmt: skip
+        last = events[-1]
+        assert (last.verdict, last.method, last.path, last.rule_index) == (
+            "allow", "POST", "/admin", None,
+        )  # fmt: skip
+        assert last.reason.startswith(f"{what}: would be denied: no rule allows POST /admin")
+        assert env.upstream.seen[-1][:2] == ("POST", "/admin")  # it did go out
+    # Here the "web port" is the test server's: the suggestion can only name it (path
+    # rules are for 80/443; tests/unit/test_egress_suggest.py covers those).
+    suggested = suggest_policy(env.log.events("sb-learn"))
+    assert suggested["rules"] == [{"action": "allow", "host": f"api.test:{env.https_port}"}]

@@ -365,3 +365,20 @@ def test_traffic_from_the_qemu_user_is_dropped_only_when_configured() -> None:
     for bad in (0, -1, 1 << 32):
         with pytest.raises(InvalidArgument, match="vmm_uid"):
             replace(CFG, vmm_uid=bad)
+
+
+def test_an_observing_policy_is_open_but_proxies_web_traffic() -> None:
+    """Learn and dry run: every packet passes, but tcp 80/443 goes through the proxy,
+    which records what the policy would deny."""
+    from hutch.net.rules import policy_from_stored
+
+    for doc in (
+        {"inspection": "learn"},
+        {"dry_run": True, "rules": [{"action": "allow", "host": "a.test"}]},
+    ):
+        policy = policy_from_stored(doc)
+        assert policy.mode == "open" and policy.observe is not None
+        script = render_add_sandbox(CFG, replace(sb([]), policy=policy))
+        assert chain_rules(script, f"px_{KEY}") == ["tcp dport @web_ports redirect to :8443"]
+        assert chain_rules(script, f"sb_{KEY}")[0].endswith("accept")
+    assert policy_from_stored({"dry_run": True, "rules": []}).shadow().mode == "deny-all"

@@ -136,3 +136,30 @@ def test_an_injected_credential_reaches_the_upstream_and_never_the_guest(
     )
     assert scan.stdout.split() == ["0"], scan
     assert all(SECRET not in (e.reason or "") for e in guest.egress.log(200))
+
+
+def test_learn_then_suggest_then_apply(guest: Sandbox, fakenet: FakeInternet) -> None:
+    """inspection learn lets everything out and logs it (HTTPS requests included, since
+    TLS is terminated); the suggestion made from the log lets the same run pass, and a
+    destination or path the run did not use fails."""
+    guest.set_egress(policy={"inspection": "learn"})
+    body, status = curl(guest, "https://good.test/docs/learned")
+    assert status == "200", (status, body)
+    body, status = curl(guest, "http://other.test/plain")
+    assert status == "200", (status, body)
+    learned = [e for e in guest.egress.log(200) if e.path in ("/docs/learned", "/plain")]
+    assert {e.verdict for e in learned} == {"allow"}, learned
+    assert all(e.reason.startswith("learn: would be denied") for e in learned), learned
+    policy = guest.egress.suggest()
+    assert policy["inspection"] == "full"
+    assert {"action": "allow", "host": "good.test:443", "methods": ["GET"],
+            "path": "/docs/learned"} in policy["rules"], policy  # fmt: skip
+    assert {"action": "allow", "host": "other.test:80", "methods": ["GET"],
+            "path": "/plain"} in policy["rules"], policy  # fmt: skip
+    guest.set_egress(policy=policy)
+    assert curl(guest, "https://good.test/docs/learned")[1] == "200"
+    assert curl(guest, "http://other.test/plain")[1] == "200"
+    body, status = curl(guest, "https://good.test/docs/new")
+    assert status == "403" and "default is deny" in body, (status, body)
+    reached = [e for e in fakenet.events("https") if e.get("path") == "/docs/new"]
+    assert reached == []

@@ -60,7 +60,6 @@ def require_available(policy: OrderedPolicy) -> None:
     """Refuse what the daemon does not enforce (yet), each with a 400 saying what is
     accepted (the previous policy stays):
 
-    - inspection ``learn``, ``dry_run`` (not built yet);
     - ``default: allow`` with deny rules, or with inspection ``full`` (address-level
       enforcement is an allow list);
     - under ``partial``, a request rule (methods, path, transform) on port 443: HTTPS
@@ -70,16 +69,6 @@ def require_available(policy: OrderedPolicy) -> None:
     - under ``full``, an ip/cidr allow rule (nft would pass it without the proxy, so
       uninspected) and an allow rule on a port other than 80/443 (only HTTP(S) is
       inspected; every other port is closed)."""
-    if policy.inspection == "learn":
-        raise InvalidArgument(
-            'egress policy inspection: "learn" is not available on this daemon yet; '
-            'accepted: "none" (addresses and names), "partial" (plus methods and paths of '
-            'plain-HTTP requests) or "full" (TLS terminated: every HTTP(S) request decided)'
-        )
-    if policy.dry_run:
-        raise InvalidArgument(
-            "egress policy dry_run: true is not available on this daemon yet; accepted: false"
-        )
     denies = [r for r in policy.rules if r.action == "deny"]
     if policy.default == "allow" and denies:
         raise InvalidArgument(
@@ -87,7 +76,7 @@ def require_available(policy: OrderedPolicy) -> None:
             'is not available on this daemon yet; accepted: default "deny" with the '
             'destinations to allow, or default "allow" without deny rules (open egress)'
         )
-    if policy.default == "allow" and (policy.inspection == "full" or policy.needs_http):
+    if policy.default == "allow" and (policy.inspection in ("full", "learn") or policy.needs_http):
         raise InvalidArgument(
             'egress policy default: "allow" with inspection "full" or request rules is not '
             'available on this daemon yet; accepted: default "deny" with the destinations '
@@ -101,7 +90,7 @@ def require_available(policy: OrderedPolicy) -> None:
                 'only with inspection "full" (hutch terminates TLS then); accepted: '
                 'inspection "full", or port 80 / no port for plain HTTP under "partial"'
             )
-        if policy.inspection != "full" or rule.action == "deny":
+        if policy.inspection not in ("full", "learn") or rule.action == "deny":
             continue
         if rule.host.kind in ("ip", "cidr"):
             raise InvalidArgument(

@@ -57,6 +57,7 @@ from hutch.net.proxy_decide import (
     decide_destination,
     decide_request,
     inspects_tls,
+    observed,
     still_allowed,
 )
 from hutch.net.ratelimit import KeyedLimiter, Rate
@@ -224,10 +225,16 @@ class EgressProxy:
         if seen.protocol == "tls" and inspects_tls(sandbox.policy):
             await self._inspect_tls(sandbox, src, seen.name, port, raw, reader, writer)
             return
+        name = seen.name
         try:
-            allowed = decide_destination(sandbox.policy, seen.name, port)
-            if allowed.inspect:
-                allowed = self._request_rules(sandbox, seen.name, port, seen.request)
+
+            def decide(policy: EgressPolicy) -> Allowed:
+                allowed = decide_destination(policy, name, port)
+                if allowed.inspect:
+                    allowed = self._request_rules(sandbox, policy, name, port, seen.request)
+                return allowed
+
+            allowed = observed(decide, sandbox.policy)
             upstream, addr = await self._connect(sandbox.policy, seen.name, port, allowed.rule)
         except Denied as denied:
             self._event(
@@ -239,7 +246,8 @@ class EgressProxy:
         rule, index = allowed.rule, allowed.index
         self._event(
             sandbox, str(addr), port, seen.protocol, seen.name, "allow", rule,
-            "allowed by rule" if rule else "open egress", http=http, index=index,
+            allowed.note or ("allowed by rule" if rule else "open egress"), http=http,
+            index=index,
         )  # fmt: skip
         up_reader, up_writer = upstream
         relay = _Relay(sandbox, seen.name, port, seen.protocol, (writer, up_writer))
@@ -281,13 +289,18 @@ class EgressProxy:
         return False
 
     def _request_rules(
-        self, sandbox: SandboxNet, name: str, port: int, request: RequestHead | None
+        self,
+        sandbox: SandboxNet,
+        policy: EgressPolicy,
+        name: str,
+        port: int,
+        request: RequestHead | None,
     ) -> Allowed:
         """A rule needs the request (methods, path, transform). Plain HTTP: the request
         decides. TLS without inspection ``full``: refused (its request cannot be read)."""
         if request is None:
-            assert sandbox.policy.ordered is not None
-            first = sandbox.policy.ordered.decide_connection(name, None, port).rule
+            assert policy.ordered is not None
+            first = policy.ordered.decide_connection(name, None, port).rule
             assert first is not None
             raise Denied(
                 f"{first.canonical} needs the HTTP request, which TLS hides from hutch "
@@ -295,7 +308,7 @@ class EgressProxy:
                 first.canonical,
                 first.index,
             )
-        return decide_request(sandbox.policy, name, port, request, self._reveal(sandbox))
+        return decide_request(policy, name, port, request, self._reveal(sandbox))
 
     def _reveal(self, sandbox: SandboxNet) -> Callable[[str], str] | None:
         secrets = self.secrets
@@ -339,7 +352,7 @@ class EgressProxy:
             self._event(sandbox, name, port, "https", name, "deny", rule, reason, index=index, **kw)
 
         try:
-            decide_destination(sandbox.policy, name, port)
+            observed(lambda p: decide_destination(p, name, port), sandbox.policy)
         except Denied as denied:
             deny(denied.reason, denied.rule, denied.index)
             return
@@ -377,8 +390,13 @@ class EgressProxy:
                 now = self._directory.lookup(src) if isinstance(src, IPv4Address) else None
                 if now is None:
                     raise Denied("the sandbox is gone")
-                decide_destination(now.policy, name, port)
-                allowed = decide_request(now.policy, name, port, request, self._reveal(now))
+                reveal = self._reveal(now)
+
+                def decide(policy: EgressPolicy) -> Allowed:
+                    decide_destination(policy, name, port)
+                    return decide_request(policy, name, port, request, reveal)
+
+                allowed = observed(decide, now.policy)
                 (up_reader, up_writer), addr = await self._connect(
                     now.policy, name, port, allowed.rule, upstream_tls
                 )
@@ -388,7 +406,8 @@ class EgressProxy:
             rule = allowed.rule
             self._event(
                 sandbox, str(addr), port, "https", name, "allow", rule,
-                "allowed by rule" if rule else "open egress", http=http, index=allowed.index,
+                allowed.note or ("allowed by rule" if rule else "open egress"), http=http,
+                index=allowed.index,
             )  # fmt: skip
 
             def done(cut: str | None) -> None:

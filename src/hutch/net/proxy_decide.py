@@ -26,6 +26,7 @@ __all__ = [
     "decide_destination",
     "decide_request",
     "inspects_tls",
+    "observed",
     "path_of",
     "still_allowed",
 ]
@@ -78,11 +79,28 @@ class Allowed:
     inspect: bool = False
     head: RequestHead | None = None
     secrets: tuple[str, ...] = ()
+    #: Learn / dry run: what the policy would have done instead ("learn: would be
+    #: denied: ..."); the log's reason for this allowed decision.
+    note: str | None = None
 
 
 def inspects_tls(policy: EgressPolicy) -> bool:
-    """True when the proxy terminates this sandbox's TLS (``inspection: full``)."""
-    return policy.ordered is not None and policy.ordered.inspection == "full"
+    """True when the proxy terminates this sandbox's TLS (``inspection: full``, and
+    ``learn``, which records every request's method and path)."""
+    return policy.ordered is not None and policy.ordered.inspection in ("full", "learn")
+
+
+def observed(decide: Callable[[EgressPolicy], Allowed], policy: EgressPolicy) -> Allowed:
+    """``decide(policy)``, except that under learn / dry run (:attr:`EgressPolicy.observe`)
+    the policy it would enforce decides and a denial is turned into an allowance whose
+    ``note`` says what would have happened (no rule index: it is not a rule's count)."""
+    what = policy.observe
+    if what is None:
+        return decide(policy)
+    try:
+        return decide(policy.shadow())
+    except Denied as denied:
+        return Allowed(denied.rule, None, note=f"{what}: would be denied: {denied.reason}")
 
 
 def still_allowed(policy: EgressPolicy, name: str, port: int) -> str | None:

@@ -43,6 +43,7 @@ from hutch.sdk._exec import ExecEvent, ExecExit, ExecOutput, ExecResult
 from hutch.sdk._files import ArchiveWritten, FileEntry, WatchEvent, WrittenFile
 from hutch.sdk._images import BuildEvent, ImageProgress
 from hutch.sdk._net import (
+    DryRunEvent,
     EgressEvent,
     EgressInfo,
     NamedPolicyInfo,
@@ -112,6 +113,7 @@ __all__ = [
     "Contexts",
     "CreatedKeyInfo",
     "DaemonUnreachable",
+    "DryRunEvent",
     "Egress",
     "EgressEvent",
     "EgressInfo",
