@@ -102,6 +102,17 @@ def test_https_paths_are_decided_through_the_terminating_proxy(
     assert https == [], "the denied request reached the upstream"
     body, status = curl(guest, "https://other.test/elsewhere")
     assert status == "403" and "default is deny" in body, (status, body)
+    # Not HTTP(S): under full only 80/443 of allowed names are open (nothing uninspected).
+    code = (
+        "import socket\n"
+        "try:\n"
+        f"    socket.create_connection(('{fakenet.web}', 2222), timeout=5).recv(64)\n"
+        "    print('open')\n"
+        "except OSError as exc:\n"
+        "    print('blocked', exc)\n"
+    )
+    out = guest.exec(["python3", "-c", code], timeout_s=60)
+    assert out.stdout.startswith("blocked"), out
 
 
 def test_python_urllib_works_with_no_flags(guest: Sandbox) -> None:
