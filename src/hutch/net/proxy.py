@@ -18,6 +18,13 @@ covers the destination) here. Per connection:
    port, and relays with backpressure: TLS both ways as is; HTTP exactly the one
    checked request, then only the answer (:mod:`hutch.net.http_relay`).
 
+Under ``inspection: full`` (and ``learn``) TLS is terminated instead: after the SNI
+check the guest's handshake completes against a leaf from hutch's CA
+(:mod:`hutch.net.tls_ca`, :mod:`hutch.net.tls_stream`) and every request inside is
+decided and relayed over its own verified upstream TLS connection
+(:mod:`hutch.net.inspected_http`). Learn and dry run decide by the policy they would
+enforce and log would-be denials as allowances (:func:`proxy_decide.observed`).
+
 Floods: with a ``limit``, each new connection first takes a token from its sender's
 bucket (:mod:`hutch.net.ratelimit`); without one it is closed at once, before a byte is
 read, and counted (the kernel drops SYNs past twice the rate, see :mod:`hutch.net.nft`).
