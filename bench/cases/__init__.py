@@ -12,6 +12,7 @@ from bench.cases.files import run_files
 from bench.cases.fork import run_fork
 from bench.cases.meter_overhead import run_meter_overhead
 from bench.cases.net import run_net
+from bench.cases.net_inspect import run_net_inspect
 from bench.cases.noisy import run_noisy
 from bench.cases.pause_resume import run_pause_resume
 from bench.cases.snapshot_blobs import run_snapshot_blobs
@@ -38,6 +39,9 @@ BENCHMARKS: dict[str, Benchmark] = {
         Benchmark("pause_resume", "pause/resume 512 MiB (256 MiB dirty) vs cat", run_pause_resume),
         Benchmark("fork", "fork of 10 vs cold boot", run_fork),
         Benchmark("net", "egress: enforcement path vs open NAT vs host", run_net),
+        Benchmark(
+            "net_inspect", "HTTPS: TLS inspection vs SNI passthrough vs open", run_net_inspect
+        ),
         Benchmark("dns_flood", "another sandbox's exec during a DNS flood vs quiet", run_dns_flood),
         Benchmark("noisy", "another sandbox's echo p99 under a neighbour's load", run_noisy),
         Benchmark("volumes", "exclusive volume vs own disk writes; live grow", run_volumes),

@@ -220,6 +220,9 @@ class Settings:
     # Where hutch's resolver forwards names a sandbox may resolve; None: the host's
     # resolvers from /etc/resolv.conf.
     dns_upstream: tuple[str, int] | None = None
+    # PEM file of the CAs that upstream servers are verified against when hutch's proxy
+    # terminates TLS (egress inspection "full"); None: the host's trust store.
+    egress_upstream_ca: Path | None = None
     # Host address that exposed sandbox ports listen on.
     ports_bind: str = "127.0.0.1"
     # qcow2 layers a sandbox disk may sit on before it is compacted (forks and named
@@ -311,6 +314,11 @@ class Settings:
     def secrets_key_path(self) -> Path:
         """The AES-256-GCM key sealing the secrets (0600, outside the database)."""
         return self.state_dir / "secrets.key"
+
+    @property
+    def egress_ca_dir(self) -> Path:
+        """The egress proxy's CA (``ca.pem``, ``ca.key`` 0600): TLS inspection "full"."""
+        return self.state_dir / "egress-ca"
 
     @property
     def images_dir(self) -> Path:
@@ -521,6 +529,15 @@ def _from_mapping(base: Settings, values: dict[str, Any], source: str) -> Settin
             s = replace(s, net_pool=parse_net_pool(str(values["net_pool"])))
         if "dns_upstream" in values:
             s = replace(s, dns_upstream=parse_dns_upstream(str(values["dns_upstream"])))
+        if "egress_upstream_ca" in values:
+            raw_ca = str(values["egress_upstream_ca"]).strip()
+            ca_path = Path(raw_ca).resolve() if raw_ca else None
+            if ca_path is not None and not ca_path.is_file():
+                raise InvalidArgument(
+                    f"{source}: egress_upstream_ca={raw_ca!r} is not a file; accepted: a PEM "
+                    "file of CA certificates (empty: the host's trust store)"
+                )
+            s = replace(s, egress_upstream_ca=ca_path)
         if "ports_bind" in values:
             bind = str(values["ports_bind"])
             try:
@@ -790,6 +807,7 @@ _ENV = {
     "HUTCH_NET_POOL": "net_pool",
     "HUTCH_DNS_UPSTREAM": "dns_upstream",
     "HUTCH_PORTS_BIND": "ports_bind",
+    "HUTCH_EGRESS_UPSTREAM_CA": "egress_upstream_ca",
     "HUTCH_MAX_DISK_LAYERS": "max_disk_layers",
     "HUTCH_QEMU_USER": "qemu_user",
     "HUTCH_CONSOLE_LOG_BYTES": "console_log_bytes",

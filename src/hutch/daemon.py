@@ -94,6 +94,10 @@ def build_services(
     """
     secrets = SecretService(SecretStore(store), SecretKey(settings.secrets_key_path))
     secrets.prepare()  # the key file is created on the first start
+    if net is not None:
+        # A transform's {secret:NAME} is rendered by the egress proxy, in the data
+        # path's thread, from the sandbox's project (the store takes its own lock).
+        net.enforcer.proxy.secrets = secrets
     core = SandboxRegistry(settings, store, backend, images, net, secrets)
     lifecycle = LifecycleService(core)
     snapshots = SnapshotService(core, lifecycle, SnapshotBlobs.from_settings(core))

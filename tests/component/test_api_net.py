@@ -500,3 +500,40 @@ async def test_egress_bytes_and_denials_reach_usage_and_the_event_log(
     assert events[0]["data"]["top"][0]["destination"] == "bad.test"
     audit = (await api.get("/v1/events", params={"type": "egress.*"})).json()["events"]
     assert [e["seq"] for e in audit] == [events[0]["seq"]]
+
+
+async def test_suggest_and_dry_run_from_the_egress_log(
+    api: httpx.AsyncClient, service: Services
+) -> None:
+    """GET .../egress/suggest turns the logged proxied decisions into a policy that PUT
+    accepts; POST .../egress/dry-run decides the log again under a policy and changes
+    nothing."""
+    sb = await create(api, egress={"inspection": "learn"})
+    net = service.core.net
+    assert net is not None
+    for method, path in (("GET", "/docs/a"), ("POST", "/admin")):
+        event = EgressEvent(
+            1_800_000_000.0, sb["id"], "198.18.0.10", 443, "https", "api.test", "allow",
+            None, "learn: would be denied", method, path,
+        )  # fmt: skip
+        net.log.record(event)
+    url = f"/v1/sandboxes/{sb['id']}/egress"
+    got = (await api.get(f"{url}/suggest")).json()
+    assert got["policy"]["inspection"] == "full"
+    assert got["policy"]["rules"] == [
+        {"action": "allow", "host": "api.test:443", "methods": ["POST"], "path": "/admin"},
+        {"action": "allow", "host": "api.test:443", "methods": ["GET"], "path": "/docs/a"},
+    ]
+    docs_only = {"inspection": "full", "rules": [got["policy"]["rules"][1]]}
+    r = await api.post(f"{url}/dry-run", json=docs_only)
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    assert [(e["path"], e["would"]) for e in answer["results"]] == [
+        ("/docs/a", "allow"), ("/admin", "deny"),
+    ]  # fmt: skip
+    assert answer["would_deny"] == 1
+    assert (await api.get(url)).json()["policy"]["inspection"] == "learn"  # unchanged
+    r = await api.put(url, json=got["policy"])
+    assert r.status_code == 200 and r.json()["policy"]["inspection"] == "full"
+    bad = await api.post(f"{url}/dry-run", json={"rules": [{"action": "permit", "host": "a"}]})
+    assert bad.status_code == 400 and "rules[0].action" in bad.text

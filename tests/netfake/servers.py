@@ -236,6 +236,9 @@ class _Web(BaseHTTPRequestHandler):
             "peer": _plain(self.client_address[0]),
             "path": self.path,
             "method": self.command,
+            # Echoed in the answer too: a server echoing an injected credential is what
+            # the egress proxy's redaction is tested against.
+            "authorization": self.headers.get("Authorization"),
         }
 
     def _send(self, status: int, ctype: str, body: bytes) -> None:

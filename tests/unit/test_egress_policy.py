@@ -13,10 +13,9 @@ from hutch.contract.egress_policy import (
     HttpRequest,
     OrderedPolicy,
     normalize_request_path,
-    parse_policy_document,
     parse_template,
-    require_available,
 )
+from hutch.contract.egress_policy_parse import parse_policy_document, require_available
 from hutch.errors import InvalidArgument
 from hutch.net.rules import EgressPolicy, lower_policy, parse_policy, policy_from_stored
 
@@ -218,7 +217,7 @@ def test_request_rules_open_only_the_web_ports() -> None:
     the address level it opens those ports only, so HTTP on another port cannot skip it."""
     p = policy_from_stored(
         {
-            "inspection": "partial",
+            "inspection": "full",
             "rules": [
                 {"action": "deny", "host": "api.test", "methods": ["POST"], "path": "/admin"},
                 {"action": "allow", "host": "api.test", "path": "/docs"},
@@ -309,15 +308,25 @@ def test_what_is_not_available_yet_is_refused_by_name() -> None:
     require_available(parse_policy_document(partial))  # plain HTTP by method and path
     literal = {"action": "transform", "host": "a.test", "set_headers": {"X-Key": "v"}}
     require_available(parse_policy_document({"inspection": "partial", "rules": [literal]}))
+    secret = {"action": "transform", "host": "a.test", "set_headers": {"A": "B {secret:k}"}}
+    require_available(parse_policy_document({"inspection": "full", "rules": [secret]}))
+    https_path = {"action": "allow", "host": "a.test:443", "path": "/d"}
+    require_available(parse_policy_document({"inspection": "full", "rules": [https_path]}))
+    require_available(parse_policy_document({"inspection": "learn"}))
+    require_available(
+        parse_policy_document({"dry_run": True, "inspection": "full", "rules": [https_path]})
+    )
     for doc, says in [
-        ({"inspection": "full"}, 'inspection: "full" is not available'),
-        ({"inspection": "learn"}, 'inspection: "learn" is not available'),
-        ({"inspection": "partial", "rules": [
-            {"action": "transform", "host": "a.test", "set_headers": {"A": "{secret:k}"}}]},
-         "rules[0].set_headers.A: {secret:k} needs the secrets store"),
-        ({"dry_run": True}, "dry_run: true is not available"),
         ({"default": "allow", "rules": [{"action": "deny", "host": "a.test"}]},
          'default: "allow" with deny rules (rules[0])'),
+        ({"default": "allow", "inspection": "full"}, 'default: "allow" with inspection "full"'),
+        ({"inspection": "partial", "rules": [https_path]},
+         'rules[0].host: a.test:443: HTTPS requests (port 443) are read only with inspection '
+         '"full"'),
+        ({"inspection": "full", "rules": [{"action": "allow", "host": "10.0.0.0/8"}]},
+         'rules[0].host: 10.0.0.0/8: inspection "full" decides by name'),
+        ({"inspection": "full", "rules": [{"action": "allow", "host": "a.test:22"}]},
+         'rules[0].host: a.test:22: inspection "full" reads HTTP and HTTPS only'),
     ]:  # fmt: skip
         with pytest.raises(
             InvalidArgument,
@@ -404,3 +413,14 @@ def test_rewrite_fields_sets_and_removes_and_keeps_connection_close_last() -> No
     assert again is not None and again.head == head  # still a strictly valid head
     with pytest.raises(HeadError, match="control character"):
         rewrite_fields(req.head, [("X-Key", "a\r\nEvil: 1")], [])
+
+
+def test_full_inspection_opens_only_the_web_ports_of_allowed_names() -> None:
+    """Under inspection full every request is read by the proxy (80/443), so an allow
+    rule without a port opens only those at the address level: nothing else leaves."""
+    full = policy_from_stored(
+        {"inspection": "full", "rules": [{"action": "allow", "host": "a.test"}]}
+    )
+    assert full.name_ports("a.test") == (80, 443)
+    none = policy_from_stored({"rules": [{"action": "allow", "host": "a.test"}]})
+    assert none.name_ports("a.test") == (None,)

@@ -78,7 +78,7 @@ def _keywords(schema: Any) -> set[str]:
 
 
 def test_every_spec_is_a_closed_object_schema_the_validator_understands() -> None:
-    assert len(TOOLS) == len(TOOLS_BY_NAME) == 14
+    assert len(TOOLS) == len(TOOLS_BY_NAME) == 15
     for spec in TOOLS:
         schema = spec.parameters
         assert schema["type"] == "object" and schema["additionalProperties"] is False

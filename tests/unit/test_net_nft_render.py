@@ -380,3 +380,20 @@ def test_forwarded_bytes_are_counted_per_sandbox_after_the_filter() -> None:
         "iifname @taps oifname != @taps counter name iifname map @tx_ctr",
     ]
     assert f'add element inet hutch_ab12 tx_ctr {{ "hab120123456789" : "c_{KEY}_tx" }}' in script
+
+
+def test_an_observing_policy_is_open_but_proxies_web_traffic() -> None:
+    """Learn and dry run: every packet passes, but tcp 80/443 goes through the proxy,
+    which records what the policy would deny."""
+    from hutch.net.rules import policy_from_stored
+
+    for doc in (
+        {"inspection": "learn"},
+        {"dry_run": True, "rules": [{"action": "allow", "host": "a.test"}]},
+    ):
+        policy = policy_from_stored(doc)
+        assert policy.mode == "open" and policy.observe is not None
+        script = render_add_sandbox(CFG, replace(sb([]), policy=policy))
+        assert chain_rules(script, f"px_{KEY}") == ["tcp dport @web_ports redirect to :8443"]
+        assert chain_rules(script, f"sb_{KEY}")[0].endswith("accept")
+    assert policy_from_stored({"dry_run": True, "rules": []}).shadow().mode == "deny-all"

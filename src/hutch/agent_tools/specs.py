@@ -457,6 +457,18 @@ GET_EGRESS = ToolSpec(
     idempotent=True,
 )
 
+SUGGEST_EGRESS = ToolSpec(
+    name="suggest_egress",
+    title="Suggest an egress policy",
+    description="The smallest ordered egress policy that allows exactly what a sandbox "
+    'used, from its egress log (set the policy {"inspection": "learn"} first and run '
+    "the workload: everything passes and every web request is logged). Apply the answer "
+    "with set_egress's policy.",
+    parameters=_obj({"sandbox_id": _SANDBOX_ID}, ["sandbox_id"]),
+    read_only=True,
+    idempotent=True,
+)
+
 LIST_SECRETS = ToolSpec(
     name="list_secrets",
     title="List secrets",
@@ -482,6 +494,7 @@ TOOLS: tuple[ToolSpec, ...] = (
     FORK_SANDBOX,
     SET_EGRESS,
     GET_EGRESS,
+    SUGGEST_EGRESS,
     LIST_SECRETS,
 )
 TOOLS_BY_NAME: dict[str, ToolSpec] = {spec.name: spec for spec in TOOLS}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import codecs
+import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -296,6 +297,16 @@ class HutchTools:
         data = (await sandbox.egress.get()).to_dict()
         return ToolResult(data, _describe_egress(a["sandbox_id"], data, ""))
 
+    async def _suggest_egress(self, a: dict[str, Any]) -> ToolResult:
+        sandbox = await AsyncSandbox.connect(a["sandbox_id"], client=self.client)
+        policy = await sandbox.egress.suggest()
+        rules = policy.get("rules", [])
+        text = (
+            f"Suggested egress policy for {a['sandbox_id']} ({len(rules)} rules, inspection "
+            f"{policy.get('inspection')}, default deny): {json.dumps(policy)}"
+        )
+        return ToolResult(policy, text)
+
 
 def args_or_empty(arguments: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return arguments if isinstance(arguments, Mapping) else {}
@@ -359,6 +370,7 @@ _HANDLERS: dict[str, Handler] = {
     "fork_sandbox": HutchTools._fork_sandbox,
     "set_egress": HutchTools._set_egress,
     "get_egress": HutchTools._get_egress,
+    "suggest_egress": HutchTools._suggest_egress,
     "list_secrets": HutchTools._list_secrets,
 }
 assert set(_HANDLERS) == set(TOOLS_BY_NAME), "every tool spec needs a handler"

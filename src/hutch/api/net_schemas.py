@@ -27,11 +27,14 @@ from hutch.models import NetworkMode
 __all__ = [
     "MAX_EGRESS_RULES",
     "MAX_NETWORKS_PER_SANDBOX",
+    "DryRunEvent",
     "Egress",
+    "EgressDryRun",
     "EgressEvent",
     "EgressLog",
     "EgressRuleText",
     "EgressRules",
+    "EgressSuggestion",
     "JoinNetwork",
     "NamedPolicy",
     "NamedPolicyList",
@@ -92,14 +95,16 @@ class PolicyDocument(_Strict):
     )
     inspection: str | None = Field(
         default=None,
-        description="`none` (the default: addresses and names only), `partial`, `full`, "
-        "`learn`. This daemon serves `none` and `partial` (plain-HTTP requests by method, "
-        "path and literal transforms; HTTPS to a host whose rules need the request is "
-        "refused); `full` and "
-        "`learn` are refused (400) until TLS termination lands.",
+        description="`none` (the default: addresses and names only), `partial` (plus "
+        "plain-HTTP requests by method and path, transforms), `full` (TLS terminated by "
+        "hutch's proxy with the daemon's CA, which the guest trusts: every HTTP(S) request "
+        "decided, transforms with `{secret:NAME}`), `learn` (everything passes; every "
+        "proxied connection and request is logged, see `.../egress/suggest`).",
     )
     dry_run: bool | None = Field(
-        default=None, description="Log would-be denials without denying (not available yet)."
+        default=None,
+        description="Log what the policy would deny (`dry run: would be denied: ...`) "
+        "without denying.",
     )
     rules: list[dict[str, Any]] = Field(
         default_factory=list,
@@ -264,6 +269,31 @@ class EgressEventView(_FromView):
 
 class EgressLog(BaseModel):
     events: list[EgressEvent] = Field(description="Oldest first.")
+
+
+class EgressSuggestion(BaseModel):
+    policy: dict[str, Any] = Field(
+        description="The smallest ordered policy allowing exactly the proxied connections "
+        "and requests in the sandbox's egress log (canonical; PUT it to apply)."
+    )
+    events: int = Field(description="How many logged decisions it was made from.")
+
+
+class DryRunEvent(BaseModel):
+    time: dt.datetime
+    name: str
+    port: int
+    method: str | None
+    path: str | None
+    was: Literal["allow", "deny"] = Field(description="What was decided then.")
+    would: Literal["allow", "deny"] = Field(description="What the policy would decide.")
+    rule: str | None = Field(description="The policy's rule that would decide (null: default).")
+    why: str
+
+
+class EgressDryRun(BaseModel):
+    results: list[DryRunEvent] = Field(description="Each logged proxied decision, oldest first.")
+    would_deny: int = Field(description="How many of them the policy would deny.")
 
 
 # -- inbound ports --------------------------------------------------------------------

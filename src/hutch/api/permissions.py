@@ -102,6 +102,8 @@ ROUTE_PERMISSIONS: dict[tuple[str, str], Permission] = {
     ("GET", f"{_SB}/egress"): P.SANDBOX_READ,
     ("PUT", f"{_SB}/egress"): P.EGRESS_WRITE,
     ("GET", f"{_SB}/egress/log"): P.SANDBOX_READ,
+    ("GET", f"{_SB}/egress/suggest"): P.SANDBOX_READ,
+    ("POST", f"{_SB}/egress/dry-run"): P.SANDBOX_READ,
     # named egress policies of the project (issue 12): reading them is reading the
     # network setup; writing them is writing egress (no new permission)
     ("GET", "/v1/egress-policies"): P.NETWORK_READ,

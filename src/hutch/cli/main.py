@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from hutch.cli import egress_learn  # noqa: F401  (registers egress suggest, dry-run)
 from hutch.cli._env import CliEnv, get_env
 from hutch.cli._output import print_json
 from hutch.cli.code import run_code

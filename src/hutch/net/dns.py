@@ -98,6 +98,11 @@ class SandboxNet(Protocol):
     @property
     def policy(self) -> EgressPolicy: ...
     @property
+    def project(self) -> str:
+        """Whose secrets a transform's ``{secret:NAME}`` reads (the egress proxy)."""
+        ...
+
+    @property
     def peers(self) -> Mapping[str, IPv4Address]:
         """Private-network names (lower case; names, ids, and both with
         ``.hutch.internal``) -> the peer's address."""
@@ -117,6 +122,8 @@ class SandboxNetInfo:
     sandbox_id: str
     policy: EgressPolicy
     peers: Mapping[str, IPv4Address] = field(default_factory=dict)
+    #: Whose secrets a transform's ``{secret:NAME}`` reads (the egress proxy).
+    project: str = "default"
 
 
 def clamp_ttl(ttl: int) -> int:

@@ -55,6 +55,7 @@ from hutch.net.proxy import EgressProxy
 from hutch.net.ratelimit import Rate
 from hutch.net.rules import EgressPolicy
 from hutch.net.summaries import Summaries
+from hutch.net.tls_ca import EgressCA, upstream_context
 
 __all__ = ["Enforcer", "Entry", "Snapshot", "default_upstream"]
 
@@ -125,8 +126,15 @@ class Enforcer:
         limits: NetLimits,
         upstream: tuple[str, int],
         dataplane: Dataplane | None = None,
+        ca_dir: Path | None = None,
+        upstream_ca: Path | None = None,
     ) -> None:
+        """``ca_dir``: where the TLS-inspection CA lives (made at :meth:`start`; None:
+        inspection ``full`` is refused per connection); ``upstream_ca``: the CAs upstream
+        servers are verified against then (None: the host's trust store)."""
         self.tag = tag
+        self._ca_dir = ca_dir
+        self._upstream_ca = upstream_ca
         self.pool = pool
         self.limits = limits
         self.dataplane: Dataplane = dataplane or NftDataplane()
@@ -179,6 +187,10 @@ class Enforcer:
         :meth:`install`); IP traffic that ``vmm_uid`` originates will be dropped. With
         the real dataplane, watch the host's addresses and refuse a pool that another
         interface uses. On failure everything started is stopped again."""
+        if self._ca_dir is not None:
+            # Before the data path runs: the proxy never sees a half-made CA.
+            self.proxy.ca = EgressCA(self._ca_dir)
+            self.proxy.upstream_tls = upstream_context(self._upstream_ca)
         self.datapath.start()
         try:
             dns_port = await self.datapath.run(self.resolver.start())

@@ -137,6 +137,11 @@ class PolicyLike(Protocol):
     @property
     def mode(self) -> Literal["open", "rules", "deny-all"]: ...
 
+    @property
+    def observe(self) -> str | None:
+        """Not None: open, but web traffic still goes through the proxy (learn, dry run)."""
+        ...
+
     def ip_networks(self) -> list[IPv4Network]: ...
 
     def ip_port_networks(self) -> list[tuple[IPv4Network, int]]: ...
@@ -418,6 +423,11 @@ def _sb_fill(cfg: TableConfig, sb: SandboxNet) -> list[str]:
             f"add rule inet {t} {n['px']} ip daddr . tcp dport @{n['ipport']} return",
             f"add rule inet {t} {n['px']} tcp dport @web_ports redirect to :{cfg.proxy_port}",
         ]
+    elif policy.observe is not None:
+        # Learn / dry run: everything passes, but the proxy sees (and logs) web traffic.
+        lines.append(
+            f"add rule inet {t} {n['px']} tcp dport @web_ports redirect to :{cfg.proxy_port}"
+        )
     return lines
 
 

@@ -18,6 +18,13 @@ covers the destination) here. Per connection:
    port, and relays with backpressure: TLS both ways as is; HTTP exactly the one
    checked request, then only the answer (:mod:`hutch.net.http_relay`).
 
+Under ``inspection: full`` (and ``learn``) TLS is terminated instead: after the SNI
+check the guest's handshake completes against a leaf from hutch's CA
+(:mod:`hutch.net.tls_ca`, :mod:`hutch.net.tls_stream`) and every request inside is
+decided and relayed over its own verified upstream TLS connection
+(:mod:`hutch.net.inspected_http`). Learn and dry run decide by the policy they would
+enforce and log would-be denials as allowances (:func:`proxy_decide.observed`).
+
 Floods: with a ``limit``, each new connection first takes a token from its sender's
 bucket (:mod:`hutch.net.ratelimit`); without one it is closed at once, before a byte is
 read, and counted (the kernel drops SYNs past twice the rate, see :mod:`hutch.net.nft`).
@@ -31,27 +38,40 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
-import re
 import socket
+import ssl
 import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from ipaddress import IPv4Address, ip_address
-from typing import Literal, Protocol
+from ipaddress import IPv4Address, IPv6Address, ip_address
+from typing import Any, Protocol
 
-from hutch.contract.egress_policy import HttpRequest
 from hutch.contract.views import EgressEvent, Verdict
 from hutch.errors import NetworkError
 from hutch.net.destinations import ForbiddenCheck, opened_by_ip_rule
 from hutch.net.dns import SandboxDirectory, SandboxNet
 from hutch.net.egress_log import EgressLog
-from hutch.net.http_head import HeadError, RequestHead, parse_request_head, rewrite_fields
+from hutch.net.http_head import RequestHead
 from hutch.net.http_relay import relay_one_request
+from hutch.net.inspected_http import Checked, Refused, serve_inspected
+from hutch.net.proxy_decide import (
+    Allowed,
+    Denied,
+    HttpFacts,
+    SecretResolver,
+    decide_destination,
+    decide_request,
+    inspects_tls,
+    observed,
+    still_allowed,
+)
 from hutch.net.ratelimit import KeyedLimiter, Rate
 from hutch.net.rules import EgressPolicy, normalize_name
+from hutch.net.sniff import Sniffed, sniff
+from hutch.net.tls_ca import EgressCA
+from hutch.net.tls_stream import TlsStream
 
 __all__ = [
     "EgressProxy",
@@ -67,11 +87,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SO_ORIGINAL_DST = 80  # linux/netfilter_ipv4.h, at level SOL_IP (0)
-MAX_TLS_HELLO = 64 * 1024
-MAX_PEEK = MAX_TLS_HELLO + 1024
-_EXT_SERVER_NAME = 0
-_EXT_ECH = 0xFE0D
-_METHOD_START = re.compile(rb"^[A-Z]{1,16}( |$)")
 
 
 class NameResolver(Protocol):
@@ -84,157 +99,7 @@ def so_original_dst_port(sock: socket.socket) -> int:
     return int(struct.unpack_from("!H", raw, 2)[0])
 
 
-# ---- what the guest sent first ---------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Sniffed:
-    """What the first bytes say: the protocol, the name, or why there is none.
-    ``head`` is what to send upstream instead of the bytes read (HTTP rewrites);
-    ``request`` the checked HTTP request (its body follows ``request.consumed``)."""
-
-    protocol: Literal["tls", "http", "unknown"]
-    name: str | None
-    error: str | None = None
-    head: bytes | None = None
-    request: RequestHead | None = None
-
-
-def sniff(buf: bytes) -> Sniffed | None:
-    """Parse the start of a connection; None means "read more bytes first"."""
-    if not buf:
-        return None
-    if buf[0] == 0x16:
-        return _sniff_tls(buf)
-    if len(buf) > MAX_PEEK:  # e.g. endless empty TLS records: never buffer without bound
-        return Sniffed("unknown", None, "no server name in the first 64 KiB")
-    if _METHOD_START.match(buf[:17]):
-        return _sniff_http(buf)
-    return Sniffed("unknown", None, "neither a TLS ClientHello nor an HTTP/1.x request")
-
-
-def _sniff_tls(buf: bytes) -> Sniffed | None:
-    handshake = bytearray()
-    off = 0
-    while True:
-        if len(buf) < off + 5:
-            return None
-        ctype = buf[off]
-        (length,) = struct.unpack_from("!H", buf, off + 3)
-        if ctype != 0x16:
-            return Sniffed("tls", None, "TLS data before the ClientHello was complete")
-        if len(buf) < off + 5 + length:
-            return None
-        handshake += buf[off + 5 : off + 5 + length]
-        off += 5 + length
-        if len(handshake) >= 4:
-            if handshake[0] != 1:
-                return Sniffed("tls", None, "the first TLS handshake message is not ClientHello")
-            need = 4 + int.from_bytes(handshake[1:4], "big")
-            if need > MAX_TLS_HELLO:
-                return Sniffed("tls", None, "TLS ClientHello is too large")
-            if len(handshake) >= need:
-                return _client_hello(bytes(handshake[4:need]))
-
-
-def _client_hello(body: bytes) -> Sniffed:
-    try:
-        pos = 2 + 32  # legacy_version, random
-        pos += 1 + body[pos]  # session id
-        pos += 2 + struct.unpack_from("!H", body, pos)[0]  # cipher suites
-        pos += 1 + body[pos]  # compression methods
-        if pos == len(body):
-            return Sniffed("tls", None, "TLS ClientHello has no server name (SNI)")
-        (ext_total,) = struct.unpack_from("!H", body, pos)
-        pos += 2
-        end = pos + ext_total
-        if end > len(body):
-            raise ValueError("extensions overrun")
-        names: list[str] = []
-        while pos + 4 <= end:
-            ext_type, ext_len = struct.unpack_from("!HH", body, pos)
-            pos += 4
-            data = body[pos : pos + ext_len]
-            pos += ext_len
-            if ext_type == _EXT_ECH:
-                return Sniffed("tls", None, "encrypted ClientHello (ECH) hides the server name")
-            if ext_type == _EXT_SERVER_NAME:
-                names.extend(_server_names(data))
-    except (IndexError, struct.error, ValueError, UnicodeDecodeError):
-        return Sniffed("tls", None, "malformed TLS ClientHello")
-    if not names:
-        return Sniffed("tls", None, "TLS ClientHello has no server name (SNI)")
-    if len(names) > 1:
-        return Sniffed("tls", None, "TLS ClientHello names more than one server")
-    return Sniffed("tls", names[0])
-
-
-def _server_names(data: bytes) -> list[str]:
-    (total,) = struct.unpack_from("!H", data, 0)
-    pos, end, out = 2, 2 + total, []
-    if end > len(data):
-        raise ValueError("server_name list overruns")
-    while pos + 3 <= end:
-        kind, length = data[pos], struct.unpack_from("!H", data, pos + 1)[0]
-        pos += 3
-        if kind == 0:  # host_name
-            out.append(data[pos : pos + length].decode("ascii"))
-        pos += length
-    return out
-
-
-def _sniff_http(buf: bytes) -> Sniffed | None:
-    try:
-        request = parse_request_head(buf)
-    except HeadError as exc:
-        return Sniffed("http", None, str(exc))
-    if request is None:
-        return None
-    return Sniffed("http", request.host.host, None, request.head, request)
-
-
 # ---- the proxy --------------------------------------------------------------------------
-
-
-class _Denied(Exception):
-    def __init__(self, reason: str, rule: str | None = None, index: int | None = None) -> None:
-        super().__init__(reason)
-        self.reason, self.rule, self.index = reason, rule, index
-
-
-class SecretResolver(Protocol):
-    """Where a transform's ``{secret:NAME}`` values come from (the secrets store's
-    ``reveal(name, project)``). Not wired yet: the contract refuses secret references
-    until the store is on main, so :func:`_no_secrets` stands in and refuses."""
-
-    def reveal(self, name: str, project: str) -> str: ...
-
-
-def _no_secrets(name: str) -> str:
-    raise LookupError(f"secret {name!r}: this daemon has no secrets store yet")
-
-
-def _path_of(target: str) -> str:
-    """A request target's path without its query (for 403 bodies and the log)."""
-    if "://" in target:
-        rest = target.split("://", 1)[1]
-        target = "/" + rest.split("/", 1)[1] if "/" in rest else "/"
-    return target.split("?", 1)[0]
-
-
-@dataclass(frozen=True)
-class _Http:
-    """What the egress log keeps of a plain-HTTP request: the method and the path
-    without its query (query values can hold secrets)."""
-
-    method: str | None = None
-    path: str | None = None
-
-    @classmethod
-    def of(cls, seen: Sniffed) -> _Http:
-        if seen.request is None:
-            return cls()
-        return cls(seen.request.method, _path_of(seen.request.target))
 
 
 @dataclass(eq=False)
@@ -246,17 +111,6 @@ class _Relay:
     port: int
     protocol: str
     writers: tuple[asyncio.StreamWriter, asyncio.StreamWriter]
-
-
-def still_allowed(policy: EgressPolicy, name: str, port: int) -> str | None:
-    """None when ``policy`` allows ``name`` on ``port`` through the proxy; else why not."""
-    if policy.mode == "open":
-        return None
-    if policy.mode == "deny-all":
-        return "egress is now deny-all"
-    if policy.match_name(name, port) is None:
-        return f"no rule allows {name} on port {port} any more"
-    return None
 
 
 class EgressProxy:
@@ -275,8 +129,16 @@ class EgressProxy:
         peek_timeout_s: float = 10,
         original_port: Callable[[socket.socket], int] = so_original_dst_port,
         limit: Rate | None = None,
+        ca: EgressCA | None = None,
+        upstream_tls: ssl.SSLContext | None = None,
+        secrets: SecretResolver | None = None,
     ) -> None:
         self._directory = directory
+        #: TLS inspection (``full``): the CA minting leaves for the guest, how upstream
+        #: servers are verified, where transform secrets come from (set by the daemon).
+        self.ca = ca
+        self.upstream_tls = upstream_tls
+        self.secrets = secrets
         self._resolver = resolver
         self._log = log
         self._forbidden = forbidden
@@ -358,7 +220,7 @@ class EgressProxy:
             self._event(sandbox, "-", None, "tcp", None, "deny", None, f"no original port: {exc}")
             return
         seen, raw = await self._peek(reader)
-        http = _Http.of(seen)
+        http = HttpFacts.of(seen.request)
         if seen.error is not None or seen.name is None:
             reason = seen.error or "no name"
             self._event(
@@ -367,35 +229,36 @@ class EgressProxy:
             )  # fmt: skip
             await self._refuse(writer, seen, port, reason)
             return
+        if seen.protocol == "tls" and inspects_tls(sandbox.policy):
+            await self._inspect_tls(sandbox, src, seen.name, port, raw, reader, writer)
+            return
+        name = seen.name
         try:
-            rewritten: list[RequestHead] = []  # a transform's head, decided before connecting
-            rule, index, upstream, addr = await self._decide_and_connect(
-                sandbox, seen.name, port, seen.request, rewritten
-            )
-        except _Denied as denied:
+
+            def decide(policy: EgressPolicy) -> Allowed:
+                allowed = decide_destination(policy, name, port)
+                if allowed.inspect:
+                    allowed = self._request_rules(sandbox, policy, name, port, seen.request)
+                return allowed
+
+            allowed = observed(decide, sandbox.policy)
+            upstream, addr = await self._connect(sandbox.policy, seen.name, port, allowed.rule)
+        except Denied as denied:
             self._event(
                 sandbox, seen.name, port, seen.protocol, seen.name, "deny", denied.rule,
                 denied.reason, http=http, index=denied.index,
             )  # fmt: skip
             await self._refuse(writer, seen, port, denied.reason)
             return
+        rule, index = allowed.rule, allowed.index
         self._event(
             sandbox, str(addr), port, seen.protocol, seen.name, "allow", rule,
-            "allowed by rule" if rule else "open egress", http=http, index=index,
+            allowed.note or ("allowed by rule" if rule else "open egress"), http=http,
+            index=index,
         )  # fmt: skip
         up_reader, up_writer = upstream
         relay = _Relay(sandbox, seen.name, port, seen.protocol, (writer, up_writer))
-        self._relays.add(relay)
-        # The rules may have changed while this connection was decided: revalidate()
-        # cut what was registered then; this one meets the rules in force now.
-        now = self._directory.lookup(src) if isinstance(src, IPv4Address) else None
-        why = "the sandbox is gone" if now is None else still_allowed(now.policy, seen.name, port)
-        if why is not None:
-            self._relays.discard(relay)
-            self._event(
-                sandbox, str(addr), port, seen.protocol, seen.name, "deny", None,
-                f"open connection cut: the rules changed ({why})",
-            )  # fmt: skip
+        if not self._register(relay, src, str(addr)):
             up_writer.transport.abort()
             return
         sid = sandbox.sandbox_id
@@ -406,7 +269,7 @@ class EgressProxy:
         try:
             if seen.request is not None:
                 body = raw[seen.request.consumed :]
-                request = rewritten[0] if rewritten else seen.request
+                request = allowed.head or seen.request
                 cut = await relay_one_request(
                     reader, writer, up_reader, up_writer, request, body, sent=sent
                 )
@@ -419,6 +282,55 @@ class EgressProxy:
         finally:
             self._relays.discard(relay)
             await close_writer(up_writer)
+
+    def _register(self, relay: _Relay, src: IPv4Address | IPv6Address, addr: str) -> bool:
+        """Register a relay for :meth:`revalidate`; False (logged) when the rules changed
+        while it was decided and no longer allow it (revalidate() cut what was registered
+        then; this one meets the rules in force now)."""
+        self._relays.add(relay)
+        now = self._directory.lookup(src) if isinstance(src, IPv4Address) else None
+        why = (
+            "the sandbox is gone"
+            if now is None
+            else still_allowed(now.policy, relay.name, relay.port)
+        )
+        if why is None:
+            return True
+        self._relays.discard(relay)
+        self._event(
+            relay.sandbox, addr, relay.port, relay.protocol, relay.name, "deny", None,
+            f"open connection cut: the rules changed ({why})",
+        )  # fmt: skip
+        return False
+
+    def _request_rules(
+        self,
+        sandbox: SandboxNet,
+        policy: EgressPolicy,
+        name: str,
+        port: int,
+        request: RequestHead | None,
+    ) -> Allowed:
+        """A rule needs the request (methods, path, transform). Plain HTTP: the request
+        decides. TLS without inspection ``full``: refused (its request cannot be read)."""
+        if request is None:
+            assert policy.ordered is not None
+            first = policy.ordered.decide_connection(name, None, port).rule
+            assert first is not None
+            raise Denied(
+                f"{first.canonical} needs the HTTP request, which TLS hides from hutch "
+                f'without inspection "full": {name} on port {port} is refused',
+                first.canonical,
+                first.index,
+            )
+        return decide_request(policy, name, port, request, self._reveal(sandbox))
+
+    def _reveal(self, sandbox: SandboxNet) -> Callable[[str], str] | None:
+        secrets = self.secrets
+        if secrets is None:
+            return None
+        project = sandbox.project
+        return lambda name: secrets.reveal(name, project)
 
     async def _peek(self, reader: asyncio.StreamReader) -> tuple[Sniffed, bytes]:
         buf = b""
@@ -436,55 +348,117 @@ class EgressProxy:
             why = f"no TLS ClientHello or HTTP request within {self._peek_timeout_s:g}s"
             return Sniffed("unknown", None, why), buf
 
-    async def _decide_and_connect(
+    async def _inspect_tls(
         self,
         sandbox: SandboxNet,
+        src: IPv4Address | IPv6Address,
         name: str,
         port: int,
-        request: RequestHead | None = None,
-        rewritten: list[RequestHead] | None = None,
-    ) -> tuple[
-        str | None, int | None, tuple[asyncio.StreamReader, asyncio.StreamWriter], IPv4Address
-    ]:
-        """(rule text, ordered rule index, the upstream connection, its address).
-        ``request``: the plain-HTTP request, for rules that need it (methods, path);
-        a transform rule's rewritten request is put in ``rewritten``."""
-        policy = sandbox.policy
-        rule_text: str | None = None
-        index: int | None = None
-        if normalize_name(name) is None:
-            raise _Denied(f"{name!r} is not a valid hostname")
-        if policy.mode == "deny-all":
-            raise _Denied("egress is deny-all")
-        if policy.mode == "rules" and policy.ordered is not None:
-            # Ordered: the first rule whose host matches decides, and a denial names it.
-            decided = policy.ordered.decide_connection(name, None, port)
-            if decided.verdict == "inspect":
-                rule_text, index, head = self._decide_request(policy, name, port, request)
-                if head is not None and rewritten is not None:
-                    rewritten.append(head)
-            elif decided.verdict != "allow":
-                if decided.rule is None:
-                    raise _Denied(f"no rule allows {name} on port {port} (the default is deny)")
-                raise _Denied(
-                    f"{decided.rule.canonical} denies {name} on port {port}",
-                    decided.rule.canonical,
-                    decided.rule.index,
+        raw: bytes,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        """Inspection ``full``: the destination is checked by SNI, then TLS is terminated
+        with a leaf for ``name`` from hutch's CA, and every HTTP request inside is decided
+        on its own (:mod:`hutch.net.inspected_http`) and sent over a fresh upstream TLS
+        connection verified for ``name``. What cannot be read is refused, never passed."""
+
+        def deny(reason: str, rule: str | None = None, index: int | None = None, **kw: Any) -> None:
+            self._event(sandbox, name, port, "https", name, "deny", rule, reason, index=index, **kw)
+
+        try:
+            observed(lambda p: decide_destination(p, name, port), sandbox.policy)
+        except Denied as denied:
+            deny(denied.reason, denied.rule, denied.index)
+            return
+        if self.ca is None or self.upstream_tls is None:
+            deny('inspection "full" needs the egress CA, which this proxy was not given')
+            return
+        norm = normalize_name(name) or name
+        tls = TlsStream(reader, writer, self.ca.server_context(norm), raw)
+        try:
+            async with asyncio.timeout(self._peek_timeout_s):
+                await tls.handshake()
+        except (ssl.SSLError, ConnectionError, OSError, TimeoutError) as exc:
+            deny(
+                "the TLS handshake with the guest failed (a client must trust hutch's CA; "
+                f"pinned certificates cannot be inspected): {exc or 'timed out'}"
+            )
+            return
+        relay = _Relay(sandbox, name, port, "https", (writer, writer))
+        if not self._register(relay, src, name):
+            return
+        upstream_tls = self.upstream_tls
+
+        async def check(request: RequestHead) -> Checked:
+            http = HttpFacts.of(request)
+            try:
+                if normalize_name(request.host.host) != norm or request.host.port not in (
+                    None,
+                    port,
+                ):
+                    raise Denied(
+                        f"the Host header ({request.host.host}) is not the TLS server name "
+                        f"({name}:{port}); domain fronting is refused"
+                    )
+                # Live changes apply to the next request: the rules in force now.
+                now = self._directory.lookup(src) if isinstance(src, IPv4Address) else None
+                if now is None:
+                    raise Denied("the sandbox is gone")
+                reveal = self._reveal(now)
+
+                def decide(policy: EgressPolicy) -> Allowed:
+                    decide_destination(policy, name, port)
+                    return decide_request(policy, name, port, request, reveal)
+
+                allowed = observed(decide, now.policy)
+                (up_reader, up_writer), addr = await self._connect(
+                    now.policy, name, port, allowed.rule, upstream_tls
                 )
-            else:
-                assert decided.rule is not None
-                rule_text, index = decided.rule.canonical, decided.rule.index
-        elif policy.mode == "rules":
-            rule = policy.match_name(name, port)
-            if rule is None:
-                raise _Denied(f"no rule allows {name} on port {port}")
-            rule_text = rule.canonical
+            except Denied as denied:
+                deny(denied.reason, denied.rule, denied.index, http=http)
+                raise Refused(denied.reason) from None
+            rule = allowed.rule
+            self._event(
+                sandbox, str(addr), port, "https", name, "allow", rule,
+                allowed.note or ("allowed by rule" if rule else "open egress"), http=http,
+                index=allowed.index,
+            )  # fmt: skip
+
+            def done(cut: str | None) -> None:
+                if cut is not None:
+                    self._event(sandbox, str(addr), port, "https", name, "deny", rule, cut)
+
+            head = (allowed.head or request).head
+            secrets = [v.encode() for v in allowed.secrets]
+            return Checked(head, up_reader, up_writer, secrets, done)
+
+        def refused(_request: RequestHead | None, reason: str) -> None:
+            deny(reason)
+
+        try:
+            await serve_inspected(tls, check, refused)
+            await tls.close()
+        finally:
+            self._relays.discard(relay)
+
+    async def _connect(
+        self,
+        policy: EgressPolicy,
+        name: str,
+        port: int,
+        rule_text: str | None,
+        tls: ssl.SSLContext | None = None,
+    ) -> tuple[tuple[asyncio.StreamReader, asyncio.StreamWriter], IPv4Address]:
+        """Resolve ``name`` here, drop forbidden answers and connect to the first good
+        address (over TLS verified for ``name`` when ``tls`` is given). Failures after
+        the rule allowed carry no rule index: they are not the rule's decision."""
         try:
             addrs = [a for a, _ in await self._resolver.resolve_a(name)]
         except NetworkError as exc:
-            raise _Denied(f"cannot resolve {name}: {exc}", rule_text) from exc
+            raise Denied(f"cannot resolve {name}: {exc}", rule_text) from exc
         if not addrs:
-            raise _Denied(f"{name} has no IPv4 address", rule_text)
+            raise Denied(f"{name} has no IPv4 address", rule_text)
         verdicts = [(a, self._forbidden(a)) for a in addrs]
         good = [
             a
@@ -494,69 +468,26 @@ class EgressProxy:
         if not good:
             bad = ", ".join(str(a) for a in addrs)
             whys = "; ".join(f"{a} is {why.why}" for a, why in verdicts if why is not None)
-            raise _Denied(f"{name} resolves only to forbidden addresses ({bad}): {whys}", rule_text)
+            raise Denied(f"{name} resolves only to forbidden addresses ({bad}): {whys}", rule_text)
         errors: list[str] = []
         for addr in good:
             try:
                 async with asyncio.timeout(self._connect_timeout_s):
-                    conn = await asyncio.open_connection(str(addr), port)
-                return rule_text, index, conn, addr
+                    if tls is None:
+                        conn = await asyncio.open_connection(str(addr), port)
+                    else:
+                        conn = await asyncio.open_connection(
+                            str(addr), port, ssl=tls, server_hostname=name
+                        )
+                return conn, addr
+            except ssl.SSLCertVerificationError as exc:
+                raise Denied(
+                    f"the server {name}:{port} failed TLS verification: {exc.verify_message}",
+                    rule_text,
+                ) from exc
             except (OSError, TimeoutError) as exc:
                 errors.append(f"{addr}: {exc or 'timed out'}")
-        # Failures after the rule allowed carry no index: they are not the rule's decision.
-        raise _Denied(f"cannot connect to {name}:{port} ({'; '.join(errors)})", rule_text)
-
-    @staticmethod
-    def _decide_request(
-        policy: EgressPolicy, name: str, port: int, request: RequestHead | None
-    ) -> tuple[str | None, int | None, RequestHead | None]:
-        """A rule needs the request (methods, path, transform): the plain-HTTP request
-        decides, first match in order (:meth:`OrderedPolicy.decide`); a transform gives
-        the rewritten request. TLS is refused: its request cannot be read without TLS
-        termination, which is not built yet (fail closed). A request carrying a
-        ``{secret:`` placeholder is refused: only a transform rule fills secrets, never
-        the guest's own request."""
-        assert policy.ordered is not None
-        first = policy.ordered.decide_connection(name, None, port).rule
-        assert first is not None
-        if request is None:
-            raise _Denied(
-                f"{first.canonical} needs the HTTP request, which TLS hides from hutch "
-                f"(TLS inspection is not available yet): {name} on port {port} is refused",
-                first.canonical,
-                first.index,
-            )
-        if b"{secret:" in request.head.lower():
-            raise _Denied(
-                "the request carries a {secret:...} placeholder; hutch fills secrets only "
-                "through a transform rule bound to the host, never from the guest's request"
-            )
-        decision = policy.ordered.decide(
-            HttpRequest(name, None, port, request.method, request.target)
-        )
-        if decision.rule is None:
-            if decision.allowed:
-                return None, None, None
-            raise _Denied(
-                f"no rule allows {request.method} {_path_of(request.target)} on {name}:{port} "
-                "(the default is deny)"
-            )
-        rule = decision.rule
-        if not decision.allowed:
-            raise _Denied(
-                f"{rule.canonical} denies {request.method} {_path_of(request.target)} on "
-                f"{name}:{port}",
-                rule.canonical,
-                rule.index,
-            )
-        if decision.action != "transform":
-            return rule.canonical, rule.index, None
-        try:
-            values = [(n, tpl.render(_no_secrets)) for n, tpl in rule.set_headers]
-            head = rewrite_fields(request.head, values, rule.remove_headers)
-        except (HeadError, LookupError) as exc:
-            raise _Denied(f"{rule.canonical} cannot transform: {exc}", rule.canonical) from exc
-        return rule.canonical, rule.index, dataclasses.replace(request, head=head)
+        raise Denied(f"cannot connect to {name}:{port} ({'; '.join(errors)})", rule_text)
 
     async def _refuse(
         self, writer: asyncio.StreamWriter, seen: Sniffed, port: int, reason: str
@@ -585,10 +516,10 @@ class EgressProxy:
         rule: str | None,
         reason: str,
         *,
-        http: _Http | None = None,
+        http: HttpFacts | None = None,
         index: int | None = None,
     ) -> None:
-        h = http or _Http()
+        h = http or HttpFacts()
         self._log.record(
             EgressEvent(
                 time.time(),

@@ -27,9 +27,8 @@ from hutch.contract.egress import (
     parse_rule,
     parse_rules,
 )
-from hutch.contract.egress_policy import (
-    OrderedPolicy,
-    PolicyRule,
+from hutch.contract.egress_policy import OrderedPolicy, PolicyRule
+from hutch.contract.egress_policy_parse import (
     is_policy_document,
     parse_policy_document,
     require_available,
@@ -99,6 +98,25 @@ class EgressPolicy:
     @classmethod
     def open(cls) -> EgressPolicy:
         return cls("open", ())
+
+    @property
+    def observe(self) -> str | None:
+        """``"learn"`` or ``"dry run"`` when this policy only records what it would deny:
+        the address level is open, web traffic still goes through the proxy (which
+        decides by :meth:`shadow` and logs would-be denials), DNS is forwarded."""
+        if self.ordered is None:
+            return None
+        if self.ordered.inspection == "learn":
+            return "learn"
+        return "dry run" if self.ordered.dry_run else None
+
+    def shadow(self) -> EgressPolicy:
+        """The policy an observing one would enforce (itself when it enforces)."""
+        if self.observe is None or self.ordered is None:
+            return self
+        mode = self.ordered.mode
+        nets = _lower_ip(self.ordered) if mode == "rules" else ()
+        return EgressPolicy(mode, (), self.ordered, nets)
 
     def texts(self) -> list[str]:
         """Canonical strings for GET (and for today's lists, storage): today's rules, or
@@ -230,7 +248,7 @@ def lower_policy(ordered: OrderedPolicy) -> EgressPolicy:
     the address and name level (``inspection: none``); anything else is refused with
     InvalidArgument naming what is not available, and the previous policy stays."""
     require_available(ordered)
-    if ordered.mode == "open":
+    if ordered.mode == "open" or ordered.inspection == "learn" or ordered.dry_run:
         return EgressPolicy("open", (), ordered)
     return EgressPolicy(ordered.mode, (), ordered, _lower_ip(ordered))
 

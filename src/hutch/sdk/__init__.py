@@ -44,6 +44,7 @@ from hutch.sdk._files import ArchiveWritten, FileEntry, WatchEvent, WrittenFile
 from hutch.sdk._hosts import HostInfo
 from hutch.sdk._images import BuildEvent, ImageProgress
 from hutch.sdk._net import (
+    DryRunEvent,
     EgressEvent,
     EgressInfo,
     NamedPolicyInfo,
@@ -113,6 +114,7 @@ __all__ = [
     "Contexts",
     "CreatedKeyInfo",
     "DaemonUnreachable",
+    "DryRunEvent",
     "Egress",
     "EgressEvent",
     "EgressInfo",

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from urllib.parse import quote
 
 from hutch.contract.egress import parse_rules
-from hutch.contract.egress_policy import parse_policy_document
+from hutch.contract.egress_policy_parse import parse_policy_document
 from hutch.contract.enums import NetworkMode
 from hutch.contract.limits import (
     DEFAULT_EGRESS_LOG_LIMIT,
@@ -32,6 +32,7 @@ from hutch.sdk._values import iso, maybe, moment, need, strings
 __all__ = [
     "EGRESS_LOG_MAX",
     "MAX_EGRESS_RULES",
+    "DryRunEvent",
     "EgressEvent",
     "EgressInfo",
     "NetCalls",
@@ -246,6 +247,55 @@ class EgressEvent:
         }
 
 
+def _egress_body(
+    rules: Sequence[str] | None, policy: Mapping[str, Any] | str | None
+) -> dict[str, Any]:
+    if (rules is None) == (policy is None):
+        raise InvalidArgument("give either rules (a list) or policy (a document or a name)")
+    if isinstance(policy, str):
+        return {"policy": check_policy_name(policy)}
+    if policy is not None:
+        return check_policy(policy)
+    assert rules is not None
+    return {"rules": check_rules(rules)}
+
+
+@dataclass(frozen=True)
+class DryRunEvent:
+    """One logged proxied decision decided again under another policy: what ``was``
+    decided then, what the policy ``would`` decide (``"allow"``/``"deny"``), by which
+    ``rule`` (None: its default) and ``why``."""
+
+    time: datetime | None
+    name: str
+    port: int
+    method: str | None
+    path: str | None
+    was: str
+    would: str
+    rule: str | None
+    why: str
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> DryRunEvent:
+        w = "dry-run event"
+        return cls(
+            time=moment(obj, "time", w),
+            name=need(obj, "name", str, w),
+            port=need(obj, "port", int, w),
+            method=maybe(obj, "method", str, w),
+            path=maybe(obj, "path", str, w),
+            was=need(obj, "was", str, w),
+            would=need(obj, "would", str, w),
+            rule=maybe(obj, "rule", str, w),
+            why=need(obj, "why", str, w),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        keys = ("name", "port", "method", "path", "was", "would", "rule", "why")
+        return {"time": iso(self.time), **{k: getattr(self, k) for k in keys}}
+
+
 @dataclass(frozen=True)
 class PortInfo:
     """An exposed guest ``port``, reachable at ``host``:``host_port`` (``url``)."""
@@ -355,18 +405,26 @@ class NetCalls:
         policy: Mapping[str, Any] | str | None = None,
     ) -> Call[EgressInfo]:
         """``rules`` (today's list), or ``policy``: a policy document or a named policy."""
-        body: dict[str, Any]
-        if (rules is None) == (policy is None):
-            raise InvalidArgument("give either rules (a list) or policy (a document or a name)")
-        if isinstance(policy, str):
-            body = {"policy": check_policy_name(policy)}
-        elif policy is not None:
-            body = check_policy(policy)
-        else:
-            assert rules is not None
-            body = {"rules": check_rules(rules)}
+        body = _egress_body(rules, policy)
         req = self.core.request("PUT", self._sandbox(sandbox_id, "/egress"), json_body=body)
         return Call(req, one(EgressInfo.from_dict))
+
+    def egress_suggest(self, sandbox_id: str) -> Call[dict[str, Any]]:
+        req = self.core.request("GET", self._sandbox(sandbox_id, "/egress/suggest"))
+        return Call(req, one(lambda obj: dict(need(obj, "policy", dict, "egress suggestion"))))
+
+    def egress_dry_run(
+        self,
+        sandbox_id: str,
+        rules: Sequence[str] | None = None,
+        policy: Mapping[str, Any] | str | None = None,
+    ) -> Call[list[DryRunEvent]]:
+        """The egress log decided again under ``rules`` or ``policy`` (as for set)."""
+        body = _egress_body(rules, policy)
+        req = self.core.request(
+            "POST", self._sandbox(sandbox_id, "/egress/dry-run"), json_body=body
+        )
+        return Call(req, list_of("results", DryRunEvent.from_dict))
 
     def egress_log(
         self, sandbox_id: str, limit: int = DEFAULT_EGRESS_LOG_LIMIT

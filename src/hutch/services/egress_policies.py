@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hutch.contract.egress_policy import parse_policy_document
+from hutch.contract.egress_policy_parse import parse_policy_document
 from hutch.contract.names import NAME_RE
 from hutch.errors import InvalidArgument, NotFound
 from hutch.net.rules import EgressPolicy, lower_policy

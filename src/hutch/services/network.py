@@ -52,6 +52,7 @@ class _Attached:
     block: Block
     tap: str
     policy: EgressPolicy
+    project: str = "default"  # whose secrets the proxy's transforms read
 
     def dataplane_view(self) -> SandboxNet:
         return SandboxNet(self.sandbox_id, self.tap, self.block.guest, self.policy)
@@ -70,6 +71,7 @@ class NetworkService:
         dataplane: Dataplane | None = None,
     ) -> None:
         self.settings = settings
+        self._store = store
         self.db = NetStore(store, settings.host_id)
         self.pool = AddressPool(settings.net_pool)
         self.enforcer = Enforcer(
@@ -78,6 +80,8 @@ class NetworkService:
             limits=settings.net_limits,
             upstream=settings.dns_upstream or default_upstream(),
             dataplane=dataplane,
+            ca_dir=settings.egress_ca_dir,
+            upstream_ca=settings.egress_upstream_ca,
         )
         #: The egress log (written by the data path, read here and by tests).
         self.log = self.enforcer.log
@@ -106,7 +110,11 @@ class NetworkService:
             self.db.forget_sandbox(sid)
         for sid, lease in self.db.leases().items():
             self._attached[sid] = _Attached(
-                sid, self.pool.block(lease.block), lease.tap, policy_from_stored(self.db.rules(sid))
+                sid,
+                self.pool.block(lease.block),
+                lease.tap,
+                policy_from_stored(self.db.rules(sid)),
+                self._project_of(sid),
             )
         async with self._lock:
             await self.enforcer.install(
@@ -173,7 +181,7 @@ class NetworkService:
             tap = tap_name(self.settings.daemon_tag, sandbox_id)
             self.db.add_lease(sandbox_id, block.index, tap)
             self.db.set_rules(sandbox_id, policy.stored())
-            att = _Attached(sandbox_id, block, tap, policy)
+            att = _Attached(sandbox_id, block, tap, policy, self._project_of(sandbox_id))
             try:
                 await self.enforcer.add(att.dataplane_view(), block)
             except BaseException:
@@ -219,7 +227,7 @@ class NetworkService:
         no longer allowed; addresses learned for names still allowed are carried over."""
         att = self._require(sandbox_id)
         async with self._lock:
-            new = _Attached(att.sandbox_id, att.block, att.tap, policy)
+            new = _Attached(att.sandbox_id, att.block, att.tap, policy, att.project)
             # In the data path's loop, ordered against its learnings (hutch.net.learning).
             await self.enforcer.swap_policy(new.dataplane_view(), policy)
             # Stored only once the host enforces it: a failure keeps the old rules.
@@ -230,6 +238,11 @@ class NetworkService:
             # after this cut meets the new rules when it registers (see the proxy).
             await self.enforcer.revalidate(sandbox_id, policy)
         return self.egress_view(sandbox_id)
+
+    def egress_ca_pem(self) -> bytes | None:
+        """The TLS-inspection CA's certificate (PEM; what guests trust), once started."""
+        ca = self.enforcer.proxy.ca
+        return ca.cert_pem if ca is not None else None
 
     def egress_view(self, sandbox_id: str) -> EgressView:
         return self.enforcer.egress_view(sandbox_id, self.policy_of(sandbox_id))
@@ -333,7 +346,7 @@ class NetworkService:
 
     def _snapshot(self) -> Snapshot:
         return Snapshot.of(
-            Entry(SandboxNetInfo(sid, a.policy, self._peers(sid)), a.block.guest, a.tap)
+            Entry(SandboxNetInfo(sid, a.policy, self._peers(sid), a.project), a.block.guest, a.tap)
             for sid, a in self._attached.items()
         )
 
@@ -341,6 +354,10 @@ class NetworkService:
         """Replace the data path's view of the sandboxes. Called under _lock, so
         snapshots are published in the order the changes were made."""
         self.enforcer.publish(self._snapshot())
+
+    def _project_of(self, sandbox_id: str) -> str:
+        rec = self._store.get_sandbox(sandbox_id)
+        return rec.project if rec is not None else "default"
 
     def _network(self, id_or_name: str, project: str) -> NetworkRow:
         row = self.db.network(id_or_name, project) if isinstance(id_or_name, str) else None

@@ -4,6 +4,10 @@ network plumbing of its lifecycle (:class:`NetworkingService`); the work is done
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
+from hutch.contract.egress_suggest import DryRunResult, dry_run, list_as_policy, suggest_policy
 from hutch.contract.limits import EGRESS_LOG_MAX
 from hutch.contract.views import (
     EgressEvent,
@@ -12,14 +16,19 @@ from hutch.contract.views import (
     PortView,
     SandboxNetView,
 )
-from hutch.errors import InvalidArgument, NetworkError
+from hutch.errors import HutchError, InvalidArgument, NetworkError
+from hutch.guest.client import AgentClient
 from hutch.models import NetworkMode, SandboxRecord, SandboxSpec
+from hutch.net.proxy_decide import inspects_tls
 from hutch.net.rules import EgressPolicy, StoredPolicy, policy_from_stored
 from hutch.services.egress_policies import DEFAULT_PROJECT, EgressPolicyService
+from hutch.services.egress_trust import install_ca
 from hutch.services.network import NetworkService
 from hutch.services.registry import SandboxRegistry
 
 __all__ = ["NetPlan", "NetworkingService"]
+
+log = logging.getLogger(__name__)
 
 #: Most egress log events one request returns.
 MAX_LOG_LIMIT = EGRESS_LOG_MAX
@@ -99,7 +108,50 @@ class NetworkingService:
         self.core.get(sandbox_id)
         # InvalidArgument names the bad rule or field; nothing changes then.
         policy = self.resolve_egress(rules, policy_name, project)
-        return await self._netman().set_policy(sandbox_id, policy)
+        view = await self._netman().set_policy(sandbox_id, policy)
+        runtime = self.core.runtimes.get(sandbox_id)
+        if runtime is not None:
+            await self.trust_ca(sandbox_id, runtime.agent, policy)
+        return view
+
+    async def trust_ca(self, sandbox_id: str, agent: AgentClient, policy: EgressPolicy) -> None:
+        """Under inspection ``full``, make the guest trust the proxy's CA
+        (:mod:`hutch.services.egress_trust`); otherwise nothing."""
+        pem = self.net.egress_ca_pem() if self.net is not None else None
+        if pem is None or not inspects_tls(policy):
+            return
+        try:
+            await install_ca(agent, pem)
+        except HutchError as exc:
+            # Fail closed all the same: a client that does not trust the CA fails its
+            # handshake, which the proxy logs; nothing passes uninspected.
+            log.warning(
+                "sandbox %s: hutch's egress CA could not be installed in the guest (%s); "
+                "its TLS clients will not trust the inspecting proxy",
+                sandbox_id,
+                exc,
+            )
+
+    def egress_suggest(self, sandbox_id: str) -> tuple[dict[str, Any], int]:
+        """(policy document, events used): the smallest ordered policy allowing exactly
+        what the sandbox's egress log shows it used (``inspection: learn`` logs it all)."""
+        self.core.get(sandbox_id)
+        events = self._netman().events(sandbox_id, MAX_LOG_LIMIT)
+        return suggest_policy(events), len(events)
+
+    def egress_dry_run(
+        self,
+        sandbox_id: str,
+        rules: StoredPolicy | None,
+        policy_name: str | None = None,
+        project: str = DEFAULT_PROJECT,
+    ) -> list[DryRunResult]:
+        """Each proxied decision in the sandbox's egress log decided again under a rule
+        list, a policy document or a named policy; nothing is changed."""
+        self.core.get(sandbox_id)
+        policy = self.resolve_egress(rules, policy_name, project)
+        ordered = policy.ordered or list_as_policy(policy.texts())
+        return dry_run(ordered, self._netman().events(sandbox_id, MAX_LOG_LIMIT))
 
     def egress_log(self, sandbox_id: str, limit: int) -> list[EgressEvent]:
         self.core.get(sandbox_id)

@@ -20,9 +20,11 @@ from pathlib import Path
 from hutch.config import Settings
 from hutch.errors import Capacity, HutchError, StateError
 from hutch.models import SandboxRecord, SandboxState
+from hutch.net.proxy_decide import inspects_tls
 from hutch.runtime.backend import Runtime, VmBackend
 from hutch.services.activity import Activity
 from hutch.services.egress_meter import EgressMeter
+from hutch.services.egress_trust import trust_env
 from hutch.services.events import EventLog, internal
 from hutch.services.image_defaults import run_start_command
 from hutch.services.images import ImageDefaults, ImageSource
@@ -146,11 +148,16 @@ class SandboxRegistry:
         return self.image_source.defaults(rec.image, rec.project)
 
     def secret_env(self, rec: SandboxRecord) -> dict[str, str]:
-        """``rec``'s env_secrets as variables, each secret's current version, read now
-        for the one command being built (never stored with the sandbox)."""
+        """What the daemon adds to each command of ``rec``: while its TLS is inspected
+        (egress ``inspection: full``) the CA variables (:func:`egress_trust.trust_env`),
+        and its env_secrets as variables, each secret's current version, read now for the
+        one command being built (never stored with the sandbox)."""
+        trust = (
+            trust_env() if self.net is not None and inspects_tls(self.net.policy_of(rec.id)) else {}
+        )
         if not rec.env_secrets:
-            return {}
-        return self.secrets.env_for(rec.env_secrets, rec.project, sandbox_id=rec.id)
+            return trust
+        return trust | self.secrets.env_for(rec.env_secrets, rec.project, sandbox_id=rec.id)
 
     def running(self, sandbox_id: str) -> Runtime:
         """The runtime of a running sandbox; StateError (with a hint) otherwise."""

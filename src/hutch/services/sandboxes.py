@@ -206,6 +206,8 @@ class SandboxService:
                         self._schedule_template(image, spec.shape)
                 self.core.booted(rec.id, runtime)
                 await mount_all(self.core, rec.id, runtime)
+                # Before any user command: the guest trusts the TLS-inspecting proxy.
+                await self.networking.trust_ca(rec.id, runtime.agent, plan.policy)
                 self.pool.refill(image)
                 if source is None:
                     await self.core.run_image_start(rec, runtime)

@@ -8,15 +8,18 @@ rule; the old rules stay) and stored in canonical form exactly as the daemon doe
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 import re
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import unquote
 
 import httpx
 
 from hutch.contract.egress import canonical_rules as _canonical_rules
 from hutch.contract.egress import mode_of
-from hutch.contract.egress_policy import parse_policy_document, require_available
+from hutch.contract.egress_policy_parse import parse_policy_document, require_available
+from hutch.contract.egress_suggest import dry_run, list_as_policy, suggest_policy
 from hutch.contract.enums import DEFAULT_NETWORK_MODE, NetworkMode
 from hutch.contract.limits import (
     DEFAULT_EGRESS_LOG_LIMIT,
@@ -25,12 +28,17 @@ from hutch.contract.limits import (
     PORT_RANGE,
 )
 from hutch.contract.names import NAME_RE, NETWORK_ID_RE, check_range
+from hutch.contract.views import EgressEvent
 from hutch.errors import Conflict, InvalidArgument, NotFound
 from hutch.testing._state import TIME, FakeError, FakeSandbox, json_body
 
 __all__ = ["FakeNet", "FakeNetwork", "canonical_rules"]
 
 _ENDED = ("destroyed", "failed")
+
+
+def _iso(seconds: float) -> str:
+    return dt.datetime.fromtimestamp(seconds, dt.UTC).isoformat().replace("+00:00", "Z")
 
 
 def canonical_rules(rules: Any) -> list[str]:
@@ -180,6 +188,22 @@ class FakeNet:
             raw = request.url.params.get("limit", str(DEFAULT_EGRESS_LOG_LIMIT))
             limit = check_range("limit", int(raw) if raw.isdigit() else -1, (1, EGRESS_LOG_MAX))
             return httpx.Response(200, json={"events": sb.egress_events[-limit:]})
+        if rest == "/egress/suggest" and method == "GET":
+            policy = suggest_policy(self._events(sb))
+            return httpx.Response(200, json={"policy": policy, "events": len(sb.egress_events)})
+        if rest == "/egress/dry-run" and method == "POST":
+            wanted = self._requested(json_body(request))
+            if isinstance(wanted, dict):
+                ordered = parse_policy_document(wanted)
+                require_available(ordered)
+            else:
+                ordered = list_as_policy(canonical_rules(wanted))
+            results = [
+                {**dataclasses.asdict(r), "time": _iso(r.time)}
+                for r in dry_run(ordered, self._events(sb))
+            ]
+            would_deny = sum(r["would"] == "deny" for r in results)
+            return httpx.Response(200, json={"results": results, "would_deny": would_deny})
         if rest == "/ports":
             return self._ports(sb, method, request)
         match = re.fullmatch(r"/ports/(\d+)", rest)
@@ -249,6 +273,19 @@ class FakeNet:
                 '"policy" (a named policy)'
             )
         return rules
+
+    @staticmethod
+    def _events(sb: FakeSandbox) -> list[EgressEvent]:
+        """The fake's log (API form, as tests put it) as the contract's views."""
+        out = []
+        for e in sb.egress_events:
+            when = e.get("time")
+            seconds = dt.datetime.fromisoformat(when).timestamp() if isinstance(when, str) else 0.0
+            verdict: Literal["allow", "deny"] = "allow" if e.get("verdict") == "allow" else "deny"
+            where = (e.get("destination", ""), e.get("port"), e.get("protocol", ""), e.get("name"))
+            said = (e.get("rule"), e.get("reason", ""), e.get("method"), e.get("path"))
+            out.append(EgressEvent(seconds, sb.id, *where, verdict, *said, e.get("rule_index")))
+        return out
 
     @staticmethod
     def _apply(sb: FakeSandbox, wanted: Any) -> None:

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 
 from hutch.api.deps import Caller, networking
-from hutch.api.net_schemas import Egress, EgressEvent, EgressLog, EgressRules
+from hutch.api.net_schemas import (
+    DryRunEvent,
+    Egress,
+    EgressDryRun,
+    EgressEvent,
+    EgressLog,
+    EgressRules,
+    EgressSuggestion,
+)
 from hutch.contract.limits import DEFAULT_EGRESS_LOG_LIMIT, EGRESS_LOG_MAX
 from hutch.services.networking import NetworkingService
 
@@ -45,3 +55,30 @@ async def egress_log(
 ) -> EgressLog:
     """Recent egress decisions (DNS answers, proxied connections, packet denials)."""
     return EgressLog(events=[EgressEvent.of(e) for e in svc.egress_log(sandbox_id, limit)])
+
+
+@router.get("/suggest", response_model=EgressSuggestion)
+async def egress_suggest(sandbox_id: str, svc: Service) -> EgressSuggestion:
+    """The smallest ordered policy that would have allowed exactly the proxied
+    connections and requests in the egress log (run the sandbox under `inspection:
+    learn` first: everything passes and is logged, HTTPS requests included). PUT the
+    answer's `policy` to apply it."""
+    policy, used = svc.egress_suggest(sandbox_id)
+    return EgressSuggestion(policy=policy, events=used)
+
+
+@router.post("/dry-run", response_model=EgressDryRun)
+async def egress_dry_run(
+    sandbox_id: str, body: EgressRules, svc: Service, who: Caller
+) -> EgressDryRun:
+    """Decide every proxied connection and request in the egress log again under the
+    given rules, policy or named policy (the body of a PUT); nothing changes."""
+    rules, name = body.requested()
+    results = svc.egress_dry_run(sandbox_id, rules, name, who.project)
+    events = [
+        DryRunEvent.model_validate(
+            {**dataclasses.asdict(r), "time": dt.datetime.fromtimestamp(r.time, dt.UTC)}
+        )
+        for r in results
+    ]
+    return EgressDryRun(results=events, would_deny=sum(r.would == "deny" for r in results))

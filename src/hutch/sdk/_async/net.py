@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from hutch.contract.limits import DEFAULT_EGRESS_LOG_LIMIT
 from hutch.sdk._net import (
+    DryRunEvent,
     EgressEvent,
     EgressInfo,
     NamedPolicyInfo,
@@ -68,6 +69,23 @@ class AsyncEgress:
     async def log(self, limit: int = DEFAULT_EGRESS_LOG_LIMIT) -> builtins.list[EgressEvent]:
         """The newest ``limit`` (1-1000) egress decisions, oldest first."""
         return await self._client.call(self._calls.egress_log(self._id, limit))
+
+    async def suggest(self) -> dict[str, Any]:
+        """The smallest ordered policy allowing exactly what the egress log shows this
+        sandbox used (run it under ``{"inspection": "learn"}`` first: everything passes
+        and every proxied connection and request is logged). Apply it with
+        ``sb.egress.set(policy=sb.egress.suggest())``."""
+        return await self._client.call(self._calls.egress_suggest(self._id))
+
+    async def dry_run(
+        self,
+        rules: Sequence[str] | None = None,
+        *,
+        policy: Mapping[str, Any] | str | None = None,
+    ) -> builtins.list[DryRunEvent]:
+        """Every proxied decision in the egress log decided again under ``rules`` or
+        ``policy`` (as for :meth:`set`); nothing changes."""
+        return await self._client.call(self._calls.egress_dry_run(self._id, rules, policy))
 
 
 class AsyncPorts:
