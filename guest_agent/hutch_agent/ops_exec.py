@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
 import signal
 import subprocess
 import threading
@@ -16,11 +15,9 @@ from hutch_agent.framing import (
     CHUNK,
     DATA,
     REPLY,
-    STDERR,
-    STDOUT,
 )
 from hutch_agent.ops import Op
-from hutch_agent.spawn import popen, spawn_args
+from hutch_agent.spawn import popen, spawn_args, watch_output
 from hutch_agent.streams import Cancelled, Stream
 
 
@@ -97,16 +94,7 @@ def pump_output(st: Stream, proc: subprocess.Popen[bytes], deadline: float | Non
     it is already there; the stream then ends without waiting for them.
     """
     assert proc.stdout is not None and proc.stderr is not None
-    channels = {proc.stdout.fileno(): STDOUT, proc.stderr.fileno(): STDERR}
-    poller = select.poll()
-    for fd in channels:
-        poller.register(fd, select.POLLIN)
-    pidfd: int | None
-    try:
-        pidfd = os.pidfd_open(proc.pid)
-        poller.register(pidfd, select.POLLIN)
-    except OSError:
-        pidfd = None
+    poller, channels, pidfd = watch_output(proc)
     exited = timed_out = False
 
     def kill() -> None:

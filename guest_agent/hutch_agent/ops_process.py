@@ -26,7 +26,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
-import select
 import signal
 import subprocess
 import threading
@@ -34,9 +33,9 @@ import time
 from typing import Any
 
 from hutch_agent.errors import AgentError
-from hutch_agent.framing import CHUNK, DATA, STDERR, STDOUT
+from hutch_agent.framing import CHUNK, DATA
 from hutch_agent.ops import Op
-from hutch_agent.spawn import popen, spawn_args
+from hutch_agent.spawn import popen, spawn_args, watch_output
 from hutch_agent.streams import Cancelled, Stream
 
 #: Output kept per process (stdout and stderr together), bytes.
@@ -230,16 +229,7 @@ def pump(p: Process) -> None:
     """Read the process's output into its ring until it exits; enforce its timeout."""
     proc = p.proc
     assert proc.stdout is not None and proc.stderr is not None
-    channels = {proc.stdout.fileno(): STDOUT, proc.stderr.fileno(): STDERR}
-    poller = select.poll()
-    for fd in channels:
-        poller.register(fd, select.POLLIN)
-    pidfd: int | None
-    try:
-        pidfd = os.pidfd_open(proc.pid)
-        poller.register(pidfd, select.POLLIN)
-    except OSError:
-        pidfd = None
+    poller, channels, pidfd = watch_output(proc)
     deadline = None if p.timeout is None else time.monotonic() + p.timeout
     exited = False
     try:

@@ -6,11 +6,13 @@ from __future__ import annotations
 import grp
 import os
 import pwd
+import select
 import subprocess
 from typing import Any
 
 from hutch_agent import HOME
 from hutch_agent.errors import AgentError
+from hutch_agent.framing import STDERR, STDOUT
 
 
 def _passwd(name: str, uid: int, gid: int, home: str) -> pwd.struct_passwd:
@@ -124,3 +126,21 @@ def popen(argv: list[str], **kw: Any) -> subprocess.Popen[bytes]:
         raise AgentError(
             "permission_denied", f"permission denied running {argv[0]!r}: {exc.strerror}"
         ) from exc
+
+
+def watch_output(proc: subprocess.Popen[bytes]) -> tuple[select.poll, dict[int, int], int | None]:
+    """A poller on ``proc``'s stdout and stderr (fd -> STDOUT/STDERR channel) and on its
+    pidfd, so that its exit wakes the poll too (None where pidfd_open is missing: the
+    caller then polls ``proc.poll()`` on a short timeout)."""
+    assert proc.stdout is not None and proc.stderr is not None
+    channels = {proc.stdout.fileno(): STDOUT, proc.stderr.fileno(): STDERR}
+    poller = select.poll()
+    for fd in channels:
+        poller.register(fd, select.POLLIN)
+    pidfd: int | None
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+        poller.register(pidfd, select.POLLIN)
+    except OSError:
+        pidfd = None
+    return poller, channels, pidfd

@@ -15,7 +15,6 @@ import contextlib
 import os
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -112,15 +111,6 @@ def e2b_env(e2bd: E2bDaemon) -> Iterator[dict[str, str]]:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
-
-
-@pytest.fixture(autouse=True)
-def _diagnostics_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
-    failed_before = request.session.testsfailed
-    yield
-    if request.session.testsfailed > failed_before:
-        for d in _LIVE:
-            print(d.diagnostics(), file=sys.stderr)
 
 
 @pytest.fixture(scope="module")

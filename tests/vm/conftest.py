@@ -35,6 +35,8 @@ import pytest
 from hutch.vm.accel import detect_accel, host_tsc_khz
 from hutch.vm.argv import VmConfig
 from tests.conftest import ensure_image
+from tests.e2e.conftest import _LIVE
+from tests.netfake import FakeInternet
 from tests.vm import ladder as _ladder
 from tests.vm.ladder import (  # noqa: F401 (fixtures)
     guest,
@@ -176,6 +178,13 @@ def _build_fixture_guest(work: Path) -> GuestFiles:
     return GuestFiles(kernel, initrd, rootfs, "console=ttyS0 panic=-1 reboot=t")
 
 
+@pytest.fixture(scope="module")
+def fakenet() -> Iterator[FakeInternet]:
+    """The fake internet of a network module (its own netns hosts, removed after)."""
+    with FakeInternet() as net:
+        yield net
+
+
 @pytest.fixture(scope="session")
 def fixture_guest(tmp_path_factory: pytest.TempPathFactory) -> GuestFiles:
     for tool in ("apt-get", "dpkg-deb", "lz4", "mkfs.ext4"):
@@ -255,6 +264,9 @@ def pytest_runtest_makereport(
     if report.failed and (ladder_ := _ladder.ladder_of(item)) is not None:
         report.sections.extend(ladder_.diagnostics())
     if report.failed:
+        # The daemons the network modules started (tests/vm/netlab.network_daemon).
+        for d in _LIVE:
+            report.sections.append((f"hutchd {d.url}", d.diagnostics()))
         for cfg in item.stash.get(_CONFIGS_KEY, []):
             for label, path in (("console", cfg.console_log), ("qemu", cfg.qemu_log)):
                 try:

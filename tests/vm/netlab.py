@@ -7,18 +7,43 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hutch.config import load_settings
 from hutch.sdk import Client, Sandbox
-from tests.netfake import FakeInternet
+from tests.e2e.conftest import _LIVE, Daemon, finalize_daemon
+from tests.netfake import FakeInternet, free_net_pool
 
 PROBE = Path(__file__).resolve().parents[1] / "netfake" / "probe.py"
 # Seconds a denied connection may hang before the probe calls it failed; allowed ones
 # answer in well under a second even under TCG.
 CHECK_TIMEOUT_S = 5.0
+
+
+@contextmanager
+def network_daemon(
+    work: Path, fakenet: FakeInternet, env: dict[str, str] | None = None
+) -> Iterator[Daemon]:
+    """A hutchd of a network module's own: a free address pool, ``fakenet`` as its
+    upstream, ``env`` on top; the base image ready; checked clean when it stops (its
+    diagnostics go into a failing test's report: tests/vm/conftest.py)."""
+    from tests.conftest import ensure_image
+
+    ensure_image("base")
+    d = Daemon(work / "state")
+    d.daemon_env.update({"HUTCH_NET_POOL": free_net_pool(), **fakenet.env(), **(env or {})})
+    d.settings = load_settings(d.daemon_env)
+    _LIVE.append(d)
+    d.start()
+    yield d
+    problems = finalize_daemon(d)
+    assert not problems, "\n".join(problems)
 
 
 @dataclass
@@ -95,6 +120,31 @@ def dns(server: str, name: str, qtype: str = "A", **kw: Any) -> dict[str, Any]:
 def gateway_of(sb: Sandbox) -> str:
     """The host side of the sandbox's /30 (its gateway and DNS server)."""
     return str(ipaddress.IPv4Address(address_of(sb)) - 1)
+
+
+def packets_from(sb: Sandbox) -> int:
+    """How many packets the host has received from the sandbox's tap so far (the
+    kernel's own count, before any nftables rule): what really reached the host, where
+    a guest's ``sendto`` count also includes what its own kernel dropped or still holds
+    (a UDP sender is told a qdisc drop succeeded)."""
+    shown = subprocess.run(
+        ["ip", "-j", "-4", "addr", "show", "to", f"{gateway_of(sb)}/32"],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    links = [link["ifname"] for link in json.loads(shown or "[]")]
+    assert len(links) == 1, f"no single host interface holds {sb.id}'s gateway: {shown}"
+    return int(Path(f"/sys/class/net/{links[0]}/statistics/rx_packets").read_text())
+
+
+def network_state(sb: Sandbox) -> str:
+    """The guest's own view of its NIC (counters, queue, neighbour, UDP errors, kernel
+    log): printed when a guest sent much more than reached the host."""
+    script = (
+        "ip -s link show eth0; tc -s qdisc show dev eth0; ip -s neigh; "
+        "grep -A1 '^Udp:' /proc/net/snmp; dmesg | tail -15"
+    )
+    answer = sb.exec(["sh", "-c", script], timeout_s=60)
+    return answer.stdout + answer.stderr
 
 
 def address_of(sb: Sandbox) -> str:

@@ -18,18 +18,16 @@ import os
 import secrets
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 
 import pytest
 
-from hutch.config import load_settings
 from hutch.errors import HutchError
 from hutch.sdk import Client, EgressEvent, Sandbox
-from tests.e2e.conftest import _LIVE, Daemon, finalize_daemon
-from tests.netfake import FakeInternet, free_net_pool
+from tests.e2e.conftest import Daemon
+from tests.netfake import FakeInternet
 from tests.vm.netlab import (
     PROBE,
     Guest,
@@ -40,6 +38,7 @@ from tests.vm.netlab import (
     https,
     icmp,
     make_guest,
+    network_daemon,
     resolve,
     tcp,
     udp,
@@ -57,45 +56,15 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def fakenet() -> Iterator[FakeInternet]:
-    with FakeInternet() as net:
-        yield net
-
-
-@pytest.fixture(scope="module")
-def netd(
-    fakenet: FakeInternet, base_image: object, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Daemon]:
-    d = Daemon(tmp_path_factory.mktemp("hutchd-net") / "state")
-    d.daemon_env.update({"HUTCH_NET_POOL": free_net_pool(), **fakenet.env()})
-    d.settings = load_settings(d.daemon_env)
-    _LIVE.append(d)
-    d.start()
-    yield d
-    problems = finalize_daemon(d)
-    assert not problems, "\n".join(problems)
-
-
-@pytest.fixture(scope="module")
-def base_image() -> object:
-    from tests.conftest import ensure_image
-
-    return ensure_image("base")
+def netd(fakenet: FakeInternet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    with network_daemon(tmp_path_factory.mktemp("hutchd-net"), fakenet) as d:
+        yield d
 
 
 @pytest.fixture(scope="module")
 def client(netd: Daemon) -> Iterator[Client]:
     with netd.client(timeout=300.0) as c:
         yield c
-
-
-@pytest.fixture(autouse=True)
-def _diagnostics_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
-    failed_before = request.session.testsfailed
-    yield
-    if request.session.testsfailed > failed_before:
-        for d in _LIVE:
-            print(d.diagnostics(), file=sys.stderr)
 
 
 @pytest.fixture(scope="module")
