@@ -18,7 +18,7 @@ APT_PACKAGES := qemu-system-x86 qemu-utils mmdebstrap nftables busybox-static lz
 # gets the distribution's security updates (no wheel with a libpq copy of its own).
 
 .PHONY: cluster-up cluster-down
-.PHONY: help deps system-deps test-system-deps apt-install js-deps ui-vendor venv qemu-user image images up down restart check lint typecheck test \
+.PHONY: help deps system-deps test-system-deps apt-install js-deps ui-vendor venv qemu-user image images up down restart check lint typecheck test test-postgres \
 	test-fast openapi unasync bench clean
 
 help:
@@ -28,6 +28,7 @@ help:
 	@echo "make cluster-down            stop them"
 	@echo "make test    install deps and run lint, types and the whole test suite"
 	@echo "make check   lint, types and the fast test tiers"
+	@echo "make test-postgres  the component and e2e tiers with the state in PostgreSQL"
 	@echo "make bench   run the benchmark harness (results in bench/results/)"
 
 # Installed by `make test` only: what the test tiers use on the host.
@@ -162,10 +163,23 @@ check: deps lint typecheck
 
 test: deps test-system-deps js-deps lint typecheck images
 	HUTCH_TEST_IMAGES_DIR=$(STATE_DIR)/images $(BIN)/pytest tests --durations=25 $(PYTEST_ARGS)
-	# The API suite again with the state in PostgreSQL: the component tier's stores get a
-	# database each on the suite's own server (tests/pgserver.py).
+	# The API suite again with the state in PostgreSQL (tests/pgserver.py): the component
+	# tier and the e2e files of PG_E2E.
 	HUTCH_TEST_DATABASE=postgres HUTCH_TEST_IMAGES_DIR=$(STATE_DIR)/images \
-		$(BIN)/pytest tests/component --durations=10 $(PYTEST_ARGS)
+		$(BIN)/pytest tests/component $(PG_E2E) --durations=10 $(PYTEST_ARGS)
+
+# The e2e files `make test` runs a second time on PostgreSQL: the API through the SDK;
+# restarts and SIGKILLs (crash, crash_lifecycle, metering across two SIGKILLs); two
+# daemons side by side; timeouts (~3 min here). The rest of the tier (crash_points ~6 min,
+# e2b, inflight_auth, mcp, cli, ...: ~12 min on this 2-core machine) runs on SQLite only
+# there, to keep CI under 50 minutes; `make test-postgres` runs the whole component and
+# e2e tiers on PostgreSQL.
+PG_E2E := $(addprefix tests/e2e/test_,$(addsuffix .py,sdk crash crash_lifecycle metering \
+	two_daemons timeout))
+
+test-postgres: deps test-system-deps js-deps images
+	HUTCH_TEST_DATABASE=postgres HUTCH_TEST_IMAGES_DIR=$(STATE_DIR)/images \
+		$(BIN)/pytest tests/component tests/e2e --durations=10 $(PYTEST_ARGS)
 
 openapi: venv
 	$(BIN)/python -m hutch.api.openapi > openapi.json
