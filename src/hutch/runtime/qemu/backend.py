@@ -32,7 +32,7 @@ from hutch.vm.argv import VmConfig, VolumeDrive
 from hutch.vm.cgroup_driver import record_path
 from hutch.vm.disk_chain import compact_if_deep
 from hutch.vm.process import QemuVm, kill_verified
-from hutch.vm.snapshot import create_clone_disk, load_manifest
+from hutch.vm.snapshot import MEMORY_FILE, create_clone_disk, load_manifest
 
 __all__ = ["QemuBackend"]
 
@@ -168,6 +168,12 @@ class QemuBackend:
             qemu_log=p.qemu_log,
             # A snapshot from before NICs existed restores without one: no network.
             tap=self.tap_of(rec) if template_cfg.nic else None,
+            # RAM: a RAM-in-file snapshot's memory.ram, mapped copy-on-write (restore
+            # sets that); recorded here is what a later resume of this sandbox from a
+            # full-stream pause maps instead: a sparse file of its own, private (the
+            # stream refills it; its block keeps the id the stream names).
+            memory_file=p.state / MEMORY_FILE if template_cfg.memory_file else None,
+            memory_shared=False,
         )
         write_config(p.vm_json, cfg)
         crash_point("clone.disk")

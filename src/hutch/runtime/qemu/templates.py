@@ -5,6 +5,7 @@ freeze, checking one is complete)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import re
 import secrets
@@ -21,7 +22,14 @@ from hutch.runtime.qemu.host import HostLayout, SandboxPaths, write_config
 from hutch.storage.overlay import create_overlay
 from hutch.vm.argv import VmConfig
 from hutch.vm.process import kill_verified
-from hutch.vm.snapshot import MANIFEST_FILE, load_manifest, move_disk, save_snapshot
+from hutch.vm.snapshot import (
+    MANIFEST_FILE,
+    MEMORY_FILE,
+    load_manifest,
+    move_disk,
+    save_snapshot,
+    seal_memory,
+)
 
 __all__ = [
     "RUNTIME_BOOT_DONE",
@@ -66,7 +74,14 @@ class QemuTemplates:
             await asyncio.to_thread(
                 create_overlay, image.rootfs, work.disk, shape.disk_gib, image.rootfs_format
             )
-            cfg = self.booter.vm_config(work, "template", shape, image, "hutch")
+            # Guest RAM is a file on the state directory's file system, mapped shared: the
+            # freeze then leaves it where it is (state-only stream, milliseconds) and
+            # every clone maps it copy-on-write (ARCHITECTURE.md, "Copy-on-write memory").
+            cfg = dataclasses.replace(
+                self.booter.vm_config(work, "template", shape, image, "hutch"),
+                memory_file=work.state / MEMORY_FILE,
+                memory_shared=True,
+            )
             write_config(work.vm_json, cfg)
             vm, agent = await self.booter.boot(cfg, work, "hutch")
             try:
@@ -74,12 +89,14 @@ class QemuTemplates:
                 await _settle(agent, image)
                 await agent.close()
                 snap = work.state / "snapshot"
-                await save_snapshot(vm, snap, ram_in_file=False)
+                await save_snapshot(vm, snap, ram_in_file=True, fsync=True)
             except BaseException:
                 await vm.kill()
                 raise
             await asyncio.to_thread(finish_template, snap, cfg)
             await asyncio.to_thread(publish_template, snap, final)
+            # After the move (a rename changes the file's ctime, which the seal records).
+            await asyncio.to_thread(seal_memory, final)
         finally:
             await asyncio.to_thread(shutil.rmtree, work.run, True)
             await asyncio.to_thread(discard_template_build, work.state)
