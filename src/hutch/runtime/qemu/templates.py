@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import os
 import re
 import secrets
@@ -38,6 +39,8 @@ __all__ = [
     "publish_template",
     "template_complete",
 ]
+
+log = logging.getLogger(__name__)
 
 #: Written by the agent on an imported image once boot-time work is done.
 RUNTIME_BOOT_DONE = "/run/.hutch/boot-done"
@@ -115,10 +118,17 @@ class QemuTemplates:
         return removed
 
     def discard_unfinished(self) -> None:
+        """At start: remove template builds a stop cut short, and seal a published
+        template whose seal the stop cut short (between the move and ``seal_memory``)."""
         root = self.layout.templates_root
         if root.is_dir():
             for d in root.glob("*.build"):
                 discard_template_build(d)
+            for vm_json in root.glob("*/vm.json"):
+                try:
+                    seal_memory(vm_json.parent)
+                except (OSError, HutchError) as exc:
+                    log.warning("template %s cannot be sealed: %s", vm_json.parent.name, exc)
         run_root = self.layout.settings.run_dir
         if run_root.is_dir():
             for d in run_root.glob("tpl-*"):
