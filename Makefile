@@ -13,7 +13,9 @@ PYTEST_ARGS ?=
 # System packages hutch needs on the host (installed with apt, nothing by hand).
 APT_PACKAGES := qemu-system-x86 qemu-utils mmdebstrap nftables busybox-static lz4 \
 	e2fsprogs bubblewrap iproute2 cpio kmod xz-utils zstd python3-venv python3-pip \
-	ca-certificates procps
+	ca-certificates procps libpq5
+# libpq5: the PostgreSQL client library psycopg uses (HUTCH_DATABASE_URL); Debian's, so it
+# gets the distribution's security updates (no wheel with a libpq copy of its own).
 
 .PHONY: help deps system-deps test-system-deps apt-install js-deps ui-vendor venv qemu-user image images up down restart check lint typecheck test \
 	test-fast openapi unasync bench clean
@@ -30,7 +32,9 @@ help:
 #   system Python (tests/component/test_contexts.py::test_matplotlib_png).
 #   chromium: the console tests (tests/e2e/test_console.py) drive Debian's Chromium
 #   with Playwright (the suite installs it too when missing: tests/browser.py).
-TEST_APT_PACKAGES := python3-matplotlib chromium
+#   postgresql: the suite's own PostgreSQL server (tests/pgserver.py: the store tests on
+#   both databases, and the component and e2e tiers run a second time on it).
+TEST_APT_PACKAGES := python3-matplotlib chromium postgresql
 
 # The E2B JS SDK smoke test (tests/e2e/test_e2b.py::test_e2b_js_sdk_smoke) runs Node's
 # test runner in tests/e2b_js. Node.js >= 20.18.1 (the SDK's engines) comes with the
@@ -143,6 +147,10 @@ check: deps lint typecheck
 
 test: deps test-system-deps js-deps lint typecheck images
 	HUTCH_TEST_IMAGES_DIR=$(STATE_DIR)/images $(BIN)/pytest tests --durations=25 $(PYTEST_ARGS)
+	# The API suite again with the state in PostgreSQL: the component tier's stores get a
+	# database each on the suite's own server (tests/pgserver.py).
+	HUTCH_TEST_DATABASE=postgres HUTCH_TEST_IMAGES_DIR=$(STATE_DIR)/images \
+		$(BIN)/pytest tests/component --durations=10 $(PYTEST_ARGS)
 
 openapi: venv
 	$(BIN)/python -m hutch.api.openapi > openapi.json

@@ -8,12 +8,51 @@ hash), never skipped: `make test` builds them first so the time shows up there.
 from __future__ import annotations
 
 import os
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
 
+from tests import pgserver
+
 REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def pg_session() -> Iterator[None]:
+    """The shared PostgreSQL server (``tests/pgserver.py``) is started by the first test
+    that needs it and stopped, its directory removed, when the session ends."""
+    yield
+    pgserver.close_shared_server()
+
+
+@pytest.fixture(autouse=True)
+def _test_database(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``HUTCH_TEST_DATABASE=postgres``: every Settings without a ``database_url`` of its
+    own keeps its state in a database of the shared server, one per state directory
+    (opened again by a restart in the same directory, fresh for each test's tmp_path), so
+    the component tier's daemons and stores run on PostgreSQL unchanged."""
+    if pgserver.test_database() != "postgres":
+        return
+    from hutch.config import Settings
+
+    def database(self: Settings) -> Path | str:
+        if self.database_url is not None:
+            return self.database_url
+        url = pgserver.database_url_for(self.state_dir)
+        assert url is not None
+        return url
+
+    monkeypatch.setattr(Settings, "database", property(database))
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_target(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
+    """What a store test opens, once per backend: an SQLite file, or a fresh database on
+    the shared PostgreSQL server. Opening it again reopens the same database."""
+    if request.param == "sqlite":
+        return tmp_path / "hutch.db"
+    return pgserver.shared_server().fresh_database()
 
 
 def test_images_dir() -> Path:

@@ -10,10 +10,12 @@ import hashlib
 import ipaddress
 import math
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import parse_qs, urlsplit
 
 from hutch.contract.limits import DEFAULT_IMAGE
 from hutch.errors import InvalidArgument
@@ -193,10 +195,18 @@ class Settings:
     e2b_listen: tuple[str, int] | None = None
     # The meter, the event log's retention and the price table.
     meter: MeterSettings = field(default_factory=MeterSettings)
+    # The database of the state: None = SQLite in <state_dir>/hutch.db (one host);
+    # a postgresql:// URL (parse_database_url) = that PostgreSQL database.
+    database_url: str | None = None
 
     @property
     def db_path(self) -> Path:
         return self.state_dir / "hutch.db"
+
+    @property
+    def database(self) -> Path | str:
+        """What ``hutch.store.Store`` opens: the SQLite file, or the PostgreSQL URL."""
+        return self.database_url if self.database_url is not None else self.db_path
 
     @property
     def api_key_path(self) -> Path:
@@ -264,6 +274,52 @@ def parse_listen(value: str, name: str = "HUTCH_LISTEN") -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise InvalidArgument(f"{name}={value!r} is not host:port (example: 127.0.0.1:7070)")
     return host.strip("[]"), int(port)
+
+
+DATABASE_URL_FORMS = (
+    "postgresql://USER[:PASSWORD]@HOST[:PORT]/DBNAME, "
+    "postgresql://USER@/DBNAME?host=/SOCKET/DIR (a unix socket directory), "
+    "or unset for SQLite in the state directory"
+)
+
+
+def parse_database_url(value: str, name: str = "HUTCH_DATABASE_URL") -> str | None:
+    """A PostgreSQL URL as libpq takes it (``postgres://`` too), or None for "" (SQLite).
+    Checked here for its shape only; the server is asked when the store opens."""
+    raw = value.strip()
+    if not raw:
+        return None
+    shown = _redacted(raw)
+    try:
+        parts = urlsplit(raw)
+        port = parts.port
+    except ValueError as exc:
+        raise InvalidArgument(f"{name}={shown!r} is not a URL ({exc}); accepted: "
+                              f"{DATABASE_URL_FORMS}") from exc  # fmt: skip
+    if parts.scheme not in ("postgresql", "postgres"):
+        raise InvalidArgument(
+            f"{name}={shown!r}: the scheme must be postgresql:// (the only database besides "
+            f"the default SQLite); accepted: {DATABASE_URL_FORMS}"
+        )
+    query = parse_qs(parts.query)
+    if not parts.hostname and not query.get("host"):
+        raise InvalidArgument(
+            f"{name}={shown!r} names no server: give a host (and port) or ?host=<socket "
+            f"directory>; accepted: {DATABASE_URL_FORMS}"
+        )
+    if not parts.path.strip("/") and not query.get("dbname"):
+        raise InvalidArgument(
+            f"{name}={shown!r} names no database (the path after the host); accepted: "
+            f"{DATABASE_URL_FORMS}"
+        )
+    if port is not None and not 1 <= port <= 65535:
+        raise InvalidArgument(f"{name}={shown!r}: port {port} is out of 1-65535")
+    return raw
+
+
+def _redacted(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (it goes into error messages)."""
+    return re.sub(r"(://[^:/@?#]*:)[^@/?#]*@", r"\1***@", url)
 
 
 def parse_dns_upstream(value: str) -> tuple[str, int]:
@@ -347,6 +403,10 @@ def _from_mapping(base: Settings, values: dict[str, Any], source: str) -> Settin
             raw = str(values["e2b_listen"]).strip()
             e2b = None if raw in ("", "off") else parse_listen(raw, "HUTCH_E2B_LISTEN")
             s = replace(s, e2b_listen=e2b)
+        if "database_url" in values:
+            shown = "HUTCH_DATABASE_URL" if source == "environment" else f"{source}: database_url"
+            url = parse_database_url(str(values["database_url"]), shown)
+            s = replace(s, database_url=url)
         if "accel" in values:
             s = replace(s, accel=str(values["accel"]).lower())
         if "default_image" in values:
@@ -517,6 +577,7 @@ def _cgroup_settings(s: Settings, values: dict[str, Any], source: str) -> Settin
 
 _ENV = {
     "HUTCH_STATE_DIR": "state_dir",
+    "HUTCH_DATABASE_URL": "database_url",
     "HUTCH_LISTEN": "listen",
     "HUTCH_ACCEL": "accel",
     "HUTCH_DEFAULT_IMAGE": "default_image",

@@ -126,7 +126,7 @@ def build_services(
 
 def build(settings: Settings) -> tuple[Services, str]:
     key = prepare_state_dir(settings)
-    store = Store(settings.db_path)
+    store = Store(settings.database)
 
     def name_of(sandbox_id: str) -> str | None:
         rec = store.get_sandbox(sandbox_id)
@@ -199,7 +199,8 @@ async def serve(settings: Settings) -> None:
         e2b_line = f", E2B API on http://{e2b_host}:{e2b_port}"
     print(
         f"hutchd {app.version}: listening on http://{settings.listen}{e2b_line}, "
-        f"state in {settings.state_dir}, accel {services.backend.accel}",
+        f"state in {settings.state_dir} (database {services.core.store.display}), "
+        f"accel {services.backend.accel}",
         file=sys.stderr,
         flush=True,
     )

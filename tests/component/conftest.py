@@ -68,7 +68,7 @@ def settings(tmp_path: Path) -> Settings:
 @pytest.fixture
 async def service(settings: Settings, tmp_path: Path) -> AsyncIterator[Services]:
     backend = FakeBackend(tmp_path / "run")
-    svc = build_services(settings, Store(settings.db_path), backend, FakeImages(tmp_path))
+    svc = build_services(settings, Store(settings.database), backend, FakeImages(tmp_path))
     await svc.start()
     try:
         yield svc

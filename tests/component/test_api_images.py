@@ -63,7 +63,7 @@ class FakeBootSets:
 @pytest.fixture
 async def served(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Services]]:
     settings = Settings(state_dir=tmp_path / "state", limits=Limits(max_sandboxes=10))
-    store = Store(settings.db_path)
+    store = Store(settings.database)
     images = HostImages(
         LocalImages(tmp_path / "images"),
         ImageStore(store),

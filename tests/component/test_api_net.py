@@ -37,7 +37,7 @@ async def service(settings: Settings, tmp_path: Path) -> AsyncIterator[Services]
     # The resolver forwards nowhere in these tests; name a loopback upstream so the
     # host's resolv.conf is not consulted.
     settings = replace(settings, dns_upstream=("127.0.0.1", 9))
-    store = Store(settings.db_path)
+    store = Store(settings.database)
 
     def name_of(sandbox_id: str) -> str | None:
         rec = store.get_sandbox(sandbox_id)

@@ -181,7 +181,7 @@ async def test_a_restart_keeps_adopted_sandboxes_volumes(
     backend = Adopting(tmp_path / "run")
 
     def start() -> Services:
-        return build_services(settings, Store(settings.db_path), backend, FakeImages(tmp_path))
+        return build_services(settings, Store(settings.database), backend, FakeImages(tmp_path))
 
     first = start()
     await first.start()

@@ -69,7 +69,7 @@ class Target:
 @contextlib.asynccontextmanager
 async def real_service(settings: Settings, tmp_path: Path) -> AsyncIterator[Services]:
     settings = replace(settings, dns_upstream=("127.0.0.1", 9))  # forwards nowhere
-    store = Store(settings.db_path)
+    store = Store(settings.database)
 
     def name_of(sandbox_id: str) -> str | None:
         rec = store.get_sandbox(sandbox_id)

@@ -80,7 +80,7 @@ class E2bImages(FakeImages):
 @pytest.fixture
 async def face(settings: Settings, tmp_path: Path) -> AsyncIterator[Face]:
     backend = FakeBackend(tmp_path / "run")
-    svc = build_services(settings, Store(settings.db_path), backend, E2bImages(tmp_path))
+    svc = build_services(settings, Store(settings.database), backend, E2bImages(tmp_path))
     await svc.start()
     try:
         async with serve_face(svc, API_KEY) as f:
@@ -410,7 +410,7 @@ async def test_the_hosts_sandbox_quota_holds_through_the_face(
     is usable again."""
     one = replace(settings, limits=replace(settings.limits, max_sandboxes=1))
     backend = FakeBackend(tmp_path / "run")
-    svc = build_services(one, Store(one.db_path), backend, E2bImages(tmp_path))
+    svc = build_services(one, Store(one.database), backend, E2bImages(tmp_path))
     await svc.start()
     try:
         async with serve_face(svc, API_KEY) as f:

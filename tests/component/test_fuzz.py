@@ -104,7 +104,7 @@ class _AppThread:
             limits=Limits(max_sandboxes=12, max_memory_mib=64 * 1024),
             dns_upstream=("127.0.0.1", 1),
         )
-        store = Store(settings.db_path)
+        store = Store(settings.database)
         # The real NetworkManager on an in-memory dataplane: the networking routes are
         # fuzzed too, without taps or nft on the host.
         net = NetworkManager(settings, store, names=lambda _sid: None, dataplane=MemoryDataplane())

@@ -265,7 +265,7 @@ async def net(
         dns_upstream=("127.0.0.53", upstream.port),
         net_limits=replace(NetLimits(), dns_rate=20, dns_burst=30),
     )
-    manager = NetworkService(settings, Store(settings.db_path), lambda _s: None, MemoryDataplane())
+    manager = NetworkService(settings, Store(settings.database), lambda _s: None, MemoryDataplane())
     await manager.start([])
     await manager.attach(A_ID, parse_policy(["good.test"]))
     await manager.attach(B_ID, parse_policy(["good.test"]))

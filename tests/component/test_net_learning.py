@@ -75,7 +75,7 @@ async def gated(
         net_limits=replace(NetLimits()),
     )
     dataplane = GatedDataplane()
-    manager = NetworkService(settings, Store(settings.db_path), lambda _s: None, dataplane)
+    manager = NetworkService(settings, Store(settings.database), lambda _s: None, dataplane)
     await manager.start([])
     await manager.attach(SID, parse_policy(["good.test"]))
     yield manager, dataplane

@@ -41,7 +41,7 @@ def row(sid: str, state: SandboxState, **kw: Any) -> SandboxRecord:
 
 
 async def test_the_api_serves_while_reconcile_checks(settings: Settings, tmp_path: Path) -> None:
-    store = Store(settings.db_path)
+    store = Store(settings.database)
     checked = row("sb-00000000000a", SandboxState.RUNNING)
     paused = row(
         "sb-00000000000b", SandboxState.PAUSED, pause_mode=PauseMode.DISK, paused_at=time.time()

@@ -37,6 +37,7 @@ from hutch.config import load_settings
 from hutch.images.build import ImageArtifacts, build_image, find_image
 from hutch.models import SANDBOX_ID_RE
 from hutch.sdk import Client
+from tests import pgserver
 
 REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "src"
@@ -134,8 +135,13 @@ class Daemon:
             "HUTCH_NET_POOL": daemon_net_pool(self.state_dir),
             "HUTCH_DNS_UPSTREAM": os.environ.get("HUTCH_TEST_DNS_UPSTREAM", "127.0.0.1:1"),
         }
-        for leaked in ("HUTCH_URL", "HUTCH_API_KEY", "HUTCH_CONFIG"):
+        for leaked in ("HUTCH_URL", "HUTCH_API_KEY", "HUTCH_CONFIG", "HUTCH_DATABASE_URL"):
             self.daemon_env.pop(leaked, None)
+        # HUTCH_TEST_DATABASE=postgres: its own database on the suite's server (the same
+        # one again when a test restarts it on this state dir).
+        database_url = pgserver.database_url_for(self.state_dir)
+        if database_url is not None:
+            self.daemon_env["HUTCH_DATABASE_URL"] = database_url
         self.settings = load_settings(self.daemon_env)
 
     # -- where things are ---------------------------------------------------------------

@@ -34,8 +34,8 @@ class Clock:
         return self.now
 
 
-def states(tmp_path: Path, clock: Clock) -> tuple[SandboxStates, MeterStore, Store]:
-    store = Store(tmp_path / "hutch.db")
+def states(target: Path | str, clock: Clock) -> tuple[SandboxStates, MeterStore, Store]:
+    store = Store(target)
     meter = MeterStore(store)
     log = EventLog(meter, retention_s=86400, max_events=1000, clock=clock)
     return SandboxStates(store, log, clock=clock), meter, store
@@ -52,10 +52,10 @@ def total(
     return usage(rows, start=start, end=end, now=clock(), group_by=group_by, prices=PRICES)
 
 
-def test_each_phase_is_billed_to_the_second(tmp_path: Path) -> None:
+def test_each_phase_is_billed_to_the_second(db_target: Path | str) -> None:
     clock = Clock()
     t0 = clock.now
-    st, meter, _ = states(tmp_path, clock)
+    st, meter, _ = states(db_target, clock)
     st.insert(record(clock))
     clock.now = t0 + 10
     st.running(st.get("sb-000000000001"))
@@ -92,9 +92,9 @@ def test_each_phase_is_billed_to_the_second(tmp_path: Path) -> None:
     assert part.paused_memory_gib_seconds == 0
 
 
-def test_disk_mode_pause_holds_no_memory(tmp_path: Path) -> None:
+def test_disk_mode_pause_holds_no_memory(db_target: Path | str) -> None:
     clock = Clock()
-    st, meter, _ = states(tmp_path, clock)
+    st, meter, _ = states(db_target, clock)
     st.insert(record(clock))
     st.running(st.get("sb-000000000001"))
     clock.now += 5
@@ -106,10 +106,10 @@ def test_disk_mode_pause_holds_no_memory(tmp_path: Path) -> None:
     assert row.paused_memory_gib_seconds == 0
 
 
-def test_an_open_interval_counts_up_to_now_and_none_is_opened_twice(tmp_path: Path) -> None:
+def test_an_open_interval_counts_up_to_now_and_none_is_opened_twice(db_target: Path | str) -> None:
     clock = Clock()
     t0 = clock.now
-    st, meter, store = states(tmp_path, clock)
+    st, meter, store = states(db_target, clock)
     st.insert(record(clock))
     st.running(st.get("sb-000000000001"))
     # A pause that failed (pausing -> running): the VM ran on, one interval throughout.
@@ -126,10 +126,10 @@ def test_an_open_interval_counts_up_to_now_and_none_is_opened_twice(tmp_path: Pa
     assert n == 1
 
 
-def test_a_vm_lost_across_a_restart_is_billed_to_its_last_heartbeat(tmp_path: Path) -> None:
+def test_a_vm_lost_across_a_restart_is_billed_to_its_last_heartbeat(db_target: Path | str) -> None:
     clock = Clock()
     t0 = clock.now
-    st, meter, _ = states(tmp_path, clock)
+    st, meter, _ = states(db_target, clock)
     st.insert(record(clock))
     st.running(st.get("sb-000000000001"))
     clock.now = t0 + 20
@@ -144,10 +144,10 @@ def test_a_vm_lost_across_a_restart_is_billed_to_its_last_heartbeat(tmp_path: Pa
     assert failed[0].data["billed_until"] == pytest.approx(t0 + 20)
 
 
-def test_a_grown_disk_is_billed_at_its_new_size_from_the_grow(tmp_path: Path) -> None:
+def test_a_grown_disk_is_billed_at_its_new_size_from_the_grow(db_target: Path | str) -> None:
     clock = Clock()
     t0 = clock.now
-    st, meter, _ = states(tmp_path, clock)
+    st, meter, _ = states(db_target, clock)
     st.insert(record(clock))
     st.running(st.get("sb-000000000001"))
     clock.now = t0 + 3600
@@ -159,9 +159,9 @@ def test_a_grown_disk_is_billed_at_its_new_size_from_the_grow(tmp_path: Path) ->
     assert row.vcpu_seconds == pytest.approx(2 * 7200)  # the VM's interval runs on
 
 
-def test_a_refused_transition_writes_nothing(tmp_path: Path) -> None:
+def test_a_refused_transition_writes_nothing(db_target: Path | str) -> None:
     clock = Clock()
-    st, meter, _ = states(tmp_path, clock)
+    st, meter, _ = states(db_target, clock)
     st.insert(record(clock))
     with pytest.raises(StateError):
         st.move("sb-000000000001", S.PAUSED)
@@ -169,10 +169,10 @@ def test_a_refused_transition_writes_nothing(tmp_path: Path) -> None:
     assert [e.type for e in meter.events(project=None)] == ["sandbox.created"]
 
 
-def test_state_meter_and_event_commit_together(tmp_path: Path) -> None:
+def test_state_meter_and_event_commit_together(db_target: Path | str) -> None:
     """If the event cannot be written, the state change is not written either."""
     clock = Clock()
-    st, meter, store = states(tmp_path, clock)
+    st, meter, store = states(db_target, clock)
     st.insert(record(clock))
     with store.transaction() as db:
         db.execute("DROP TABLE events")
@@ -182,10 +182,10 @@ def test_state_meter_and_event_commit_together(tmp_path: Path) -> None:
     assert all(r.kind == "disk" for r in meter.intervals(project=None, start=0, end=1e12))
 
 
-def test_usage_by_day_splits_at_utc_midnight(tmp_path: Path) -> None:
+def test_usage_by_day_splits_at_utc_midnight(db_target: Path | str) -> None:
     midnight = 1_767_225_600.0  # 2026-01-01T00:00:00Z
     clock = Clock(midnight - 600)
-    st, meter, _ = states(tmp_path, clock)
+    st, meter, _ = states(db_target, clock)
     st.insert(record(clock))
     st.running(st.get("sb-000000000001"))
     clock.now = midnight + 900
@@ -220,9 +220,9 @@ def test_lifecycle_events_name_their_reason() -> None:
     assert lifecycle_event(S.PAUSING, running, None) is None  # a failed pause: no event
 
 
-def test_events_record_the_actor_and_reason(tmp_path: Path) -> None:
+def test_events_record_the_actor_and_reason(db_target: Path | str) -> None:
     clock = Clock()
-    st, meter, _ = states(tmp_path, clock)
+    st, meter, _ = states(db_target, clock)
     act_as(Principal.admin(source="10.0.0.9"))
     try:
         st.insert(record(clock))
@@ -251,9 +251,9 @@ def test_events_record_the_actor_and_reason(tmp_path: Path) -> None:
     assert meter.events(project="other") == []
 
 
-def test_retention_drops_old_events_and_keeps_at_most_the_newest(tmp_path: Path) -> None:
+def test_retention_drops_old_events_and_keeps_at_most_the_newest(db_target: Path | str) -> None:
     clock = Clock()
-    store = Store(tmp_path / "hutch.db")
+    store = Store(db_target)
     meter = MeterStore(store)
     log = EventLog(meter, retention_s=100, max_events=5, clock=clock)
     for i in range(3):
@@ -276,8 +276,8 @@ def test_scrub_removes_keys_and_env_values() -> None:
     assert out == "curl -H 'Authorization: Bearer [redacted]' -d [redacted] x"
 
 
-def test_snapshots_and_images_hold_storage_until_deleted(tmp_path: Path) -> None:
-    store = Store(tmp_path / "hutch.db")
+def test_snapshots_and_images_hold_storage_until_deleted(db_target: Path | str) -> None:
+    store = Store(db_target)
     meter = MeterStore(store)
     snap = SnapshotRecord(id="snap-000000000001", name="s", sandbox_id="sb-000000000001",
                           image="base", shape=SHAPE, path="/x", size_bytes=0,

@@ -24,8 +24,8 @@ def record(state: SandboxState = S.CREATING) -> SandboxRecord:
 
 
 @pytest.fixture
-def states(tmp_path: Path) -> SandboxStates:
-    return SandboxStates(Store(tmp_path / "hutch.db"))
+def states(db_target: Path | str) -> SandboxStates:
+    return SandboxStates(Store(db_target))
 
 
 def test_the_table_covers_every_state_and_ends_only_in_end_states() -> None:

@@ -1,4 +1,6 @@
-"""The SQLite store: migrations, round trips, filters, name uniqueness, durability."""
+"""The store on both backends (SQLite, PostgreSQL: the ``db_target`` fixture): migrations,
+round trips, filters, name uniqueness, durability. Tests of SQLite files made by older
+versions stay on SQLite."""
 
 from __future__ import annotations
 
@@ -29,8 +31,8 @@ def record(sid: str = "sb-000000000001", **kw: object) -> SandboxRecord:
     return SandboxRecord(**base)  # type: ignore[arg-type]
 
 
-def test_round_trip_keeps_every_field(tmp_path: Path) -> None:
-    store = Store(tmp_path / "h.db")
+def test_round_trip_keeps_every_field(db_target: Path | str) -> None:
+    store = Store(db_target)
     rec = record(
         name="web",
         env={"A": "1"},
@@ -45,12 +47,22 @@ def test_round_trip_keeps_every_field(tmp_path: Path) -> None:
     assert store.get_sandbox(rec.id) == rec
 
 
-def test_schema_is_migrated_once_and_reopens(tmp_path: Path) -> None:
-    Store(tmp_path / "h.db").close()
-    store = Store(tmp_path / "h.db")
+def test_schema_is_migrated_once_and_reopens(db_target: Path | str) -> None:
+    Store(db_target).close()
+    store = Store(db_target)
     assert store.schema_version() == len(MIGRATIONS)
-    journal = sqlite3.connect(tmp_path / "h.db").execute("PRAGMA journal_mode").fetchone()
-    assert journal[0] == "wal"
+    with store.transaction() as db:
+        ledger = db.execute("SELECT version FROM hutch_schema ORDER BY version").fetchall()
+    assert [v for (v,) in ledger] == list(range(1, len(MIGRATIONS) + 1))
+
+
+def test_sqlite_is_wal_and_keeps_user_version_in_step(tmp_path: Path) -> None:
+    Store(tmp_path / "h.db").close()
+    raw = sqlite3.connect(tmp_path / "h.db")
+    assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    # hutch before the ledger reads user_version: it must still refuse a newer database
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+    raw.close()
 
 
 def test_newer_schema_is_refused(tmp_path: Path) -> None:
@@ -62,8 +74,8 @@ def test_newer_schema_is_refused(tmp_path: Path) -> None:
         Store(tmp_path / "h.db")
 
 
-def test_filters_by_state_and_metadata(tmp_path: Path) -> None:
-    store = Store(tmp_path / "h.db")
+def test_filters_by_state_and_metadata(db_target: Path | str) -> None:
+    store = Store(db_target)
     store.insert_sandbox(record("sb-000000000001", metadata={"team": "a", "x.y": "1"}))
     store.insert_sandbox(record("sb-000000000002", metadata={"team": "b"}))
     store.insert_sandbox(
@@ -82,8 +94,8 @@ def test_filters_by_state_and_metadata(tmp_path: Path) -> None:
     assert ids(store.list_sandboxes(metadata={"team": "a' OR 1=1 --"})) == []
 
 
-def test_live_names_are_unique_but_reusable_after_destroy(tmp_path: Path) -> None:
-    store = Store(tmp_path / "h.db")
+def test_live_names_are_unique_but_reusable_after_destroy(db_target: Path | str) -> None:
+    store = Store(db_target)
     store.insert_sandbox(record("sb-000000000001", name="web"))
     with pytest.raises(Conflict, match="already exists"):
         store.insert_sandbox(record("sb-000000000002", name="web"))
@@ -91,16 +103,16 @@ def test_live_names_are_unique_but_reusable_after_destroy(tmp_path: Path) -> Non
     store.insert_sandbox(record("sb-000000000002", name="web"))
 
 
-def test_live_usage_counts_only_live(tmp_path: Path) -> None:
-    store = Store(tmp_path / "h.db")
+def test_live_usage_counts_only_live(db_target: Path | str) -> None:
+    store = Store(db_target)
     store.insert_sandbox(record("sb-000000000001"))
     store.insert_sandbox(record("sb-000000000002", state=SandboxState.CREATING))
     store.insert_sandbox(record("sb-000000000003", state=SandboxState.FAILED))
     assert store.live_usage() == (2, 2048)
 
 
-def test_failed_write_changes_nothing(tmp_path: Path) -> None:
-    store = Store(tmp_path / "h.db")
+def test_failed_write_changes_nothing(db_target: Path | str) -> None:
+    store = Store(db_target)
     rec = record()
     store.insert_sandbox(rec)
     with pytest.raises(Conflict):
@@ -108,8 +120,10 @@ def test_failed_write_changes_nothing(tmp_path: Path) -> None:
     assert store.list_sandboxes() == [rec]
 
 
-def test_a_snapshot_being_saved_is_unlisted_until_finished(tmp_path: Path) -> None:
-    store = Store(tmp_path / "h.db")
+def test_a_snapshot_being_saved_is_unlisted_until_finished(
+    tmp_path: Path, db_target: Path | str
+) -> None:
+    store = Store(db_target)
     snap = SnapshotRecord(
         id="snap-000000000001",
         name="n",

@@ -43,7 +43,7 @@ async def real_service(state: Path, **settings: Any) -> AsyncIterator[Services]:
         **settings,
     )
     svc = build_services(
-        config, Store(config.db_path), QemuBackend(config), LocalImages(config.images_dir)
+        config, Store(config.database), QemuBackend(config), LocalImages(config.images_dir)
     )
     await svc.start()
     try:

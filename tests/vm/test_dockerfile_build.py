@@ -116,7 +116,7 @@ async def env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
         accel=os.environ.get("HUTCH_ACCEL", "auto"),
         templates=False,
     )
-    store = Store(settings.db_path)
+    store = Store(settings.database)
     images = HostImages(
         LocalImages(images_dir), ImageStore(store), images_dir, LocalBootSets(images_dir)
     )

@@ -28,7 +28,6 @@ disagree, whatever point a daemon is killed at.
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -39,6 +38,7 @@ from hutch.models import SANDBOX_ID_RE, SandboxRecord, SandboxState
 from hutch.services.events import EventLog, acting, lifecycle_event, project_of
 from hutch.services.metering import changes, held
 from hutch.store import Store
+from hutch.store.backend import Conn
 from hutch.store.meter_sql import close_intervals_in, last_alive_in, open_interval_in
 
 __all__ = ["TRANSITIONS", "SandboxStates", "require"]
@@ -197,7 +197,7 @@ class SandboxStates:
 
     def _record(
         self,
-        db: sqlite3.Connection,
+        db: Conn,
         before: SandboxRecord | None,
         after: SandboxRecord,
         event: str | None,

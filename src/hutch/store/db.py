@@ -1,29 +1,31 @@
-"""The sandbox store on SQLite (WAL).
+"""The sandbox store on SQLite (WAL, the default) or PostgreSQL (``HUTCH_DATABASE_URL``).
 
 One connection guarded by a lock: every statement is short, so callers on the event loop
 call these methods directly. Writes are single transactions; a crash at any point leaves
-either the old or the new row, never a torn one.
+either the old or the new row, never a torn one. Which database it is matters only to
+the backend (``hutch.store.backend``): the SQL here and in the other store modules is
+the same for both.
 """
 
 from __future__ import annotations
 
 import enum
 import json
-import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
 from hutch.errors import Conflict, StoreError
 from hutch.models import NetworkMode, PauseMode, SandboxRecord, SandboxState, Shape, SnapshotRecord
+from hutch.store.backend import Backend, Conn, ConnectionLost, IntegrityViolation
 from hutch.store.meter_sql import close_intervals_in, open_interval_in
-from hutch.store.migrations import MIGRATIONS
+from hutch.store.migrations import LEDGER, MIGRATIONS, script_for, statements
 
 #: What runs in a write's own transaction after it (the state writer's meter and event).
-Also = Callable[[sqlite3.Connection], None] | None
+Also = Callable[[Conn], None] | None
 
 _COLUMNS = (
     "id", "name", "image", "image_digest", "state", "vcpus", "memory_mib", "disk_gib",
@@ -46,67 +48,142 @@ RUNNING_STATES = (
 )  # fmt: skip
 
 
+def open_backend(target: Path | str) -> Backend:
+    """A path: SQLite; a ``postgresql://`` URL (``Settings.database``): PostgreSQL."""
+    if isinstance(target, Path):
+        from hutch.store.sqlite_backend import SqliteBackend
+
+        return SqliteBackend(target)
+    from hutch.store.pg_backend import PostgresBackend
+
+    return PostgresBackend(target)
+
+
 class Store:
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self._db = sqlite3.connect(
-                str(path), isolation_level=None, check_same_thread=False, timeout=30.0
-            )
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute("PRAGMA foreign_keys=ON")
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot open the database {path}: {exc}") from exc
+    def __init__(self, target: Path | str) -> None:
+        """``target``: the SQLite file, or a PostgreSQL URL (``Settings.database``)."""
+        self.target = target
+        #: The SQLite file (None on PostgreSQL).
+        self.path: Path | None = target if isinstance(target, Path) else None
+        self._backend = open_backend(target)
         self._lock = threading.RLock()
         self._migrate()
 
+    @property
+    def display(self) -> str:
+        """The database, for messages: the SQLite path, or the URL without its password."""
+        return self._backend.display
+
+    @property
+    def dialect_name(self) -> str:
+        return self._backend.dialect.name
+
     def close(self) -> None:
         with self._lock:
-            self._db.close()
+            self._backend.close()
 
-    def transaction(self) -> AbstractContextManager[sqlite3.Connection]:
+    def transaction(self) -> AbstractContextManager[Conn]:
         """One write transaction (for the other tables' modules in this package)."""
         return self._tx()
 
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
+    def _connect(self, begin: Callable[[Conn], None] | None) -> Conn:
+        """The connection (with a transaction begun), reconnecting once if the one held
+        was found lost at its first statement: nothing of the call ran yet, so a server
+        restart between two calls costs a reconnect, not an error."""
+        for attempt in (1, 2):
             try:
-                self._db.execute("BEGIN IMMEDIATE")
-                yield self._db
-                self._db.execute("COMMIT")
-            except sqlite3.IntegrityError as exc:
-                self._db.execute("ROLLBACK")
-                raise Conflict(f"conflicts with an existing sandbox: {exc}") from exc
-            except sqlite3.Error as exc:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                raise StoreError(f"database error: {exc}") from exc
-            except BaseException:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                raise
+                db = self._backend.conn()
+                if begin is not None:
+                    begin(db)
+                return db
+            except Exception as exc:
+                mapped = self._backend.translate(exc)
+                if isinstance(mapped, ConnectionLost) and attempt == 1:
+                    continue
+                raise self._error(exc, mapped) from exc
+        raise AssertionError("unreachable")
+
+    def _error(self, exc: BaseException, mapped: BaseException | None) -> BaseException:
+        if isinstance(mapped, IntegrityViolation):
+            return Conflict(f"conflicts with an existing sandbox: {mapped}")
+        if isinstance(mapped, ConnectionLost):
+            return StoreError(
+                f"{mapped}; this call's transaction did not commit (unless the commit "
+                "itself was cut), and the next call reconnects"
+            )
+        if mapped is not None:
+            return StoreError(f"database error: {mapped}")
+        return exc
+
+    @contextmanager
+    def _tx(self, schema: bool = False) -> Iterator[Conn]:
+        with self._lock:
+            begin = self._backend.begin_schema if schema else self._backend.begin
+            db = self._connect(begin)
+            try:
+                yield db
+                self._backend.commit(db)
+            except BaseException as exc:
+                self._backend.rollback(db)
+                mapped = self._backend.translate(exc)
+                if mapped is None:
+                    raise
+                raise self._error(exc, mapped) from exc
+
+    def _fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        """The rows of one read, outside a transaction (its own snapshot on PostgreSQL),
+        read again once if the connection was found lost (a read repeats safely)."""
+        with self._lock:
+            for attempt in (1, 2):
+                db = self._connect(None)
+                try:
+                    return list(db.execute(sql, params).fetchall())
+                except Exception as exc:
+                    mapped = self._backend.translate(exc)
+                    if isinstance(mapped, ConnectionLost) and attempt == 1:
+                        continue
+                    raise self._error(exc, mapped) from exc
+        raise AssertionError("unreachable")
 
     def schema_version(self) -> int:
-        with self._lock:
-            row = self._db.execute("PRAGMA user_version").fetchone()
-        return int(row[0])
+        with self._tx() as db:
+            return self._version_in(db)
+
+    def _version_in(self, db: Conn) -> int:
+        row = db.execute("SELECT MAX(version) FROM hutch_schema").fetchone()
+        ledger = int(row[0]) if row and row[0] is not None else 0
+        return max(ledger, self._backend.legacy_version(db))
 
     def _migrate(self) -> None:
-        current = self.schema_version()
-        if current > len(MIGRATIONS):
-            raise StoreError(
-                f"{self.path} has schema version {current}, newer than this hutch "
-                f"({len(MIGRATIONS)}); upgrade hutch or use another state directory"
-            )
-        for version, script in enumerate(MIGRATIONS[current:], start=current + 1):
-            with self._tx() as db:
-                for statement in script.split(";"):
-                    if statement.strip():
-                        db.execute(statement)
-                db.execute(f"PRAGMA user_version = {version}")
+        dialect = self._backend.dialect.name
+        while True:
+            with self._tx(schema=True) as db:
+                db.execute(script_for(LEDGER, dialect))
+                current = self._version_in(db)
+                if current > len(MIGRATIONS):
+                    raise StoreError(
+                        f"{self._backend.display} has schema version {current}, newer than "
+                        f"this hutch ({len(MIGRATIONS)}); upgrade hutch or use another "
+                        "database"
+                    )
+                recorded = db.execute("SELECT COUNT(*) FROM hutch_schema").fetchone()[0]
+                if int(recorded) < current:  # a database from before the ledger
+                    for old in range(1, current + 1):
+                        db.execute(
+                            "INSERT INTO hutch_schema (version, applied_at) VALUES (?, ?) "
+                            "ON CONFLICT (version) DO NOTHING",
+                            (old, time.time()),
+                        )
+                if current == len(MIGRATIONS):
+                    return
+                version = current + 1
+                for statement in statements(script_for(MIGRATIONS[current], dialect)):
+                    db.execute(statement)
+                db.execute(
+                    "INSERT INTO hutch_schema (version, applied_at) VALUES (?, ?)",
+                    (version, time.time()),
+                )
+                self._backend.stamp(db, version)
 
     # -- sandboxes ---------------------------------------------------------------------
 
@@ -146,11 +223,10 @@ class Store:
                 also(db)
 
     def get_sandbox(self, sandbox_id: str) -> SandboxRecord | None:
-        with self._lock:
-            row = self._db.execute(
-                f"SELECT {', '.join(_COLUMNS)} FROM sandboxes WHERE id = ?", (sandbox_id,)
-            ).fetchone()
-        return _from_row(row) if row else None
+        rows = self._fetch(
+            f"SELECT {', '.join(_COLUMNS)} FROM sandboxes WHERE id = ?", (sandbox_id,)
+        )
+        return _from_row(rows[0]) if rows else None
 
     def list_sandboxes(
         self,
@@ -169,15 +245,14 @@ class Store:
             wanted = [str(s) for s in states]
             clauses.append(f"state IN ({', '.join('?' for _ in wanted)})")
             params.extend(wanted)
+        dialect = self._backend.dialect
         for key, value in (metadata or {}).items():
-            clauses.append("json_extract(metadata_json, ?) = ?")
-            params.extend([_json_path(key), value])
+            clauses.append(f"{dialect.json_text('metadata_json')} = ?")
+            params.extend([dialect.json_key(key), value])
         if clauses:
             query += " WHERE " + " AND ".join(clauses)
         query += " ORDER BY created_at, id"
-        with self._lock:
-            rows = self._db.execute(query, params).fetchall()
-        return [_from_row(r) for r in rows]
+        return [_from_row(r) for r in self._fetch(query, params)]
 
     # -- snapshots ----------------------------------------------------------------------
 
@@ -209,12 +284,11 @@ class Store:
 
     def get_snapshot(self, snapshot_id: str) -> SnapshotRecord | None:
         """A ready snapshot (one still being saved is not found)."""
-        with self._lock:
-            row = self._db.execute(
-                f"SELECT {_SNAPSHOT_COLUMNS} FROM snapshots WHERE id = ? AND ready = 1",
-                (snapshot_id,),
-            ).fetchone()
-        return _snapshot_from_row(row) if row else None
+        rows = self._fetch(
+            f"SELECT {_SNAPSHOT_COLUMNS} FROM snapshots WHERE id = ? AND ready = 1",
+            (snapshot_id,),
+        )
+        return _snapshot_from_row(rows[0]) if rows else None
 
     def list_snapshots(
         self, *, ready: bool | None = True, project: str | None = None
@@ -227,11 +301,9 @@ class Store:
             clauses.append("project = ?")
             params.append(project)
         where = " WHERE " + " AND ".join(clauses) if clauses else ""
-        with self._lock:
-            rows = self._db.execute(
-                f"SELECT {_SNAPSHOT_COLUMNS} FROM snapshots{where} ORDER BY created_at, id",
-                params,
-            ).fetchall()
+        rows = self._fetch(
+            f"SELECT {_SNAPSHOT_COLUMNS} FROM snapshots{where} ORDER BY created_at, id", params
+        )
         return [_snapshot_from_row(r) for r in rows]
 
     def delete_snapshot(self, snapshot_id: str) -> None:
@@ -240,10 +312,7 @@ class Store:
             close_intervals_in(db, snapshot_id, ["snapshot"], time.time())
 
     def count_by_state(self) -> dict[str, int]:
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT state, COUNT(*) FROM sandboxes GROUP BY state"
-            ).fetchall()
+        rows = self._fetch("SELECT state, COUNT(*) FROM sandboxes GROUP BY state")
         return {str(state): int(n) for state, n in rows}
 
     def live_usage(self) -> tuple[int, int]:
@@ -253,13 +322,12 @@ class Store:
         """
         live = [str(s) for s in LIVE_STATES]
         running = [str(s) for s in RUNNING_STATES]
-        with self._lock:
-            row = self._db.execute(
-                f"SELECT COUNT(*), COALESCE(SUM(CASE WHEN state IN "
-                f"({', '.join('?' for _ in running)}) THEN memory_mib ELSE 0 END), 0) "
-                f"FROM sandboxes WHERE state IN ({', '.join('?' for _ in live)})",
-                (*running, *live),
-            ).fetchone()
+        (row,) = self._fetch(
+            f"SELECT COUNT(*), COALESCE(SUM(CASE WHEN state IN "
+            f"({', '.join('?' for _ in running)}) THEN memory_mib ELSE 0 END), 0) "
+            f"FROM sandboxes WHERE state IN ({', '.join('?' for _ in live)})",
+            (*running, *live),
+        )
         return int(row[0]), int(row[1])
 
 
@@ -277,17 +345,10 @@ def _snapshot_from_row(row: tuple[Any, ...]) -> SnapshotRecord:
     )  # fmt: skip
 
 
-def _meter_snapshot(
-    db: sqlite3.Connection, project: str, snapshot_id: str, size: int, at: float
-) -> None:
+def _meter_snapshot(db: Conn, project: str, snapshot_id: str, size: int, at: float) -> None:
     """A ready snapshot holds ``size`` bytes of storage from ``at`` until it is deleted
     (GB = 10^9 bytes, as the storage price counts them)."""
     open_interval_in(db, project, snapshot_id, "snapshot", size / 1e9, at)
-
-
-def _json_path(key: str) -> str:
-    # Quote the key so dots and brackets in user metadata keys are taken literally.
-    return '$."' + key.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _to_row(rec: SandboxRecord) -> tuple[Any, ...]:

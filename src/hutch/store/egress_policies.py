@@ -33,13 +33,16 @@ class EgressPolicyStore:
         now = time.time()
         with self._store.transaction() as db:
             old = db.execute(
-                "SELECT created_at FROM egress_policies WHERE project = ? AND name = ?",
+                "SELECT created_at FROM egress_policies WHERE project = ? AND name = ?"
+                + db.dialect.for_update,
                 (project, name),
             ).fetchone()
             created = float(old[0]) if old else now
             db.execute(
-                "INSERT OR REPLACE INTO egress_policies "
-                "(project, name, policy_json, created_at, updated_at) VALUES (?, ?, ?, ?, ?)",
+                "INSERT INTO egress_policies "
+                "(project, name, policy_json, created_at, updated_at) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT (project, name) DO UPDATE SET policy_json = excluded.policy_json, "
+                "updated_at = excluded.updated_at",
                 (project, name, json.dumps(policy), created, now),
             )
         return EgressPolicyRow(project, name, policy, created, now), old is None

@@ -8,7 +8,6 @@ existed were moved into ``default`` (migration 7).
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -95,8 +94,6 @@ class ImageStore:
 
     def delete(self, name: str, project: str = GLOBAL) -> bool:
         with self._store.transaction() as db:
-            cur: sqlite3.Cursor = db.execute(
-                "DELETE FROM images WHERE project = ? AND name = ?", (project, name)
-            )
+            cur = db.execute("DELETE FROM images WHERE project = ? AND name = ?", (project, name))
             close_intervals_in(db, _subject(project, name), ["image"], time.time())
             return cur.rowcount > 0

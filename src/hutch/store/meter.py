@@ -137,7 +137,7 @@ class MeterStore:
         marks = ", ".join("?" for _ in wanted)
         with self._store.transaction() as db:
             db.execute(
-                f"UPDATE meter SET alive_at = MAX(alive_at, ?) "
+                f"UPDATE meter SET alive_at = {db.dialect.greatest('alive_at', '?')} "
                 f"WHERE ended_at IS NULL AND subject IN ({marks})",
                 (at, *wanted),
             )

@@ -5,15 +5,16 @@ the change it follows. No imports from the rest of the package (``db`` uses it).
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from hutch.store.backend import Conn
 
 __all__ = ["append_event_in", "close_intervals_in", "last_alive_in", "open_interval_in"]
 
 
 def append_event_in(
-    db: sqlite3.Connection,
+    db: Conn,
     *,
     at: float,
     project: str,
@@ -23,16 +24,16 @@ def append_event_in(
     source: str | None,
     data: Mapping[str, Any],
 ) -> int:
-    cur = db.execute(
+    row = db.execute(
         "INSERT INTO events (at, project, sandbox_id, type, actor, source, data_json) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+        "VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING seq",
         (at, project, sandbox_id, type, actor, source, json.dumps(dict(data))),
-    )
-    return int(cur.lastrowid or 0)
+    ).fetchone()
+    return int(row[0])
 
 
 def open_interval_in(
-    db: sqlite3.Connection, project: str, subject: str, kind: str, quantity: float, at: float
+    db: Conn, project: str, subject: str, kind: str, quantity: float, at: float
 ) -> None:
     """Open ``kind`` for ``subject`` at ``at``; one already open is kept (never two)."""
     db.execute(
@@ -43,22 +44,20 @@ def open_interval_in(
     )
 
 
-def close_intervals_in(
-    db: sqlite3.Connection, subject: str, kinds: Iterable[str], at: float
-) -> None:
+def close_intervals_in(db: Conn, subject: str, kinds: Iterable[str], at: float) -> None:
     """Close the open ``kinds`` of ``subject`` at ``at`` (never before they started)."""
     wanted = list(kinds)
     if not wanted:
         return
     marks = ", ".join("?" for _ in wanted)
     db.execute(
-        f"UPDATE meter SET ended_at = MAX(started_at, ?) "
+        f"UPDATE meter SET ended_at = {db.dialect.greatest('started_at', '?')} "
         f"WHERE subject = ? AND ended_at IS NULL AND kind IN ({marks})",
         (at, subject, *wanted),
     )
 
 
-def last_alive_in(db: sqlite3.Connection, subject: str) -> float | None:
+def last_alive_in(db: Conn, subject: str) -> float | None:
     """The last heartbeat of the subject's open intervals (None: none open)."""
     row = db.execute(
         "SELECT MAX(alive_at) FROM meter WHERE subject = ? AND ended_at IS NULL", (subject,)

@@ -4,7 +4,6 @@ members, exposed ports. Same database and transactions as ``hutch.store.db``."""
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -44,7 +43,9 @@ class NetStore:
     def add_lease(self, sandbox_id: str, block: int, tap: str) -> None:
         with self._store.transaction() as db:
             db.execute(
-                "INSERT OR REPLACE INTO net_leases (sandbox_id, block, tap) VALUES (?, ?, ?)",
+                "INSERT INTO net_leases (sandbox_id, block, tap) VALUES (?, ?, ?) "
+                "ON CONFLICT (sandbox_id) DO UPDATE SET block = excluded.block, "
+                "tap = excluded.tap",
                 (sandbox_id, block, tap),
             )
 
@@ -61,8 +62,9 @@ class NetStore:
         """Today's rule list, or an ordered policy's document (``hutch.net.rules``)."""
         with self._store.transaction() as db:
             db.execute(
-                "INSERT OR REPLACE INTO egress_rules (sandbox_id, rules_json, updated_at) "
-                "VALUES (?, ?, ?)",
+                "INSERT INTO egress_rules (sandbox_id, rules_json, updated_at) "
+                "VALUES (?, ?, ?) ON CONFLICT (sandbox_id) DO UPDATE SET "
+                "rules_json = excluded.rules_json, updated_at = excluded.updated_at",
                 (sandbox_id, json.dumps(rules), time.time()),
             )
 
@@ -137,7 +139,8 @@ class NetStore:
 
     def add_member(self, network_id: str, sandbox_id: str) -> None:
         self._rows(
-            "INSERT OR IGNORE INTO network_members (network_id, sandbox_id) VALUES (?, ?)",
+            "INSERT INTO network_members (network_id, sandbox_id) VALUES (?, ?) "
+            "ON CONFLICT DO NOTHING",
             network_id,
             sandbox_id,
         )
@@ -174,8 +177,8 @@ class NetStore:
 
     def add_port(self, sandbox_id: str, guest_port: int, host_port: int) -> None:
         self._rows(
-            "INSERT OR REPLACE INTO exposed_ports (sandbox_id, guest_port, host_port) "
-            "VALUES (?, ?, ?)",
+            "INSERT INTO exposed_ports (sandbox_id, guest_port, host_port) VALUES (?, ?, ?) "
+            "ON CONFLICT (sandbox_id, guest_port) DO UPDATE SET host_port = excluded.host_port",
             sandbox_id,
             guest_port,
             host_port,
@@ -209,5 +212,5 @@ class NetStore:
                 db.execute(f"DELETE FROM {table} WHERE sandbox_id = ?", (sandbox_id,))
 
 
-def _network(row: tuple[object, ...] | sqlite3.Row) -> NetworkRow:
+def _network(row: tuple[object, ...]) -> NetworkRow:
     return NetworkRow(str(row[0]), str(row[1]), float(str(row[2])), str(row[3]))

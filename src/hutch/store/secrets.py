@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import builtins
 import json
-import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from hutch.store.backend import Conn
 from hutch.store.db import LIVE_STATES, Store
 
 __all__ = ["SealedValue", "SecretRow", "SecretStore"]
@@ -66,14 +66,18 @@ class SecretStore:
         both write the same version."""
         with self._store.transaction() as db:
             cur = db.execute(
-                "SELECT version, created_at FROM secrets WHERE project = ? AND name = ?",
+                "SELECT version, created_at FROM secrets WHERE project = ? AND name = ?"
+                + db.dialect.for_update,
                 (project, name),
             ).fetchone()
             version = 1 if cur is None else int(cur[0]) + 1
             created = now if cur is None else float(cur[1])
             sealed = seal(version)
             db.execute(
-                f"INSERT OR REPLACE INTO secrets ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO secrets ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (project, name) DO UPDATE SET version = excluded.version, "
+                "key_id = excluded.key_id, nonce = excluded.nonce, "
+                "ciphertext = excluded.ciphertext, updated_at = excluded.updated_at",
                 (project, name, version, sealed.key_id, sealed.nonce, sealed.ciphertext,
                  created, now),
             )  # fmt: skip
@@ -120,7 +124,7 @@ class SecretStore:
             return _users(db, project, name)
 
 
-def _users(db: sqlite3.Connection, project: str, name: str) -> list[str]:
+def _users(db: Conn, project: str, name: str) -> list[str]:
     live = ", ".join("?" for _ in LIVE_STATES)
     rows = db.execute(
         f"SELECT id, env_secrets_json FROM sandboxes WHERE project = ? AND state IN ({live}) "

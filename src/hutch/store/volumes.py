@@ -134,8 +134,11 @@ class VolumeStore:
         exclusive volume among them is mounted by another sandbox already."""
         with self._store.transaction() as db:
             for m in mounts:
+                # The volume's row stays locked until the commit: two sandboxes taking
+                # one exclusive volume at once (two hosts) check one after the other.
                 kind = db.execute(
-                    "SELECT kind FROM volumes WHERE id = ?", (m.volume_id,)
+                    "SELECT kind FROM volumes WHERE id = ?" + db.dialect.for_update,
+                    (m.volume_id,),
                 ).fetchone()
                 if kind is None:
                     raise Conflict(f"volume {m.volume_id} was deleted meanwhile")
@@ -152,8 +155,10 @@ class VolumeStore:
                             "(delete that sandbox first, or use a shared volume)"
                         )
                 db.execute(
-                    "INSERT OR REPLACE INTO volume_mounts "
-                    "(volume_id, sandbox_id, path, read_only, slot) VALUES (?, ?, ?, ?, ?)",
+                    "INSERT INTO volume_mounts "
+                    "(volume_id, sandbox_id, path, read_only, slot) VALUES (?, ?, ?, ?, ?) "
+                    "ON CONFLICT (volume_id, sandbox_id) DO UPDATE SET path = excluded.path, "
+                    "read_only = excluded.read_only, slot = excluded.slot",
                     (m.volume_id, sandbox_id, m.path, int(m.read_only), m.slot),
                 )
 
