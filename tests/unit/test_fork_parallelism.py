@@ -1,7 +1,9 @@
-"""How many clones of a fork start at once (hutch.services.snapshots.fork_parallelism)."""
+"""How many clones of a fork start at once (hutch.services.snapshots.fork_parallelism),
+and the switch for copy-on-write template memory."""
 
 from __future__ import annotations
 
+from hutch.config import Settings, load_settings
 from hutch.services.snapshots import CLONES_PER_CPU, fork_parallelism, mem_available_mib
 
 
@@ -25,3 +27,9 @@ def test_available_memory_bounds_them_and_one_always_starts() -> None:
 def test_mem_available_reads_this_host() -> None:
     mib = mem_available_mib()
     assert mib is not None and mib > 0
+
+
+def test_template_ram_in_file_is_on_by_default_and_can_be_turned_off() -> None:
+    assert Settings().template_ram_in_file is True
+    off = load_settings(env={"HUTCH_TEMPLATE_RAM_IN_FILE": "0"})
+    assert off.template_ram_in_file is False

@@ -168,11 +168,17 @@ class QemuBackend:
             qemu_log=p.qemu_log,
             # A snapshot from before NICs existed restores without one: no network.
             tap=self.tap_of(rec) if template_cfg.nic else None,
-            # RAM: a RAM-in-file snapshot's memory.ram, mapped copy-on-write (restore
-            # sets that); recorded here is what a later resume of this sandbox from a
-            # full-stream pause maps instead: a sparse file of its own, private (the
-            # stream refills it; its block keeps the id the stream names).
-            memory_file=p.state / MEMORY_FILE if template_cfg.memory_file else None,
+            # RAM: a template's memory.ram, mapped copy-on-write; a clone of a clone (a
+            # fork child, a resume from a full-stream pause) maps that same file
+            # privately again: the stream then rewrites every page (zero pages too), so
+            # what the file holds does not matter, while pages equal to it stay shared
+            # page cache. The file lives as long as the template, like the template's
+            # disk under the clone's overlay (ARCHITECTURE.md, "Copy-on-write memory").
+            memory_file=(
+                snapshot_dir / MEMORY_FILE
+                if (snapshot_dir / MEMORY_FILE).is_file()
+                else template_cfg.memory_file
+            ),
             memory_shared=False,
         )
         write_config(p.vm_json, cfg)

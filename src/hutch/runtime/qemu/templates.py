@@ -80,11 +80,12 @@ class QemuTemplates:
             # Guest RAM is a file on the state directory's file system, mapped shared: the
             # freeze then leaves it where it is (state-only stream, milliseconds) and
             # every clone maps it copy-on-write (ARCHITECTURE.md, "Copy-on-write memory").
-            cfg = dataclasses.replace(
-                self.booter.vm_config(work, "template", shape, image, "hutch"),
-                memory_file=work.state / MEMORY_FILE,
-                memory_shared=True,
-            )
+            in_file = self.layout.settings.template_ram_in_file
+            cfg = self.booter.vm_config(work, "template", shape, image, "hutch")
+            if in_file:
+                cfg = dataclasses.replace(
+                    cfg, memory_file=work.state / MEMORY_FILE, memory_shared=True
+                )
             write_config(work.vm_json, cfg)
             vm, agent = await self.booter.boot(cfg, work, "hutch")
             try:
@@ -92,7 +93,7 @@ class QemuTemplates:
                 await _settle(agent, image)
                 await agent.close()
                 snap = work.state / "snapshot"
-                await save_snapshot(vm, snap, ram_in_file=True, fsync=True)
+                await save_snapshot(vm, snap, ram_in_file=in_file, fsync=in_file)
             except BaseException:
                 await vm.kill()
                 raise
