@@ -6,8 +6,10 @@ Set-up (untimed): one create builds the template at the shape; then ``N`` sandbo
 ``IDLE_S``. Then, per QEMU, ``/proc/<pid>/smaps_rollup`` (what ``smem`` reads):
 ``Private_Clean + Private_Dirty`` (memory only this clone holds), ``Pss`` and ``Rss``.
 The template's RAM file pages are shared through the page cache and count as ``Shared_*``.
-Baseline: the guest RAM size (256 MiB), so the ratio is the fraction of its RAM a clone
-costs the host privately. Every clone must still answer ``echo`` at the end.
+Baselines: the guest RAM size (256 MiB: the fraction of its RAM a clone costs the host
+privately), and the same clones on a side daemon whose templates carry RAM in the stream
+(``HUTCH_TEMPLATE_RAM_IN_FILE=0``, same run). Every clone must still answer ``echo`` at
+the end.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench.cases.common import SANDBOX_MEMORY_MIB, SANDBOX_VCPUS, BenchContext, SideDaemon
@@ -43,25 +46,31 @@ def _echo(sb: Sandbox) -> bool:
     return r.exit_code == 0 and r.stdout == "hi\n"
 
 
-def run_density(ctx: BenchContext) -> BenchResult:
-    n = 8 if ctx.quick else 24
+STREAM_DAEMON = "stream-templates"
+STREAM_ENV = {"HUTCH_TEMPLATE_RAM_IN_FILE": "0"}
+
+
+@dataclass
+class Footprint:
+    private: list[float]
+    pss: list[float]
+    rss: list[float]
+    created_s: float
+    load: tuple[float, float, float]
+
+
+def _footprint(ctx: BenchContext, side: SideDaemon, n: int) -> Footprint:
+    """``n`` idle clones of the template on ``side``'s daemon, measured, then killed."""
     mib = SANDBOX_MEMORY_MIB
-    result = BenchResult(
-        "density",
-        f"host memory per idle clone of one template ({n} clones)",
-        ctx.quick,
-        {"clones": n, "idle_s": IDLE_S, **ctx.sandbox_params()},
-    )
-    first = Sandbox.create(ctx.image, vcpus=SANDBOX_VCPUS, memory_mib=mib, client=ctx.client)
+
+    def make(_: int) -> Sandbox:
+        return Sandbox.create(ctx.image, vcpus=SANDBOX_VCPUS, memory_mib=mib, client=side.client)
+
+    first = make(0)
     clones: list[Sandbox] = []
     try:
         first.exec(ECHO)
-        # The main daemon is the harness's own; its template dir is found the same way.
-        wait_for_template(SideDaemon(ctx.daemon, ctx.client))
-
-        def make(_: int) -> Sandbox:
-            return Sandbox.create(ctx.image, vcpus=SANDBOX_VCPUS, memory_mib=mib, client=ctx.client)
-
+        wait_for_template(side)
         t0 = time.perf_counter()
         with ThreadPoolExecutor(4) as pool:
             clones = list(pool.map(make, range(n)))
@@ -70,22 +79,37 @@ def run_density(ctx: BenchContext) -> BenchResult:
         created_s = time.perf_counter() - t0
         ctx.log(f"  {n} clones created and answering in {created_s:.1f} s; idling {IDLE_S:g} s")
         time.sleep(IDLE_S)
-        private: list[float] = []
-        pss: list[float] = []
-        rss: list[float] = []
+        fp = Footprint([], [], [], created_s, (0.0, 0.0, 0.0))
         for sb in clones:
-            pid = int((ctx.daemon.state_dir / "sandboxes" / sb.id / "qemu.pid").read_text())
+            pid = int((side.daemon.state_dir / "sandboxes" / sb.id / "qemu.pid").read_text())
             f = smaps_rollup_kib(pid)
-            private.append((f.get("Private_Clean", 0) + f.get("Private_Dirty", 0)) / 1024)
-            pss.append(f.get("Pss", 0) / 1024)
-            rss.append(f.get("Rss", 0) / 1024)
-        load = os.getloadavg()
+            fp.private.append((f.get("Private_Clean", 0) + f.get("Private_Dirty", 0)) / 1024)
+            fp.pss.append(f.get("Pss", 0) / 1024)
+            fp.rss.append(f.get("Rss", 0) / 1024)
+        fp.load = os.getloadavg()
         with ThreadPoolExecutor(4) as pool:
             if not all(pool.map(_echo, clones)):
                 raise RuntimeError("a clone stopped answering echo while idle")
     finally:
         for sb in [*clones, first]:
             sb.kill()
+    return fp
+
+
+def run_density(ctx: BenchContext) -> BenchResult:
+    n = 8 if ctx.quick else 24
+    mib = SANDBOX_MEMORY_MIB
+    result = BenchResult(
+        "density",
+        f"host memory per idle clone of one template ({n} clones), file vs stream templates",
+        ctx.quick,
+        {"clones": n, "idle_s": IDLE_S, **ctx.sandbox_params()},
+    )
+    ctx.log("  copy-on-write templates (the main daemon)")
+    cow = _footprint(ctx, SideDaemon(ctx.daemon, ctx.client), n)
+    ctx.log(f"  full-stream templates (side daemon, {STREAM_ENV})")
+    stream = _footprint(ctx, ctx.side_daemon(STREAM_DAEMON, STREAM_ENV), n)
+    ctx.stop_side_daemon(STREAM_DAEMON)
     result.metrics = [
         Metric(
             "private_mib_per_idle_clone",
@@ -93,27 +117,39 @@ def run_density(ctx: BenchContext) -> BenchResult:
             "lower",
             "Private_Clean+Private_Dirty of each idle clone's QEMU ÷ its guest RAM "
             "(goal <= 64 MiB, i.e. <= 0.25)",
-            SampleSet("private MiB per idle clone", private),
+            SampleSet("private MiB per idle clone", cow.private),
             SampleSet("guest RAM MiB", [float(mib)]),
+        ),
+        Metric(
+            "private_cow_vs_stream_templates",
+            "MiB",
+            "lower",
+            "private MiB per idle clone: copy-on-write template ÷ full-stream template "
+            "(HUTCH_TEMPLATE_RAM_IN_FILE=0, same run)",
+            SampleSet("private MiB, copy-on-write template", cow.private),
+            SampleSet("private MiB, full-stream template", stream.private),
         ),
         Metric(
             "pss_mib_per_idle_clone",
             "MiB",
             "lower",
-            "Pss of each idle clone's QEMU (shared template pages split between clones)",
-            SampleSet("Pss MiB per idle clone", pss),
-            SampleSet("guest RAM MiB", [float(mib)]),
+            "Pss of each idle clone's QEMU (shared template pages split between clones), "
+            "÷ the same with full-stream templates",
+            SampleSet("Pss MiB, copy-on-write template", cow.pss),
+            SampleSet("Pss MiB, full-stream template", stream.pss),
         ),
         Metric(
             "rss_mib_per_idle_clone",
             "MiB",
             "lower",
             "Rss of each idle clone's QEMU (for scale)",
-            SampleSet("Rss MiB per idle clone", rss),
+            SampleSet("Rss MiB per idle clone", cow.rss),
         ),
     ]
-    result.notes.append(
-        f"{n} clones, load average {load[0]:.2f}/{load[1]:.2f}/{load[2]:.2f} at measurement "
-        f"on {os.cpu_count()} CPUs; created and answering in {created_s:.1f} s"
-    )
+    for name, fp in (("copy-on-write", cow), ("full-stream", stream)):
+        result.notes.append(
+            f"{name}: {n} clones created and answering in {fp.created_s:.1f} s; load average "
+            f"{fp.load[0]:.2f}/{fp.load[1]:.2f}/{fp.load[2]:.2f} at measurement on "
+            f"{os.cpu_count()} CPUs"
+        )
     return result
