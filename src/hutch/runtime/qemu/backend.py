@@ -120,6 +120,14 @@ class QemuBackend:
             incoming=False,
             tcg_tb_mib=self.booter.tb_mib,
         )
+        if not cfg.memory_shared and cfg.memory_file is not None:
+            # A template clone. Restored from a full stream: its private RAM file (see
+            # _private_memory). Booted from its disk: zeros of its own, not the
+            # template's old RAM (the RAM object stays, so a later memory pause's stream
+            # names the block a restore from vm.json expects).
+            own = p.state / MEMORY_FILE
+            memory = own if resume_from is None else _private_memory(cfg.memory_file, p)
+            cfg = dataclasses.replace(cfg, memory_file=memory)
         p.run.mkdir(parents=True, exist_ok=True, mode=0o700)
         hostname = rec.name or rec.id
         if resume_from is None:
@@ -177,7 +185,7 @@ class QemuBackend:
             memory_file=(
                 snapshot_dir / MEMORY_FILE
                 if (snapshot_dir / MEMORY_FILE).is_file()
-                else template_cfg.memory_file
+                else _private_memory(template_cfg.memory_file, p)
             ),
             memory_shared=False,
         )
@@ -256,3 +264,13 @@ class QemuBackend:
         # A group with no directory: a crash between making the group and the sandbox.
         groups = {n for n in self.booter.cgroups.group_names() if SANDBOX_ID_RE.match(n)}
         return self.layout.leftover_ids() | groups
+
+
+def _private_memory(memory_file: Path | None, p: SandboxPaths) -> Path | None:
+    """The file a template clone's RAM maps privately when its stream carries every page:
+    the template's ``memory.ram`` while it exists (pages equal to it stay shared page
+    cache), else a sparse file of the sandbox's own (the template was removed, or the
+    snapshot came from another host): the stream's content is the same either way."""
+    if memory_file is None or memory_file.is_file():
+        return memory_file
+    return p.state / MEMORY_FILE
