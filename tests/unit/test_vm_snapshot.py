@@ -436,3 +436,13 @@ def test_a_disk_move_refuses_a_disk_that_changed(tmp_path: Path) -> None:
         f.write(b"written after the snapshot")
     with pytest.raises(SnapshotError, match="disk"):
         move_disk(snap, snap / "disk.qcow2")
+
+
+def test_vm_json_round_trips_a_memory_file_as_a_path(tmp_path: Path) -> None:
+    """A template clone's vm.json names the RAM file it maps; read back, it is a Path
+    (a str there once broke every resume of a template clone)."""
+    cfg = _cfg(tmp_path, memory_file=tmp_path / "tpl" / MEMORY_FILE, memory_shared=False)
+    write_config(tmp_path / "vm.json", cfg)
+    back = read_config(tmp_path / "vm.json")
+    assert back == cfg and isinstance(back.memory_file, Path)
+    assert read_config(tmp_path / "vm.json") is not None
