@@ -15,6 +15,7 @@ from bench.cases.meter_overhead import run_meter_overhead
 from bench.cases.net import run_net
 from bench.cases.noisy import run_noisy
 from bench.cases.pause_resume import run_pause_resume
+from bench.cases.snapshot_blobs import run_snapshot_blobs
 from bench.cases.volumes import run_volumes
 
 __all__ = ["BENCHMARKS", "BenchContext", "Benchmark"]
@@ -42,5 +43,6 @@ BENCHMARKS: dict[str, Benchmark] = {
         Benchmark("dns_flood", "another sandbox's exec during a DNS flood vs quiet", run_dns_flood),
         Benchmark("noisy", "another sandbox's echo p99 under a neighbour's load", run_noisy),
         Benchmark("volumes", "exclusive volume vs own disk writes; live grow", run_volumes),
+        Benchmark("snapshot_blobs", "snapshot upload/download to S3 vs cat", run_snapshot_blobs),
     )
 }

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from hutch.errors import (
     AgentVersionMismatch,
+    BlobError,
     BuildFailed,
     Busy,
     Capacity,
@@ -58,6 +59,7 @@ __all__ = [
     "AgentVersionMismatch",
     "ApiKeyMissing",
     "AsyncSandbox",
+    "BlobError",
     "BuildFailed",
     "Busy",
     "Capacity",

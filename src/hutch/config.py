@@ -198,6 +198,17 @@ class Settings:
     e2b_listen: tuple[str, int] | None = None
     # The meter, the event log's retention and the price table.
     meter: MeterSettings = field(default_factory=MeterSettings)
+    # Where named snapshots are kept besides this host (hutch.storage.blobs): None keeps
+    # them on this host only (their directory under snapshots/ is the copy);
+    # file:///path or s3://bucket/prefix mirrors each one there once it is saved.
+    blob_url: str | None = None
+    # The S3 endpoint (MinIO, R2, SeaweedFS, ...); None: AWS. Credentials and region:
+    # AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION (boto3's chain).
+    s3_endpoint: str | None = None
+    # Bytes the local copies of uploaded named snapshots may hold; past it the least
+    # recently used ones that no sandbox uses are removed (fetched again when needed).
+    # 0: no limit.
+    blob_cache_bytes: int = 0
     # The database of the state: None = SQLite in <state_dir>/hutch.db (one host);
     # a postgresql:// URL (parse_database_url) = that PostgreSQL database.
     database_url: str | None = None
@@ -480,6 +491,7 @@ def _from_mapping(base: Settings, values: dict[str, Any], source: str) -> Settin
                     f"{lo_s:g}-{hi_s:g} seconds"
                 )
         s = _cgroup_settings(s, values, source)
+        s = _blob_settings(s, values, source)
         limits = s.limits
         if "max_sandboxes" in values:
             limits = replace(limits, max_sandboxes=int(values["max_sandboxes"]))
@@ -511,6 +523,61 @@ def _from_mapping(base: Settings, values: dict[str, Any], source: str) -> Settin
         )
     if s.accel not in ACCEL_CHOICES:
         raise InvalidArgument(f"{source}: accel={s.accel!r}; accepted: {', '.join(ACCEL_CHOICES)}")
+    return s
+
+
+#: An S3 bucket name (the rules AWS, MinIO and R2 share).
+S3_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+#: What HUTCH_BLOB_URL may be (hutch.storage.blobs.open_blob_store reads it).
+ACCEPTED_BLOB_URLS = "unset (<state_dir>/blobs), file:///absolute/path, s3://bucket[/prefix]"
+
+
+def check_blob_url(url: str) -> str:
+    """``url`` if the blob store accepts it, else ``InvalidArgument`` naming what is
+    accepted (checked when the settings are read, before anything starts)."""
+    parts = urlsplit(url)
+    if parts.scheme == "file":
+        if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
+            raise InvalidArgument(
+                f"HUTCH_BLOB_URL={url!r}: a file URL names an absolute path "
+                f"(file:///var/lib/hutch-blobs); accepted: {ACCEPTED_BLOB_URLS}"
+            )
+        return url
+    if parts.scheme == "s3":
+        if not parts.netloc or parts.query or parts.fragment:
+            raise InvalidArgument(
+                f"HUTCH_BLOB_URL={url!r}: an s3 URL is s3://bucket[/prefix] (the endpoint "
+                f"goes in HUTCH_S3_ENDPOINT); accepted: {ACCEPTED_BLOB_URLS}"
+            )
+        if not S3_BUCKET_RE.match(parts.netloc):
+            raise InvalidArgument(
+                f"HUTCH_BLOB_URL={url!r}: bucket name {parts.netloc!r} is not valid; "
+                "accepted: 3-63 characters of lower-case letters, digits, '.' and '-', "
+                "starting and ending with a letter or digit"
+            )
+        return url
+    raise InvalidArgument(
+        f"HUTCH_BLOB_URL={url!r} is not supported; accepted: {ACCEPTED_BLOB_URLS}"
+    )
+
+
+def _blob_settings(s: Settings, values: dict[str, Any], source: str) -> Settings:
+    if "blob_url" in values:
+        raw = str(values["blob_url"]).strip()
+        s = replace(s, blob_url=check_blob_url(raw) if raw else None)
+    if "s3_endpoint" in values:
+        raw = str(values["s3_endpoint"]).strip()
+        if raw and not raw.startswith(("http://", "https://")):
+            shown = "HUTCH_S3_ENDPOINT" if source == "environment" else f"{source}: s3_endpoint"
+            raise InvalidArgument(
+                f"{shown}={raw!r} is not valid; accepted: an http:// or https:// URL "
+                "(https://<account>.r2.cloudflarestorage.com, http://127.0.0.1:9000)"
+            )
+        s = replace(s, s3_endpoint=raw or None)
+    if "blob_cache_bytes" in values:
+        s = replace(s, blob_cache_bytes=_number(values, "blob_cache_bytes", int, source))
+        if s.blob_cache_bytes < 0:
+            raise InvalidArgument(f"{source}: blob_cache_bytes must be 0 (no limit) or more")
     return s
 
 
@@ -627,6 +694,9 @@ _ENV = {
     "HUTCH_EVENTS_RETENTION_DAYS": "events_retention_days",
     "HUTCH_EVENTS_MAX": "events_max",
     "HUTCH_EVENTS": "events",
+    "HUTCH_BLOB_URL": "blob_url",
+    "HUTCH_S3_ENDPOINT": "s3_endpoint",
+    "HUTCH_BLOB_CACHE_BYTES": "blob_cache_bytes",
 }
 _ENV_OF = {key: name for name, key in _ENV.items()}
 

@@ -40,6 +40,7 @@ from hutch.services.registry import SandboxRegistry
 from hutch.services.sandboxes import SandboxService
 from hutch.services.secret_box import SecretKey
 from hutch.services.secrets import SecretService
+from hutch.services.snapshot_blobs import SnapshotBlobs
 from hutch.services.snapshots import SnapshotService
 from hutch.services.usage import UsageService
 from hutch.services.volumes import VolumeService
@@ -94,7 +95,7 @@ def build_services(
     secrets.prepare()  # the key file is created on the first start
     core = SandboxRegistry(settings, store, backend, images, net, secrets)
     lifecycle = LifecycleService(core)
-    snapshots = SnapshotService(core, lifecycle)
+    snapshots = SnapshotService(core, lifecycle, SnapshotBlobs.from_settings(core))
     guest = GuestOps(core, lifecycle)
     networking = NetworkingService(core)
     pool = WarmPool(

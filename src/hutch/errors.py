@@ -28,6 +28,8 @@ what they can do about it::
     ├── RegistryError        a registry failed or cannot be reached (502 registry_error)
     ├── NetworkError         taps, nftables, DNS                    (500 network_error)
     ├── SnapshotError        snapshot files missing or corrupt      (500 snapshot_error)
+    │   └── BlobError        the blob store (a directory, S3) failed, or a blob is
+    │                        missing, truncated or corrupt          (500 blob_error)
     ├── SecretError          the secrets key file is missing or wrong, or a stored
     │                        secret fails authentication            (500 secret_error)
     └── StoreError           the database failed                    (500 store_error)
@@ -195,6 +197,15 @@ class SnapshotError(HutchError):
     code = "snapshot_error"
 
 
+class BlobError(SnapshotError):
+    """The blob store (``HUTCH_BLOB_URL``: a directory or an S3 bucket) cannot be
+    reached or refused a call, or a blob is missing, truncated or fails its checksum.
+    The message names the blob (its key and URL) and the cause; nothing corrupt is ever
+    handed on."""
+
+    code = "blob_error"
+
+
 class SecretError(HutchError):
     """A stored secret cannot be decrypted: the key file ``<state>/secrets.key`` is
     missing, unreadable, too open or another key than the one the secret was sealed
@@ -232,6 +243,7 @@ ALL_ERRORS: tuple[type[HutchError], ...] = (
     RegistryError,
     NetworkError,
     SnapshotError,
+    BlobError,
     SecretError,
     StoreError,
 )

@@ -43,6 +43,7 @@ STATUS_BY_ERROR: tuple[tuple[type[e.HutchError], int], ...] = (
     (e.VmError, 500),
     (e.ImageBuildError, 500),
     (e.NetworkError, 500),
+    (e.BlobError, 500),
     (e.SnapshotError, 500),
     (e.SecretError, 500),
     (e.StoreError, 500),

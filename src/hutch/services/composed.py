@@ -110,6 +110,8 @@ class Services:
 
     async def _after_start(self, plan: ReconcilePlan) -> None:
         await self.reconciler.finish_start(plan)
+        # Uploads a stopped daemon left continue (the snapshot rows are settled now).
+        await self.snapshots.blobs.start()
         default = self.core.image_source.find(self.core.settings.default_image)
         if default is not None:
             self.pool.refill(default)
@@ -119,6 +121,7 @@ class Services:
         """Stop background work and drop agent connections. VMs keep running (pooled
         ones, which have no row to be adopted by, are destroyed)."""
         await self.pool.close()
+        await self.snapshots.blobs.close()
         if self._reconcile_task is not None:
             self._reconcile_task.cancel()
             await asyncio.gather(self._reconcile_task, return_exceptions=True)

@@ -56,7 +56,7 @@ COMMAND_CHARS = 200
 EVENT_TYPES = (
     "sandbox.created", "sandbox.started", "sandbox.paused", "sandbox.resumed",
     "sandbox.failed", "sandbox.deleted", "sandbox.exec", "sandbox.file", "sandbox.forked",
-    "snapshot.created", "snapshot.deleted",
+    "snapshot.created", "snapshot.deleted", "snapshot.uploaded",
 )  # fmt: skip
 REDACTED = "[redacted]"
 _KEYS = re.compile(r"\b(?:hk|e2b)_[A-Za-z0-9_-]{8,}")

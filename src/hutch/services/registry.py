@@ -15,6 +15,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 
 from hutch.config import Settings
 from hutch.errors import Capacity, HutchError, StateError
@@ -363,17 +364,29 @@ class SandboxRegistry:
 
     # -- snapshot files ----------------------------------------------------------------
 
-    def collect_snapshots(self) -> None:
+    def collect_snapshots(self, evict: str | None = None) -> bool:
         """Remove the snapshot directories nothing reaches any more. Synchronous on
         purpose: no step of another operation runs between reading the references and
         removing, and each operation writes its reference (a snapshot row, ``resume_from``,
-        a hold) before it creates the directory."""
+        a hold) before it creates the directory.
+
+        ``evict``: a named snapshot's local copy (its upload to the blob store has
+        completed) that its row alone does not keep; removed too unless something else
+        reaches it (a sandbox's disk chain or ``resume_from``, a hold). True if it was.
+        """
         live = self.store.list_sandboxes(states=LIVE_STATES)
-        keep = {snap.path for snap in self.store.list_snapshots(ready=None)}
+        rows = self.store.list_snapshots(ready=None)
+        # A snapshot's directory on this host: where it was saved, or where it was
+        # fetched to from the blob store (another host's path may be in the row).
+        keep = {snap.path for snap in rows} | {str(self.backend.fork_dir(s.id)) for s in rows}
+        if evict is not None:
+            keep = {k for k in keep if Path(k).resolve() != Path(evict).resolve()}
         keep |= {rec.resume_from for rec in live if rec.resume_from is not None}
         keep |= set(self._snapshot_holds)
-        for name in self.backend.snapshots.collect({rec.id for rec in live}, keep):
+        removed = self.backend.snapshots.collect({rec.id for rec in live}, keep)
+        for name in removed:
             log.info("removed snapshot %s: nothing is built on it any more", name)
+        return evict is not None and Path(evict).name in removed
 
     @contextlib.contextmanager
     def holding(self, snapshot_path: str) -> Iterator[None]:

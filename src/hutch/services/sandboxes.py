@@ -190,7 +190,11 @@ class SandboxService:
                     if self.core.store.get_snapshot(source.id) is None:
                         raise NotFound(f"snapshot {source.id} was deleted during the create")
                     with self.core.holding(source.path):
-                        runtime = await self.core.backend.start_clone(rec, Path(source.path))
+                        # This host's copy, fetched from the blob store if it has none.
+                        snapshot_dir = await self.snapshots.blobs.local_dir(source)
+                        with self.core.holding(str(snapshot_dir)):
+                            runtime = await self.core.backend.start_clone(rec, snapshot_dir)
+                    self.snapshots.blobs.evict_soon()
                 elif template is not None:
                     runtime = await self.core.backend.start_clone(rec, template)
                 else:

@@ -33,6 +33,7 @@ from hutch.models import (
 from hutch.services.events import because, project_of
 from hutch.services.lifecycle import LifecycleService
 from hutch.services.registry import SandboxRegistry
+from hutch.services.snapshot_blobs import SnapshotBlobs
 from hutch.services.volumes import refuse_copy
 
 __all__ = ["CLONES_PER_CPU", "SnapshotService", "fork_parallelism", "mem_available_mib"]
@@ -72,9 +73,16 @@ def mem_available_mib() -> int | None:
 
 
 class SnapshotService:
-    def __init__(self, core: SandboxRegistry, lifecycle: LifecycleService) -> None:
+    def __init__(
+        self,
+        core: SandboxRegistry,
+        lifecycle: LifecycleService,
+        blobs: SnapshotBlobs | None = None,
+    ) -> None:
         self.core = core
         self.lifecycle = lifecycle
+        #: Named snapshots in the blob store (none configured: a disabled one).
+        self.blobs = blobs if blobs is not None else SnapshotBlobs(core, None, 0)
 
     async def fork(self, sandbox_id: str, count: int = 1) -> list[SandboxRecord]:
         """``count`` new sandboxes, each a copy-on-write clone of this one as it is now.
@@ -242,6 +250,8 @@ class SnapshotService:
             sandbox_id=snap.sandbox_id,
             data={"snapshot": snap.id, "name": snap.name, "size_bytes": snap.size_bytes},
         )
+        # Usable from any host once this upload completes (event snapshot.uploaded).
+        self.blobs.schedule(snap)
         return snap
 
     async def _snapshot(self, sandbox_id: str, name: str) -> SnapshotRecord:
@@ -316,3 +326,4 @@ class SnapshotService:
             data={"snapshot": snap.id, "name": snap.name},
         )
         self.core.collect_snapshots()
+        await self.blobs.delete(snapshot_id)

@@ -1,0 +1,135 @@
+"""A frozen snapshot directory with a two-layer qcow2 chain through the blob store and
+back (real qemu-img, real files, no VM): the fetched copy is a complete snapshot at its
+new place (the manifest's stamp renewed, template_complete), its chain points at its own
+layers and at the images directory's raw image, and it reads the same bytes as the
+original chain; a stream that fails the manifest's digest is refused."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hutch.errors import BlobError
+from hutch.runtime.qemu.templates import template_complete
+from hutch.services.blob_dirs import fetch_dir, upload_dir
+from hutch.storage.blobs import LocalBlobStore
+from hutch.vm.disk_chain import disk_chain
+from hutch.vm.snapshot import FROZEN_MARKER, load_manifest
+from hutch.vm.snapshot_manifest import (
+    MANIFEST_FORMAT,
+    CompatFields,
+    FileStamp,
+    SnapshotManifest,
+    fd_digest,
+    write_atomic,
+)
+
+MiB = 1 << 20
+
+
+def _run(*argv: str) -> None:
+    subprocess.run(argv, check=True, capture_output=True)
+
+
+def _snapshot(tmp_path: Path) -> tuple[Path, Path]:
+    """images/base/rootfs.ext4 (raw) <- templates/t/disk.qcow2 <- snapshots/s/disk.qcow2,
+    each layer with data of its own; the snapshot dir frozen with a manifest."""
+    images = tmp_path / "images"
+    base = images / "base" / "rootfs.ext4"
+    base.parent.mkdir(parents=True)
+    with base.open("wb") as out:
+        out.write(os.urandom(2 * MiB))
+        out.truncate(64 * MiB)
+    middle = tmp_path / "templates" / "t" / "disk.qcow2"
+    middle.parent.mkdir(parents=True)
+    _run("qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", str(base), str(middle))
+    _run("qemu-io", "-f", "qcow2", "-c", "write -P 0xab 4M 1M", str(middle))
+    snap = tmp_path / "snapshots" / "snap-0123456789ab"
+    snap.mkdir(parents=True)
+    disk = snap / "disk.qcow2"
+    _run("qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(middle), str(disk))
+    _run("qemu-io", "-f", "qcow2", "-c", "write -P 0xcd 8M 1M", str(disk))
+    state = snap / "state.mig"
+    state.write_bytes(os.urandom(3 * MiB))
+    with state.open("rb") as stream:
+        digest, size = fd_digest(stream.fileno())
+    (snap / "vm.json").write_text("{}")
+    (snap / FROZEN_MARKER).write_text("")
+    manifest = SnapshotManifest(
+        format=MANIFEST_FORMAT,
+        name="snap-0123456789ab",
+        created_ns=1,
+        qemu_version="7.2.0",
+        compat=CompatFields("microvm", "max", "tcg", 256, 1, "ram", "0" * 64, None),
+        cmdline="",
+        initrd_sha256="0" * 64,
+        state_size=size,
+        state_digest=digest,
+        ram_in_file=False,
+        memory=None,
+        disk=FileStamp.of(disk.resolve()),
+    )
+    write_atomic(snap / "manifest.json", manifest.to_json(), fsync=False)
+    for path in snap.iterdir():
+        os.chmod(path, 0o444)
+    assert template_complete(snap)
+    return snap, images
+
+
+def test_a_chain_round_trips_and_lands_complete(tmp_path: Path) -> None:
+    snap, images = _snapshot(tmp_path)
+    store = LocalBlobStore(tmp_path / "blobs")
+    sent = upload_dir(store, "snapshots/s/", snap, owner="s", scratch=tmp_path)
+    assert {b.key for b in store.list_prefix("snapshots/s/")} >= {
+        "snapshots/s/index.json",
+        "snapshots/s/layer-1.qcow2",
+        "snapshots/s/disk.qcow2",
+        "snapshots/s/state.mig",
+    }
+    assert sent > 3 * MiB
+
+    final = tmp_path / "other-host" / "snapshots" / "snap-0123456789ab"
+    final.parent.mkdir(parents=True)
+    staging = tmp_path / "other-host" / "blob-fetch" / "x"
+    staging.mkdir(parents=True)
+    fetch_dir(store, "snapshots/s/", staging, final, owner="s", images_dir=images)
+    os.rename(staging, final)
+
+    assert template_complete(final)
+    assert load_manifest(final).disk.path == str(final.resolve() / "disk.qcow2")
+    layers, base = disk_chain(final / "disk.qcow2")
+    assert layers == [final.resolve() / "disk.qcow2", final.resolve() / "layer-1.qcow2"]
+    assert base == (images / "base" / "rootfs.ext4").resolve()
+    # The same guest-visible bytes as the original chain.
+    _run(
+        "qemu-img",
+        "compare",
+        "-f",
+        "qcow2",
+        "-F",
+        "qcow2",
+        str(snap / "disk.qcow2"),
+        str(final / "disk.qcow2"),
+    )
+    assert all(not os.access(f, os.W_OK) or os.geteuid() == 0 for f in final.iterdir())
+    assert {f.stat().st_mode & 0o777 for f in final.iterdir()} == {0o444}
+
+
+def test_a_stream_that_fails_the_manifest_digest_is_refused(tmp_path: Path) -> None:
+    snap, images = _snapshot(tmp_path)
+    store = LocalBlobStore(tmp_path / "blobs")
+    # The stream changed before the upload (so the index's sha256 matches it): only
+    # the manifest's own digest can tell.
+    state = snap / "state.mig"
+    os.chmod(state, 0o644)
+    with state.open("r+b") as f:
+        f.seek(MiB)
+        f.write(b"\x00")
+    upload_dir(store, "snapshots/s/", snap, owner="s", scratch=tmp_path)
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    with pytest.raises(BlobError, match=r"the fetched state\.mig does not match its manifest"):
+        fetch_dir(store, "snapshots/s/", staging, tmp_path / "final", owner="s", images_dir=images)

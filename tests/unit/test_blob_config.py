@@ -1,0 +1,65 @@
+"""HUTCH_BLOB_URL, HUTCH_S3_ENDPOINT and HUTCH_BLOB_CACHE_BYTES: what is accepted, what
+is refused (with the accepted forms named), and which store each URL opens."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hutch.config import load_settings
+from hutch.errors import BlobError, InvalidArgument
+from hutch.storage.blobs import LocalBlobStore, S3BlobStore, open_blob_store
+
+
+def test_defaults_keep_blobs_on_this_host(tmp_path: Path) -> None:
+    s = load_settings({"HUTCH_STATE_DIR": str(tmp_path)})
+    assert (s.blob_url, s.s3_endpoint, s.blob_cache_bytes) == (None, None, 0)
+    store = open_blob_store(s.blob_url, state_dir=s.state_dir)
+    assert isinstance(store, LocalBlobStore) and store.root == s.state_dir / "blobs"
+
+
+def test_file_and_s3_urls_open_their_stores(tmp_path: Path) -> None:
+    s = load_settings(
+        {
+            "HUTCH_STATE_DIR": str(tmp_path),
+            "HUTCH_BLOB_URL": "s3://my-bucket/hutch/prod",
+            "HUTCH_S3_ENDPOINT": "http://127.0.0.1:9000",
+            "HUTCH_BLOB_CACHE_BYTES": str(10 << 30),
+        }
+    )
+    assert s.blob_cache_bytes == 10 << 30
+    store = open_blob_store(s.blob_url, state_dir=s.state_dir, s3_endpoint=s.s3_endpoint)
+    assert isinstance(store, S3BlobStore)
+    assert (store.bucket, store.prefix) == ("my-bucket", "hutch/prod")
+    assert store.journal_dir == s.state_dir / "blob-uploads"
+    assert store.url == "s3://my-bucket/hutch/prod at http://127.0.0.1:9000"
+    local = open_blob_store(f"file://{tmp_path}/shared", state_dir=s.state_dir)
+    assert isinstance(local, LocalBlobStore) and local.root == tmp_path / "shared"
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"HUTCH_BLOB_URL": "gs://bucket"}, "is not supported; accepted: unset"),
+        ({"HUTCH_BLOB_URL": "file://relative/dir"}, "names an absolute path"),
+        ({"HUTCH_BLOB_URL": "s3:///prefix-only"}, r"s3://bucket\[/prefix\]"),
+        ({"HUTCH_BLOB_URL": "s3://bucket/p?endpoint=x"}, "HUTCH_S3_ENDPOINT"),
+        ({"HUTCH_BLOB_URL": "s3://My_Bucket/p"}, "bucket name 'My_Bucket' is not valid"),
+        ({"HUTCH_S3_ENDPOINT": "127.0.0.1:9000"}, "an http:// or https:// URL"),
+        ({"HUTCH_BLOB_CACHE_BYTES": "-1"}, "0 \\(no limit\\) or more"),
+        ({"HUTCH_BLOB_CACHE_BYTES": "lots"}, "is not a number"),
+    ],
+)
+def test_bad_settings_name_what_is_accepted(
+    tmp_path: Path, env: dict[str, str], message: str
+) -> None:
+    with pytest.raises(InvalidArgument, match=message):
+        load_settings({"HUTCH_STATE_DIR": str(tmp_path), **env})
+
+
+def test_bad_bucket_name_is_refused_before_any_request(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgument, match="bucket name 'Bad_Bucket' is not valid; accepted"):
+        open_blob_store("s3://Bad_Bucket/x", state_dir=tmp_path)
+    with pytest.raises(BlobError, match="bucket name 'a' is not valid; accepted"):
+        S3BlobStore("a", "", tmp_path)
