@@ -5,6 +5,7 @@ from __future__ import annotations
 from bench.cases.boot import run_boot, run_create
 from bench.cases.common import BenchContext, Benchmark
 from bench.cases.create_paths import run_create_paths
+from bench.cases.density import run_density
 from bench.cases.dns_flood import run_dns_flood
 from bench.cases.exec_rps import run_exec_rps
 from bench.cases.exec_rt import run_exec
@@ -37,7 +38,8 @@ BENCHMARKS: dict[str, Benchmark] = {
             "create_paths", "create: cold boot vs template vs warm pool vs bwrap", run_create_paths
         ),
         Benchmark("pause_resume", "pause/resume 512 MiB (256 MiB dirty) vs cat", run_pause_resume),
-        Benchmark("fork", "fork of 10 vs cold boot", run_fork),
+        Benchmark("fork", "fork of 10 vs cold boot and vs one resume; fork of 50", run_fork),
+        Benchmark("density", "host private memory per idle clone of a template", run_density),
         Benchmark("net", "egress: enforcement path vs open NAT vs host", run_net),
         Benchmark(
             "net_inspect", "HTTPS: TLS inspection vs SNI passthrough vs open", run_net_inspect

@@ -1,13 +1,18 @@
 """``fork``: ``sb.fork(10)`` of a running 256 MiB sandbox until all ten children have
-answered ``exec(["true"])``, against the run's cold boot.
+answered ``exec(["true"])``, against the run's cold boot and against one resume.
 
 ``sb.fork`` returns once the children run; the ten execs then go out at once (one
 thread each, one shared HTTP client). Per-child time = that total ÷ 10 (target <= 1/10
 of a cold boot). The children are killed after each run (untimed); the parent is reused.
+One resume (the baseline of ``fork_vs_one_resume``, issue 15: target <= 3): the parent's
+``sb.pause()`` (untimed) then ``sb.resume()`` + ``exec(true)``, in every run. A fork of
+``BIG`` (50; ``--quick``: 20) is timed once the same way and reported with the host's
+load average.
 """
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 from bench.cases.coldboot import cold_sample, reference_or_measured
@@ -15,9 +20,10 @@ from bench.cases.common import SANDBOX_MEMORY_MIB, SANDBOX_VCPUS, BenchContext, 
 from bench.model import BenchResult, Metric, SampleSet
 from hutch import Sandbox
 
-__all__ = ["CHILDREN", "run_fork"]
+__all__ = ["BIG", "CHILDREN", "run_fork"]
 
 CHILDREN = 10
+BIG = 50
 
 
 def _answers(sb: Sandbox) -> bool:
@@ -36,16 +42,25 @@ def run_fork(ctx: BenchContext) -> BenchResult:
     totals: list[float] = []
     per_child: list[float] = []
     fork_calls: list[float] = []
+    resumes: list[float] = []
+    big: list[float] = []
+    big_n = 20 if ctx.quick else BIG
     colds: list[float] = []
     need_cold = mib not in ctx.cold_boots
     parent = Sandbox.create(ctx.image, vcpus=SANDBOX_VCPUS, memory_mib=mib, client=ctx.client)
     try:
         if not _answers(parent):
             raise RuntimeError(f"parent {parent.id} does not answer exec")
-        with ThreadPoolExecutor(CHILDREN) as pool:
+        with ThreadPoolExecutor(max(CHILDREN, big_n)) as pool:
             for i in range(runs):
                 if need_cold:
                     colds.append(cold_sample(ctx, mib))
+                parent.pause()
+                t0 = now()
+                parent.resume()
+                if not _answers(parent):
+                    raise RuntimeError(f"parent {parent.id} does not answer after a resume")
+                resumes.append(now() - t0)
                 children: list[Sandbox] = []
                 try:
                     t0 = now()
@@ -70,6 +85,23 @@ def run_fork(ctx: BenchContext) -> BenchResult:
                 )
                 if not _answers(parent):
                     raise RuntimeError(f"parent {parent.id} stopped answering after the fork")
+            children = []
+            try:
+                t0 = now()
+                children = parent.fork(big_n)
+                answered = list(pool.map(_answers, children))
+                big.append(now() - t0)
+                load = os.getloadavg()
+            finally:
+                for child in children:
+                    child.kill()
+            if len(children) != big_n or not all(answered):
+                raise RuntimeError(f"fork({big_n}) gave {len(children)}, {sum(answered)} answered")
+            ctx.log(f"  fork of {big_n}: all answered in {big[0]:.3f} s (load {load[0]:.2f})")
+            result.notes.append(
+                f"fork of {big_n}: load average {load[0]:.2f}/{load[1]:.2f}/{load[2]:.2f} "
+                f"right after, on {os.cpu_count()} CPUs"
+            )
     finally:
         parent.kill()
 
@@ -91,6 +123,22 @@ def run_fork(ctx: BenchContext) -> BenchResult:
             f"sb.fork({CHILDREN}) + exec(true) in every child ÷ one cold boot",
             SampleSet(f"fork({CHILDREN}) until all {CHILDREN} answer", totals),
             SampleSet(cold.label, list(cold.samples)),
+        ),
+        Metric(
+            "fork_vs_one_resume",
+            "s",
+            "lower",
+            f"sb.fork({CHILDREN}) + exec(true) in every child ÷ one sb.resume() + exec(true) "
+            "of the same 256 MiB parent (target <= 3)",
+            SampleSet(f"fork({CHILDREN}) until all {CHILDREN} answer", totals),
+            SampleSet("sb.resume() + exec(true), 256 MiB", resumes),
+        ),
+        Metric(
+            f"fork{big_n}_total",
+            "s",
+            "lower",
+            f"sb.fork({big_n}) + exec(true) in every child (one run; reported, no target)",
+            SampleSet(f"fork({big_n}) until all {big_n} answer", big),
         ),
         Metric(
             "fork_call",

@@ -213,6 +213,9 @@ class Settings:
     images_dir_override: Path | None = None
     # Create by restoring a template snapshot per (image, shape) instead of booting.
     templates: bool = True
+    # A template keeps guest RAM in its memory.ram, which clones map copy-on-write (a
+    # state-only stream); off: all RAM in the stream, each clone loads its own copy.
+    template_ram_in_file: bool = True
     # Sandboxes per image kept restored ahead of time (default shape only); 0 = no pool.
     pool_size: int = 0
     # Sandbox addresses: each sandbox takes a /30 of this IPv4 pool (gateway .1, guest .2).
@@ -521,6 +524,13 @@ def _from_mapping(base: Settings, values: dict[str, Any], source: str) -> Settin
             if flag not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
                 raise InvalidArgument(f"{source}: templates={flag!r}; accepted: 1/0, true/false")
             s = replace(s, templates=flag in ("1", "true", "yes", "on"))
+        if "template_ram_in_file" in values:
+            flag = str(values["template_ram_in_file"]).lower()
+            if flag not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                raise InvalidArgument(
+                    f"{source}: template_ram_in_file={flag!r}; accepted: 1/0, true/false"
+                )
+            s = replace(s, template_ram_in_file=flag in ("1", "true", "yes", "on"))
         if "pool_size" in values:
             s = replace(s, pool_size=int(values["pool_size"]))
             if not 0 <= s.pool_size <= 32:
@@ -801,6 +811,7 @@ _ENV = {
     "HUTCH_BOOT_TIMEOUT_S": "boot_timeout_s",
     "HUTCH_IMAGES_DIR": "images_dir",
     "HUTCH_TEMPLATES": "templates",
+    "HUTCH_TEMPLATE_RAM_IN_FILE": "template_ram_in_file",
     "HUTCH_POOL_SIZE": "pool_size",
     "HUTCH_MAX_SANDBOXES": "max_sandboxes",
     "HUTCH_MAX_MEMORY_MIB": "max_memory_mib",

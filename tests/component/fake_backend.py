@@ -170,6 +170,8 @@ class FakeBackend:
         self.started: list[str] = []
         self.procs: dict[str, FakeRuntime] = {}
         self.fail_next_start: Exception | None = None
+        #: Errors the next new clones (fork children) fail with, one each.
+        self.fail_clones: list[Exception] = []
         self.stopped: dict[str, FakeRuntime] = {}
         self.clone_of: dict[str, Path] = {}
         self.templates = FakeTemplates(root)
@@ -280,6 +282,8 @@ class FakeBackend:
                     self.root / rec.id / "agent.sock", timeout_s=10.0
                 )
             return runtime
+        if self.fail_clones:
+            raise self.fail_clones.pop(0)
         return await self.start(rec, None)  # type: ignore[arg-type]
 
     async def adopt(self, rec: SandboxRecord) -> FakeRuntime | None:

@@ -11,6 +11,9 @@ import time
 import httpx
 import pytest
 
+from hutch.errors import SnapshotError
+from hutch.services.composed import Services
+
 pytestmark = pytest.mark.timeout(120)
 
 
@@ -88,6 +91,31 @@ async def test_fork_makes_children_and_leaves_the_parent(api: httpx.AsyncClient)
     r = await api.post(f"/v1/sandboxes/{sid}/fork", json={"count": 1})
     assert r.status_code == 201
     assert (await api.get(f"/v1/sandboxes/{sid}")).json()["state"] == "paused"
+
+
+async def test_a_fork_names_each_child_that_failed_and_keeps_the_others(
+    api: httpx.AsyncClient, service: Services
+) -> None:
+    sid = await create(api)
+    service.backend.fail_clones = [  # type: ignore[attr-defined]
+        SnapshotError("clone one broke"),
+        SnapshotError("clone two broke"),
+    ]
+    r = await api.post(f"/v1/sandboxes/{sid}/fork", json={"count": 4})
+    assert r.status_code >= 400, r.text
+    message = r.json()["error"]["message"]
+    assert "2 of 4 clones failed" in message, message
+    failed = (await api.get("/v1/sandboxes", params={"state": "failed"})).json()["sandboxes"]
+    assert sorted(f["error"] for f in failed) == ["clone one broke", "clone two broke"]
+    for f in failed:
+        assert f["id"] in message and f["parent_id"] == sid
+    running = (await api.get("/v1/sandboxes", params={"state": "running"})).json()["sandboxes"]
+    children = [c for c in running if c.get("parent_id") == sid]
+    assert len(children) == 2
+    for child in children:
+        r = await api.post(f"/v1/sandboxes/{child['id']}/exec", json={"cmd": ["true"]})
+        assert r.status_code == 200
+    assert (await api.get(f"/v1/sandboxes/{sid}")).json()["state"] == "running"
 
 
 async def test_fork_respects_capacity(api: httpx.AsyncClient) -> None:

@@ -31,6 +31,7 @@ from hutch.vm.snapshot import (
     finish_interrupted_save,
     load_manifest,
     move_disk,
+    seal_memory,
     verify_snapshot,
 )
 from hutch.vm.snapshot_manifest import (
@@ -222,6 +223,74 @@ def test_clone_disk_freezes_and_markers_gate_restores(tmp_path: Path) -> None:
         verify_snapshot(snap, clone_cfg, clone=True)
 
 
+def _flip_keeping_mtime(path: Path, offset: int) -> None:
+    """Change one byte of ``path`` the way corruption at rest would: the mtime stamp is
+    set back, so only the content (and the ctime, which user space cannot set) differ."""
+    os.chmod(path, 0o600)
+    mtime = path.stat().st_mtime_ns
+    with path.open("r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(path, ns=(mtime, mtime))
+
+
+@pytest.mark.usefixtures("qemu_img")
+def test_sealed_memory_file_is_checked_by_ctime_and_a_corrupt_one_refused(
+    tmp_path: Path,
+) -> None:
+    cfg = _cfg(tmp_path, memory_file=tmp_path / "mem.ram")
+    snap = _fake_snapshot(tmp_path, cfg, ram_in_file=True)
+    memory = snap / MEMORY_FILE
+    memory.write_bytes(os.urandom(3 * 4096))
+    # The fake's stamp was taken of the zero page it wrote; restamp the new content.
+    raw = json.loads((snap / MANIFEST_FILE).read_text())
+    raw["memory"] = dataclasses.asdict(FileStamp.of(memory))
+    (snap / MANIFEST_FILE).write_text(json.dumps(raw))
+    clone_disk = tmp_path / "clone.qcow2"
+    create_clone_disk(snap, clone_disk)
+    clone_cfg = dataclasses.replace(cfg, name="c1", disk=clone_disk, memory_file=None)
+
+    sealed = seal_memory(snap, fsync=False)
+    assert sealed.memory is not None and sealed.memory.digest is not None
+    assert sealed.memory.digest == fd_digest(os.open(memory, os.O_RDONLY))[0]
+    assert sealed.memory.ctime_ns == memory.stat().st_ctime_ns
+    assert memory.stat().st_mode & 0o222 == 0
+    assert load_manifest(snap) == sealed
+    assert seal_memory(snap, fsync=False) == sealed, "sealing twice changes nothing"
+    verify_snapshot(snap, clone_cfg, clone=True)
+    # A second clone disk (the freeze is done) leaves the seal's ctime alone.
+    create_clone_disk(snap, tmp_path / "clone2.qcow2")
+    assert memory.stat().st_ctime_ns == sealed.memory.ctime_ns
+
+    # A moved ctime with the same bytes (a chmod; a copy back from a blob store): one
+    # full re-hash, accepted.
+    os.chmod(memory, 0o400)
+    assert memory.stat().st_ctime_ns != sealed.memory.ctime_ns
+    verify_snapshot(snap, clone_cfg, clone=True)
+
+    # One byte changed, size and mtime as recorded: refused.
+    _flip_keeping_mtime(memory, 5000)
+    with pytest.raises(SnapshotError, match=r"memory\.ram does not match its recorded checksum"):
+        verify_snapshot(snap, clone_cfg, clone=True)
+    with pytest.raises(SnapshotError, match="checksum"):
+        seal_memory(snap, fsync=False)
+
+
+def test_manifests_without_a_memory_seal_still_load(tmp_path: Path) -> None:
+    """Backward reading: a manifest written before sealing (no digest/ctime_ns in its
+    memory stamp) loads, and its memory file is checked by size and mtime as before."""
+    cfg = _cfg(tmp_path, memory_file=tmp_path / "mem.ram")
+    snap = _fake_snapshot(tmp_path, cfg, ram_in_file=True)
+    raw = json.loads((snap / MANIFEST_FILE).read_text())
+    del raw["memory"]["digest"], raw["memory"]["ctime_ns"]
+    (snap / MANIFEST_FILE).write_text(json.dumps(raw))
+    manifest = load_manifest(snap)
+    assert manifest.memory is not None and manifest.memory.digest is None
+    verify_snapshot(snap, cfg)
+
+
 def test_missing_or_foreign_manifest(tmp_path: Path) -> None:
     with pytest.raises(SnapshotError, match="incomplete"):
         load_manifest(tmp_path)
@@ -367,3 +436,13 @@ def test_a_disk_move_refuses_a_disk_that_changed(tmp_path: Path) -> None:
         f.write(b"written after the snapshot")
     with pytest.raises(SnapshotError, match="disk"):
         move_disk(snap, snap / "disk.qcow2")
+
+
+def test_vm_json_round_trips_a_memory_file_as_a_path(tmp_path: Path) -> None:
+    """A template clone's vm.json names the RAM file it maps; read back, it is a Path
+    (a str there once broke every resume of a template clone)."""
+    cfg = _cfg(tmp_path, memory_file=tmp_path / "tpl" / MEMORY_FILE, memory_shared=False)
+    write_config(tmp_path / "vm.json", cfg)
+    back = read_config(tmp_path / "vm.json")
+    assert back == cfg and isinstance(back.memory_file, Path)
+    assert read_config(tmp_path / "vm.json") is not None

@@ -34,8 +34,10 @@ from hutch.vm.snapshot import (
     finish_interrupted_save,
     restore,
     save_snapshot,
+    seal_memory,
     verify_snapshot,
 )
+from hutch.vm.snapshot_manifest import fd_digest
 from tests.vm import guest_programs as gp
 
 if TYPE_CHECKING:
@@ -68,6 +70,12 @@ while True:
         f.write(f'{value} {os.getpid()} {cmd}')
     os.rename('/tmp/holder.out.tmp', '/tmp/holder.out')
 """
+
+
+#: A tmpfs in the guest: what is written there lives in guest RAM only.
+_RAM_DIR = (
+    "mkdir -p /mnt/ram && (mountpoint -q /mnt/ram || mount -t tmpfs -o size=96m ram /mnt/ram)"
+)
 
 
 async def _sh(agent: AgentClient, script: str, timeout_s: float = 30) -> str:
@@ -225,6 +233,10 @@ async def test_fork_clones_run_side_by_side_with_own_disk_and_entropy(
     await booted.agent.close()
     snap = tmp_path / "tpl-snap"
     manifest = await save_snapshot(booted.vm, snap, ram_in_file=True)
+    assert manifest.state_size < 4 << 20, "the stream must carry device state only"
+    sealed = await asyncio.to_thread(seal_memory, snap)
+    assert sealed.memory is not None and sealed.memory.digest is not None
+    memory_file = snap / MEMORY_FILE
 
     t0 = time.perf_counter()
     cfgs = []
@@ -264,10 +276,21 @@ async def test_fork_clones_run_side_by_side_with_own_disk_and_entropy(
     assert (snap / FROZEN_MARKER).exists()
     assert (snap / MEMORY_FILE).stat().st_mode & 0o222 == 0
 
-    # Side by side: each runs, its counter continues, its disk is its own.
+    # Each QEMU maps the frozen file privately (copy-on-write): a MAP_PRIVATE mapping
+    # shows as "r-xp"/"rw-p" on that path in /proc/<pid>/maps, a shared one as "rw-s".
+    for vm in (t for t in cleanup if isinstance(t, QemuVm) and t is not booted.vm):
+        maps = (await asyncio.to_thread(Path(f"/proc/{vm.pid}/maps").read_text)).splitlines()
+        mapped = [m for m in maps if m.endswith(str(memory_file))]
+        assert mapped and all(m.split()[1][3] == "p" for m in mapped), mapped
+
+    # Side by side: each runs, its counter continues, its disk is its own; each writes
+    # 24 MiB of its own into its RAM (tmpfs), which must stay its own.
     for i, agent in enumerate(agents):
         assert await _sh(agent, "cat /root/who") == "template\n"
         await _sh(agent, f"echo clone{i} > /root/who && sync")
+        await _sh(agent, f"{_RAM_DIR} && head -c 24M /dev/urandom > /mnt/ram/r{i}")
+    sums = [await _sh(a, f"md5sum < /mnt/ram/r{i}") for i, a in enumerate(agents)]
+    assert len(set(sums)) == clones_n
     for i, agent in enumerate(agents):
         assert await _sh(agent, "cat /root/who") == f"clone{i}\n"
     counts = [int(await _sh(a, "cat /tmp/c")) for a in agents]
@@ -278,6 +301,32 @@ async def test_fork_clones_run_side_by_side_with_own_disk_and_entropy(
     # A resume of a frozen template is refused (clones read its memory and disk).
     with pytest.raises(SnapshotError, match="frozen"):
         verify_snapshot(snap, cfg)
+
+    # The frozen file's bytes are those sealed, after the clones wrote their memory.
+    fd = os.open(memory_file, os.O_RDONLY)
+    try:
+        assert fd_digest(fd, "xxh3_128")[0] == sealed.memory.digest
+    finally:
+        os.close(fd)
+    # The clones end; then one byte of the frozen file changes (size and mtime kept, as
+    # corruption at rest would): no further clone maps it.
+    for thing in reversed(cleanup):
+        if isinstance(thing, AgentClient):
+            await thing.close()
+        else:
+            await thing.kill()
+    os.chmod(memory_file, 0o600)
+    mtime = memory_file.stat().st_mtime_ns
+    with memory_file.open("r+b") as f:
+        f.seek(1 << 20)
+        byte = f.read(1)
+        f.seek(1 << 20)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(memory_file, ns=(mtime, mtime))
+    late = make_vm_config(real_image, tmp_path / "c0.qcow2", name="late", memory_mib=256)
+    with pytest.raises(SnapshotError, match=r"memory\.ram does not match its recorded checksum"):
+        await restore(late, snap, clone=True)
+    assert not late.qmp_socket.exists(), "a refused clone must not start QEMU"
 
 
 class _SaverDied(BaseException):

@@ -4,16 +4,20 @@ sandbox restored from one template still gets its own identity."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
 from hutch.images.build import ImageArtifacts
-from hutch.models import SandboxSpec, Shape
+from hutch.models import PauseMode, SandboxSpec, Shape
 from hutch.runtime.qemu.backend import QemuBackend
 from hutch.services.composed import Services
+from hutch.vm.snapshot import MEMORY_FILE, load_manifest
+from hutch.vm.snapshot_manifest import fd_digest
 from tests.conftest import ensure_image
 from tests.vm.services import real_service
 from tests.vm.test_sandbox_vm import run
@@ -21,6 +25,10 @@ from tests.vm.test_sandbox_vm import run
 pytestmark = [pytest.mark.vm, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(600)]
 
 SHAPE = Shape(vcpus=1, memory_mib=256, disk_gib=2)
+COUNTER = (
+    "setsid -f sh -c 'i=0; while :; do i=$((i+1)); "
+    "echo $i > /tmp/c.new; mv /tmp/c.new /tmp/c; sleep 0.2; done'"
+)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -64,8 +72,49 @@ async def test_second_create_restores_the_template(service: Services) -> None:
     assert 1700 < int(df.split()[-1]) <= 2048
     await run(service, warm[0].id, ["sh", "-c", "echo a > /root/x"])
     assert "absent" in await run(service, warm[1].id, "cat /root/x 2>/dev/null || echo absent")
-    for sid in everyone:
+
+    # Copy-on-write memory: the template keeps guest RAM in memory.ram (sealed: its
+    # digest recorded) and a state-only stream; each clone maps that file privately.
+    tpl = backend.templates.find(image, SHAPE)
+    assert tpl is not None
+    manifest = load_manifest(tpl)
+    assert manifest.ram_in_file and manifest.memory is not None
+    assert manifest.memory.digest is not None and manifest.state_size < 4 << 20
+    for w in warm:
+        assert _maps_privately(backend, w.id, tpl / MEMORY_FILE)
+    # A clone's RAM content and processes survive a memory pause (a full stream: its RAM
+    # is private) and a fork of it; both map the template's file privately again (the
+    # stream rewrote every page), never shared.
+    ram = "mkdir -p /mnt/ram && mount -t tmpfs -o size=64m ram /mnt/ram"
+    await run(service, warm[0].id, f"{ram} && head -c 8M /dev/urandom > /mnt/ram/r")
+    await run(service, warm[0].id, COUNTER)
+    digest = await run(service, warm[0].id, "md5sum < /mnt/ram/r")
+    await service.lifecycle.pause(warm[0].id, PauseMode.MEMORY)
+    await service.lifecycle.resume(warm[0].id)
+    assert await run(service, warm[0].id, "md5sum < /mnt/ram/r") == digest
+    (child,) = await service.snapshots.fork(warm[0].id, 1)
+    for sid in (warm[0].id, child.id):
+        assert await run(service, sid, "md5sum < /mnt/ram/r") == digest
+        first = int(await run(service, sid, ["cat", "/tmp/c"]))
+        await asyncio.sleep(0.6)
+        assert int(await run(service, sid, ["cat", "/tmp/c"])) > first, "the counter stopped"
+        assert _maps_privately(backend, sid, tpl / MEMORY_FILE)
+    # After clones wrote their memory, the template's file still has its sealed bytes.
+    fd = os.open(tpl / MEMORY_FILE, os.O_RDONLY)
+    try:
+        assert fd_digest(fd, "xxh3_128")[0] == manifest.memory.digest
+    finally:
+        os.close(fd)
+    for sid in [*everyone, child.id]:
         await service.sandboxes.delete(sid)
+
+
+def _maps_privately(backend: QemuBackend, sandbox_id: str, memory_file: Path) -> bool:
+    """The sandbox's QEMU maps ``memory_file``, and only privately (copy-on-write)."""
+    pid = int(backend.paths(sandbox_id).pidfile.read_text())
+    maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    mapped = [m.split()[1] for m in maps if m.endswith(str(memory_file))]
+    return bool(mapped) and all(perms[3] == "p" for perms in mapped)
 
 
 async def test_warm_pool_hands_out_ready_sandboxes(service: Services) -> None:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import secrets
 import time
 from dataclasses import replace
 from pathlib import Path
 
 from hutch.crashpoints import crash_point
-from hutch.errors import InvalidArgument, NotFound, QuotaExceeded
+from hutch.errors import HutchError, InvalidArgument, NotFound, QuotaExceeded
 from hutch.models import (
     FORK_COUNT_RANGE,
     SNAPSHOT_ID_RE,
@@ -35,12 +36,40 @@ from hutch.services.registry import SandboxRegistry
 from hutch.services.snapshot_blobs import SnapshotBlobs
 from hutch.services.volumes import refuse_copy
 
-__all__ = ["FORK_PARALLELISM", "SnapshotService"]
+__all__ = ["CLONES_PER_CPU", "SnapshotService", "fork_parallelism", "mem_available_mib"]
 
 log = logging.getLogger("hutch.services.sandboxes")
 
-#: Clones restored at once during a fork (each reads the snapshot and boots a QEMU).
-FORK_PARALLELISM = 4
+#: Clone restores in flight per host CPU during a fork. A restore is partly CPU (QEMU's
+#: start, loading the stream, the guest's first instructions under TCG) and partly
+#: waiting (QMP round trips, the agent's hello), so a little more than one per CPU keeps
+#: the CPUs busy without queueing every clone's agent timeout behind the others.
+CLONES_PER_CPU = 4
+#: Host memory a clone may need while it starts beyond its guest RAM (QEMU itself).
+CLONE_OVERHEAD_MIB = 64
+
+
+def fork_parallelism(count: int, cpus: int, mem_available_mib: int | None, clone_mib: int) -> int:
+    """How many of a fork's ``count`` clones start at once: bounded by the host's CPUs
+    (``CLONES_PER_CPU`` each) and by the memory available now (``mem_available_mib``,
+    None when unknown) over what one clone may take (``clone_mib``: its RAM plus
+    overhead, the most a clone restored from a full stream fills). At least 1."""
+    limit = min(count, max(1, cpus) * CLONES_PER_CPU)
+    if mem_available_mib is not None:
+        limit = min(limit, mem_available_mib // max(1, clone_mib))
+    return max(1, limit)
+
+
+def mem_available_mib() -> int | None:
+    """The host's MemAvailable in MiB (None when /proc/meminfo cannot be read)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 class SnapshotService:
@@ -122,7 +151,13 @@ class SnapshotService:
                 self.core.finish(child.id, SandboxState.FAILED, f"fork failed: {exc}")
             raise
         crash_point("fork.parent")
-        gate = asyncio.Semaphore(FORK_PARALLELISM)
+        parallel = fork_parallelism(
+            count,
+            os.cpu_count() or 1,
+            mem_available_mib(),
+            parent.shape.memory_mib + CLONE_OVERHEAD_MIB,
+        )
+        gate = asyncio.Semaphore(parallel)
 
         async def start(child: SandboxRecord) -> SandboxRecord | BaseException:
             async with gate, self.core.lock(child.id):
@@ -150,9 +185,25 @@ class SnapshotService:
                 return self.core.states.running(child)
 
         results = await asyncio.gather(*(start(c) for c in children))
-        failures = [r for r in results if isinstance(r, BaseException)]
-        if failures:
-            raise failures[0]
+        failed = [
+            (c.id, r)
+            for c, r in zip(children, results, strict=True)
+            if isinstance(r, BaseException)
+        ]
+        if failed:
+            for child_id, err in failed:
+                log.warning("fork of %s: clone %s failed: %s", parent.id, child_id, err)
+            first = failed[0][1]
+            if len(failed) == 1 or not isinstance(first, HutchError):
+                raise first
+            # Each failed clone by id (they are FAILED rows with their reason); the ones
+            # that started keep running. The first failure's class picks the status.
+            detail = "; ".join(f"{cid}: {err}" for cid, err in failed)
+            try:
+                summary = type(first)(f"{len(failed)} of {count} clones failed to start: {detail}")
+            except TypeError:  # a class whose constructor takes more than a message
+                raise first from None
+            raise summary from first
         return [r for r in results if isinstance(r, SandboxRecord)]
 
     async def _freeze_parent(self, parent: SandboxRecord, snapshot_dir: Path) -> None:

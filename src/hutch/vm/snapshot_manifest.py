@@ -88,6 +88,15 @@ class FileStamp:
     path: str
     size: int
     mtime_ns: int
+    #: Set by sealing (``hutch.vm.snapshot.seal_memory``; None in manifests from before
+    #: it, which are read as they were): the content digest taken once the file was
+    #: made read-only, and the file's ctime from that moment. Every write, chmod or
+    #: rename changes ctime, which user space cannot set back, so an unchanged ctime
+    #: proves the content is the digested one without reading it (the hot path); a
+    #: changed ctime costs one full re-hash (a copy from a blob store, a moved
+    #: directory) and a mismatch refuses the file.
+    digest: str | None = None
+    ctime_ns: int | None = None
 
     @classmethod
     def of(cls, path: Path) -> FileStamp:

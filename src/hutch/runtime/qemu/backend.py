@@ -32,7 +32,7 @@ from hutch.vm.argv import SharePort, VmConfig, VolumeDrive
 from hutch.vm.cgroup_driver import record_path
 from hutch.vm.disk_chain import compact_if_deep
 from hutch.vm.process import QemuVm, kill_verified
-from hutch.vm.snapshot import create_clone_disk, load_manifest
+from hutch.vm.snapshot import MEMORY_FILE, create_clone_disk, load_manifest
 
 __all__ = ["QemuBackend"]
 
@@ -131,6 +131,14 @@ class QemuBackend:
             incoming=False,
             tcg_tb_mib=self.booter.tb_mib,
         )
+        if not cfg.memory_shared and cfg.memory_file is not None:
+            # A template clone. Restored from a full stream: its private RAM file (see
+            # _private_memory). Booted from its disk: zeros of its own, not the
+            # template's old RAM (the RAM object stays, so a later memory pause's stream
+            # names the block a restore from vm.json expects).
+            own = p.state / MEMORY_FILE
+            memory = own if resume_from is None else _private_memory(cfg.memory_file, p)
+            cfg = dataclasses.replace(cfg, memory_file=memory)
         p.run.mkdir(parents=True, exist_ok=True, mode=0o700)
         hostname = rec.name or rec.id
         if resume_from is None:
@@ -181,6 +189,18 @@ class QemuBackend:
             tap=self.tap_of(rec) if template_cfg.nic else None,
             # The same ports (the device set), each on this sandbox's own socket.
             shares=tuple(SharePort(s.slot, p.share_socket(s.slot)) for s in template_cfg.shares),
+            # RAM: a template's memory.ram, mapped copy-on-write; a clone of a clone (a
+            # fork child, a resume from a full-stream pause) maps that same file
+            # privately again: the stream then rewrites every page (zero pages too), so
+            # what the file holds does not matter, while pages equal to it stay shared
+            # page cache. The file lives as long as the template, like the template's
+            # disk under the clone's overlay (ARCHITECTURE.md, "Copy-on-write memory").
+            memory_file=(
+                snapshot_dir / MEMORY_FILE
+                if (snapshot_dir / MEMORY_FILE).is_file()
+                else _private_memory(template_cfg.memory_file, p)
+            ),
+            memory_shared=False,
         )
         write_config(p.vm_json, cfg)
         crash_point("clone.disk")
@@ -257,3 +277,13 @@ class QemuBackend:
         # A group with no directory: a crash between making the group and the sandbox.
         groups = {n for n in self.booter.cgroups.group_names() if SANDBOX_ID_RE.match(n)}
         return self.layout.leftover_ids() | groups
+
+
+def _private_memory(memory_file: Path | None, p: SandboxPaths) -> Path | None:
+    """The file a template clone's RAM maps privately when its stream carries every page:
+    the template's ``memory.ram`` while it exists (pages equal to it stay shared page
+    cache), else a sparse file of the sandbox's own (the template was removed, or the
+    snapshot came from another host): the stream's content is the same either way."""
+    if memory_file is None or memory_file.is_file():
+        return memory_file
+    return p.state / MEMORY_FILE

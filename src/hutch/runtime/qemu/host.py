@@ -113,8 +113,9 @@ def read_config(path: Path) -> VmConfig | None:
         data: dict[str, Any] = json.loads(path.read_text())
         for key in _PATH_FIELDS:
             data[key] = Path(data[key])
-        if data.get("runtime_disk") is not None:
-            data["runtime_disk"] = Path(data["runtime_disk"])
+        for optional in ("runtime_disk", "memory_file"):
+            if data.get(optional) is not None:
+                data[optional] = Path(data[optional])
         data["volumes"] = tuple(
             VolumeDrive(Path(v["path"]), v["serial"], bool(v["read_only"]), v.get("slot"))
             for v in data.get("volumes", ())

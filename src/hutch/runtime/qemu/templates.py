@@ -5,6 +5,8 @@ freeze, checking one is complete)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
 import os
 import re
 import secrets
@@ -21,7 +23,14 @@ from hutch.runtime.qemu.host import HostLayout, SandboxPaths, write_config
 from hutch.storage.overlay import create_overlay
 from hutch.vm.argv import VmConfig
 from hutch.vm.process import kill_verified
-from hutch.vm.snapshot import MANIFEST_FILE, load_manifest, move_disk, save_snapshot
+from hutch.vm.snapshot import (
+    MANIFEST_FILE,
+    MEMORY_FILE,
+    load_manifest,
+    move_disk,
+    save_snapshot,
+    seal_memory,
+)
 
 __all__ = [
     "RUNTIME_BOOT_DONE",
@@ -30,6 +39,8 @@ __all__ = [
     "publish_template",
     "template_complete",
 ]
+
+log = logging.getLogger(__name__)
 
 #: Written by the agent on an imported image once boot-time work is done.
 RUNTIME_BOOT_DONE = "/run/.hutch/boot-done"
@@ -66,7 +77,15 @@ class QemuTemplates:
             await asyncio.to_thread(
                 create_overlay, image.rootfs, work.disk, shape.disk_gib, image.rootfs_format
             )
+            # Guest RAM is a file on the state directory's file system, mapped shared: the
+            # freeze then leaves it where it is (state-only stream, milliseconds) and
+            # every clone maps it copy-on-write (ARCHITECTURE.md, "Copy-on-write memory").
+            in_file = self.layout.settings.template_ram_in_file
             cfg = self.booter.vm_config(work, "template", shape, image, "hutch")
+            if in_file:
+                cfg = dataclasses.replace(
+                    cfg, memory_file=work.state / MEMORY_FILE, memory_shared=True
+                )
             write_config(work.vm_json, cfg)
             vm, agent = await self.booter.boot(cfg, work, "hutch")
             try:
@@ -74,12 +93,14 @@ class QemuTemplates:
                 await _settle(agent, image)
                 await agent.close()
                 snap = work.state / "snapshot"
-                await save_snapshot(vm, snap, ram_in_file=False)
+                await save_snapshot(vm, snap, ram_in_file=in_file, fsync=in_file)
             except BaseException:
                 await vm.kill()
                 raise
             await asyncio.to_thread(finish_template, snap, cfg)
             await asyncio.to_thread(publish_template, snap, final)
+            # After the move (a rename changes the file's ctime, which the seal records).
+            await asyncio.to_thread(seal_memory, final)
         finally:
             await asyncio.to_thread(shutil.rmtree, work.run, True)
             await asyncio.to_thread(discard_template_build, work.state)
@@ -98,10 +119,17 @@ class QemuTemplates:
         return removed
 
     def discard_unfinished(self) -> None:
+        """At start: remove template builds a stop cut short, and seal a published
+        template whose seal the stop cut short (between the move and ``seal_memory``)."""
         root = self.layout.templates_root
         if root.is_dir():
             for d in root.glob("*.build"):
                 discard_template_build(d)
+            for vm_json in root.glob("*/vm.json"):
+                try:
+                    seal_memory(vm_json.parent)
+                except (OSError, HutchError) as exc:
+                    log.warning("template %s cannot be sealed: %s", vm_json.parent.name, exc)
         run_root = self.layout.settings.run_dir
         if run_root.is_dir():
             for d in run_root.glob("tpl-*"):
