@@ -74,19 +74,26 @@ class Upstream:
 
     seen: list[tuple[str, str, dict[str, str], str | None]] = field(default_factory=list)
     connections: int = 0
+    received: int = 0  # bytes of requests (heads and bodies)
     sni: list[str | None] = field(default_factory=list)
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
             while line := await reader.readline():
+                self.received += len(line)
                 method, target, _ = line.decode().rstrip("\r\n").split(" ")
                 headers: dict[str, str] = {}
-                while field_line := (await reader.readline()).rstrip(b"\r\n"):
+                while True:
+                    raw = await reader.readline()
+                    self.received += len(raw)
+                    if not (field_line := raw.rstrip(b"\r\n")):
+                        break
                     key, _, value = field_line.decode("latin-1").partition(":")
                     headers[key.strip().lower()] = value.strip()
                 if "content-length" in headers:
-                    await reader.readexactly(int(headers["content-length"]))
+                    body_in = await reader.readexactly(int(headers["content-length"]))
+                    self.received += len(body_in)
                 self.seen.append((method, target, headers, self.sni[-1] if self.sni else None))
                 if target.startswith("/echo"):
                     body = f"you sent: {headers.get('authorization')}".encode()
@@ -183,7 +190,8 @@ async def env(upstream_certs: tuple[Path, Path, Path], tmp_path: Path) -> AsyncI
 
 async def test_https_requests_are_decided_by_method_and_path(env: Env) -> None:
     """An allowed path works; a denied one gets a 403 naming the rule; the client saw a
-    leaf from hutch's CA for exactly the name, the server the same SNI."""
+    leaf from hutch's CA for exactly the name, the server the same SNI; the bytes sent
+    upstream reach the meter's tally."""
     ok = await env.request("api.test", get("api.test", "/docs/a?token=x"))
     assert ok.startswith(b"HTTP/1.1 200") and ok.endswith(b"GET /docs/a?token=x"), ok
     assert env.upstream.seen[-1][3] == "api.test"
@@ -199,6 +207,9 @@ async def test_https_requests_are_decided_by_method_and_path(env: Env) -> None:
         "deny", "rules[0] deny POST api.test/admin", "POST", "/admin",
     )  # fmt: skip
     assert [s[:2] for s in env.upstream.seen] == [("GET", "/docs/a?token=x")]
+    # The meter's egress: the head written upstream for the allowed request; nothing for
+    # the denied one (refused before any upstream connection).
+    assert env.log.take_bytes() == {"sb-full": (env.upstream.received, 0)}
     _reader, writer = await env.connect("api.test")
     leaf = writer.get_extra_info("ssl_object").getpeercert()
     writer.close()

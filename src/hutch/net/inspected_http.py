@@ -166,10 +166,12 @@ async def serve_inspected(
     guest: GuestStream,
     check: Callable[[RequestHead], Awaitable[Checked]],
     on_refused: Callable[[RequestHead | None, str], None],
+    sent: Callable[[int], None] | None = None,
 ) -> None:
     """Serve the guest's requests until it closes, a request is refused (403, then
     closed: ``check`` logs its refusals, ``on_refused(head or None, reason)`` is called
-    for requests that could not be read) or an answer ends the connection. See the
+    for requests that could not be read) or an answer ends the connection. ``sent`` is
+    told the bytes written upstream (heads and bodies: the meter's egress). See the
     module docstring."""
     buf = b""
     while True:
@@ -198,7 +200,7 @@ async def serve_inspected(
             return
         cut: str | None = "the relay failed"
         try:
-            keep, buf, cut = await _relay(guest, request, buf[request.consumed :], checked)
+            keep, buf, cut = await _relay(guest, request, buf[request.consumed :], checked, sent)
         finally:
             checked.writer.transport.abort()
             if checked.done is not None:
@@ -208,11 +210,17 @@ async def serve_inspected(
 
 
 async def _relay(
-    guest: GuestStream, request: RequestHead, rest: bytes, checked: Checked
+    guest: GuestStream,
+    request: RequestHead,
+    rest: bytes,
+    checked: Checked,
+    sent: Callable[[int], None] | None,
 ) -> tuple[bool, bytes, str | None]:
     """(keep the guest's connection, the bytes after the body, why it was cut or None)."""
     checked.writer.write(checked.head)
-    upload = asyncio.create_task(_upload(guest, checked.writer, BodyFramer(request), rest))
+    if sent is not None:
+        sent(len(checked.head))
+    upload = asyncio.create_task(_upload(guest, checked.writer, BodyFramer(request), rest, sent))
     try:
         keep = await _download(guest, checked.reader, request, Redactor(checked.redact))
         leftover, guest_open = await upload
@@ -228,13 +236,19 @@ async def _relay(
 
 
 async def _upload(
-    guest: GuestStream, up: asyncio.StreamWriter, framer: BodyFramer, data: bytes
+    guest: GuestStream,
+    up: asyncio.StreamWriter,
+    framer: BodyFramer,
+    data: bytes,
+    sent: Callable[[int], None] | None,
 ) -> tuple[bytes, bool]:
     """The body, exactly; returns (bytes after it, whether the guest is still open)."""
     while not framer.done:
         if data:
             take = framer.feed(data)
             up.write(data[:take])
+            if sent is not None:
+                sent(take)
             await up.drain()
             data = data[take:]
             if framer.done:

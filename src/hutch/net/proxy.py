@@ -437,7 +437,10 @@ class EgressProxy:
             deny(reason)
 
         try:
-            await serve_inspected(tls, check, refused)
+            sid = sandbox.sandbox_id
+            await serve_inspected(
+                tls, check, refused, lambda count: self._log.add_bytes(sid, sent=count)
+            )
             await tls.close()
         finally:
             self._relays.discard(relay)
