@@ -28,10 +28,11 @@ def pg_session() -> Iterator[None]:
 
 @pytest.fixture(autouse=True)
 def _test_database(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``HUTCH_TEST_DATABASE=postgres``: every Settings without a ``database_url`` of its
-    own keeps its state in a database of the shared server, one per state directory
-    (opened again by a restart in the same directory, fresh for each test's tmp_path), so
-    the component tier's daemons and stores run on PostgreSQL unchanged."""
+    """``HUTCH_TEST_DATABASE=postgres``: every Settings without a database of its own
+    choosing (a ``database_url``, or a cluster's shared SQLite file, which a test names
+    on purpose) keeps its state in a database of the shared server, one per state
+    directory (opened again by a restart in the same directory, fresh for each test's
+    tmp_path), so the component tier's daemons and stores run on PostgreSQL unchanged."""
     if pgserver.test_database() != "postgres":
         return
     from hutch.config import Settings
@@ -39,6 +40,8 @@ def _test_database(monkeypatch: pytest.MonkeyPatch) -> None:
     def database(self: Settings) -> Path | str:
         if self.database_url is not None:
             return self.database_url
+        if self.cluster.shared_db is not None:
+            return self.cluster.shared_db
         url = pgserver.database_url_for(self.state_dir)
         assert url is not None
         return url
