@@ -21,18 +21,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from hutch.config import load_settings
 from hutch.errors import HutchError
 from hutch.sdk import Client, Sandbox
-from tests.e2e.conftest import _LIVE, Daemon, finalize_daemon
-from tests.netfake import FakeInternet, free_net_pool
+from tests.e2e.conftest import Daemon
+from tests.netfake import FakeInternet
+from tests.vm.netlab import network_daemon
 
 pytestmark = [
     pytest.mark.vm,
@@ -72,48 +71,21 @@ print(json.dumps({"heads": heads}))
 
 
 @pytest.fixture(scope="module")
-def fakenet() -> Iterator[FakeInternet]:
-    with FakeInternet() as net:
-        yield net
-
-
-@pytest.fixture(scope="module")
 def meterd(fakenet: FakeInternet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    from tests.conftest import ensure_image
-
-    ensure_image("base")
-    d = Daemon(tmp_path_factory.mktemp("hutchd-egress") / "state")
-    d.daemon_env.update(
-        {
-            "HUTCH_NET_POOL": free_net_pool(),
-            **fakenet.env(),
-            "HUTCH_METER_HEARTBEAT_S": "1",
-            "HUTCH_EGRESS_EVENT_S": "2",
-            "HUTCH_PRICE_EGRESS_GB": str(PRICE_EGRESS_GB),
-            "HUTCH_TEMPLATES": "off",
-        }
-    )
-    d.settings = load_settings(d.daemon_env)
-    _LIVE.append(d)
-    d.start()
-    yield d
-    problems = finalize_daemon(d)
-    assert not problems, "\n".join(problems)
+    env = {
+        "HUTCH_METER_HEARTBEAT_S": "1",
+        "HUTCH_EGRESS_EVENT_S": "2",
+        "HUTCH_PRICE_EGRESS_GB": str(PRICE_EGRESS_GB),
+        "HUTCH_TEMPLATES": "off",
+    }
+    with network_daemon(tmp_path_factory.mktemp("hutchd-egress"), fakenet, env) as d:
+        yield d
 
 
 @pytest.fixture(scope="module")
 def client(meterd: Daemon) -> Iterator[Client]:
     with meterd.client(timeout=300.0) as c:
         yield c
-
-
-@pytest.fixture(autouse=True)
-def _diagnostics_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
-    failed_before = request.session.testsfailed
-    yield
-    if request.session.testsfailed > failed_before:
-        for d in _LIVE:
-            print(d.diagnostics(), file=sys.stderr)
 
 
 @pytest.fixture(scope="module")
