@@ -140,6 +140,8 @@ NET_LIMIT_SETTINGS: dict[str, tuple[tuple[int, int], str]] = {
 #: The roles a hutchd runs in: ``single`` (one host, the default) or ``worker`` (one of
 #: several hutchds sharing one database; ARCHITECTURE.md, "Many hosts").
 HOST_ROLES = ("single", "worker")
+#: The overlay's UDP port by default (IANA's VXLAN port).
+DEFAULT_TUNNEL_PORT = 4789
 #: Seconds a host's lease lasts without a renewal before another host marks it down.
 HOST_LEASE_S_RANGE = (2.0, 3600.0)
 
@@ -170,10 +172,24 @@ class ClusterSettings:
     lease_s: float = 15.0
     secret_path: Path | None = None
     shared_db: Path | None = None
+    # -- the overlay between hosts (hutch.net.tunnel; private networks across hosts) --
+    #: UDP port of this host's VXLAN end (``HUTCH_TUNNEL_PORT``): None = 4789 for a
+    #: worker, off for a single host; 0 = off.
+    tunnel_port: int | None = None
+    #: Underlay IPv4 address of this host's end (``HUTCH_TUNNEL_ADDRESS``); "" = the
+    #: host of ``address`` (resolved at start).
+    tunnel_address: str = ""
 
     @property
     def worker(self) -> bool:
         return self.role == "worker"
+
+    @property
+    def tunnel_udp_port(self) -> int:
+        """The tunnel's UDP port; 0 = no tunnel."""
+        if self.tunnel_port is not None:
+            return self.tunnel_port
+        return DEFAULT_TUNNEL_PORT if self.worker else 0
 
 
 def parse_labels(value: str, name: str = "HUTCH_HOST_LABELS") -> tuple[tuple[str, str], ...]:
@@ -757,7 +773,7 @@ def _cgroup_settings(s: Settings, values: dict[str, Any], source: str) -> Settin
 #: The cluster's settings (:class:`ClusterSettings`), by their config-file key.
 CLUSTER_KEYS = (
     "role", "host_id", "host_address", "host_labels", "host_lease_s", "cluster_secret_file",
-    "shared_db",
+    "shared_db", "tunnel_port", "tunnel_address",
 )  # fmt: skip
 
 
@@ -799,6 +815,22 @@ def _cluster_settings(s: Settings, values: dict[str, Any], source: str) -> Setti
         c = replace(c, secret_path=Path(str(values["cluster_secret_file"])).resolve())
     if "shared_db" in values:
         c = replace(c, shared_db=Path(str(values["shared_db"])).resolve())
+    # -- the overlay between hosts --
+    if "tunnel_port" in values:
+        port = _number(values, "tunnel_port", int, source)
+        if not 0 <= port <= 65535:
+            raise InvalidArgument(f"{shown('tunnel_port')}={port}; accepted: 0 (off) or 1-65535")
+        c = replace(c, tunnel_port=port)
+    if "tunnel_address" in values:
+        text = str(values["tunnel_address"]).strip()
+        try:
+            ipaddress.IPv4Address(text)
+        except ValueError as exc:
+            raise InvalidArgument(
+                f"{shown('tunnel_address')}={text!r}; use this host's IPv4 address on the "
+                "network between the hosts"
+            ) from exc
+        c = replace(c, tunnel_address=text)
     return replace(s, cluster=c)
 
 
@@ -853,6 +885,8 @@ _ENV = {
     "HUTCH_HOST_LEASE_S": "host_lease_s",
     "HUTCH_CLUSTER_SECRET_FILE": "cluster_secret_file",
     "HUTCH_SHARED_DB": "shared_db",
+    "HUTCH_TUNNEL_PORT": "tunnel_port",
+    "HUTCH_TUNNEL_ADDRESS": "tunnel_address",
     "HUTCH_BLOB_URL": "blob_url",
     "HUTCH_S3_ENDPOINT": "s3_endpoint",
     "HUTCH_BLOB_CACHE_BYTES": "blob_cache_bytes",

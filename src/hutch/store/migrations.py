@@ -333,6 +333,19 @@ MIGRATIONS: tuple[str, ...] = (
     DROP TABLE net_leases;
     ALTER TABLE net_leases_v12 RENAME TO net_leases;
     """,
+    # 13: net_tunnels (private networks across hosts): each host's end of the overlay
+    # (its underlay address, UDP port, device MAC) and its sandbox pool, which the other
+    # hosts read to reach its members (hutch.net.tunnel).
+    """
+    CREATE TABLE net_tunnels (
+        host        TEXT PRIMARY KEY,
+        address     TEXT NOT NULL,
+        port        INTEGER NOT NULL,
+        mac         TEXT NOT NULL,
+        pool        TEXT NOT NULL,
+        updated_at  REAL NOT NULL
+    );
+    """,
 )
 
 
