@@ -161,6 +161,7 @@ def _routes_of(w: Worker) -> str:
     ).stdout.strip()
 
 
+@pytest.mark.timeout(600)
 def test_members_on_two_workers_reach_each_other_by_name_and_nobody_else_does(
     workers: list[Worker],
 ) -> None:

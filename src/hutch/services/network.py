@@ -131,7 +131,8 @@ class NetworkService:
                 self._overlay_task = asyncio.create_task(self._poll_overlay())
         except BaseException:
             await self.forwarder.shutdown()
-            await self.enforcer.drop_tunnel()
+            with contextlib.suppress(HutchError):
+                await self.enforcer.drop_tunnel()
             await self.enforcer.close(drop_table=False)
             raise
 
