@@ -1,8 +1,7 @@
 """``make cluster-up`` / ``make cluster-down``: N hutchd workers on this machine.
 
 Each worker has its own state dir (``<root>/w<i>``), port (``7071`` + i - 1), address
-pool (``10.214.<i>.0/24``), run dir (derived from its state dir) and overlay UDP port
-(``14789`` + i - 1: private networks across workers, hutch.net.tunnel), and all share one
+pool (``10.214.<i>.0/24``) and run dir (derived from its state dir), and all share one
 database, one cluster secret, one admin key and one secrets key. The database
 (``--db``): ``postgres`` (default) is Debian's PostgreSQL 15 run here, its data in
 ``<root>/pg`` (initdb on the first start, the ``postgres`` system user the package
@@ -30,7 +29,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 BASE_PORT = 7071
-BASE_TUNNEL_PORT = 14789
 PG_PORT = 7079
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 PG_USER = "postgres"
@@ -135,8 +133,6 @@ def up(root: Path, workers: int, images: Path | None, db: str) -> int:
             "HUTCH_ROLE": "worker",
             "HUTCH_HOST_ID": f"w{i}",
             "HUTCH_CLUSTER_SECRET_FILE": str(shared / "cluster-secret"),
-            # One machine: each worker's end of the overlay on its own port of 127.0.0.1.
-            "HUTCH_TUNNEL_PORT": str(BASE_TUNNEL_PORT + i - 1),
         }
         if database:
             env["HUTCH_DATABASE_URL"] = database

@@ -140,8 +140,6 @@ NET_LIMIT_SETTINGS: dict[str, tuple[tuple[int, int], str]] = {
 #: The roles a hutchd runs in: ``single`` (one host, the default) or ``worker`` (one of
 #: several hutchds sharing one database; ARCHITECTURE.md, "Many hosts").
 HOST_ROLES = ("single", "worker")
-#: The overlay's UDP port by default (IANA's VXLAN port).
-DEFAULT_TUNNEL_PORT = 4789
 #: Seconds a host's lease lasts without a renewal before another host marks it down.
 HOST_LEASE_S_RANGE = (2.0, 3600.0)
 
@@ -173,8 +171,9 @@ class ClusterSettings:
     secret_path: Path | None = None
     shared_db: Path | None = None
     # -- the overlay between hosts (hutch.net.tunnel; private networks across hosts) --
-    #: UDP port of this host's VXLAN end (``HUTCH_TUNNEL_PORT``): None = 4789 for a
-    #: worker, off for a single host; 0 = off.
+    #: UDP port of this host's VXLAN end (``HUTCH_TUNNEL_PORT``, e.g. 4789); None or 0
+    #: = off (the default until the data path is proven: ARCHITECTURE.md, "Private
+    #: networks across hosts").
     tunnel_port: int | None = None
     #: Underlay IPv4 address of this host's end (``HUTCH_TUNNEL_ADDRESS``); "" = the
     #: host of ``address`` (resolved at start).
@@ -187,9 +186,7 @@ class ClusterSettings:
     @property
     def tunnel_udp_port(self) -> int:
         """The tunnel's UDP port; 0 = no tunnel."""
-        if self.tunnel_port is not None:
-            return self.tunnel_port
-        return DEFAULT_TUNNEL_PORT if self.worker else 0
+        return self.tunnel_port or 0
 
 
 def parse_labels(value: str, name: str = "HUTCH_HOST_LABELS") -> tuple[tuple[str, str], ...]:

@@ -1,8 +1,8 @@
 """Private networks across hosts, in the rows: two NetworkServices (two hosts, each on
 the in-memory dataplane) sharing one database learn each other's members from it: the
 DNS view, the member sets, the always-denied pools and what the tunnel carries, set up
-as members come and torn down as they go. The real devices and packets:
-tests/e2e/test_cluster_network.py."""
+as members come and torn down as they go. The real data path is not proven yet
+(ARCHITECTURE.md, "Private networks across hosts")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The overlay between hosts, as commands and rules (hutch.net.tunnel, the tunnel parts
 of hutch.net.nft, hutch.services.overlay). The real devices and packets are proven by
-tests/e2e/test_cluster_network.py."""
+the tunnel-e2e work in progress (see ARCHITECTURE.md, "Private networks across hosts")."""
 
 from __future__ import annotations
 
@@ -166,7 +166,8 @@ def test_tunnel_settings() -> None:
     base = {"HUTCH_STATE_DIR": "/tmp/hutch-unit-tunnel", "HUTCH_LISTEN": "127.0.0.1:7071"}
     assert tunnel_config(load_settings(base)) is None  # a single host: no tunnel
     worker = {**base, "HUTCH_ROLE": "worker", "HUTCH_HOST_ID": "w1"}
-    cfg = tunnel_config(load_settings(worker))
+    assert tunnel_config(load_settings(worker)) is None  # off unless a port is set
+    cfg = tunnel_config(load_settings({**worker, "HUTCH_TUNNEL_PORT": "4789"}))
     assert cfg is not None and cfg.port == 4789 and cfg.local == IPv4Address("127.0.0.1")
     cfg = tunnel_config(
         load_settings({**worker, "HUTCH_TUNNEL_PORT": "14789", "HUTCH_TUNNEL_ADDRESS": "10.0.0.5"})

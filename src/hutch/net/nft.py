@@ -28,6 +28,13 @@ One table per daemon, ``inet hutch_<tag>``; every change is one script = one ato
                              bytes counted per sandbox (``c_<key>_tx``): what it sent
                              that the filter accepted, for the meter
   postrouting (nat, srcnat)  ip saddr @pool oifname != @taps masquerade
+  tunnel_mark (mangle)       with a tunnel (hutch.net.tunnel, workers of a cluster):
+                             from taps to the other hosts' pools (@cluster_pools) the
+                             mark that routes into the tunnel; out of it, mark 0. The
+                             ingress chain then admits tunnel traffic through peers, the
+                             input chain takes the tunnel port from @tunnel_peers only,
+                             and peer traffic skips the masquerade and the ``sent`` meter.
+                             @cluster_pools and @tunnel_peers are always denied (egress).
 
 ``<key>`` is the sandbox id's 12 hex digits, ``<nid>`` the network id's. Every denial is
 logged to NFLOG group ``nflog_group`` with prefix ``h<tag> <who> <reason>`` (reasons:
