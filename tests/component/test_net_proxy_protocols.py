@@ -36,7 +36,7 @@ from hutch.net.http_head import HeadError
 from hutch.net.proxy import EgressProxy
 from hutch.net.rules import policy_from_stored
 from hutch.net.tls_ca import EgressCA, upstream_context
-from tests.component.test_net_proxy import Directory, FakeResolver, forbidden
+from tests.component.proxy_env import Directory, FakeResolver, forbidden
 from tests.netfake.certs import make_certs
 
 SERVER = "127.0.0.20"
