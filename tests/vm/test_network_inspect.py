@@ -13,6 +13,7 @@ Nothing but the fake internet's addresses is contacted.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 from collections.abc import Iterator
@@ -174,3 +175,106 @@ def test_learn_then_suggest_then_apply(guest: Sandbox, fakenet: FakeInternet) ->
     assert status == "403" and "default is deny" in body, (status, body)
     reached = [e for e in fakenet.events("https") if e.get("path") == "/docs/new"]
     assert reached == []
+
+
+# ---- protocols and clients through "full" (issue 12 item 2): one devbox guest ---------
+
+DEVBOX_POLICY = {
+    "default": "deny",
+    "inspection": "full",
+    "rules": [
+        {"action": "deny", "host": "good.test", "path": "/admin"},
+        {"action": "allow", "host": "good.test"},
+    ],
+}
+BIG = 100 << 20  # the fake internet's /bytes/N sends N bytes of 0xa5
+WS_CLIENT = r"""
+import base64, hashlib, os, socket, ssl
+ctx = ssl.create_default_context()  # the system store (hutch's CA is in it), no flags
+s = ctx.wrap_socket(socket.create_connection(("good.test", 443), timeout=60),
+                    server_hostname="good.test")
+key = base64.b64encode(os.urandom(16)).decode()
+s.sendall(("GET /ws HTTP/1.1\r\nHost: good.test\r\nUpgrade: websocket\r\n"
+           "Connection: Upgrade\r\nSec-WebSocket-Key: " + key + "\r\n"
+           "Sec-WebSocket-Version: 13\r\n\r\n").encode())
+f = s.makefile("rb")
+status = f.readline().split()[1].decode()
+fields = {}
+while line := f.readline().strip():
+    k, _, v = line.decode().partition(":")
+    fields[k.strip().lower()] = v.strip()
+want = base64.b64encode(hashlib.sha1(
+    key.encode() + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest()).decode()
+def frame(op, data):
+    mask, n = os.urandom(4), len(data)
+    size = bytes([0x80 | n]) if n < 126 else bytes([0x80 | 126]) + n.to_bytes(2, "big")
+    return bytes([0x80 | op]) + size + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(data))
+def read():
+    head = f.read(2)
+    n = head[1] & 0x7F
+    if n == 126:
+        n = int.from_bytes(f.read(2), "big")
+    return head[0] & 0x0F, f.read(n)
+echoed = []
+for msg in (b"hello hutch", os.urandom(3000)):
+    s.sendall(frame(2, msg))
+    echoed.append(read() == (2, msg))
+s.sendall(frame(8, b""))
+print(status, fields.get("sec-websocket-accept") == want, all(echoed), read()[0])
+"""
+
+
+@pytest.fixture(scope="module")
+def devbox(client: Client) -> Iterator[Sandbox]:
+    from tests.conftest import ensure_image
+
+    ensure_image("devbox")
+    sb = Sandbox.create(
+        "devbox", memory_mib=1024, disk_gib=6, name="inspect-devbox", egress=DEVBOX_POLICY,
+        client=client,
+    )  # fmt: skip
+    yield sb
+    with contextlib.suppress(HutchError):
+        sb.kill()
+
+
+def test_clients_and_protocols_through_full_with_no_flags(
+    devbox: Sandbox, fakenet: FakeInternet
+) -> None:
+    """The devbox guest's own clients, with no flags and no CA options, through TLS
+    inspection: curl over HTTP/2 (negotiated h2; a denied path a 403 on its stream),
+    Python requests (the copy pip ships: the image has no other), Node's fetch, a
+    WebSocket echo, and a 100 MiB download over HTTP/2 whose sha256 matches."""
+    out = devbox.exec(
+        ["curl", "-sS", "--http2", "-o", "/dev/null", "-w", "%{http_version} %{http_code}",
+         "https://good.test/docs/h2"], timeout_s=120,
+    )  # fmt: skip
+    assert out.stdout.split() == ["2", "200"], out
+    out = devbox.exec(
+        ["curl", "-sS", "--http2", "-w", " %{http_version} %{http_code}",
+         "https://good.test/admin/x"], timeout_s=120,
+    )  # fmt: skip
+    assert out.stdout.endswith(" 2 403") and "rules[0] deny good.test/admin" in out.stdout, out
+    code = (
+        "from pip._vendor import requests\n"
+        "r = requests.get('https://good.test/docs/requests', timeout=60)\n"
+        "print(r.status_code, r.json()['sni'])\n"
+    )
+    out = devbox.exec(["python3", "-c", code], timeout_s=180)
+    assert out.stdout.split() == ["200", "good.test"], out
+    js = (
+        "fetch('https://good.test/docs/node').then(async r => "
+        "console.log(r.status, (await r.json()).sni))"
+    )
+    out = devbox.exec(["node", "-e", js], timeout_s=180)
+    assert out.stdout.split() == ["200", "good.test"], out
+    out = devbox.exec(["python3", "-c", WS_CLIENT], timeout_s=120)
+    assert out.stdout.split() == ["101", "True", "True", "8"], out
+    out = devbox.exec(f"curl -sS --http2 https://good.test/bytes/{BIG} | sha256sum", timeout_s=600)
+    assert out.stdout.split()[0] == hashlib.sha256(b"\xa5" * BIG).hexdigest(), out
+    paths = {(e.method, e.path, e.verdict) for e in devbox.egress.log(200)}
+    for path in ("/docs/h2", "/docs/requests", "/docs/node", "/ws", f"/bytes/{BIG}"):
+        assert ("GET", path, "allow") in paths, paths
+    assert ("GET", "/admin/x", "deny") in paths, paths
+    seen = {e.get("path") for e in fakenet.events("https")}
+    assert "/admin/x" not in seen and {"/docs/h2", "/ws"} <= seen, seen

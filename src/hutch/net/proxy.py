@@ -20,10 +20,12 @@ covers the destination) here. Per connection:
 
 Under ``inspection: full`` (and ``learn``) TLS is terminated instead: after the SNI
 check the guest's handshake completes against a leaf from hutch's CA
-(:mod:`hutch.net.tls_ca`, :mod:`hutch.net.tls_stream`) and every request inside is
-decided and relayed over its own verified upstream TLS connection
-(:mod:`hutch.net.inspected_http`). Learn and dry run decide by the policy they would
-enforce and log would-be denials as allowances (:func:`proxy_decide.observed`).
+(:mod:`hutch.net.tls_ca`, :mod:`hutch.net.tls_stream`; ALPN ``h2`` or ``http/1.1``) and
+every HTTP/1.1 request (:mod:`hutch.net.inspected_http`: keep-alive, WebSockets) or
+HTTP/2 stream (:mod:`hutch.net.h2_relay`) inside is decided on its own and relayed over
+a verified upstream TLS connection (HTTP/1.1, reused while that is safe). Learn and dry
+run decide by the policy they would enforce and log would-be denials as allowances
+(:func:`proxy_decide.observed`).
 
 Floods: with a ``limit``, each new connection first takes a token from its sender's
 bucket (:mod:`hutch.net.ratelimit`); without one it is closed at once, before a byte is
@@ -53,9 +55,10 @@ from hutch.errors import NetworkError
 from hutch.net.destinations import ForbiddenCheck, opened_by_ip_rule
 from hutch.net.dns import SandboxDirectory, SandboxNet
 from hutch.net.egress_log import EgressLog
+from hutch.net.h2_relay import serve_h2
 from hutch.net.http_head import RequestHead
 from hutch.net.http_relay import relay_one_request
-from hutch.net.inspected_http import Checked, Refused, serve_inspected
+from hutch.net.inspected_http import Checked, Refused, Upstream, serve_inspected
 from hutch.net.proxy_decide import (
     Allowed,
     Denied,
@@ -359,9 +362,11 @@ class EgressProxy:
         writer: asyncio.StreamWriter,
     ) -> None:
         """Inspection ``full``: the destination is checked by SNI, then TLS is terminated
-        with a leaf for ``name`` from hutch's CA, and every HTTP request inside is decided
-        on its own (:mod:`hutch.net.inspected_http`) and sent over a fresh upstream TLS
-        connection verified for ``name``. What cannot be read is refused, never passed."""
+        with a leaf for ``name`` from hutch's CA (ALPN ``h2`` or ``http/1.1``), and every
+        HTTP request (HTTP/1.1: :mod:`hutch.net.inspected_http`) or HTTP/2 stream
+        (:mod:`hutch.net.h2_relay`) inside is decided on its own and sent over an
+        upstream TLS connection verified for ``name`` (reused while allowed). What cannot
+        be read is refused, never passed."""
 
         def deny(reason: str, rule: str | None = None, index: int | None = None, **kw: Any) -> None:
             self._event(sandbox, name, port, "https", name, "deny", rule, reason, index=index, **kw)
@@ -390,7 +395,7 @@ class EgressProxy:
             return
         upstream_tls = self.upstream_tls
 
-        async def check(request: RequestHead) -> Checked:
+        async def check(request: RequestHead, idle: Upstream | None) -> Checked:
             http = HttpFacts.of(request)
             try:
                 if normalize_name(request.host.host) != norm or request.host.port not in (
@@ -412,35 +417,43 @@ class EgressProxy:
                     return decide_request(policy, name, port, request, reveal)
 
                 allowed = observed(decide, now.policy)
-                (up_reader, up_writer), addr = await self._connect(
-                    now.policy, name, port, allowed.rule, upstream_tls
-                )
+                upstream = idle
+                if upstream is None:  # same name as before (Host = SNI): reuse if we can
+                    (up_reader, up_writer), addr = await self._connect(
+                        now.policy, name, port, allowed.rule, upstream_tls
+                    )
+                    upstream = Upstream(up_reader, up_writer, str(addr))
             except Denied as denied:
                 deny(denied.reason, denied.rule, denied.index, http=http)
                 raise Refused(denied.reason) from None
             rule = allowed.rule
             self._event(
-                sandbox, str(addr), port, "https", name, "allow", rule,
+                sandbox, upstream.address, port, "https", name, "allow", rule,
                 allowed.note or ("allowed by rule" if rule else "open egress"), http=http,
                 index=allowed.index,
             )  # fmt: skip
 
             def done(cut: str | None) -> None:
                 if cut is not None:
-                    self._event(sandbox, str(addr), port, "https", name, "deny", rule, cut)
+                    self._event(sandbox, upstream.address, port, "https", name, "deny", rule, cut)
 
             head = (allowed.head or request).head
             secrets = [v.encode() for v in allowed.secrets]
-            return Checked(head, up_reader, up_writer, secrets, done)
+            return Checked(head, upstream, secrets, done)
 
         def refused(_request: RequestHead | None, reason: str) -> None:
             deny(reason)
 
         try:
             sid = sandbox.sandbox_id
-            await serve_inspected(
-                tls, check, refused, lambda count: self._log.add_bytes(sid, sent=count)
-            )
+
+            def sent(count: int) -> None:
+                self._log.add_bytes(sid, sent=count)
+
+            if tls.alpn == "h2":
+                await serve_h2(tls, check, refused, sent)
+            else:
+                await serve_inspected(tls, check, refused, sent)
             await tls.close()
         finally:
             self._relays.discard(relay)

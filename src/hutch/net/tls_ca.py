@@ -127,7 +127,7 @@ class EgressCA:
 
     def server_context(self, name: str) -> ssl.SSLContext:
         """A server-side context presenting a leaf for ``name`` (a normalized host name),
-        HTTP/1.1 only (ALPN), TLS 1.2 or later."""
+        ALPN ``h2`` then ``http/1.1`` (both inspected), TLS 1.2 or later."""
         with self._lock:
             leaf = self._leaves.get(name)
             if leaf is not None and leaf.not_after - _now() > datetime.timedelta(days=1):
@@ -161,7 +161,7 @@ class EgressCA:
         )
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        ctx.set_alpn_protocols(["http/1.1"])  # HTTP/2 is not inspected: clients fall back
+        ctx.set_alpn_protocols(["h2", "http/1.1"])  # net/h2_relay.py, net/inspected_http.py
         pem = cert.public_bytes(serialization.Encoding.PEM) + self._leaf_key_pem
         with tempfile.NamedTemporaryFile(prefix="leaf-", suffix=".pem") as tmp:
             tmp.write(pem)  # NamedTemporaryFile is 0600
@@ -173,7 +173,8 @@ class EgressCA:
 def upstream_context(cafile: Path | None) -> ssl.SSLContext:
     """How the proxy verifies the real servers when it terminates TLS: the host's trust
     store, or only the CAs in ``cafile`` (``HUTCH_EGRESS_UPSTREAM_CA``). Names and
-    certificates are always checked; HTTP/1.1 only."""
+    certificates are always checked; HTTP/1.1 only (a guest's HTTP/2 streams go up as
+    HTTP/1.1 requests, :mod:`hutch.net.h2_relay`)."""
     try:
         ctx = ssl.create_default_context(cafile=str(cafile) if cafile else None)
     except (OSError, ssl.SSLError) as exc:
