@@ -155,17 +155,8 @@ def test_an_injected_credential_reaches_the_upstream_and_never_the_guest(
     assert got and got[-1].get("authorization") == f"Bearer {SECRET}", got
     assert SECRET not in body
     assert json.loads(body)["authorization"] == "Bearer " + "*" * len(SECRET)
-    env = guest.exec(["env"], timeout_s=30).stdout
-    assert SECRET not in env
-    assert "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt" in env
-    scan = guest.exec(
-        "cat /proc/[0-9]*/environ 2>/dev/null | grep -c " + SECRET + "; "
-        "grep -rl " + SECRET + " /etc /root /tmp /var /home /usr/local /run 2>/dev/null; true",
-        timeout_s=240,
-    )
-    assert scan.stdout.split() == ["0"], scan
-    assert all(SECRET not in (e.reason or "") for e in guest.egress.log(200))
-    # The guest's memory: a memory-mode pause writes its RAM to a file on the host.
+    # The guest's memory first (the scans below carry the secret into the guest as their
+    # own pattern): a memory-mode pause writes its RAM to a file on the host.
     marker = "hutch-memory-marker-" + os.urandom(6).hex()
     keep = guest.exec(f"echo {marker} > /tmp/marker && cat /tmp/marker /tmp/body", timeout_s=30)
     assert keep.exit_code == 0, keep
@@ -182,6 +173,16 @@ def test_an_injected_credential_reaches_the_upstream_and_never_the_guest(
     finally:
         guest.resume()
     assert found == {marker: True, SECRET: False}, (found, dumps)
+    env = guest.exec(["env"], timeout_s=30).stdout
+    assert SECRET not in env
+    assert "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt" in env
+    scan = guest.exec(
+        "cat /proc/[0-9]*/environ 2>/dev/null | grep -c " + SECRET + "; "
+        "grep -rl " + SECRET + " /etc /root /tmp /var /home /usr/local /run 2>/dev/null; true",
+        timeout_s=240,
+    )
+    assert scan.stdout.split() == ["0"], scan
+    assert all(SECRET not in (e.reason or "") for e in guest.egress.log(200))
 
 
 def _contains(path: Path, needle: bytes, chunk: int = 16 << 20) -> bool:
