@@ -1,11 +1,14 @@
-"""Egress inspection "full" with a real VM against the fake internet (issue 12).
+"""Egress inspection with a real VM against the fake internet (issue 12).
 
 One daemon told to trust the fake internet's test CA for upstream TLS
 (``HUTCH_EGRESS_UPSTREAM_CA``), one guest created with an ordered policy whose
-inspection is ``full``. The guest trusts nothing but its system store and the variables
-hutch sets: hutch's proxy terminates its TLS with a leaf from the daemon's CA, decides
-every request by method and path, and injects a secret into requests to one host. What
-the fake upstream received is read from its own log.
+inspection is ``full``; later tests change its policy live (partial, default allow
+with denies, learn, dry run), so the module boots one VM. The guest trusts nothing but
+its system store and the variables hutch sets: hutch's proxy terminates its TLS with a
+leaf from the guest's project's CA, decides every request by method and path, and
+injects a secret into requests to one host. What the fake upstream received is read
+from its own log; the probe (``tests/netfake/probe.py``, trusting only the fake
+internet's CA) checks raw TCP, UDP and TLS passed through untouched.
 
 Nothing but the fake internet's addresses is contacted.
 """
@@ -16,7 +19,9 @@ import contextlib
 import hashlib
 import json
 import os
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -24,7 +29,7 @@ from hutch.errors import HutchError
 from hutch.sdk import Client, Sandbox
 from tests.e2e.conftest import Daemon
 from tests.netfake import FakeInternet
-from tests.vm.netlab import network_daemon
+from tests.vm.netlab import PROBE, Guest, https, network_daemon, resolve, tcp, udp
 
 pytestmark = [
     pytest.mark.vm,
@@ -67,6 +72,7 @@ def client(netd: Daemon) -> Iterator[Client]:
 def guest(client: Client) -> Iterator[Sandbox]:
     client.secrets.set("upstream-key", SECRET)
     sb = Sandbox.create("base", memory_mib=256, name="inspect", egress=POLICY, client=client)
+    sb.files.write("/root/probe.py", PROBE.read_bytes())
     yield sb
     with contextlib.suppress(HutchError):
         sb.kill()
@@ -114,6 +120,16 @@ def test_https_paths_are_decided_through_the_terminating_proxy(
     )
     out = guest.exec(["python3", "-c", code], timeout_s=60)
     assert out.stdout.startswith("blocked"), out
+    # UDP too (the fake's echo on the allowed names' address), and QUIC.
+    probe(guest, fakenet).expect(
+        {"udp 7": (udp(fakenet.web), False), "udp 443": (udp(fakenet.web, 443), False)}
+    )
+
+
+def probe(sb: Sandbox, fakenet: FakeInternet) -> Guest:
+    """The probe, trusting only the fake internet's CA (TLS hutch terminates fails it)."""
+    sb.files.write("/root/fakenet-ca.pem", fakenet.ca_cert.read_bytes())
+    return Guest(sb)
 
 
 def test_python_urllib_works_with_no_flags(guest: Sandbox) -> None:
@@ -127,17 +143,37 @@ def test_python_urllib_works_with_no_flags(guest: Sandbox) -> None:
 
 
 def test_an_injected_credential_reaches_the_upstream_and_never_the_guest(
-    guest: Sandbox, fakenet: FakeInternet
+    guest: Sandbox, fakenet: FakeInternet, netd: Daemon
 ) -> None:
     """The transform's {secret:upstream-key} is added on the host: the fake upstream
     received it; the guest's answer (the upstream echoes it) shows stars; the guest's
-    env, every process environment and its files hold no trace of it."""
+    env, every process environment, its files and its memory (dumped by a memory-mode
+    pause; a marker written in the guest is found there, the secret is not) hold no
+    trace of it."""
     body, status = curl(guest, "https://other.test/echo")
     assert status == "200", (status, body)
     got = [e for e in fakenet.events("https") if e.get("path") == "/echo"]
     assert got and got[-1].get("authorization") == f"Bearer {SECRET}", got
     assert SECRET not in body
     assert json.loads(body)["authorization"] == "Bearer " + "*" * len(SECRET)
+    # The guest's memory first (the scans below carry the secret into the guest as their
+    # own pattern): a memory-mode pause writes its RAM to a file on the host.
+    marker = "hutch-memory-marker-" + os.urandom(6).hex()
+    keep = guest.exec(f"echo {marker} > /tmp/marker && cat /tmp/marker /tmp/body", timeout_s=30)
+    assert keep.exit_code == 0, keep
+    guest.pause(mode="memory")
+    try:
+        dumps = [
+            p
+            for p in netd.state_dir.rglob("*")
+            if p.is_file() and guest.id in str(p) and "pause" in p.parts
+        ]  # fmt: skip
+        assert dumps, f"no memory dump under {netd.state_dir} for {guest.id}"
+        found = {needle: any(_contains(p, needle.encode()) for p in dumps)
+                 for needle in (marker, SECRET)}  # fmt: skip
+    finally:
+        guest.resume()
+    assert found == {marker: True, SECRET: False}, (found, dumps)
     env = guest.exec(["env"], timeout_s=30).stdout
     assert SECRET not in env
     assert "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt" in env
@@ -148,6 +184,17 @@ def test_an_injected_credential_reaches_the_upstream_and_never_the_guest(
     )
     assert scan.stdout.split() == ["0"], scan
     assert all(SECRET not in (e.reason or "") for e in guest.egress.log(200))
+
+
+def _contains(path: Path, needle: bytes, chunk: int = 16 << 20) -> bool:
+    """Does the file hold ``needle`` (read in chunks that overlap by its length)?"""
+    with path.open("rb") as f:
+        tail = b""
+        while piece := f.read(chunk):
+            if needle in tail + piece:
+                return True
+            tail = piece[-len(needle) :]
+    return False
 
 
 def test_learn_then_suggest_then_apply(guest: Sandbox, fakenet: FakeInternet) -> None:
@@ -175,6 +222,108 @@ def test_learn_then_suggest_then_apply(guest: Sandbox, fakenet: FakeInternet) ->
     assert status == "403" and "default is deny" in body, (status, body)
     reached = [e for e in fakenet.events("https") if e.get("path") == "/docs/new"]
     assert reached == []
+
+
+def test_partial_terminates_only_where_a_rule_needs_it_and_lets_non_http_out(
+    guest: Sandbox, fakenet: FakeInternet
+) -> None:
+    """inspection partial: TLS to the transform's host is terminated (the secret is
+    injected, the guest sees stars), TLS to a plainly allowed name passes untouched (the
+    probe, trusting only the fake's CA, completes its handshake), and non-HTTP TCP and
+    UDP reach the allowed name's address; other addresses stay closed."""
+    guest.set_egress(
+        policy={
+            "inspection": "partial",
+            "rules": [
+                {"action": "transform", "host": "other.test", "path": "/echo",
+                 "set_headers": {"Authorization": "Bearer {secret:upstream-key}"}},
+                {"action": "allow", "host": "good.test"},
+            ],
+        }
+    )  # fmt: skip
+    body, status = curl(guest, "https://other.test/echo")
+    assert status == "200", (status, body)
+    assert json.loads(body)["authorization"] == "Bearer " + "*" * len(SECRET)
+    got = [e for e in fakenet.events("https") if e.get("path") == "/echo"]
+    assert got[-1].get("authorization") == f"Bearer {SECRET}", got
+    probe(guest, fakenet).expect(
+        {
+            "resolve good.test": (resolve("good.test"), True),
+            "tls good.test passes untouched": (https("good.test", path="/docs"), True),
+            "tcp 2222 of good.test's address": (tcp(fakenet.web, 2222), True),
+            "udp 7 of good.test's address": (udp(fakenet.web), True),
+            "udp 7 elsewhere": (udp(fakenet.cdn), False),
+            "tcp 2222 elsewhere": (tcp(fakenet.cdn, 2222), False),
+        }
+    )
+
+
+def test_default_allow_with_denies_by_name_address_and_request(
+    guest: Sandbox, fakenet: FakeInternet
+) -> None:
+    """default allow with deny rules: a denied name is refused in DNS, by SNI and by
+    Host (also behind an allowed SNI: fronting), an ip deny holds for the guest's own
+    packets and for the proxy's connection to a name resolving there, and POST /admin
+    of an otherwise open host gets a 403 naming the rule; everything else is open.
+    Then inspection full under default allow: non-HTTP TCP and UDP are blocked."""
+    since = time.time()
+    guest.set_egress(
+        policy={
+            "default": "allow",
+            "inspection": "partial",
+            "rules": [
+                {"action": "deny", "host": "other.test"},
+                {"action": "deny", "host": fakenet.cdn},
+                {"action": "deny", "host": "good.test", "methods": ["POST"], "path": "/admin"},
+            ],
+        }
+    )
+    body, status = curl(guest, "https://good.test/docs/open")
+    assert status == "200", (status, body)
+    body, status = curl(guest, "-X", "POST", "--data", "x", "https://good.test/admin")
+    assert status == "403" and "rules[2] deny POST good.test/admin" in body, (status, body)
+    body, status = curl(guest, "-H", "Host: other.test", "https://good.test/docs")
+    assert status == "403" and "domain fronting" in body, (status, body)
+    g = probe(guest, fakenet)
+    g.expect(
+        {
+            "DNS other.test": (resolve("other.test"), False),
+            "SNI other.test on the shared address": (
+                https("other.test", addr=fakenet.web), False),
+            "Host other.test on the shared address": (
+                {"op": "http", "host": "other.test", "addr": fakenet.web}, False),
+            "SNI cdn2.test (resolves to the denied ip)": (https("cdn2.test"), False),
+            "tcp to the denied ip": (tcp(fakenet.cdn, 2222), False),
+            "udp to the denied ip": (udp(fakenet.cdn), False),
+            "QUIC to the shared address": (udp(fakenet.web, 443), False),
+            "tcp elsewhere (open)": (tcp(fakenet.web, 2222), True),
+            "udp elsewhere (open)": (udp(fakenet.web), True),
+        }
+    )  # fmt: skip
+    reached = [
+        e.fields for e in fakenet.events(since=since)
+        if e.get("local") == fakenet.cdn or "other.test" in (e.get("host"), e.get("sni"))
+        or (e.get("path") == "/admin")
+    ]  # fmt: skip
+    assert reached == [], reached
+    guest.set_egress(policy={"default": "allow", "inspection": "full"})
+    assert curl(guest, "https://good.test/docs/full")[1] == "200"
+    g.expect({"tcp 2222": (tcp(fakenet.web, 2222), False), "udp 7": (udp(fakenet.web), False)})
+
+
+def test_dry_run_logs_what_it_would_deny_without_denying(
+    guest: Sandbox, fakenet: FakeInternet
+) -> None:
+    guest.set_egress(
+        policy={"dry_run": True, "inspection": "full",
+                "rules": [{"action": "allow", "host": "good.test", "path": "/docs"}]}
+    )  # fmt: skip
+    body, status = curl(guest, "https://good.test/elsewhere-dry")
+    assert status == "200", (status, body)
+    assert [e for e in fakenet.events("https") if e.get("path") == "/elsewhere-dry"]
+    logged = [e for e in guest.egress.log(100) if e.path == "/elsewhere-dry"]
+    assert logged and logged[-1].verdict == "allow", logged
+    assert logged[-1].reason.startswith("dry run: would be denied"), logged
 
 
 # ---- protocols and clients through "full" (issue 12 item 2): one devbox guest ---------

@@ -18,8 +18,9 @@ covers the destination) here. Per connection:
    port, and relays with backpressure: TLS both ways as is; HTTP exactly the one
    checked request, then only the answer (:mod:`hutch.net.http_relay`).
 
-Under ``inspection: full`` (and ``learn``) TLS is terminated instead: after the SNI
-check the guest's handshake completes against a leaf from hutch's CA
+Under ``inspection: full`` (and ``learn``), and under ``partial`` for a destination whose
+first matching rule needs the request, TLS is terminated instead: after the SNI check
+the guest's handshake completes against a leaf from its project's CA
 (:mod:`hutch.net.tls_ca`, :mod:`hutch.net.tls_stream`; ALPN ``h2`` or ``http/1.1``) and
 every HTTP/1.1 request (:mod:`hutch.net.inspected_http`: keep-alive, WebSockets) or
 HTTP/2 stream (:mod:`hutch.net.h2_relay`) inside is decided on its own and relayed over
@@ -66,14 +67,14 @@ from hutch.net.proxy_decide import (
     SecretResolver,
     decide_destination,
     decide_request,
-    inspects_tls,
     observed,
     still_allowed,
+    terminates_tls,
 )
 from hutch.net.ratelimit import KeyedLimiter, Rate
 from hutch.net.rules import EgressPolicy, normalize_name
 from hutch.net.sniff import Sniffed, sniff
-from hutch.net.tls_ca import EgressCA
+from hutch.net.tls_ca import ProjectCAs
 from hutch.net.tls_stream import TlsStream
 
 __all__ = [
@@ -132,12 +133,12 @@ class EgressProxy:
         peek_timeout_s: float = 10,
         original_port: Callable[[socket.socket], int] = so_original_dst_port,
         limit: Rate | None = None,
-        ca: EgressCA | None = None,
+        ca: ProjectCAs | None = None,
         upstream_tls: ssl.SSLContext | None = None,
         secrets: SecretResolver | None = None,
     ) -> None:
         self._directory = directory
-        #: TLS inspection (``full``): the CA minting leaves for the guest, how upstream
+        #: TLS inspection: the projects' CAs minting leaves for guests, how upstream
         #: servers are verified, where transform secrets come from (set by the daemon).
         self.ca = ca
         self.upstream_tls = upstream_tls
@@ -232,7 +233,7 @@ class EgressProxy:
             )  # fmt: skip
             await self._refuse(writer, seen, port, reason)
             return
-        if seen.protocol == "tls" and inspects_tls(sandbox.policy):
+        if seen.protocol == "tls" and terminates_tls(sandbox.policy, seen.name, port):
             await self._inspect_tls(sandbox, src, seen.name, port, raw, reader, writer)
             return
         name = seen.name
@@ -322,7 +323,7 @@ class EgressProxy:
             assert first is not None
             raise Denied(
                 f"{first.canonical} needs the HTTP request, which TLS hides from hutch "
-                f'without inspection "full": {name} on port {port} is refused',
+                f"when it does not terminate it: {name} on port {port} is refused",
                 first.canonical,
                 first.index,
             )
@@ -377,10 +378,15 @@ class EgressProxy:
             deny(denied.reason, denied.rule, denied.index)
             return
         if self.ca is None or self.upstream_tls is None:
-            deny('inspection "full" needs the egress CA, which this proxy was not given')
+            deny("TLS inspection needs the egress CAs, which this proxy was not given")
             return
         norm = normalize_name(name) or name
-        tls = TlsStream(reader, writer, self.ca.server_context(norm), raw)
+        try:  # the sandbox's own project's CA: its guest trusts no other
+            context = self.ca.for_project(sandbox.project).server_context(norm)
+        except NetworkError as exc:
+            deny(f"the project's egress CA is not available: {exc}")
+            return
+        tls = TlsStream(reader, writer, context, raw)
         try:
             async with asyncio.timeout(self._peek_timeout_s):
                 await tls.handshake()
@@ -475,6 +481,24 @@ class EgressProxy:
             raise Denied(f"cannot resolve {name}: {exc}", rule_text) from exc
         if not addrs:
             raise Denied(f"{name} has no IPv4 address", rule_text)
+        if policy.screened and policy.ordered is not None:
+            # Default allow: an address the name leads to is decided too, in rule order
+            # with the name (``decide_connection`` with both): an ip/cidr deny holds for
+            # the proxy's own connection, unless a name rule before it decided.
+            norm = normalize_name(name)
+            kept: list[IPv4Address] = []
+            denied: list[Denied] = []
+            for addr in addrs:
+                decided = policy.ordered.decide_connection(norm, addr, port)
+                rule = decided.rule
+                if decided.verdict == "deny" and rule is not None:
+                    why = f"{rule.canonical} denies {addr} (what {name} resolves to)"
+                    denied.append(Denied(why, rule.canonical, rule.index))
+                else:
+                    kept.append(addr)
+            if not kept:
+                raise denied[0]
+            addrs = kept
         verdicts = [(a, self._forbidden(a)) for a in addrs]
         good = [
             a

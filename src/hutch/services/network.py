@@ -239,10 +239,12 @@ class NetworkService:
             await self.enforcer.revalidate(sandbox_id, policy)
         return self.egress_view(sandbox_id)
 
-    def egress_ca_pem(self) -> bytes | None:
-        """The TLS-inspection CA's certificate (PEM; what guests trust), once started."""
-        ca = self.enforcer.proxy.ca
-        return ca.cert_pem if ca is not None else None
+    def egress_ca_pem(self, project: str) -> bytes | None:
+        """The TLS-inspection CA certificate of ``project`` (PEM; what its guests trust),
+        made on first use; None before the enforcer started. Raises NetworkError when
+        the CA cannot be read or made."""
+        cas = self.enforcer.proxy.ca
+        return cas.cert_pem(project) if cas is not None else None
 
     def egress_view(self, sandbox_id: str) -> EgressView:
         return self.enforcer.egress_view(sandbox_id, self.policy_of(sandbox_id))
