@@ -35,7 +35,7 @@ from hutch.net.h2_relay import h1_head
 from hutch.net.http_head import HeadError
 from hutch.net.proxy import EgressProxy
 from hutch.net.rules import policy_from_stored
-from hutch.net.tls_ca import EgressCA, upstream_context
+from hutch.net.tls_ca import ProjectCAs, upstream_context
 from tests.component.proxy_env import Directory, FakeResolver, forbidden
 from tests.netfake.certs import make_certs
 
@@ -198,14 +198,14 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
     https_port = https.sockets[0].getsockname()[1]
     info = SandboxNetInfo("sb-full", policy_from_stored(POLICY), {}, "proj-a")
     log = EgressLog()
-    ca = EgressCA(tmp_path / "egress-ca")
+    cas = ProjectCAs(tmp_path / "egress-ca")
     proxy = EgressProxy(
         Directory({IPv4Address(SRC): info}), FakeResolver(), log, forbidden,
         connect_timeout_s=2, peek_timeout_s=2, original_port=lambda _s: https_port,
-        ca=ca, upstream_tls=upstream_context(certs.ca_cert),
+        ca=cas, upstream_tls=upstream_context(certs.ca_cert),
     )  # fmt: skip
     port = await proxy.start("127.0.0.1", 0)
-    client = ssl.create_default_context(cadata=ca.cert_pem.decode())
+    client = ssl.create_default_context(cadata=cas.cert_pem("proj-a").decode())
     yield Env(port, log, client, upstream)
     await proxy.close()
     https.close()
