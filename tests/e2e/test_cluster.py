@@ -10,89 +10,34 @@ Debian's PostgreSQL), as hosts on many machines would.
 from __future__ import annotations
 
 import json
-import secrets
-import shutil
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from hutch import errors
-from hutch.config import load_settings
 from hutch.images.build import ImageArtifacts
-from hutch.sdk import Sandbox, SandboxInfo
-from tests import pgserver
-from tests.e2e.conftest import _LIVE, Daemon, finalize_daemon, pid_alive, wait_for
+from hutch.sdk import Sandbox
+from tests.e2e.cluster_lab import LEASE_S, MEMORY_MIB, Worker, cluster_of, create_on, owners
+from tests.e2e.conftest import pid_alive, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vm]
 
-LEASE_S = 5.0
-MEMORY_MIB = 128
 LABELS = {"w1": "zone=a", "w2": "zone=a", "w3": "zone=b"}
-
-
-class Worker(Daemon):
-    """A hutchd in the worker role of the test cluster."""
-
-    def __init__(self, state_dir: Path, host_id: str, shared: Path, database: str) -> None:
-        super().__init__(state_dir)
-        self.host_id = host_id
-        self.daemon_env.update(
-            {
-                "HUTCH_ROLE": "worker",
-                "HUTCH_HOST_ID": host_id,
-                "HUTCH_HOST_LABELS": LABELS[host_id],
-                "HUTCH_HOST_LEASE_S": str(LEASE_S),
-                "HUTCH_DATABASE_URL": database,
-                "HUTCH_CLUSTER_SECRET_FILE": str(shared / "cluster-secret"),
-            }
-        )
-        self.settings = load_settings(self.daemon_env)
 
 
 @pytest.fixture(scope="module")
 def cluster(
     base_image: ImageArtifacts, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[list[Worker]]:
-    root = tmp_path_factory.mktemp("cluster")
-    shared = root / "shared"
-    shared.mkdir()
-    (shared / "cluster-secret").write_text(secrets.token_hex(32) + "\n")
-    (shared / "cluster-secret").chmod(0o600)
-    database = pgserver.shared_server().fresh_database()
-    workers = [Worker(root / f"state-{h}", h, shared, database) for h in ("w1", "w2", "w3")]
-    key = "hk_" + secrets.token_urlsafe(32)
-    for w in workers:
-        w.state_dir.mkdir(parents=True)
-        (w.state_dir / "api-key").write_text(key + "\n")
-        (w.state_dir / "api-key").chmod(0o600)
-        _LIVE.append(w)
-    # The first start migrates the shared database; then the secrets key is shared.
-    workers[0].start()
-    for w in workers[1:]:
-        shutil.copy(workers[0].state_dir / "secrets.key", w.state_dir / "secrets.key")
-        w.start()
-    yield workers
-    problems: list[str] = []
-    for w in workers:
-        problems += finalize_daemon(w)
-    assert not problems, "\n".join(problems)
+    with cluster_of(
+        tmp_path_factory.mktemp("cluster"), ("w1", "w2", "w3"), labels=LABELS
+    ) as workers:
+        yield workers
 
 
-def _owners(workers: list[Worker]) -> dict[str, str]:
-    """Sandbox id -> the worker whose QEMU runs it (the processes on this machine)."""
-    found: dict[str, str] = {}
-    for w in workers:
-        for sandbox_id in w.sandbox_qemus():
-            assert sandbox_id not in found, f"{sandbox_id} runs on two workers"
-            found[sandbox_id] = w.host_id
-    return found
-
-
-def _create(w: Worker, **options: object) -> SandboxInfo:
-    with w.client(timeout=300.0) as c:
-        return c.create_sandbox(memory_mib=MEMORY_MIB, **options)  # type: ignore[arg-type]
+_owners = owners
+_create = create_on
 
 
 def test_every_worker_lists_the_three_hosts(cluster: list[Worker]) -> None:
