@@ -65,6 +65,17 @@ class Worker(Daemon):
         )
         self.settings = load_settings(self.daemon_env)
 
+    def blob_keys(self, s3: S3Server, under: str) -> list[str]:
+        """Keys (relative to this worker's ``HUTCH_BLOB_URL`` prefix) under ``under``."""
+        url = self.daemon_env["HUTCH_BLOB_URL"]
+        bucket, _, prefix = url.removeprefix("s3://").partition("/")
+        listed = s3.client().list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/{under}")
+        return sorted(o["Key"][len(prefix) + 1 :] for o in listed.get("Contents", []))
+
+    def pause_uploaded(self, s3: S3Server, sandbox_id: str) -> bool:
+        """The upload of the sandbox's latest pause is complete (its index is there)."""
+        return any(k.endswith("/index.json") for k in self.blob_keys(s3, f"pauses/{sandbox_id}/"))
+
 
 @contextlib.contextmanager
 def cluster_of(
