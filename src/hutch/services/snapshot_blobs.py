@@ -282,6 +282,7 @@ class SnapshotBlobs:
             )
             if target.exists():
                 shutil.rmtree(target)  # an incomplete copy (evicted or fetched half way)
+            target.parent.mkdir(parents=True, exist_ok=True)  # a host's first snapshot
             os.rename(staging, target)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
