@@ -195,7 +195,7 @@ def test_a_named_snapshot_is_created_from_on_a_worker_without_its_files(
         assert wait_for(lambda: index in w2.blob_keys(s3_server, "snapshots/"), 120)
         assert not (w3.state_dir / "snapshots" / snap.id).exists()  # w3 never had it
         # Pinned to w3 (before the upload only w2, which holds the files, would do).
-        child = c.create_sandbox(memory_mib=MEMORY_MIB, snapshot=snap.id, placement={"host": "w3"})
+        child = c.create_sandbox(snapshot=snap.id, placement={"host": "w3"})
         assert _owners(cluster)[child.id] == "w3"
         assert c.read_file(child.id, "/root/made-on") == b"w2"
         assert "fetched from" in w3.log_path.read_text()
@@ -203,7 +203,7 @@ def test_a_named_snapshot_is_created_from_on_a_worker_without_its_files(
         # Its local copy gone from w3 (the cache): a create there fetches it again.
         assert wait_for(lambda: not (w3.sandboxes_dir / child.id).exists(), 20)
         shutil.rmtree(w3.state_dir / "snapshots" / snap.id)
-        again = c.create_sandbox(memory_mib=MEMORY_MIB, snapshot=snap.id, placement={"host": "w3"})
+        again = c.create_sandbox(snapshot=snap.id, placement={"host": "w3"})
         assert c.read_file(again.id, "/root/made-on") == b"w2"
         for sandbox_id in (again.id, source.id):
             c.delete_sandbox(sandbox_id)
@@ -226,6 +226,9 @@ def _paused_on_one_resumed_on_another(
     w1, w2, w3 = cluster
     # Same host first: paused and resumed on w1 with nothing fetched.
     with w3.client(timeout=300.0) as c:
+        # One more running on w1 for the drain to move (with a file in its memory).
+        extra = c.create_sandbox(memory_mib=MEMORY_MIB, placement={"host": "w1"})
+        c.write_file(extra.id, "/tmp/who", extra.id.encode())
         c.pause_sandbox(sb.id)
         assert c.resume_sandbox(sb.id).state == "running"
         assert _owners(cluster)[sb.id] == "w1"
@@ -236,7 +239,7 @@ def _paused_on_one_resumed_on_another(
         assert wait_for(lambda: w1.pause_uploaded(s3_server, sb.id), 120)
         running = {s.id for s in c.list_sandboxes() if s.state == "running"}
         running_on_w1 = [s for s, h in _owners(cluster).items() if h == "w1" and s in running]
-        assert running_on_w1, "w1 runs sandboxes to move"
+        assert extra.id in running_on_w1
     # Drain w1: its running sandboxes are paused and resumed on the others at once.
     drained = w2.cli("host", "drain", "w1", "--json")
     assert drained.returncode == 0, drained.stderr
@@ -258,7 +261,8 @@ def _paused_on_one_resumed_on_another(
         assert wait_for(lambda: not gone & w1.sandbox_dirs(), LEASE_S * 2)
         # The moved pauses' blobs are removed (in the background).
         assert wait_for(lambda: not any(w1.pause_uploaded(s3_server, s) for s in gone), 20)
-        c.delete_sandbox(sb.id)
+        for sandbox_id in (sb.id, extra.id):
+            c.delete_sandbox(sandbox_id)
     undrained = w2.cli("host", "undrain", "w1")
     assert undrained.returncode == 0, undrained.stderr
 
@@ -268,6 +272,7 @@ def test_a_killed_worker_reports_its_running_sandboxes_lost_and_its_paused_resum
 ) -> None:
     w1, w2 = cluster[:2]
     on_w3 = [_create(w1, placement={"host": "w3"}) for _ in range(2)]
+    _create(w1, placement={"host": "w2"})  # one that must stay untouched
     with w2.client(timeout=300.0) as c2:
         paused, before = _with_state(c2, placement={"host": "w3"})
         _killed_worker(cluster, s3_server, on_w3, paused, before)
