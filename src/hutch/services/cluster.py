@@ -125,6 +125,7 @@ class ClusterService:
         self.clock = time.time
         self.me: HostRow | None = None
         self._task: asyncio.Task[None] | None = None
+        self._drop: asyncio.Task[None] | None = None
 
     @property
     def lease_s(self) -> float:
@@ -144,10 +145,11 @@ class ClusterService:
     async def close(self) -> None:
         """Stop renewing. The host stays registered: a restart within the lease keeps
         its sandboxes; past it, the other hosts mark it down."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        for task in (self._task, self._drop):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._task = self._drop = None
 
     async def _run(self) -> None:
         internal("host_lease")
@@ -168,8 +170,16 @@ class ClusterService:
         for host in self.hosts.unswept():
             if host != self.host_id and self.hosts.claim_sweep(host):
                 self.sweep(host)
-        # Paused sandboxes another host resumed: their files here go.
-        await self.lifecycle.moves.drop_moved()
+        # Paused sandboxes another host resumed: their files here go, in a task of its
+        # own (it takes sandbox locks; the lease must never wait for a resume or boot).
+        if self.lifecycle.moves.enabled and (self._drop is None or self._drop.done()):
+            self._drop = asyncio.create_task(self._drop_moved(), name="hutch-drop-moved")
+
+    async def _drop_moved(self) -> None:
+        try:
+            await self.lifecycle.moves.drop_moved()
+        except (HutchError, OSError) as exc:
+            log.error("host %s: dropping moved sandboxes failed (retried): %s", self.host_id, exc)
 
     def sweep(self, host: str) -> list[str]:
         """Report the sandboxes of down ``host`` that had a VM as lost; their ids."""

@@ -331,8 +331,8 @@ class SandboxMoves:
         dropped: list[str] = []
         candidates = self.core.held_ids() - self.hosts.ids_on(self.core.host_id)
         for sandbox_id in sorted(candidates):
-            if sandbox_id in self.core.runtimes:
-                continue
+            if sandbox_id in self.core.runtimes or self.core.lock(sandbox_id).locked():
+                continue  # running, or an arrival or resume under way: a later round
             if not self._elsewhere(sandbox_id):
                 continue
             async with self.core.lock(sandbox_id):
