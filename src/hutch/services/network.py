@@ -214,6 +214,19 @@ class NetworkService:
                 await self.enforcer.set_networks(self._network_addresses())
         await self.enforcer.forget(sandbox_id)
 
+    async def moved_away(self, sandbox_id: str) -> None:
+        """The sandbox now runs on another host (a cross-host resume): this host's tap
+        and nft entry go; its rows (rules, networks, its lease, now the new host's)
+        stay. Safe for a sandbox this host never attached."""
+        self.enforcer.config()
+        await self.forwarder.close_all(sandbox_id)
+        async with self._lock:
+            att = self._attached.pop(sandbox_id, None)
+            self._publish()
+            if att is not None:
+                await self.enforcer.remove(att.dataplane_view())
+        await self.enforcer.forget(sandbox_id)
+
     # -- egress --------------------------------------------------------------------------
 
     def policy_of(self, sandbox_id: str) -> EgressPolicy:

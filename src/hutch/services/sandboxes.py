@@ -236,11 +236,17 @@ class SandboxService:
             current = self.core.states.current(rec.id)
             # Ended meanwhile (the create gave up, or the VM died): nothing to do.
             if current is not None and current.state.is_live:
+                moves = self.snapshots.lifecycle.moves
+                was_paused = current.state is SandboxState.PAUSED
+                if was_paused:
+                    await moves.stop_upload(rec.id)  # it reads the files that go now
                 if current.state is not SandboxState.STOPPING:
                     self.core.states.move(rec.id, SandboxState.STOPPING)
                 await self._leave_volumes_clean(rec.id)
                 await self.core.teardown(rec.id)
                 self.core.finish(rec.id, SandboxState.DESTROYED)
+                if was_paused:
+                    moves.forget_soon(rec.id)  # its pause's blobs, if uploaded
         self.core.collect_snapshots()
 
     async def _leave_volumes_clean(self, sandbox_id: str) -> None:
