@@ -8,6 +8,12 @@ One resume (the baseline of ``fork_vs_one_resume``, issue 15: target <= 3): the 
 ``sb.pause()`` (untimed) then ``sb.resume()`` + ``exec(true)``, in every run. A fork of
 ``BIG`` (50; ``--quick``: 20) is timed once the same way and reported with the host's
 load average.
+
+The parent is a template clone (the first create boots cold and builds the template; the
+parent is created once it exists), as every sandbox but a shape's first is: its fork's
+snapshot is rebased on a memory file of its own. ``fork_rebased_vs_stream`` compares the
+fork of 10 with the same on a side daemon with ``HUTCH_TEMPLATE_RAM_IN_FILE=0``, where
+every child loads the parent's full stream (the path before the rebase).
 """
 
 from __future__ import annotations
