@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-import hutch.guest.client as client_module
+import hutch.guest.connection as connection_module
 from hutch.errors import (
     AgentVersionMismatch,
     Conflict,
@@ -137,7 +137,7 @@ async def test_identity_takes_one_request_and_keeps_the_session(client: AgentCli
 async def test_version_mismatch_is_refused(
     shared_agent: LocalAgent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(client_module, "PROTOCOL_VERSION", (2, 0))
+    monkeypatch.setattr(connection_module, "PROTOCOL_VERSION", (2, 0))
     with pytest.raises(AgentVersionMismatch) as info:
         await AgentClient.connect(shared_agent.socket, timeout_s=10)
     assert "1.0" in info.value.message and "2.0" in info.value.message

@@ -25,7 +25,7 @@ from hutch.net.egress_log import EgressLog
 from hutch.net.inspected_http import Redactor
 from hutch.net.proxy import EgressProxy
 from hutch.net.tls_ca import EgressCA, upstream_context
-from tests.component.test_net_proxy import Directory, FakeResolver, forbidden
+from tests.component.proxy_env import Directory, FakeResolver, forbidden
 from tests.netfake.certs import make_certs
 
 SERVER = "127.0.0.20"

@@ -15,6 +15,7 @@ client's address as seen, and (for redirected connections) SO_ORIGINAL_DST.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -337,8 +338,9 @@ class Lab:
         self.namespaces.clear()
 
 
-@pytest.fixture(scope="module")
-def lab() -> Iterator[Lab]:
+@contextlib.contextmanager
+def built_lab() -> Iterator[Lab]:
+    """A lab built, and removed after (even on failure)."""
     require_tools()
     tag = secrets.token_hex(2)
     lab = Lab(prefix=f"hx{secrets.token_hex(2)}", tag=tag)
@@ -347,3 +349,9 @@ def lab() -> Iterator[Lab]:
         yield lab
     finally:
         lab.close()
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[Lab]:
+    with built_lab() as lab:
+        yield lab
