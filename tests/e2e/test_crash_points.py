@@ -56,16 +56,11 @@ EXPECTED = "disk-kept\nram-kept\n"
 #: The name a create cut at a crash point asks for (its guest must take it if adopted).
 CUT_CREATE = "cut-create"
 _SAVE = ["save.stopped", "save.migrated", "save.pending", "save.quit", "save.manifest"]
-# The lab's parent is a template clone, so a fork's or snapshot's freeze is rebased on
-# a memory file of its own (hutch.vm.snapshot_rebase) between freeze.done and clone.disk.
-_FREEZE = [
-    "freeze.config",
-    "freeze.disk_moved",
-    "freeze.done",
-    "rebase.staged",
-    "rebase.swapped",
-    "clone.disk",
-]
+_FREEZE = ["freeze.config", "freeze.disk_moved", "freeze.done", "clone.disk"]
+#: Points of the rebase on a memory file (HUTCH_FORK_RAM_IN_FILE, off by default), which
+#: this lab does not turn on: the commit's crash window is checked by the unit tests of
+#: hutch.vm.snapshot_rebase (tests/unit/test_vm_snapshot.py).
+NOT_DRIVEN = {"rebase.staged", "rebase.swapped"}
 _RESTORE = ["restore.launched", "restore.loaded", "restore.running"]
 CASES: list[tuple[str, str]] = [
     *(("pause", p) for p in ["pause.row", *_SAVE]),
@@ -92,8 +87,7 @@ CASES: list[tuple[str, str]] = [
             "snapshot.row",
             "save.quit",
             "save.manifest",
-            # The same freeze as a fork's: its rebase points are driven by the fork.
-            *(p for p in _FREEZE if not p.startswith("rebase.")),
+            *_FREEZE,
             *_RESTORE,
             "snapshot.frozen",
         ]
@@ -300,7 +294,7 @@ OPS: dict[str, Callable[[Client, str], object]] = {
 
 def test_every_crash_point_is_driven() -> None:
     driven = {p.partition(":")[0] for _, p in CASES} | {"pause.disk_quit"}
-    assert driven == set(POINTS)
+    assert driven | NOT_DRIVEN == set(POINTS) and not driven & NOT_DRIVEN
 
 
 @pytest.mark.parametrize(("op", "point"), CASES, ids=[f"{o}@{p}" for o, p in CASES])

@@ -35,7 +35,9 @@ COUNTER = (
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def service(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Services]:
-    async with real_service(tmp_path_factory.mktemp("tplstate"), pool_size=1) as svc:
+    async with real_service(
+        tmp_path_factory.mktemp("tplstate"), pool_size=1, fork_ram_in_file=True
+    ) as svc:
         yield svc
 
 

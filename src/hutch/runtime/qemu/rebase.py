@@ -16,7 +16,7 @@ from hutch.runtime.qemu.boot import Booter
 from hutch.runtime.qemu.host import HostLayout
 from hutch.vm.argv import SharePort, VmConfig
 from hutch.vm.cgroup_driver import record_path
-from hutch.vm.process import kill_verified
+from hutch.vm.process import kill_verified, log_tail
 from hutch.vm.snapshot import create_clone_disk, load_manifest, seal_memory
 from hutch.vm.snapshot_rebase import rebase_memory
 
@@ -71,7 +71,12 @@ async def rebase_frozen(booter: Booter, snapshot_dir: Path, frozen_cfg: VmConfig
         await asyncio.to_thread(seal_memory, snapshot_dir, fsync=False)
         return True
     except HutchError as exc:
-        log.warning("snapshot %s keeps RAM in its stream: %s", snapshot_dir, exc)
+        log.warning(
+            "snapshot %s keeps RAM in its stream: %s; the helper QEMU's log:\n%s",
+            snapshot_dir,
+            exc,
+            log_tail(p.qemu_log, 2000),
+        )
         return False
     finally:
         await asyncio.to_thread(kill_verified, p.pidfile, str(p.run))

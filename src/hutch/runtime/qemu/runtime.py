@@ -100,7 +100,7 @@ class QemuRuntime:
         # A clone's stream carries all its RAM (QEMU sends every page of a private
         # block): written once into a memory.ram of the snapshot's own, every clone of
         # it maps that copy-on-write and loads device state only.
-        if rebases(cfg, self._booter.settings.template_ram_in_file):
+        if rebases(cfg, self._booter.settings.fork_ram_in_file):
             await rebase_frozen(self._booter, snapshot_dir, cfg)
 
     async def _save(self, dest: Path) -> None:
