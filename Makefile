@@ -162,7 +162,7 @@ check: deps lint typecheck
 	$(BIN)/pytest tests/unit tests/component $(PYTEST_ARGS)
 
 test: deps test-system-deps js-deps lint typecheck images
-	HUTCH_TEST_IMAGES_DIR=$(STATE_DIR)/images $(BIN)/pytest tests --durations=25 $(PYTEST_ARGS)
+	HUTCH_TEST_IMAGES_DIR=$(STATE_DIR)/images $(BIN)/pytest tests --durations=40 $(PYTEST_ARGS)
 	# The API suite again with the state in PostgreSQL (tests/pgserver.py): the component
 	# tier and the e2e files of PG_E2E.
 	HUTCH_TEST_DATABASE=postgres HUTCH_TEST_IMAGES_DIR=$(STATE_DIR)/images \

@@ -92,3 +92,29 @@ def pytest_runtest_makereport(
     report = yield
     setattr(item, f"rep_{report.when}", report)
     return report
+
+
+# The time each test module takes (setup, calls and teardown of its tests, module and
+# session fixtures included where they run), summed by module and by tier at the end of
+# the run: CI's whole run has a budget, and --durations names single phases only.
+_module_seconds: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    module = report.nodeid.split("::", 1)[0]
+    _module_seconds[module] = _module_seconds.get(module, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not _module_seconds:
+        return
+    tiers: dict[str, float] = {}
+    for module, seconds in _module_seconds.items():
+        tier = "/".join(module.split("/")[:2])
+        tiers[tier] = tiers.get(tier, 0.0) + seconds
+    terminalreporter.section("time per tier and per module (tests/conftest.py)")
+    for name, seconds in sorted(tiers.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{seconds:8.1f}s  {name}")
+    slowest = sorted(_module_seconds.items(), key=lambda kv: -kv[1])[:40]
+    for name, seconds in slowest:
+        terminalreporter.write_line(f"{seconds:8.1f}s  {name}")
