@@ -128,7 +128,8 @@ class PrivateDaemon:
         # Side-by-side daemons need their own sandbox address pools, and no benchmark
         # sends DNS beyond this machine (the net case points its daemon at a fake one).
         digest = hashlib.sha256(str(self.state_dir.resolve()).encode()).digest()
-        env["HUTCH_NET_POOL"] = f"10.{208 + digest[0] % 8}.{digest[1]}.0/24"
+        # A /22: 255 sandboxes of one /30 each (the density case runs 100 at once).
+        env["HUTCH_NET_POOL"] = f"10.{208 + digest[0] % 8}.{digest[1] & 0xFC}.0/22"
         env["HUTCH_DNS_UPSTREAM"] = "127.0.0.1:1"
         if self.accel:
             env["HUTCH_ACCEL"] = self.accel

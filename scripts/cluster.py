@@ -7,8 +7,10 @@ database, one cluster secret, one admin key and one secrets key. The database
 ``<root>/pg`` (initdb on the first start, the ``postgres`` system user the package
 makes, 127.0.0.1:7079 and a unix socket, trust for local connections only), database
 ``hutch``; ``sqlite`` is one WAL SQLite file (``<root>/shared/cluster.db``,
-``HUTCH_SHARED_DB``); ``HUTCH_DATABASE_URL`` set: that database. Any worker serves
-the whole API; ``hutch host ls`` lists them.
+``HUTCH_SHARED_DB``); ``HUTCH_DATABASE_URL`` set: that database. Their blob store is
+``<root>/shared/blobs`` (``file://``; ``HUTCH_BLOB_URL`` set: that one), so paused
+sandboxes, forks and snapshots move between them. Any worker serves the whole API;
+``hutch host ls`` lists them.
 
     python scripts/cluster.py up [--workers 3] [--root var/cluster] [--db postgres|sqlite]
     python scripts/cluster.py down [--root var/cluster]
@@ -140,6 +142,10 @@ def up(root: Path, workers: int, images: Path | None, db: str) -> int:
             env["HUTCH_SHARED_DB"] = str(shared / "cluster.db")
         if images is not None:
             env["HUTCH_IMAGES_DIR"] = str(images)
+        # The workers' blob store, through which paused sandboxes, forks and named
+        # snapshots move between them: a directory they share on this machine, unless
+        # HUTCH_BLOB_URL names another (an S3 bucket).
+        env.setdefault("HUTCH_BLOB_URL", (shared / "blobs").as_uri())
         with (state / "logs" / "hutchd.out").open("ab") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "hutch", "daemon"],

@@ -5,6 +5,7 @@ from __future__ import annotations
 from bench.cases.boot import run_boot, run_create
 from bench.cases.common import BenchContext, Benchmark
 from bench.cases.create_paths import run_create_paths
+from bench.cases.cross_host import run_cross_host
 from bench.cases.density import run_density
 from bench.cases.dns_flood import run_dns_flood
 from bench.cases.exec_rps import run_exec_rps
@@ -48,5 +49,6 @@ BENCHMARKS: dict[str, Benchmark] = {
         Benchmark("noisy", "another sandbox's echo p99 under a neighbour's load", run_noisy),
         Benchmark("volumes", "exclusive volume vs own disk writes; live grow", run_volumes),
         Benchmark("snapshot_blobs", "snapshot upload/download to S3 vs cat", run_snapshot_blobs),
+        Benchmark("cross_host", "resume on another host (from S3) vs same host", run_cross_host),
     )
 }

@@ -18,6 +18,7 @@ hits all alike.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from bench.baselines import BWRAP, time_spawn
@@ -30,8 +31,10 @@ from bench.cases.coldboot import (
     time_create_echo,
     warm_cold,
 )
-from bench.cases.common import BenchContext, SideDaemon
+from bench.cases.common import SANDBOX_VCPUS, BenchContext, SideDaemon, now
 from bench.model import BenchResult, Metric, SampleSet
+from hutch import Sandbox
+from hutch.sdk import Client
 
 __all__ = ["DEFAULT_SHAPE_MIB", "PoolGauge", "run_create_paths"]
 
@@ -91,6 +94,35 @@ class PoolGauge:
         return time.monotonic() - start
 
 
+#: Exec round trips timed on each sandbox handed out by the pool, after its first command.
+EXECS_PER_POOLED = 5
+
+
+def time_pool_create_and_execs(
+    client: Client, image: str, memory_mib: int, settle: Callable[[], object]
+) -> tuple[float, list[float]]:
+    """Create (from the pool) + ``echo hi`` until its output is back; then, once
+    ``settle()`` returned (the pool's refill done, so nothing else runs), the yardstick
+    of ``pool_vs_exec``: :data:`EXECS_PER_POOLED` ``echo hi`` round trips on the same
+    running sandbox. The sandbox is killed afterwards (untimed)."""
+    t0 = now()
+    sb = Sandbox.create(image, vcpus=SANDBOX_VCPUS, memory_mib=memory_mib, client=client)
+    try:
+        first = sb.exec(ECHO)
+        elapsed = now() - t0
+        if first.exit_code != 0 or first.stdout != "hi\n":
+            raise RuntimeError(f"echo hi in {sb.id} gave {first.exit_code}, {first.stdout!r}")
+        settle()
+        execs = []
+        for _ in range(EXECS_PER_POOLED):
+            t1 = now()
+            sb.exec(ECHO)
+            execs.append(now() - t1)
+    finally:
+        sb.kill()
+    return elapsed, execs
+
+
 def run_create_paths(ctx: BenchContext) -> BenchResult:
     runs = 3 if ctx.quick else 10
     mib = DEFAULT_SHAPE_MIB
@@ -138,6 +170,7 @@ def run_create_paths(ctx: BenchContext) -> BenchResult:
         templates: list[float] = []
         pools: list[float] = []
         waits: list[float] = []
+        exec_rts: list[float] = []
         for i in range(runs):
             # The refill must finish before anything is timed: a restore running beside
             # another sample would slow that sample down.
@@ -146,8 +179,12 @@ def run_create_paths(ctx: BenchContext) -> BenchResult:
             colds.append(cold_sample(ctx, mib))
             templates.append(time_create_echo(template.client, ctx.image, mib))
             gauge.wait_ready()
-            pools.append(time_create_echo(pool.client, ctx.image, mib))
             gauge.taken += 1
+            pooled, execs = time_pool_create_and_execs(
+                pool.client, ctx.image, mib, gauge.wait_ready
+            )
+            pools.append(pooled)
+            exec_rts.extend(execs)
             ctx.log(
                 f"  run {i + 1}/{runs}: cold {colds[-1]:.3f} s, template {templates[-1]:.3f} s, "
                 f"pool {pools[-1]:.3f} s, bwrap {bwraps[-1]:.4f} s"
@@ -177,6 +214,19 @@ def run_create_paths(ctx: BenchContext) -> BenchResult:
             "create from the warm pool ÷ bubblewrap sandbox spawn (target <= 3)",
             warm,
             bwrap,
+        ),
+        Metric(
+            "pool_vs_exec",
+            "s",
+            "lower",
+            "create from the warm pool to first output ÷ one exec(echo hi) round trip on a "
+            "running sandbox (target <= 2, issue 15)",
+            SampleSet(warm.label, pools),
+            SampleSet(
+                f"exec(echo hi) round trip on the sandbox just handed out ({EXECS_PER_POOLED} "
+                "after its first command and the pool's refill, every run)",
+                exec_rts,
+            ),
         ),
         Metric(
             "cold_vs_bwrap",

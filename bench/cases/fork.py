@@ -8,6 +8,12 @@ One resume (the baseline of ``fork_vs_one_resume``, issue 15: target <= 3): the 
 ``sb.pause()`` (untimed) then ``sb.resume()`` + ``exec(true)``, in every run. A fork of
 ``BIG`` (50; ``--quick``: 20) is timed once the same way and reported with the host's
 load average.
+
+The parent is a template clone (the first create boots cold and builds the template; the
+parent is created once it exists), as every sandbox but a shape's first is: its fork's
+snapshot is rebased on a memory file of its own. ``fork_rebased_vs_stream`` compares the
+fork of 10 with the same on a side daemon with ``HUTCH_TEMPLATE_RAM_IN_FILE=0``, where
+every child loads the parent's full stream (the path before the rebase).
 """
 
 from __future__ import annotations
@@ -16,9 +22,11 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 from bench.cases.coldboot import cold_sample, reference_or_measured
-from bench.cases.common import SANDBOX_MEMORY_MIB, SANDBOX_VCPUS, BenchContext, now
+from bench.cases.common import SANDBOX_MEMORY_MIB, SANDBOX_VCPUS, BenchContext, SideDaemon, now
+from bench.cases.create_paths import wait_for_template
 from bench.model import BenchResult, Metric, SampleSet
 from hutch import Sandbox
+from hutch.sdk import Client
 
 __all__ = ["BIG", "CHILDREN", "run_fork"]
 
@@ -28,6 +36,41 @@ BIG = 50
 
 def _answers(sb: Sandbox) -> bool:
     return sb.exec(["true"]).exit_code == 0
+
+
+STREAM_DAEMON = "fork-stream"
+#: The old path, for the same-run comparison: templates (and so every fork of a clone)
+#: carry the guest's RAM in the migration stream.
+STREAM_ENV = {"HUTCH_TEMPLATE_RAM_IN_FILE": "0"}
+
+
+def template_clone(client: Client, side: SideDaemon, image: str, mib: int) -> Sandbox:
+    """A sandbox restored from the daemon's template at the shape (the first create
+    there boots cold and builds it; it is killed once the template exists), as every
+    create but the first is: its fork is a fork of a clone."""
+    first = Sandbox.create(image, vcpus=SANDBOX_VCPUS, memory_mib=mib, client=client)
+    try:
+        if not _answers(first):
+            raise RuntimeError(f"{first.id} does not answer exec")
+        wait_for_template(side)
+    finally:
+        first.kill()
+    return Sandbox.create(image, vcpus=SANDBOX_VCPUS, memory_mib=mib, client=client)
+
+
+def _fork_until_answered(parent: Sandbox, n: int, pool: ThreadPoolExecutor) -> float:
+    children: list[Sandbox] = []
+    try:
+        t0 = now()
+        children = parent.fork(n)
+        answered = list(pool.map(_answers, children))
+        total = now() - t0
+    finally:
+        for child in children:
+            child.kill()
+    if len(children) != n or not all(answered):
+        raise RuntimeError(f"fork({n}) gave {len(children)} children, {sum(answered)} answered")
+    return total
 
 
 def run_fork(ctx: BenchContext) -> BenchResult:
@@ -47,7 +90,8 @@ def run_fork(ctx: BenchContext) -> BenchResult:
     big_n = 20 if ctx.quick else BIG
     colds: list[float] = []
     need_cold = mib not in ctx.cold_boots
-    parent = Sandbox.create(ctx.image, vcpus=SANDBOX_VCPUS, memory_mib=mib, client=ctx.client)
+    stream_totals: list[float] = []
+    parent = template_clone(ctx.client, SideDaemon(ctx.daemon, ctx.client), ctx.image, mib)
     try:
         if not _answers(parent):
             raise RuntimeError(f"parent {parent.id} does not answer exec")
@@ -104,6 +148,21 @@ def run_fork(ctx: BenchContext) -> BenchResult:
             )
     finally:
         parent.kill()
+    side = ctx.side_daemon(STREAM_DAEMON, STREAM_ENV)
+    try:
+        other = template_clone(side.client, side, ctx.image, mib)
+        try:
+            with ThreadPoolExecutor(CHILDREN) as pool:
+                for i in range(runs):
+                    stream_totals.append(_fork_until_answered(other, CHILDREN, pool))
+                    ctx.log(
+                        f"  run {i + 1}/{runs}, RAM in the stream ({STREAM_ENV}): "
+                        f"{CHILDREN} children answered in {stream_totals[-1]:.3f} s"
+                    )
+        finally:
+            other.kill()
+    finally:
+        ctx.stop_side_daemon(STREAM_DAEMON)
 
     cold = reference_or_measured(ctx, mib, colds, result.notes)
     result.metrics = [
@@ -134,6 +193,16 @@ def run_fork(ctx: BenchContext) -> BenchResult:
             SampleSet("sb.resume() + exec(true), 256 MiB", resumes),
         ),
         Metric(
+            "fork_rebased_vs_stream",
+            "s",
+            "lower",
+            f"sb.fork({CHILDREN}) of a template clone until all answer: the fork's snapshot "
+            "rebased on a memory file (children map it copy-on-write, load state only) ÷ "
+            f"the same on a side daemon with {STREAM_ENV} (every child loads the full stream)",
+            SampleSet(f"fork({CHILDREN}), rebased", list(totals)),
+            SampleSet(f"fork({CHILDREN}), RAM in the stream", stream_totals),
+        ),
+        Metric(
             f"fork{big_n}_total",
             "s",
             "lower",
@@ -148,5 +217,8 @@ def run_fork(ctx: BenchContext) -> BenchResult:
             SampleSet(f"sb.fork({CHILDREN})", fork_calls),
         ),
     ]
-    result.notes.append("parent and children: 1 vCPU, 256 MiB; children killed after each run")
+    result.notes.append(
+        "parent: a template clone; parent and children: 1 vCPU, 256 MiB; children killed "
+        "after each run"
+    )
     return result

@@ -1,7 +1,9 @@
 """``net_inspect``: what TLS inspection costs, in one run: an HTTPS connect + TLS
-handshake + GET from a sandbox through hutch's proxy terminating TLS (``inspection:
-full``) vs the proxy passing TLS through after its SNI check (rule list ``good.test``)
-vs open egress (NAT, no proxy), against the fake internet (``tests.netfake``).
+handshake + GET, and the throughput of one HTTPS download, from a sandbox through
+hutch's proxy terminating TLS (``inspection: full``) vs the proxy passing TLS through
+after its SNI check (rule list ``good.test``) vs open egress (NAT, no proxy), against
+the fake internet (``tests.netfake``). The goal (issue 12): full within 2x of open for
+both.
 
 Under ``full`` each request costs two handshakes (guest <-> proxy with a leaf from the
 daemon's CA, proxy <-> server verified against ``HUTCH_EGRESS_UPSTREAM_CA``, here the
@@ -27,6 +29,8 @@ from hutch import Sandbox
 from hutch.config import Settings
 
 __all__ = ["run_net_inspect"]
+
+MB = 1e6
 
 PROBE = Path(__file__).resolve().parents[2] / "tests" / "netfake" / "probe.py"
 FULL = {"inspection": "full", "rules": [{"action": "allow", "host": "good.test"}]}
@@ -57,10 +61,11 @@ def _set(sb: Sandbox, mode: str) -> str:
 def run_net_inspect(ctx: BenchContext) -> BenchResult:
     if os.geteuid() != 0:
         raise RuntimeError("the net_inspect benchmark needs root (a network namespace)")
-    rounds, per_round = (2, 10) if ctx.quick else (3, 30)
+    rounds, per_round, size = (2, 10, 8 << 20) if ctx.quick else (3, 30, 32 << 20)
     params = {
         "rounds": rounds,
         "requests_per_round": per_round,
+        "download_bytes": size,
         "request": "TCP connect + TLS handshake + GET / (HTTP/1.1, ~300 byte JSON) + close",
         "full_policy": FULL,
         "image": ctx.image,
@@ -71,6 +76,7 @@ def run_net_inspect(ctx: BenchContext) -> BenchResult:
         "net_inspect", "HTTPS: TLS inspection vs SNI passthrough vs open", ctx.quick, params
     )
     lat: dict[str, list[float]] = {"full": [], "passthrough": [], "direct": []}
+    rate: dict[str, list[float]] = {"full": [], "passthrough": [], "direct": []}
     with FakeInternet() as net:
         env = {"HUTCH_NET_POOL": free_net_pool(), "HUTCH_EGRESS_UPSTREAM_CA": str(net.ca_cert)}
         side = ctx.side_daemon("net_inspect", {**env, **net.env()})
@@ -82,6 +88,7 @@ def run_net_inspect(ctx: BenchContext) -> BenchResult:
                 sb.files.write("/root/probe.py", PROBE.read_bytes())
                 sb.files.write(FAKE_CA, net.ca_cert.read_bytes())
                 check = {"op": "latency", "addr": net.web, "host": "good.test", "sni": "good.test"}
+                download = {**check, "op": "get", "size": size}
                 for mode in lat:  # untimed warm-up (ARP, conntrack, the leaf, resolves)
                     _guest(sb, [{**check, "ca": _set(sb, mode), "count": 3, "timeout": 30}])
                 for i in range(rounds):
@@ -90,6 +97,8 @@ def run_net_inspect(ctx: BenchContext) -> BenchResult:
                         ca = _set(sb, mode)
                         [r] = _guest(sb, [{**check, "ca": ca, "count": per_round, "timeout": 30}])
                         lat[mode] += r["samples"]
+                        [d] = _guest(sb, [{**download, "ca": ca, "timeout": 300}])
+                        rate[mode].append(size / d["seconds"] / MB)
         finally:
             ctx.stop_side_daemon("net_inspect")
             tag = Settings(state_dir=side.daemon.state_dir).daemon_tag
@@ -108,6 +117,17 @@ def run_net_inspect(ctx: BenchContext) -> BenchResult:
                 "HTTPS connect + handshake + small GET, timed where the client runs",
                 SampleSet(labels[a], lat[a]),
                 SampleSet(labels[b], lat[b]),
+            )
+        )
+    for a, b in (("full", "direct"), ("passthrough", "direct")):
+        result.metrics.append(
+            Metric(
+                f"https_download_{a}_vs_{b}",
+                "MB/s",
+                "higher",
+                f"GET of {size >> 20} MiB over HTTPS (HTTP/1.0), one connection",
+                SampleSet(labels[a], rate[a]),
+                SampleSet(labels[b], rate[b]),
             )
         )
     for m in result.metrics:

@@ -11,10 +11,13 @@ the load did:
 - ``fork_bomb``: ``f() { f | f & }; f`` in the guest;
 - ``memory_hog``: Python filling guest RAM with written pages, again and again;
 - ``disk_fill``: ``dd`` of zeros to the guest disk until it is full, with ``sync``;
-- ``cpu_burn``: a busy loop per vCPU.
+- ``cpu_burn``: a busy loop per vCPU;
+- ``net_flood``: UDP datagrams of 1400 bytes as fast as the guest sends them, to its
+  gateway (the host's end of its tap, port 9), which the host drops: every packet
+  crosses the tap, QEMU's virtio-net and the host's nftables, and none leaves the machine.
 
-(A network flood is ``dns_flood``'s subject, with its fake internet.) The host's load
-average and MemAvailable are recorded before and after each phase in the notes.
+(A flood of DNS queries is ``dns_flood``'s subject, with its fake internet.) The host's
+load average and MemAvailable are recorded before and after each phase in the notes.
 
 ``HUTCH_BENCH_CGROUPS=off`` runs the same on a side daemon with ``HUTCH_CGROUPS=off``
 (sandboxes without host limits), for comparison with the default.
@@ -48,7 +51,21 @@ PROOF: dict[str, str | None] = {
     "memory_hog": "l.append",
     "disk_fill": "of=/var/tmp/fill",
     "cpu_burn": None,
+    "net_flood": "sendto",
 }
+#: The guest's default gateway, from /proc/net/route (no `ip` needed), then the flood.
+NET_FLOOD = (
+    "import socket\n"
+    "g = [l.split()[2] for l in open('/proc/net/route') if l.split()[1] == '00000000'][0]\n"
+    "to = (socket.inet_ntoa(bytes.fromhex(g)[::-1]), 9)\n"
+    "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+    "d = b'x' * 1400\n"
+    "while True:\n"
+    "    try:\n"
+    "        s.sendto(d, to)\n"
+    "    except OSError:\n"
+    "        pass\n"
+)
 LOADS: dict[str, str] = {
     "fork_bomb": "f() { f | f & }; f",
     "memory_hog": (
@@ -57,6 +74,7 @@ LOADS: dict[str, str] = {
     "disk_fill": "while true; do dd if=/dev/zero of=/var/tmp/fill bs=1M; sync; rm -f "
     "/var/tmp/fill; done",
     "cpu_burn": "for i in $(seq $(nproc)); do (while :; do :; done) & done; wait",
+    "net_flood": f"exec python3 -c {shlex.quote(NET_FLOOD)}",
 }
 
 

@@ -67,6 +67,8 @@ class Agent:
             **ops_contexts.OPS,
             **ops_volumes.OPS,
             **ops_sharefs.OPS,
+            # Needs the agent's own state (what network it applied), so it lives here.
+            "identity": self.identity,
         }
 
     def send(self, data: bytes, stream: Stream | None = None) -> None:
@@ -214,6 +216,15 @@ class Agent:
                 },
             )
         )
+
+    def identity(self, st: Stream, h: dict[str, Any]) -> dict[str, Any]:
+        """A new identity on the session as it is (a pooled VM handed out under a name):
+        what a hello with a new nonce takes, in one request, without resetting the
+        session's streams. Answers the hostname the guest then has."""
+        if self.vm_mode:
+            self.take_identity(h)
+            set_clock(h.get("time_ns"))
+        return {"hostname": os.uname().nodename}
 
     def take_identity(self, h: dict[str, Any]) -> None:
         """Entropy and hostname from the host: clones of one snapshot would otherwise

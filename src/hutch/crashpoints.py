@@ -40,12 +40,18 @@ POINTS: dict[str, str] = {
     "restore.running": "guest running (cont), agent not connected",
     "resume.agent": "agent connected, the consumed pause snapshot still on disk",
     "resume.cleaned": "pause snapshot removed, row not yet running",
+    # create from the warm pool
+    "pool.taken": "a pooled VM handed out, no row written (the request unanswered)",
+    "pool.row": "the row inserted (creating) for a pooled VM, not yet renamed or attached",
     # fork and named snapshot
     "fork.rows": "children's rows inserted (creating), parent untouched",
     "snapshot.row": "the snapshot's row inserted (not ready), parent untouched",
     "freeze.config": "saved; vm.json written into the snapshot, disk not moved",
     "freeze.disk_moved": "disk renamed into the snapshot, manifest not yet updated",
     "freeze.done": "snapshot complete (disk inside), row still pausing",
+    "rebase.staged": "a clone's snapshot: RAM in its memory.ram, new manifest staged, "
+    "the full stream still in place",
+    "rebase.swapped": "the state-only stream in place, the staged manifest not yet renamed",
     "clone.disk": "a clone's overlay and vm.json written, QEMU not started",
     "fork.parent": "parent running again on its clone, children not started",
     "snapshot.frozen": "parent running again, the snapshot's row not yet ready",

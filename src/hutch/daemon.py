@@ -31,6 +31,7 @@ from hutch.services.guest_ops import GuestOps
 from hutch.services.images import HostImages, ImageSource, LocalBootSets, LocalImages
 from hutch.services.interpreter import InterpreterService
 from hutch.services.lifecycle import LifecycleService
+from hutch.services.moves import SandboxMoves
 from hutch.services.network import NetworkService
 from hutch.services.networking import NetworkingService
 from hutch.services.pool import WarmPool
@@ -99,7 +100,7 @@ def build_services(
         # path's thread, from the sandbox's project (the store takes its own lock).
         net.enforcer.proxy.secrets = secrets
     core = SandboxRegistry(settings, store, backend, images, net, secrets)
-    lifecycle = LifecycleService(core)
+    lifecycle = LifecycleService(core, SandboxMoves.from_settings(core))
     snapshots = SnapshotService(core, lifecycle, SnapshotBlobs.from_settings(core))
     guest = GuestOps(core, lifecycle)
     networking = NetworkingService(core)
@@ -112,7 +113,7 @@ def build_services(
     volumes = VolumeService(core)
     sandboxes = SandboxService(core, networking, snapshots, pool, volumes)
     return Services(
-        cluster=ClusterService(core, lifecycle),
+        cluster=ClusterService(core, lifecycle, snapshots.blobs.uploaded),
         core=core,
         sandboxes=sandboxes,
         lifecycle=lifecycle,

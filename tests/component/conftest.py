@@ -21,6 +21,7 @@ from hutch.images.build import ImageArtifacts
 from hutch.services.composed import Services
 from hutch.services.images import ImageDefaults, ImageView
 from hutch.store import Store
+from tests import pgserver
 from tests.component.fake_backend import FakeBackend
 
 API_KEY = "hk_test-key"
@@ -112,3 +113,54 @@ async def api(service: Services) -> AsyncIterator[httpx.AsyncClient]:
 
 def with_limits(settings: Settings, **kw: int) -> Settings:
     return replace(settings, limits=replace(settings.limits, **kw))
+
+
+# Modules whose tests never open a daemon's store through Settings (the proxy, DNS,
+# agent, blob and OCI parts, each on its own): the PostgreSQL pass of `make test`
+# (HUTCH_TEST_DATABASE=postgres) leaves them out, since it would run the very same thing
+# again (~1.5 min). The SQLite pass keeps the list honest: a test of a listed module that
+# reads Settings.database fails, naming the module to take off the list.
+STORE_FREE_MODULES = frozenset(
+    {
+        "test_agent_local.py",
+        "test_blob_dirs_chain.py",
+        "test_blob_store.py",
+        "test_build_step.py",
+        "test_fuzz.py",
+        "test_net_dns.py",
+        "test_net_inbound.py",
+        "test_net_proxy.py",
+        "test_net_proxy_http.py",
+        "test_net_proxy_policy.py",
+        "test_net_proxy_protocols.py",
+        "test_net_proxy_tls.py",
+        "test_oci_import.py",
+    }
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if pgserver.test_database() != "postgres":
+        return
+    kept = [i for i in items if i.path.name not in STORE_FREE_MODULES]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[i for i in items if i not in kept])
+        items[:] = kept
+
+
+@pytest.fixture(autouse=True)
+def _store_free_modules_stay_so(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module = request.node.path.name
+    if module not in STORE_FREE_MODULES:
+        return
+
+    def database(self: Settings) -> object:
+        raise AssertionError(
+            f"{module} opens a store (Settings.database) but is listed in "
+            "tests/component/conftest.py STORE_FREE_MODULES, which the PostgreSQL pass "
+            "leaves out: take it off the list"
+        )
+
+    monkeypatch.setattr(Settings, "database", property(database))

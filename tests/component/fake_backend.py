@@ -249,6 +249,9 @@ class FakeBackend:
     def pause_dir(self, sandbox_id: str) -> Path:
         return self.root / sandbox_id / "pause"
 
+    def rehome(self, rec: SandboxRecord) -> None:
+        """The fake's files name no host paths: nothing to rewrite."""
+
     def share_socket(self, sandbox_id: str, slot: int) -> Path:
         # Nothing listens there: a link waits for it, as for a VM that is not up yet.
         return self.root / sandbox_id / f"share{slot}.sock"

@@ -36,6 +36,7 @@ from hutch.errors import (
     Timeout,
 )
 from hutch.guest import AgentClient
+from hutch.guest.client import GuestIdentity
 from hutch.guest.protocol import MAGIC, Decoder, Frame, FrameType, encode_frame
 
 AGENT = Path(__file__).resolve().parents[2] / "guest_agent" / "agent.py"
@@ -120,6 +121,17 @@ async def test_hello_reports_the_agent(client: AgentClient, shared_agent: LocalA
     assert client.info.kernel_release == os.uname().release
     assert client.info.hostname == socket.gethostname()
     assert 0 < await client.ping() < 5
+
+
+async def test_identity_takes_one_request_and_keeps_the_session(client: AgentClient) -> None:
+    """A pool hand-out renames the guest with one ``identity`` request on the open
+    connection: a stream already running on it goes on (a hello would reset it). Here,
+    on the host, the agent applies nothing and answers the hostname it has."""
+    running = await client.exec(["sh", "-c", "sleep 0.3; echo still here"])
+    identity = GuestIdentity(hostname="renamed", machine_id="a" * 32, net=None)
+    assert await client.take_identity(identity) == socket.gethostname()
+    result = await running.collect()
+    assert (result.exit_code, result.stdout) == (0, b"still here\n")
 
 
 async def test_version_mismatch_is_refused(

@@ -133,3 +133,44 @@ def test_a_stream_that_fails_the_manifest_digest_is_refused(tmp_path: Path) -> N
     staging.mkdir()
     with pytest.raises(BlobError, match=r"the fetched state\.mig does not match its manifest"):
         fetch_dir(store, "snapshots/s/", staging, tmp_path / "final", owner="s", images_dir=images)
+
+
+def test_a_disk_only_state_round_trips_with_its_extra_files(tmp_path: Path) -> None:
+    """A disk-mode pause: no directory, the sandbox's disk and its vm.json."""
+    snap, images = _snapshot(tmp_path)
+    store = LocalBlobStore(tmp_path / "blobs")
+    vm_json = tmp_path / "vm.json"
+    vm_json.write_text('{"name": "sb"}')
+    upload_dir(
+        store,
+        "pauses/sb/1/",
+        None,
+        owner="sb",
+        scratch=tmp_path,
+        disk=snap / "disk.qcow2",
+        extra={"vm.json": vm_json},
+    )
+    assert {b.key for b in store.list_prefix("pauses/sb/1/")} == {
+        "pauses/sb/1/disk.qcow2",
+        "pauses/sb/1/index.json",
+        "pauses/sb/1/layer-1.qcow2",
+        "pauses/sb/1/vm.json",
+    }
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    # Read as a memory state it is refused (no manifest, no stream) ...
+    with pytest.raises(BlobError, match="not a valid index"):
+        fetch_dir(store, "pauses/sb/1/", staging, tmp_path / "sb", owner="sb", images_dir=images)
+    # ... and fetched as a disk-only one.
+    final = tmp_path / "host-b" / "sb"
+    final.parent.mkdir()
+    fetch_dir(store, "pauses/sb/1/", staging, final, owner="sb", images_dir=images, memory=False)
+    os.rename(staging, final)
+    assert (final / "vm.json").read_text() == '{"name": "sb"}'
+    layers, base = disk_chain(final / "disk.qcow2")
+    assert layers == [final.resolve() / "disk.qcow2", final.resolve() / "layer-1.qcow2"]
+    assert base == (images / "base" / "rootfs.ext4").resolve()
+    _run(
+        "qemu-img", "compare", "-f", "qcow2", "-F", "qcow2",
+        str(snap / "disk.qcow2"), str(final / "disk.qcow2"),
+    )  # fmt: skip

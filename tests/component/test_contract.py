@@ -397,9 +397,8 @@ async def test_ordered_egress_policies(target: Target) -> None:
         ({"rules": [{"action": "allow", "host": "a.test"}, {"action": "permit", "host": "b"}]},
          "egress policy rules[1].action: 'permit' is not accepted; accepted: allow, deny"),
         ({"default": "allow", "inspection": "learn"}, 'default: "allow" with inspection'),
-        ({"inspection": "partial", "rules": [{"action": "allow", "host": "a.test:443",
-                                              "path": "/x"}]},
-         'HTTPS requests (port 443) are read only with inspection "full"'),
+        ({"default": "allow", "rules": [{"action": "deny", "host": "a.test:22"}]},
+         'a name cannot be denied on port 22 alone'),
         ({"default": "deny", "rules": ["good.test"]}, "rules[0]: 'good.test' is not an object"),
         ({"policy": "nope"}, "egress policy 'nope' does not exist"),
         ({}, 'give "rules" (a list), a policy'),
@@ -413,6 +412,15 @@ async def test_ordered_egress_policies(target: Target) -> None:
     assert (plain.rules, plain.mode, plain.policy) == (["good.test"], "rules", None)
     assert (await sb.set_egress(policy={"default": "deny"})).mode == "deny-all"
     assert (await sb.set_egress(policy={"default": "allow"})).mode == "open"
+    deny_list = {
+        "default": "allow",
+        "rules": [
+            {"action": "deny", "host": "evil.test"},
+            {"action": "deny", "host": "198.18.0.0/24"},
+        ],
+    }
+    shown = await sb.set_egress(policy=deny_list)  # fmt: skip
+    assert (shown.mode, shown.rules[-1]) == ("rules", "default allow"), shown
     with pytest.raises(InvalidArgument, match=r"rules\[0\]\.host"):  # checked before sending
         await sb.set_egress(policy={"rules": [{"action": "allow", "host": "a b"}]})
     await sb.kill()

@@ -497,3 +497,34 @@ async def test_an_ordered_policy_answers_in_rule_order_and_names_the_rule(env: E
     assert {port for _, port in learned} == {443}  # 8443 was denied first
     allowed = env.log.events("sb-rules")[-1]
     assert (allowed.verdict, allowed.rule_index) == ("allow", 3)
+
+
+async def test_default_allow_refuses_the_names_it_denies_and_forwards_the_rest(env: Env) -> None:
+    """Default allow with deny rules: a name denied on every port is NXDOMAIN (never
+    forwarded), logged with the rule; one denied on 443 only, or not named, is forwarded
+    as open egress does (any type)."""
+    from hutch.net.rules import policy_from_stored
+
+    doc = {
+        "default": "allow",
+        "rules": [
+            {"action": "allow", "host": "ok.good.test"},
+            {"action": "deny", "host": "*.good.test"},
+            {"action": "deny", "host": "good.test:443"},
+        ],
+    }
+    env.directory.entries[IPv4Address(OPEN_SRC)] = SandboxNetInfo(
+        "sb-open", policy_from_stored(doc)
+    )
+    denied = await env.ask("www.good.test", src=OPEN_SRC)
+    assert denied.rcode() == dns.rcode.NXDOMAIN
+    event = env.log.events("sb-open")[-1]
+    assert (event.verdict, event.rule, event.rule_index) == (
+        "deny", "rules[1] deny *.good.test", 1,
+    )  # fmt: skip
+    await env.ask("ok.good.test", src=OPEN_SRC)  # the fake upstream's answer, whatever it is
+    assert "ok.good.test." in env.forwarded()
+    txt = await env.ask("good.test", "TXT", src=OPEN_SRC)
+    assert txt.rcode() == dns.rcode.NOERROR and txt.answer
+    assert "www.good.test." not in env.forwarded()
+    assert env.learned == []  # the address level is open: nothing to learn

@@ -19,18 +19,37 @@ from pathlib import Path
 
 import pytest
 
-from hutch.errors import NotFound
+from hutch.errors import NetworkError, NotFound
 from hutch.net.dns import SandboxNetInfo
 from hutch.net.egress_log import EgressLog
 from hutch.net.inspected_http import Redactor
 from hutch.net.proxy import EgressProxy
-from hutch.net.tls_ca import EgressCA, upstream_context
+from hutch.net.tls_ca import EgressCA, ProjectCAs, upstream_context
 from tests.component.proxy_env import Directory, FakeResolver, forbidden
 from tests.netfake.certs import make_certs
 
 SERVER = "127.0.0.20"
 SRC = "127.0.0.7"
 LEARN_SRC, DRY_SRC = "127.0.0.8", "127.0.0.10"
+PARTIAL_SRC, OPEN_B_SRC = "127.0.0.11", "127.0.0.12"
+#: inspection partial: TLS terminated only where a request rule needs it.
+PARTIAL = {
+    "inspection": "partial",
+    "rules": [
+        {"action": "transform", "host": "other.test", "path": "/echo",
+         "set_headers": {"Authorization": "Bearer {secret:openai}"}},
+        {"action": "allow", "host": "good.test"},
+    ],
+}  # fmt: skip
+#: Another project's sandbox: default allow, a name and a request denied, full.
+OPEN_B = {
+    "default": "allow",
+    "inspection": "full",
+    "rules": [
+        {"action": "deny", "host": "other.test"},
+        {"action": "deny", "host": "api.test", "methods": ["POST"]},
+    ],
+}
 SECRET = "sk-live-0123456789abcdef"
 DOCS_ONLY = [{"action": "allow", "host": "api.test", "methods": ["GET"], "path": "/docs"}]
 POLICY = {
@@ -116,16 +135,21 @@ class Env:
     client: ssl.SSLContext
     upstream: Upstream
     secrets: Secrets
+    cas: ProjectCAs
+    upstream_ca: Path
 
     async def connect(
-        self, name: str, src: str = SRC
+        self, name: str, src: str = SRC, client: ssl.SSLContext | None = None
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         return await asyncio.open_connection(
-            "127.0.0.1", self.port, ssl=self.client, server_hostname=name, local_addr=(src, 0)
-        )
+            "127.0.0.1", self.port, ssl=client or self.client, server_hostname=name,
+            local_addr=(src, 0),
+        )  # fmt: skip
 
-    async def request(self, name: str, raw: bytes, src: str = SRC) -> bytes:
-        reader, writer = await self.connect(name, src)
+    async def request(
+        self, name: str, raw: bytes, src: str = SRC, client: ssl.SSLContext | None = None
+    ) -> bytes:
+        reader, writer = await self.connect(name, src, client)
         try:
             writer.write(raw)
             await writer.drain()
@@ -172,17 +196,24 @@ async def env(upstream_certs: tuple[Path, Path, Path], tmp_path: Path) -> AsyncI
         IPv4Address(SRC): info,
         IPv4Address(LEARN_SRC): SandboxNetInfo("sb-learn", learn, {}, "proj-a"),
         IPv4Address(DRY_SRC): SandboxNetInfo("sb-dry", dry, {}, "proj-a"),
+        IPv4Address(PARTIAL_SRC): SandboxNetInfo(
+            "sb-partial", policy_from_stored(PARTIAL), {}, "proj-a"
+        ),
+        IPv4Address(OPEN_B_SRC): SandboxNetInfo(
+            "sb-open-b", policy_from_stored(OPEN_B), {}, "proj-b"
+        ),
     }
     log, secrets = EgressLog(), Secrets()
-    ca = EgressCA(tmp_path / "egress-ca")
+    cas = ProjectCAs(tmp_path / "egress-ca")
+    ca = cas.for_project("proj-a")
     proxy = EgressProxy(
         Directory(directory), FakeResolver(), log, forbidden,
         connect_timeout_s=2, peek_timeout_s=2, original_port=lambda _s: https_port,
-        ca=ca, upstream_tls=upstream_context(ca_file), secrets=secrets,
+        ca=cas, upstream_tls=upstream_context(ca_file), secrets=secrets,
     )  # fmt: skip
     port = await proxy.start("127.0.0.1", 0)
     client = ssl.create_default_context(cadata=ca.cert_pem.decode())
-    yield Env(proxy, port, https_port, log, ca, client, upstream, secrets)
+    yield Env(proxy, port, https_port, log, ca, client, upstream, secrets, cas, ca_file)
     await proxy.close()
     https.close()
     await https.wait_closed()
@@ -218,7 +249,7 @@ async def test_https_requests_are_decided_by_method_and_path(env: Env) -> None:
 
 
 async def test_every_request_on_a_keep_alive_connection_is_checked(env: Env) -> None:
-    """Two allowed requests share the guest's connection (each its own upstream
+    """Two allowed requests share the guest's connection (and one kept-alive upstream
     connection); a third, pipelined behind an allowed one, is denied, never sent."""
     reader, writer = await env.connect("api.test")
     try:
@@ -232,7 +263,8 @@ async def test_every_request_on_a_keep_alive_connection_is_checked(env: Env) -> 
     assert first.endswith(b"GET /docs/1") and second.endswith(b"GET /docs/2")
     assert third.startswith(b"HTTP/1.1 403") and b"GET /private" in third, third
     assert [s[1] for s in env.upstream.seen] == ["/docs/1", "/docs/2"]
-    assert all(s[2]["connection"] == "close" for s in env.upstream.seen)
+    assert all("connection" not in s[2] for s in env.upstream.seen)
+    assert env.upstream.connections == 1
 
 
 async def test_domain_fronting_http2_and_connect_are_refused_and_logged(env: Env) -> None:
@@ -243,7 +275,7 @@ async def test_domain_fronting_http2_and_connect_are_refused_and_logged(env: Env
     writer.write(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
     h2 = await asyncio.wait_for(reader.read(), 10)
     writer.close()
-    assert h2.startswith(b"HTTP/1.1 403"), h2
+    assert h2.startswith(b"HTTP/1.1 403"), h2  # HTTP/2 is inspected when ALPN says so
     assert "HTTP/2 with prior knowledge" in env.log.events("sb-full")[-1].reason
     tunnel = await env.request(
         "good.test", b"CONNECT evil.test:443 HTTP/1.1\r\nHost: evil.test:443\r\n\r\n"
@@ -295,6 +327,15 @@ async def test_a_client_that_does_not_trust_the_ca_is_logged(env: Env) -> None:
 
 
 def test_the_ca_key_is_private_and_kept_across_starts(tmp_path: Path) -> None:
+    cas = ProjectCAs(tmp_path / "egress-ca")
+    a, b = cas.for_project("proj-a"), cas.for_project("proj-b")
+    assert a.cert_pem != b.cert_pem and cas.for_project("proj-a") is a  # one per project
+    assert a.directory == tmp_path / "egress-ca" / "projects" / "proj-a"
+    for d in (tmp_path / "egress-ca", tmp_path / "egress-ca" / "projects", a.directory):
+        assert stat.S_IMODE(os.stat(d).st_mode) == 0o700, d
+    assert ProjectCAs(tmp_path / "egress-ca").cert_pem("proj-a") == a.cert_pem  # kept
+    with pytest.raises(NetworkError, match="not a project name"):
+        cas.for_project("../proj-a")
     ca = EgressCA(tmp_path / "ca")
     assert stat.S_IMODE(os.stat(ca.key_path).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(tmp_path / "ca").st_mode) == 0o700
@@ -334,3 +375,61 @@ async def test_learn_and_dry_run_record_what_would_be_denied_without_denying(env
     # rules are for 80/443; tests/unit/test_egress_suggest.py covers those).
     suggested = suggest_policy(env.log.events("sb-learn"))
     assert suggested["rules"] == [{"action": "allow", "host": f"api.test:{env.https_port}"}]
+
+
+def _trusting(*pems: bytes | Path) -> ssl.SSLContext:
+    ctx = ssl.create_default_context()
+    for p in pems:
+        if isinstance(p, Path):
+            ctx.load_verify_locations(cafile=str(p))
+        else:
+            ctx.load_verify_locations(cadata=p.decode())
+    return ctx
+
+
+async def test_partial_terminates_tls_only_for_the_names_a_request_rule_needs(env: Env) -> None:
+    """inspection partial: TLS to other.test (a transform rule) is terminated with the
+    project's CA and the secret injected; TLS to good.test (a plain allow) passes
+    untouched, the client seeing the upstream's own certificate; a name no rule allows is
+    closed by its SNI."""
+    echoed = await env.request("other.test", get("other.test", "/echo"), src=PARTIAL_SRC)
+    assert echoed.startswith(b"HTTP/1.1 200"), echoed
+    assert env.upstream.seen[-1][2]["authorization"] == f"Bearer {SECRET}"
+    assert SECRET.encode() not in echoed
+    # good.test is not inspected: a client trusting only hutch's CA fails (the upstream's
+    # certificate is not hutch's), one trusting the upstream's CA gets through end to end.
+    with pytest.raises(ssl.SSLCertVerificationError):
+        await env.request("good.test", get("good.test", "/x"), src=PARTIAL_SRC)
+    passed = await env.request(
+        "good.test", get("good.test", "/x"), src=PARTIAL_SRC, client=_trusting(env.upstream_ca)
+    )
+    assert passed.startswith(b"HTTP/1.1 200") and passed.endswith(b"GET /x"), passed
+    event = env.log.events("sb-partial")[-1]
+    assert (event.verdict, event.protocol, event.rule_index) == ("allow", "tls", 1), event
+    with pytest.raises((ssl.SSLError, ConnectionError, asyncio.IncompleteReadError)):
+        await env.request(
+            "api.test", get("api.test", "/docs"), src=PARTIAL_SRC, client=_trusting(env.upstream_ca)
+        )
+    assert "default is deny" in env.log.events("sb-partial")[-1].reason
+
+
+async def test_each_project_has_its_own_ca_and_default_allow_keeps_its_denies(env: Env) -> None:
+    """A proj-b sandbox's TLS is terminated with proj-b's CA: a client trusting proj-a's
+    fails. Under its default-allow policy an unnamed host passes, a denied name is closed
+    by SNI, a denied method gets a 403 naming the rule."""
+    b_ca = env.cas.for_project("proj-b").cert_pem
+    with pytest.raises(ssl.SSLCertVerificationError):
+        await env.request("good.test", get("good.test", "/x"), src=OPEN_B_SRC)  # proj-a's CA
+    trust_b = _trusting(b_ca)
+    ok = await env.request("good.test", get("good.test", "/x"), src=OPEN_B_SRC, client=trust_b)
+    assert ok.startswith(b"HTTP/1.1 200"), ok
+    assert env.log.events("sb-open-b")[-1].reason == "open egress"
+    with pytest.raises((ssl.SSLError, ConnectionError, asyncio.IncompleteReadError)):
+        await env.request("other.test", get("other.test", "/x"), src=OPEN_B_SRC, client=trust_b)
+    assert "rules[0] deny other.test denies other.test" in env.log.events("sb-open-b")[-1].reason
+    post = await env.request(
+        "api.test", get("api.test", "/docs", "POST"), src=OPEN_B_SRC, client=trust_b
+    )
+    assert post.startswith(b"HTTP/1.1 403") and b"rules[1] deny POST api.test" in post, post
+    got = await env.request("api.test", get("api.test", "/docs"), src=OPEN_B_SRC, client=trust_b)
+    assert got.startswith(b"HTTP/1.1 200"), got

@@ -1,98 +1,82 @@
-"""Three hutchd workers on this machine sharing one database: placement, routing
-through any worker, and a worker SIGKILLed (its running sandboxes reported lost within
-the lease, nothing else touched). One module-scoped cluster; every sandbox is 128 MiB
-and restored from each worker's template of the base image.
+"""Three hutchd workers on this machine sharing one database and one S3 bucket:
+placement, routing through any worker, a named snapshot created from on a worker that
+never had it, a memory pause on one worker resumed on another with its processes, a
+drain that moves every running sandbox off its host, and a worker SIGKILLed (its
+running sandboxes reported lost within the lease, nothing else touched, its paused
+ones resumed elsewhere). One module-scoped cluster; every sandbox is 128 MiB and
+restored from each worker's template of the base image.
 
 The workers share one PostgreSQL database of the suite's server (``tests/pgserver.py``,
-Debian's PostgreSQL), as hosts on many machines would.
+Debian's PostgreSQL) and one SeaweedFS (``tests/s3server.py``) as their blob store, as
+hosts on many machines would.
 """
 
 from __future__ import annotations
 
 import json
-import secrets
 import shutil
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from hutch import errors
-from hutch.config import load_settings
 from hutch.images.build import ImageArtifacts
-from hutch.sdk import Sandbox, SandboxInfo
-from tests import pgserver
-from tests.e2e.conftest import _LIVE, Daemon, finalize_daemon, pid_alive, wait_for
+from hutch.sdk import Client, Sandbox, SandboxInfo
+from tests.e2e.cluster_lab import LEASE_S, MEMORY_MIB, Worker, cluster_of, create_on, owners
+from tests.e2e.conftest import pid_alive, wait_for
+from tests.s3server import S3Server, s3_server
+
+__all__ = ["s3_server"]  # the module-scoped SeaweedFS fixture, used by ``cluster``
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vm]
 
-LEASE_S = 5.0
-MEMORY_MIB = 128
 LABELS = {"w1": "zone=a", "w2": "zone=a", "w3": "zone=b"}
 
 
-class Worker(Daemon):
-    """A hutchd in the worker role of the test cluster."""
-
-    def __init__(self, state_dir: Path, host_id: str, shared: Path, database: str) -> None:
-        super().__init__(state_dir)
-        self.host_id = host_id
-        self.daemon_env.update(
-            {
-                "HUTCH_ROLE": "worker",
-                "HUTCH_HOST_ID": host_id,
-                "HUTCH_HOST_LABELS": LABELS[host_id],
-                "HUTCH_HOST_LEASE_S": str(LEASE_S),
-                "HUTCH_DATABASE_URL": database,
-                "HUTCH_CLUSTER_SECRET_FILE": str(shared / "cluster-secret"),
-            }
-        )
-        self.settings = load_settings(self.daemon_env)
+# Written to a new file and renamed: a reader never sees the file truncated and empty.
+COUNTER = (
+    "setsid -f sh -c 'i=0; while :; do i=$((i+1)); "
+    "echo $i > /tmp/c.new; mv /tmp/c.new /tmp/c; sleep 0.2; done'"
+)
 
 
 @pytest.fixture(scope="module")
 def cluster(
-    base_image: ImageArtifacts, tmp_path_factory: pytest.TempPathFactory
+    base_image: ImageArtifacts, tmp_path_factory: pytest.TempPathFactory, s3_server: S3Server
 ) -> Iterator[list[Worker]]:
-    root = tmp_path_factory.mktemp("cluster")
-    shared = root / "shared"
-    shared.mkdir()
-    (shared / "cluster-secret").write_text(secrets.token_hex(32) + "\n")
-    (shared / "cluster-secret").chmod(0o600)
-    database = pgserver.shared_server().fresh_database()
-    workers = [Worker(root / f"state-{h}", h, shared, database) for h in ("w1", "w2", "w3")]
-    key = "hk_" + secrets.token_urlsafe(32)
-    for w in workers:
-        w.state_dir.mkdir(parents=True)
-        (w.state_dir / "api-key").write_text(key + "\n")
-        (w.state_dir / "api-key").chmod(0o600)
-        _LIVE.append(w)
-    # The first start migrates the shared database; then the secrets key is shared.
-    workers[0].start()
-    for w in workers[1:]:
-        shutil.copy(workers[0].state_dir / "secrets.key", w.state_dir / "secrets.key")
-        w.start()
-    yield workers
-    problems: list[str] = []
-    for w in workers:
-        problems += finalize_daemon(w)
-    assert not problems, "\n".join(problems)
+    with cluster_of(
+        tmp_path_factory.mktemp("cluster"), ("w1", "w2", "w3"), labels=LABELS, s3=s3_server
+    ) as workers:
+        yield workers
 
 
-def _owners(workers: list[Worker]) -> dict[str, str]:
-    """Sandbox id -> the worker whose QEMU runs it (the processes on this machine)."""
-    found: dict[str, str] = {}
-    for w in workers:
-        for sandbox_id in w.sandbox_qemus():
-            assert sandbox_id not in found, f"{sandbox_id} runs on two workers"
-            found[sandbox_id] = w.host_id
-    return found
+def _counter(c: Client, sandbox_id: str) -> int:
+    return int(c.exec(sandbox_id, ["cat", "/tmp/c"]).stdout.strip())
 
 
-def _create(w: Worker, **options: object) -> SandboxInfo:
-    with w.client(timeout=300.0) as c:
-        return c.create_sandbox(memory_mib=MEMORY_MIB, **options)  # type: ignore[arg-type]
+def _with_state(c: Client, **options: object) -> tuple[Sandbox, int]:
+    """A sandbox (created through ``c``) running a counter process and holding a Python
+    variable (x = 41) in its interpreter; the handle (its context) and the counter."""
+    info = c.create_sandbox(memory_mib=MEMORY_MIB, **options)  # type: ignore[arg-type]
+    c.exec(info.id, ["sh", "-c", COUNTER])
+    assert wait_for(lambda: c.exec(info.id, ["test", "-s", "/tmp/c"]).exit_code == 0, 30)
+    sb = Sandbox(c, info)
+    assert sb.run_code("x = 41\nx").text == "41"
+    return sb, _counter(c, info.id)
+
+
+def _kept_state(c: Client, sb: Sandbox, before: int, context: str | None = None) -> None:
+    """The counter process ran on (past ``before``) and the variable is there (in the
+    handle's context, or ``context``: a fork child's is its parent's)."""
+    first = _counter(c, sb.id)
+    assert first >= before
+    assert wait_for(lambda: _counter(c, sb.id) > first, 20), "the counter process runs on"
+    assert sb.run_code("x + 1", context).text == "42"
+
+
+_owners = owners
+_create = create_on
 
 
 def test_every_worker_lists_the_three_hosts(cluster: list[Worker]) -> None:
@@ -141,17 +125,19 @@ def test_twenty_creates_spread_and_any_worker_reaches_the_right_vm(
             assert first.encode() in term.read_until(first, timeout=60.0)
         finally:
             term.close()
-    # Deletes through a worker that is not the owner; the VM goes on its own host.
-    for sandbox_id in ids[10:]:
+    # Deletes through a worker that is not the owner; the VM goes on its own host. The
+    # first three (one per host) stay for the tests after this one.
+    kept = ids[:3]
+    for sandbox_id in ids[3:]:
         host = owners[sandbox_id]
         via = next(w for w in cluster if w.host_id != host)
         with via.client() as c:
             c.delete_sandbox(sandbox_id)
-    assert wait_for(lambda: not set(ids[10:]) & set(_owners(cluster)), 20)
-    assert set(ids[:10]) <= set(_owners(cluster))
+    assert wait_for(lambda: not set(ids[3:]) & set(_owners(cluster)), 20)
+    assert set(kept) <= set(_owners(cluster))
     for w in cluster:  # every worker lists the whole cluster
         with w.client() as c:
-            assert {s.id for s in c.list_sandboxes() if s.state == "running"} >= set(ids[:10])
+            assert {s.id for s in c.list_sandboxes() if s.state == "running"} >= set(kept)
 
 
 def test_placement_pins_by_host_and_label_and_refuses_bad_selectors(
@@ -172,12 +158,142 @@ def test_placement_pins_by_host_and_label_and_refuses_bad_selectors(
         c.delete_sandbox(labelled.id)
 
 
-def test_a_killed_worker_reports_its_running_sandboxes_lost(cluster: list[Worker]) -> None:
+def test_a_fork_on_one_worker_gives_children_on_the_others(cluster: list[Worker]) -> None:
     w1, w2, w3 = cluster
+    with w2.client(timeout=300.0) as c:
+        parent, _ = _with_state(c, placement={"host": "w1"})
+        # One sandbox per worker runs already (the twenty-create test kept them): the
+        # parent's host holds the most, so spread puts the children on the others.
+        children = c.fork_sandbox(parent.id, count=2)
+        owners = _owners(cluster)
+        assert owners[parent.id] == "w1"
+        assert sorted(owners[k.id] for k in children) == ["w2", "w3"]
+        assert "fork fork-" in w1.log_path.read_text()  # uploaded for the other hosts
+        # Each child is a live copy: the counter process runs on in each, the Python
+        # variable is there, and each has its own disk from then on.
+        context = parent.contexts.default().id
+        for kid in children:
+            _kept_state(c, Sandbox(c, kid), 0, context)
+            c.write_file(kid.id, "/root/mine", kid.id.encode())
+        assert c.exec(children[0].id, ["cat", "/root/mine"]).stdout == children[0].id
+        assert c.exec(parent.id, ["test", "-e", "/root/mine"]).exit_code == 1
+        for sandbox_id in (*(k.id for k in children), parent.id):
+            c.delete_sandbox(sandbox_id)
+    kids = {k.id for k in children}
+    assert wait_for(lambda: not (w2.sandbox_dirs() | w3.sandbox_dirs()) & kids, 20)
+
+
+def test_a_named_snapshot_is_created_from_on_a_worker_without_its_files(
+    cluster: list[Worker], s3_server: S3Server
+) -> None:
+    w1, w2, w3 = cluster
+    source = _create(w1, placement={"host": "w2"})
+    with w1.client(timeout=300.0) as c:
+        c.write_file(source.id, "/root/made-on", b"w2")
+        snap = c.create_snapshot(source.id, "xhost")
+        index = f"snapshots/{snap.id}/index.json"
+        assert wait_for(lambda: index in w2.blob_keys(s3_server, "snapshots/"), 120)
+        assert not (w3.state_dir / "snapshots" / snap.id).exists()  # w3 never had it
+        # Pinned to w3 (before the upload only w2, which holds the files, would do).
+        child = c.create_sandbox(snapshot=snap.id, placement={"host": "w3"})
+        assert _owners(cluster)[child.id] == "w3"
+        assert c.read_file(child.id, "/root/made-on") == b"w2"
+        assert "fetched from" in w3.log_path.read_text()
+        c.delete_sandbox(child.id)
+        # Its local copy gone from w3 (the cache): a create there fetches it again.
+        assert wait_for(lambda: not (w3.sandboxes_dir / child.id).exists(), 20)
+        shutil.rmtree(w3.state_dir / "snapshots" / snap.id)
+        again = c.create_sandbox(snapshot=snap.id, placement={"host": "w3"})
+        assert c.read_file(again.id, "/root/made-on") == b"w2"
+        for sandbox_id in (again.id, source.id):
+            c.delete_sandbox(sandbox_id)
+        c.delete_snapshot(snap.id)
+
+
+def test_pause_on_one_worker_resumes_on_another_and_drain_moves_all_off(
+    cluster: list[Worker], s3_server: S3Server
+) -> None:
+    w2 = cluster[1]
+    # Created through w2, driven through w3: neither is its host.
+    with w2.client(timeout=300.0) as c2:
+        sb, before = _with_state(c2, placement={"host": "w1"})
+        _paused_on_one_resumed_on_another(cluster, s3_server, sb, before)
+
+
+def _paused_on_one_resumed_on_another(
+    cluster: list[Worker], s3_server: S3Server, sb: Sandbox, before: int
+) -> None:
+    w1, w2, w3 = cluster
+    # Same host first: paused and resumed on w1 with nothing fetched.
+    with w3.client(timeout=300.0) as c:
+        # One more running on w1 for the drain to move (with a file in its memory).
+        extra = c.create_sandbox(memory_mib=MEMORY_MIB, placement={"host": "w1"})
+        c.write_file(extra.id, "/tmp/who", extra.id.encode())
+        c.pause_sandbox(sb.id)
+        assert c.resume_sandbox(sb.id).state == "running"
+        assert _owners(cluster)[sb.id] == "w1"
+        assert "pause fetched" not in w1.log_path.read_text()
+        _kept_state(c, sb, before)
+        before = _counter(c, sb.id)
+        c.pause_sandbox(sb.id)
+        assert wait_for(lambda: w1.pause_uploaded(s3_server, sb.id), 120)
+        running = {s.id for s in c.list_sandboxes() if s.state == "running"}
+        running_on_w1 = [s for s, h in _owners(cluster).items() if h == "w1" and s in running]
+        assert extra.id in running_on_w1
+    # Drain w1: its running sandboxes are paused and resumed on the others at once.
+    drained = w2.cli("host", "drain", "w1", "--json")
+    assert drained.returncode == 0, drained.stderr
+    owners = _owners(cluster)
+    assert not any(h == "w1" for h in owners.values()), owners
+    assert {owners[s] for s in running_on_w1} <= {"w2", "w3"}
+    with w3.client(timeout=300.0) as c:
+        for s in running_on_w1:
+            assert c.get_sandbox(s).state == "running"
+            assert c.exec(s, ["cat", "/tmp/who"]).stdout == s  # its disk moved with it
+        # The paused one stays paused; its resume lands on another worker, whose
+        # restore keeps the counter process and the Python variable.
+        assert c.get_sandbox(sb.id).state == "paused"
+        assert c.resume_sandbox(sb.id).state == "running"
+        assert _owners(cluster)[sb.id] in ("w2", "w3")
+        _kept_state(c, sb, before)
+        # w1 drops the files of the sandboxes that left (at its next lease renewal).
+        gone = {sb.id, *running_on_w1}
+        assert wait_for(lambda: not gone & w1.sandbox_dirs(), LEASE_S * 2)
+        # The moved pauses' blobs are removed (in the background).
+        assert wait_for(lambda: not any(w1.pause_uploaded(s3_server, s) for s in gone), 20)
+        for sandbox_id in (sb.id, extra.id):
+            c.delete_sandbox(sandbox_id)
+    undrained = w2.cli("host", "undrain", "w1")
+    assert undrained.returncode == 0, undrained.stderr
+
+
+def test_a_killed_worker_reports_its_running_sandboxes_lost_and_its_paused_resume_elsewhere(
+    cluster: list[Worker], s3_server: S3Server
+) -> None:
+    w1, w2 = cluster[:2]
     on_w3 = [_create(w1, placement={"host": "w3"}) for _ in range(2)]
-    paused = _create(w2, placement={"host": "w3"})
-    with w1.client() as c:
+    _create(w1, placement={"host": "w2"})  # one that must stay untouched
+    with w2.client(timeout=300.0) as c2:
+        paused, before = _with_state(c2, placement={"host": "w3"})
+        _killed_worker(cluster, s3_server, on_w3, paused, before)
+
+
+def _killed_worker(
+    cluster: list[Worker],
+    s3_server: S3Server,
+    on_w3: list[SandboxInfo],
+    paused: Sandbox,
+    before: int,
+) -> None:
+    w1, w2, w3 = cluster
+    on_disk = _create(w2, placement={"host": "w3"})
+    with w1.client(timeout=300.0) as c:
+        c.write_file(on_disk.id, "/root/kept", b"on disk")
+        c.exec(on_disk.id, ["sync"])
         c.pause_sandbox(paused.id)
+        c.pause_sandbox(on_disk.id, "disk")
+        assert wait_for(lambda: w3.pause_uploaded(s3_server, paused.id), 120)
+        assert wait_for(lambda: w3.pause_uploaded(s3_server, on_disk.id), 120)
         others = [s for s in c.list_sandboxes() if s.state == "running"]
     others = [s for s in others if _owners(cluster).get(s.id) in ("w1", "w2")]
     assert others, "the other workers hold running sandboxes"
@@ -212,9 +328,20 @@ def test_a_killed_worker_reports_its_running_sandboxes_lost(cluster: list[Worker
         # An exec on a lost sandbox says so.
         with pytest.raises(errors.StateError, match="failed"):
             c.exec(on_w3[0].id, ["true"])
-    # The worker comes back: up again, and the VMs of the sandboxes reported lost go.
+        # The paused ones resume on a live worker from their uploads: the memory one
+        # with its processes and variables, the disk one with its files.
+        assert c.resume_sandbox(paused.id).state == "running"
+        assert c.resume_sandbox(on_disk.id).state == "running"
+        owners = _owners(cluster)
+        assert owners[paused.id] in ("w1", "w2") and owners[on_disk.id] in ("w1", "w2")
+        _kept_state(c, paused, before)
+        assert c.read_file(on_disk.id, "/root/kept") == b"on disk"
+    # The worker comes back: up again, and the VMs of the sandboxes reported lost go,
+    # and the files of those that moved off.
     w3.start()
     assert wait_for(lambda: not any(pid_alive(p) for p in qemus.values() if p), 30)
+    assert not {paused.id, on_disk.id} & w3.sandbox_dirs()
     with w3.client() as c:
         assert {h.id: h.state for h in c.hosts.list()}["w3"] == "up"
-        assert c.get_sandbox(paused.id).state == "paused"
+        assert c.get_sandbox(paused.id).state == "running"
+        assert c.exec(paused.id, ["true"]).exit_code == 0  # through w3, to its new host

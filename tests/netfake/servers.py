@@ -3,7 +3,9 @@
 
 - HTTP on 80 and HTTPS on 443 (IPv4 and IPv6, every address): ``GET /`` answers JSON
   naming the Host header and TLS SNI the server saw and the address it was reached on;
-  ``GET /bytes/N`` sends N bytes (throughput); ``/dns-query`` is a DoH endpoint (RFC 8484
+  ``GET /bytes/N`` sends N bytes of 0xa5 (throughput, streamed downloads); ``GET /ws``
+  with ``Upgrade: websocket`` is a WebSocket echo (RFC 6455, every frame sent back
+  unmasked until a close frame); ``/dns-query`` is a DoH endpoint (RFC 8484
   GET ``?dns=`` and POST) answering from the zone.
 - DNS (UDP and TCP 53) on the resolver address: authoritative for ``*.test`` (A, AAAA,
   TXT, CNAME chased within the zone); NXDOMAIN for unknown ``.test`` names, REFUSED for
@@ -23,6 +25,7 @@ a test can prove what reached the internet and, more important, what never did.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import signal
 import socket
@@ -268,6 +271,9 @@ class _Web(BaseHTTPRequestHandler):
             self._doh(facts, wire)
             return
         self.server.log.write(self.server.scheme, **facts)
+        if url.path == "/ws" and (self.headers.get("Upgrade") or "").lower() == "websocket":
+            self._websocket()
+            return
         if url.path.startswith("/bytes/"):
             count = int(url.path.removeprefix("/bytes/") or 0)
             if not 0 <= count <= _MAX_BYTES:
@@ -284,6 +290,40 @@ class _Web(BaseHTTPRequestHandler):
             return
         body = json.dumps({"server": "fakenet", **facts}, sort_keys=True).encode() + b"\n"
         self._send(200, "application/json", body)
+
+    def _websocket(self) -> None:
+        key = (self.headers.get("Sec-WebSocket-Key") or "").encode()
+        guid = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+        accept = base64.b64encode(hashlib.sha1(key + guid).digest()).decode()
+        self.send_response(101)
+        self.send_header("Upgrade", "websocket")
+        self.send_header("Connection", "Upgrade")
+        self.send_header("Sec-WebSocket-Accept", accept)
+        self.end_headers()
+        self.wfile.flush()
+        self.close_connection = True
+        while True:
+            head = self.rfile.read(2)
+            if len(head) < 2:
+                return
+            size = head[1] & 0x7F
+            if size == 126:
+                size = int.from_bytes(self.rfile.read(2), "big")
+            elif size == 127:
+                size = int.from_bytes(self.rfile.read(8), "big")
+            mask = self.rfile.read(4) if head[1] & 0x80 else b"\0\0\0\0"
+            data = self.rfile.read(size)
+            payload = bytes(b ^ mask[i % 4] for i, b in enumerate(data))
+            if size < 126:
+                length = bytes([size])
+            elif size < 65536:
+                length = bytes([126]) + size.to_bytes(2, "big")
+            else:
+                length = bytes([127]) + size.to_bytes(8, "big")
+            self.wfile.write(bytes([head[0]]) + length + payload)
+            self.wfile.flush()
+            if head[0] & 0x0F == 8:
+                return
 
     def do_POST(self) -> None:
         facts = self._facts()

@@ -102,6 +102,29 @@ def test_a_create_from_a_snapshot_goes_to_its_host_with_the_same_qemu() -> None:
         choose_host(hosts, {}, Placement(host="w1"), memory_mib=128, now=NOW, snapshot_host="w2")
 
 
+def test_an_uploaded_snapshot_may_land_on_any_host_with_its_qemu_and_cpu() -> None:
+    hosts = [_host("w1"), _host("w2", 2048), _host("w3", qemu_version="8.0.0")]
+    use = {"w1": HostUse(sandboxes=1, running=1, vcpus=1, memory_mib=1024)}
+    # Uploaded: w1 (most free memory, same QEMU and CPU) though w2 saved it.
+    chosen = choose_host(
+        hosts, use, Placement(), memory_mib=128, now=NOW, snapshot_host="w2",
+        snapshot_anywhere=True,
+    )  # fmt: skip
+    assert chosen.id == "w1"
+    with pytest.raises(Capacity, match="w3 runs another QEMU or CPU than the snapshot's"):
+        choose_host(
+            hosts, use, Placement(host="w3"), memory_mib=128, now=NOW, snapshot_host="w2",
+            snapshot_anywhere=True,
+        )  # fmt: skip
+
+
+def test_a_move_never_lands_on_the_host_it_leaves() -> None:
+    hosts = [_host("w1", 8192), _host("w2")]
+    assert choose_host(hosts, {}, Placement(), memory_mib=128, now=NOW, exclude="w1").id == "w2"
+    with pytest.raises(Capacity, match="w1 is the host it moves off"):
+        choose_host(hosts, {}, Placement(host="w1"), memory_mib=128, now=NOW, exclude="w1")
+
+
 @pytest.mark.parametrize(
     ("doc", "fragment"),
     [

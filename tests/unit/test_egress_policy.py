@@ -300,7 +300,7 @@ def test_the_document_round_trips_in_canonical_form() -> None:
 # ---- what this daemon enforces, and the address-level lowering --------------------------
 
 
-def test_what_is_not_available_yet_is_refused_by_name() -> None:
+def test_what_is_not_enforceable_is_refused_by_name() -> None:
     partial = {
         "inspection": "partial",
         "rules": [{"action": "allow", "host": "a.test", "path": "/d"}],
@@ -316,13 +316,24 @@ def test_what_is_not_available_yet_is_refused_by_name() -> None:
     require_available(
         parse_policy_document({"dry_run": True, "inspection": "full", "rules": [https_path]})
     )
+    # HTTPS requests under partial: TLS is terminated for the names such a rule matches.
+    require_available(parse_policy_document({"inspection": "partial", "rules": [https_path]}))
+    # Default allow with denies (by name and address) and with request rules or full.
+    accepted: list[dict[str, Any]] = [
+        {"default": "allow", "rules": [{"action": "deny", "host": "a.test"},
+                                       {"action": "deny", "host": "b.test:443"},
+                                       {"action": "deny", "host": "10.0.0.0/8:22"}]},
+        {"default": "allow", "inspection": "full"},
+        {"default": "allow", "inspection": "partial", "rules": [
+            {"action": "deny", "host": "a.test", "methods": ["POST"], "path": "/admin"}]},
+    ]  # fmt: skip
+    for ok in accepted:
+        require_available(parse_policy_document(ok))
     for doc, says in [
-        ({"default": "allow", "rules": [{"action": "deny", "host": "a.test"}]},
-         'default: "allow" with deny rules (rules[0])'),
-        ({"default": "allow", "inspection": "full"}, 'default: "allow" with inspection "full"'),
-        ({"inspection": "partial", "rules": [https_path]},
-         'rules[0].host: a.test:443: HTTPS requests (port 443) are read only with inspection '
-         '"full"'),
+        ({"default": "allow", "inspection": "learn"},
+         'default: "allow" with inspection "learn" is not accepted'),
+        ({"default": "allow", "rules": [{"action": "deny", "host": "a.test:22"}]},
+         "rules[0].host: a.test:22: under default \"allow\" addresses are open"),
         ({"inspection": "full", "rules": [{"action": "allow", "host": "10.0.0.0/8"}]},
          'rules[0].host: 10.0.0.0/8: inspection "full" decides by name'),
         ({"inspection": "full", "rules": [{"action": "allow", "host": "a.test:22"}]},
@@ -335,8 +346,10 @@ def test_what_is_not_available_yet_is_refused_by_name() -> None:
             require_available(parse_policy_document(doc))
 
 
-def _lowered(*rules: dict[str, Any], default: str = "deny") -> EgressPolicy:
-    return policy_from_stored({"default": default, "rules": list(rules)})
+def _lowered(
+    *rules: dict[str, Any], default: str = "deny", inspection: str = "none"
+) -> EgressPolicy:
+    return policy_from_stored({"default": default, "inspection": inspection, "rules": list(rules)})
 
 
 def test_modes_of_lowered_policies() -> None:
@@ -424,3 +437,127 @@ def test_full_inspection_opens_only_the_web_ports_of_allowed_names() -> None:
     assert full.name_ports("a.test") == (80, 443)
     none = policy_from_stored({"rules": [{"action": "allow", "host": "a.test"}]})
     assert none.name_ports("a.test") == (None,)
+
+
+# ---- default allow: denies at the address level and by name ----------------------------
+
+
+def test_default_allow_lowers_to_open_less_its_ip_denies_in_rule_order() -> None:
+    """Default allow is open at the address level; ip/cidr denies are dropped after the
+    allow rules before them are accepted (first match wins: the allow's network less the
+    earlier denies)."""
+    p = _lowered(
+        {"action": "allow", "host": "198.18.0.5"},
+        {"action": "deny", "host": "198.18.0.0/24"},
+        {"action": "deny", "host": "198.18.1.0/24:22"},
+        {"action": "allow", "host": "198.18.0.0/16:80"},
+        default="allow",
+    )
+    assert p.mode == "open" and p.observe is None
+    assert p.ip_denied() == [(IPv4Network("198.18.0.0/24"), None),
+                             (IPv4Network("198.18.1.0/24"), 22)]  # fmt: skip
+    assert p.ip_networks() == [IPv4Network("198.18.0.5/32")]
+    on_80 = [net for net, port in p.ip_port_networks() if port == 80]
+    assert on_80 and not any(net.overlaps(IPv4Network("198.18.0.0/24")) for net in on_80)
+    # Only ip denies: nothing is decided by name, so nothing is screened.
+    assert not p.screened and not p.web_only
+    assert _lowered(default="allow").ip_denied() == []
+
+
+def test_default_allow_with_name_denies_is_screened_by_dns_sni_and_host() -> None:
+    from hutch.net.proxy_decide import Denied, decide_destination, still_allowed
+
+    p = _lowered(
+        {"action": "allow", "host": "ok.evil.test"},
+        {"action": "deny", "host": "*.evil.test"},
+        {"action": "deny", "host": "mail.test:443"},
+        default="allow",
+    )
+    assert p.mode == "open" and p.screened and not p.web_only
+    assert p.ordered is not None
+    # DNS: a name denied on every port is not answered; one denied on 443 only is.
+    denier = p.ordered.name_denied_by("www.evil.test")
+    assert denier is not None and denier.index == 1
+    assert p.ordered.name_denied_by("ok.evil.test") is None
+    assert p.ordered.name_denied_by("mail.test") is None
+    # The proxy: SNI / Host in rule order, the default allows the rest.
+    with pytest.raises(Denied, match=r"rules\[1\] deny \*\.evil\.test denies www\.evil"):
+        decide_destination(p, "www.evil.test", 443)
+    with pytest.raises(Denied, match=r"rules\[2\]"):
+        decide_destination(p, "mail.test", 443)
+    assert decide_destination(p, "mail.test", 80).rule is None
+    assert decide_destination(p, "ok.evil.test", 443).index == 0
+    assert decide_destination(p, "other.test", 443).rule is None
+    # A rule change cuts what is now denied, keeps the rest.
+    assert still_allowed(p, "www.evil.test", 443) is not None
+    assert still_allowed(p, "other.test", 443) is None
+
+
+def test_default_allow_decides_the_proxys_addresses_in_rule_order() -> None:
+    """The proxy connects to what it resolved: under default allow each address is
+    decided with the name (``decide_connection(name, addr, port)``), so an ip deny
+    holds for names no earlier rule decided."""
+    p = _policy(
+        {"action": "allow", "host": "good.test"},
+        {"action": "deny", "host": "198.18.0.0/24"},
+        default="allow",
+        inspection="none",
+    )
+    addr = ip_address("198.18.0.7")
+    assert p.decide_connection("good.test", addr, 443).verdict == "allow"
+    denied = p.decide_connection("other.test", addr, 443)
+    assert (denied.verdict, denied.rule and denied.rule.index) == ("deny", 1)
+    assert p.decide_connection("other.test", ip_address("198.18.1.7"), 443).verdict == "allow"
+
+
+def test_default_allow_with_request_rules_denies_one_method_and_path() -> None:
+    """Deny rules on method and path of an otherwise open egress: the connection to the
+    host is inspected, the request decides, everything else is open."""
+    from hutch.net.http_head import parse_request_head
+    from hutch.net.proxy_decide import Denied, decide_destination, decide_request
+
+    p = _lowered(
+        {"action": "deny", "host": "api.test", "methods": ["POST"], "path": "/admin"},
+        default="allow",
+        inspection="partial",
+    )
+    assert p.mode == "open" and p.screened and not p.web_only
+    assert decide_destination(p, "api.test", 443).inspect
+    assert not decide_destination(p, "other.test", 443).inspect
+    post = parse_request_head(b"POST /admin/x HTTP/1.1\r\nHost: api.test\r\n\r\n")
+    get = parse_request_head(b"GET /admin/x HTTP/1.1\r\nHost: api.test\r\n\r\n")
+    assert post is not None and get is not None
+    with pytest.raises(Denied, match=r"rules\[0\] deny POST api.test/admin denies POST"):
+        decide_request(p, "api.test", 443, post, None)
+    assert decide_request(p, "api.test", 443, get, None).rule is None  # the default
+    assert p.ordered is not None and p.ordered.name_denied_by("api.test") is None  # DNS
+
+
+def test_partial_terminates_tls_only_where_a_request_rule_needs_it() -> None:
+    from hutch.net.proxy_decide import inspects_tls, terminates_tls
+
+    doc = {
+        "inspection": "partial",
+        "rules": [
+            {"action": "transform", "host": "llm.test", "set_headers": {"A": "{secret:k}"}},
+            {"action": "deny", "host": "api.test:443", "methods": ["POST"]},
+            {"action": "allow", "host": "api.test"},
+            {"action": "allow", "host": "plain.test"},
+        ],
+    }
+    p = policy_from_stored(doc)
+    assert inspects_tls(p)  # the guest trusts the project's CA
+    assert terminates_tls(p, "llm.test", 443) and terminates_tls(p, "api.test", 443)
+    assert not terminates_tls(p, "plain.test", 443)  # passed with its SNI checked
+    assert not terminates_tls(p, "api.test", 8443)
+    # Non-HTTP to a plainly allowed destination stays open; request rules open web ports.
+    assert p.name_ports("plain.test") == (None,)
+    assert p.name_ports("llm.test") == (80, 443)
+    plain_http = policy_from_stored(
+        {"inspection": "partial",
+         "rules": [{"action": "allow", "host": "a.test:80", "path": "/d"}]}
+    )  # fmt: skip
+    assert not inspects_tls(plain_http) and not terminates_tls(plain_http, "a.test", 443)
+    full = policy_from_stored({"default": "allow", "inspection": "full"})
+    assert full.screened and full.web_only and inspects_tls(full)
+    assert terminates_tls(full, "any.test", 443)

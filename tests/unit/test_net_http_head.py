@@ -221,3 +221,36 @@ def test_malformed_chunked_bodies_are_refused(body: bytes, why: str) -> None:
     f = framer(b"Transfer-Encoding: chunked\r\n")
     with pytest.raises(HeadError, match=why):
         f.feed(body)
+
+
+def test_the_upstream_head_keeps_alive_only_bodiless_requests_and_websockets() -> None:
+    """Under inspection: a bodiless HTTP/1.1 request goes up kept alive, a WebSocket
+    upgrade with its Upgrade, anything with a body or in HTTP/1.0 with Connection: close;
+    the upstream is reused only after an exactly framed answer with nothing after it."""
+    from hutch.net.inspected_http import parse_response_head, reusable, upstream_head
+
+    def up(raw: bytes) -> bytes:
+        request = parse_request_head(raw)
+        assert request is not None
+        return upstream_head(request.head, request)
+
+    plain = up(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: keep-alive\r\n\r\n")
+    assert plain == b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"
+    ws = up(b"GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: WebSocket\r\n\r\n")
+    assert ws.endswith(b"Host: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+    h2c = up(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n")
+    assert b"h2c" not in h2c and b"Upgrade" not in h2c
+    body = up(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nhi")
+    assert body.endswith(b"Connection: close\r\n\r\n")
+    old = up(b"GET / HTTP/1.0\r\nHost: a\r\n\r\n")
+    assert old.endswith(b"Connection: close\r\n\r\n")
+    ok = parse_response_head(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", "GET")
+    closing = parse_response_head(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", "GET"
+    )
+    unframed = parse_response_head(b"HTTP/1.1 200 OK\r\n\r\n", "GET")
+    assert ok is not None and closing is not None and unframed is not None
+    assert reusable(plain, ok, b"")
+    assert not reusable(plain, ok, b"HTTP/1.1 200 OK\r\n")  # more than was framed
+    assert not reusable(plain, closing, b"") and not reusable(plain, unframed, b"")
+    assert not reusable(body, ok, b"")

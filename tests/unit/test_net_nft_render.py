@@ -397,3 +397,57 @@ def test_an_observing_policy_is_open_but_proxies_web_traffic() -> None:
         assert chain_rules(script, f"px_{KEY}") == ["tcp dport @web_ports redirect to :8443"]
         assert chain_rules(script, f"sb_{KEY}")[0].endswith("accept")
     assert policy_from_stored({"dry_run": True, "rules": []}).shadow().mode == "deny-all"
+
+
+def test_default_allow_with_denies_drops_them_after_earlier_allows_and_proxies_names() -> None:
+    """Default allow with deny rules: the allow rules before the ip/cidr denies are
+    accepted first (first match wins), the denies dropped and logged as the policy's,
+    QUIC dropped (names are checked by SNI on TCP only), then everything accepted; web
+    traffic goes through the proxy, which decides the name denies by SNI and Host."""
+    from hutch.net.rules import policy_from_stored
+
+    doc = {
+        "default": "allow",
+        "rules": [
+            {"action": "allow", "host": "198.18.0.5"},
+            {"action": "deny", "host": "198.18.0.0/24"},
+            {"action": "deny", "host": "198.18.1.0/24:22"},
+            {"action": "deny", "host": "evil.test"},
+        ],
+    }
+    policy = policy_from_stored(doc)
+    script = render_add_sandbox(CFG, replace(sb([]), policy=policy))
+    rules = chain_rules(script, f"sb_{KEY}")
+    m = f"{policy_mark(policy):#010x}"
+    assert f"add element inet hutch_ab12 a_{KEY}_ip {{ 198.18.0.5 }}" in script
+    assert rules[0] == f'ip daddr @a_{KEY}_ip ct mark set {m} counter name "c_{KEY}_allow" accept'
+    drop_any = rules.index(
+        f'ip daddr {{ 198.18.0.0/24 }} log group 7 prefix "hab12 {SID} policy" drop'
+    )
+    drop_22 = rules.index(
+        "meta l4proto @tcp_udp ip daddr . th dport { 198.18.1.0/24 . 22 } "
+        f'log group 7 prefix "hab12 {SID} policy" drop'
+    )
+    quic = rules.index(f'udp dport 443 log group 7 prefix "hab12 {SID} quic" drop')
+    accept = rules.index(f'ct mark set {m} counter name "c_{KEY}_allow" accept')
+    assert 0 < drop_any < drop_22 < quic < accept
+    assert chain_rules(script, f"px_{KEY}") == [
+        f"ip daddr @a_{KEY}_ip return",
+        f"ip daddr . tcp dport @a_{KEY}_ipport return",
+        "tcp dport @web_ports redirect to :8443",
+    ]
+    # Only ip denies: no name to check, so no proxy and no QUIC drop.
+    only_ip = policy_from_stored({"default": "allow", "rules": doc["rules"][:3]})
+    script = render_add_sandbox(CFG, replace(sb([]), policy=only_ip))
+    assert chain_rules(script, f"px_{KEY}") == []
+    assert not any("quic" in r for r in chain_rules(script, f"sb_{KEY}"))
+
+
+def test_default_allow_with_full_inspection_lets_only_the_proxied_web_out() -> None:
+    from hutch.net.rules import policy_from_stored
+
+    policy = policy_from_stored({"default": "allow", "inspection": "full"})
+    script = render_add_sandbox(CFG, replace(sb([]), policy=policy))
+    rules = chain_rules(script, f"sb_{KEY}")
+    assert not any("accept" in r for r in rules), rules  # non-HTTP TCP and UDP: dropped
+    assert chain_rules(script, f"px_{KEY}")[-1] == "tcp dport @web_ports redirect to :8443"

@@ -45,6 +45,7 @@ from hutch.vm.snapshot_manifest import (
     file_sha256,
 )
 from hutch.vm.snapshot_pending import PENDING_FILE, write_pending
+from hutch.vm.snapshot_rebase import REBASE_MANIFEST
 
 
 def _cfg(tmp: Path, **kw: object) -> VmConfig:
@@ -446,3 +447,40 @@ def test_vm_json_round_trips_a_memory_file_as_a_path(tmp_path: Path) -> None:
     back = read_config(tmp_path / "vm.json")
     assert back == cfg and isinstance(back.memory_file, Path)
     assert read_config(tmp_path / "vm.json") is not None
+
+
+# -- rebase on a memory file (hutch.vm.snapshot_rebase): the commit's crash window ------
+
+
+def _staged(snap: Path, state: bytes) -> SnapshotManifest:
+    """What a rebase stages: the manifest of a state-only stream ``state``."""
+    old = load_manifest(snap)
+    (snap / MEMORY_FILE).write_bytes(b"\0" * 4096)
+    staged = dataclasses.replace(
+        old,
+        ram_in_file=True,
+        state_size=len(state),
+        state_digest="xxh3-128:" + xxhash.xxh3_128_hexdigest(state),
+        memory=FileStamp.of(snap / MEMORY_FILE),
+    )
+    (snap / REBASE_MANIFEST).write_text(staged.to_json())
+    return staged
+
+
+@pytest.mark.usefixtures("qemu_img")
+def test_a_rebase_cut_after_its_stream_swap_is_finished_on_read(tmp_path: Path) -> None:
+    snap = _fake_snapshot(tmp_path, _cfg(tmp_path))
+    state = b"device state only"
+    staged = _staged(snap, state)
+    (snap / STATE_FILE).write_bytes(state)  # the swap happened, the rename did not
+    assert load_manifest(snap) == staged
+    assert not (snap / REBASE_MANIFEST).exists()
+
+
+@pytest.mark.usefixtures("qemu_img")
+def test_a_rebase_cut_before_its_stream_swap_keeps_the_full_stream(tmp_path: Path) -> None:
+    snap = _fake_snapshot(tmp_path, _cfg(tmp_path))
+    before = load_manifest(snap)
+    _staged(snap, b"device state only")  # state.mig is still the full stream
+    assert load_manifest(snap) == before and not before.ram_in_file
+    assert not (snap / REBASE_MANIFEST).exists()

@@ -6,7 +6,10 @@ running a guest (QEMU started with ``-S``; guest RAM read back with ``pmemsave``
 * a full stream loaded into such a private mapping of a file with *other* content gives
   the stream's content, zero pages included (a clone of a clone maps the template's
   file again: ARCHITECTURE.md, "Copy-on-write memory");
-* none of it writes the template's file.
+* none of it writes the template's file;
+* a full stream loaded by a helper whose RAM is ``share=on`` on a new file, then saved
+  with ``x-ignore-shared``, leaves the content in that file and a small stream (the
+  rebase of a clone's fork snapshot, ``hutch.vm.snapshot_rebase``).
 
 Guest-visible behaviour with a booted guest is checked by tests/vm/test_snapshot.py and
 tests/vm/test_templates.py.
@@ -167,3 +170,21 @@ def test_private_clone_of_a_shared_template_and_full_streams_over_it(
     _migrated(grandchild)
     assert _ram(grandchild, tmp_path / "gc.dump") == _outside_rom(frozen)
     assert tpl.read_bytes() == frozen, "the template's file was written"
+
+    # The rebase of a clone's snapshot (hutch.vm.snapshot_rebase): a helper, never run,
+    # loads the full stream into RAM shared on a new file, then saves device state only;
+    # a clone mapping that file privately has the content back.
+    rebased, small = tmp_path / "rebased.ram", tmp_path / "small.mig"
+    helper = _qemu(qemus, tmp_path, "helper", rebased, "on", incoming=True)
+    helper("migrate-incoming", uri=f"exec:cat {full}")
+    _migrated(helper)
+    _ignore_shared(helper, True)
+    helper("migrate", uri=f"exec:cat > {small}")
+    _migrated(helper)
+    assert small.stat().st_size < 1 << 20, "the rebased stream still carries RAM"
+    assert _outside_rom(rebased.read_bytes()) == _outside_rom(frozen)
+    child = _qemu(qemus, tmp_path, "child", rebased, "off", incoming=True)
+    _ignore_shared(child, True)
+    child("migrate-incoming", uri=f"exec:cat {small}")
+    _migrated(child)
+    assert _ram(child, tmp_path / "child.dump") == _outside_rom(frozen)

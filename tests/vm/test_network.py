@@ -342,7 +342,9 @@ def test_partial_inspection_decides_plain_http_by_method_and_path(
 ) -> None:
     """inspection partial, plain HTTP from the guest: GET /docs allowed, POST /admin
     denied with a 403 naming the rule, the default for the rest; HTTPS to that host is
-    refused (its request cannot be read without TLS termination, not built yet)."""
+    terminated by hutch (tests/vm/test_network_inspect.py), so the probe, which trusts
+    only the fake internet's CA, cannot complete it (nor can this daemon verify the fake
+    upstream: it trusts the host's store only)."""
     alpha.sb.set_egress(
         policy={
             "default": "deny",

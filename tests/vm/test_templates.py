@@ -15,7 +15,9 @@ import pytest_asyncio
 from hutch.images.build import ImageArtifacts
 from hutch.models import PauseMode, SandboxSpec, Shape
 from hutch.runtime.qemu.backend import QemuBackend
+from hutch.runtime.qemu.boot import identity_of
 from hutch.services.composed import Services
+from hutch.vm.disk_chain import qcow2_backing_file
 from hutch.vm.snapshot import MEMORY_FILE, load_manifest
 from hutch.vm.snapshot_manifest import fd_digest
 from tests.conftest import ensure_image
@@ -33,7 +35,9 @@ COUNTER = (
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def service(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Services]:
-    async with real_service(tmp_path_factory.mktemp("tplstate"), pool_size=1) as svc:
+    async with real_service(
+        tmp_path_factory.mktemp("tplstate"), pool_size=1, fork_ram_in_file=True
+    ) as svc:
         yield svc
 
 
@@ -83,8 +87,10 @@ async def test_second_create_restores_the_template(service: Services) -> None:
     for w in warm:
         assert _maps_privately(backend, w.id, tpl / MEMORY_FILE)
     # A clone's RAM content and processes survive a memory pause (a full stream: its RAM
-    # is private) and a fork of it; both map the template's file privately again (the
-    # stream rewrote every page), never shared.
+    # is private; the resumed clone maps the template's file privately again, the stream
+    # rewrote every page) and a fork of it. The fork's snapshot is rebased: its RAM
+    # written once into a memory.ram of its own (sealed) and a state-only stream, which
+    # the parent and both children map privately; the children are distinct.
     ram = "mkdir -p /mnt/ram && mount -t tmpfs -o size=64m ram /mnt/ram"
     await run(service, warm[0].id, f"{ram} && head -c 8M /dev/urandom > /mnt/ram/r")
     await run(service, warm[0].id, COUNTER)
@@ -92,20 +98,35 @@ async def test_second_create_restores_the_template(service: Services) -> None:
     await service.lifecycle.pause(warm[0].id, PauseMode.MEMORY)
     await service.lifecycle.resume(warm[0].id)
     assert await run(service, warm[0].id, "md5sum < /mnt/ram/r") == digest
-    (child,) = await service.snapshots.fork(warm[0].id, 1)
-    for sid in (warm[0].id, child.id):
+    assert _maps_privately(backend, warm[0].id, tpl / MEMORY_FILE)
+    children = await service.snapshots.fork(warm[0].id, 2)
+    backing = qcow2_backing_file(backend.paths(children[0].id).disk)
+    assert backing is not None
+    fork_dir = Path(backing).parent
+    rebased = load_manifest(fork_dir)
+    assert rebased.ram_in_file and rebased.memory is not None and rebased.memory.digest
+    assert rebased.state_size < 4 << 20, "the fork's stream still carries the RAM"
+    for sid in (warm[0].id, *(c.id for c in children)):
         assert await run(service, sid, "md5sum < /mnt/ram/r") == digest
         first = int(await run(service, sid, ["cat", "/tmp/c"]))
         await asyncio.sleep(0.6)
         assert int(await run(service, sid, ["cat", "/tmp/c"])) > first, "the counter stopped"
-        assert _maps_privately(backend, sid, tpl / MEMORY_FILE)
+        assert _maps_privately(backend, sid, fork_dir / MEMORY_FILE)
+    forked = [warm[0].id, *(c.id for c in children)]
+    assert len({await run(service, s, ["hostname"]) for s in forked}) == 3
+    assert len({await run(service, s, rand) for s in forked}) == 3
+    fd = os.open(fork_dir / MEMORY_FILE, os.O_RDONLY)
+    try:
+        assert fd_digest(fd, "xxh3_128")[0] == rebased.memory.digest, "a clone wrote the file"
+    finally:
+        os.close(fd)
     # After clones wrote their memory, the template's file still has its sealed bytes.
     fd = os.open(tpl / MEMORY_FILE, os.O_RDONLY)
     try:
         assert fd_digest(fd, "xxh3_128")[0] == manifest.memory.digest
     finally:
         os.close(fd)
-    for sid in [*everyone, child.id]:
+    for sid in [*everyone, *(c.id for c in children)]:
         await service.sandboxes.delete(sid)
 
 
@@ -128,13 +149,19 @@ async def test_warm_pool_hands_out_ready_sandboxes(service: Services) -> None:
         await asyncio.sleep(0.2)
     ready = service.pool._ready.get((image.name, image.digest))
     assert ready, "the pool was never filled"
-    pooled_id = ready[0][0]
+    pooled_id, pooled = ready[0]
+    agent = pooled.agent
     start = time.monotonic()
     got = await service.sandboxes.create(SandboxSpec(image="base", name="from-pool"))
     took = time.monotonic() - start
     print(f"create from the warm pool: {took:.3f} s")
     assert got.id == pooled_id and got.shape == default
     assert await run(service, got.id, ["hostname"]) == "from-pool\n"
+    # Renamed in one request on the connection it had (no reconnect), its own
+    # machine-id kept.
+    assert pooled.agent is agent and not agent.closed
+    machine_id = identity_of(got.id, "from-pool").machine_id
+    assert await run(service, got.id, ["cat", "/etc/machine-id"]) == machine_id + "\n"
     assert await run(service, got.id, ["echo", "ok"]) == "ok\n"
     for sid in (first.id, got.id):
         await service.sandboxes.delete(sid)

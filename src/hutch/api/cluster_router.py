@@ -5,7 +5,9 @@ forward from another host):
 
 - ``/v1/sandboxes/{id}...`` (HTTP and WebSocket: exec, files, terminals, processes and
   their streams, ports, egress and its log, pause/resume/fork/snapshot/delete): when the
-  row names another host that is not down, the request goes there.
+  row names another host that is not down, the request goes there. A resume of a
+  paused sandbox whose host is draining or down goes where placement puts it (that
+  host fetches the pause from the blob store: :mod:`hutch.services.moves`).
 - ``POST /v1/sandboxes``: the create's ``placement`` picks the host
   (:func:`hutch.services.placement.choose_host`); another host's create goes there, and
   that host creates it (each host manages only its own VMs and address pool).
@@ -50,6 +52,7 @@ __all__ = ["ClusterRouter", "Forwarder"]
 log = logging.getLogger("hutch.api.cluster")
 
 _SANDBOX = re.compile(r"^/v1/sandboxes/(sb-[0-9a-f]{12})(?:/.*)?$")
+_RESUME = re.compile(r"^/v1/sandboxes/(sb-[0-9a-f]{12})/resume$")
 _HOST_ACTION = re.compile(r"^/v1/hosts/([^/]+)/(?:drain|undrain)$")
 #: A create body is read whole to place it; larger ones are the REST app's to refuse.
 MAX_CREATE_BODY = 1 << 20
@@ -101,7 +104,10 @@ class ClusterRouter:
             return
         target: HostRow | None = None
         try:
-            if found := _SANDBOX.match(path):
+            if method == "POST" and (found := _RESUME.match(path)):
+                # A paused sandbox whose host is draining or down resumes elsewhere.
+                target = cluster.resume_host(found.group(1))
+            elif found := _SANDBOX.match(path):
                 target = cluster.owner(found.group(1))
             elif method == "POST" and (found := _HOST_ACTION.match(path)):
                 target = cluster.live_other(found.group(1))
@@ -145,7 +151,7 @@ class ClusterRouter:
                 # One host: its own admission answers (HUTCH_MAX_SANDBOXES, quotas, ...).
                 await self.app(scope, replay, send)
                 return
-            host = cluster.place(placement, create.memory_mib, create.snapshot)
+            host = await cluster.place_create(placement, create.memory_mib, create.snapshot)
         except HutchError as exc:
             await _error(exc, scope, replay, send)
             return

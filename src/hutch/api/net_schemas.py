@@ -96,8 +96,9 @@ class PolicyDocument(_Strict):
     inspection: str | None = Field(
         default=None,
         description="`none` (the default: addresses and names only), `partial` (plus "
-        "plain-HTTP requests by method and path, transforms), `full` (TLS terminated by "
-        "hutch's proxy with the daemon's CA, which the guest trusts: every HTTP(S) request "
+        "requests by method and path and transforms where a rule needs them: TLS "
+        "terminated for those names only), `full` (TLS terminated by "
+        "hutch's proxy with the project's CA, which the guest trusts: every HTTP(S) request "
         "decided, transforms with `{secret:NAME}`), `learn` (everything passes; every "
         "proxied connection and request is logged, see `.../egress/suggest`).",
     )

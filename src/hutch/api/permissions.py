@@ -135,6 +135,8 @@ ROUTE_PERMISSIONS: dict[tuple[str, str], Permission] = {
     ("GET", "/v1/hosts/{host_id}"): P.HOST_MANAGE,
     ("POST", "/v1/hosts/{host_id}/drain"): P.HOST_MANAGE,
     ("POST", "/v1/hosts/{host_id}/undrain"): P.HOST_MANAGE,
+    # Host to host: a fork's children placed on that host (signed as the project's admin).
+    ("POST", "/v1/hosts/{host_id}/clones"): P.HOST_MANAGE,
     ("POST", "/v1/projects/{project}/keys"): P.KEY_MANAGE,
     ("GET", "/v1/projects/{project}/keys"): P.KEY_MANAGE,
     ("DELETE", "/v1/projects/{project}/keys/{key_id}"): P.KEY_MANAGE,

@@ -74,7 +74,8 @@ def host_inspect(host_id: str, as_json: bool) -> None:
 @click.argument("host_id")
 @click.option("--json", "as_json", is_flag=True, help="Print the host as JSON.")
 def host_drain(host_id: str, as_json: bool) -> None:
-    """HOST_ID takes no new sandboxes; each running one is paused (memory mode)."""
+    """HOST_ID takes no new sandboxes; each running one is paused (memory mode) and,
+    with a blob store, resumed at once on another host."""
     _print(get_env().client().hosts.drain(host_id), as_json)
 
 

@@ -79,6 +79,13 @@ def _from_mapping(base: Settings, values: dict[str, Any], source: str) -> Settin
                     f"{source}: template_ram_in_file={flag!r}; accepted: 1/0, true/false"
                 )
             s = replace(s, template_ram_in_file=flag in ("1", "true", "yes", "on"))
+        if "fork_ram_in_file" in values:
+            flag = str(values["fork_ram_in_file"]).lower()
+            if flag not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                raise InvalidArgument(
+                    f"{source}: fork_ram_in_file={flag!r}; accepted: 1/0, true/false"
+                )
+            s = replace(s, fork_ram_in_file=flag in ("1", "true", "yes", "on"))
         if "pool_size" in values:
             s = replace(s, pool_size=int(values["pool_size"]))
             if not 0 <= s.pool_size <= 32:

@@ -40,6 +40,11 @@ class Settings:
     # A template keeps guest RAM in its memory.ram, which clones map copy-on-write (a
     # state-only stream); off: all RAM in the stream, each clone loads its own copy.
     template_ram_in_file: bool = True
+    # --- issue 15 (speed): a fork or named snapshot of a template clone rebased on a
+    # memory file of its own (hutch.vm.snapshot_rebase). Off by default: measured slower
+    # than the full stream on 2 loaded cores, and its helper QEMU failed in a daemon run
+    # (ARCHITECTURE.md, "Copy-on-write memory").
+    fork_ram_in_file: bool = False
     # Sandboxes per image kept restored ahead of time (default shape only); 0 = no pool.
     pool_size: int = 0
     # Sandbox addresses: each sandbox takes a /30 of this IPv4 pool (gateway .1, guest .2).

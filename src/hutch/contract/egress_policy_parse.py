@@ -57,38 +57,43 @@ MAX_HEADERS_PER_RULE = 16
 
 
 def require_available(policy: OrderedPolicy) -> None:
-    """Refuse what the daemon does not enforce (yet), each with a 400 saying what is
-    accepted (the previous policy stays):
+    """Refuse what the daemon does not enforce, each with a 400 saying what is accepted
+    (the previous policy stays):
 
-    - ``default: allow`` with deny rules, or with inspection ``full`` (address-level
-      enforcement is an allow list);
-    - under ``partial``, a request rule (methods, path, transform) on port 443: HTTPS
-      requests are read only with inspection ``full`` (TLS is terminated then; under
-      ``partial`` a rule for both ports decides plain HTTP and TLS to its host is refused
-      per connection);
+    - ``default: allow`` with inspection ``learn`` (learn allows everything and records
+      it; its suggestion is a default-deny policy: write ``default: "deny"``);
+    - ``default: allow`` with a deny rule for a *name* on a port other than 80/443: the
+      address level is open then, and a name is seen only in DNS (any port) and in TLS
+      SNI / HTTP Host (the web ports the proxy reads), so "this name but only on port 22"
+      has nowhere to be enforced (an ip/cidr deny holds on every port);
     - under ``full``, an ip/cidr allow rule (nft would pass it without the proxy, so
       uninspected) and an allow rule on a port other than 80/443 (only HTTP(S) is
-      inspected; every other port is closed)."""
-    denies = [r for r in policy.rules if r.action == "deny"]
-    if policy.default == "allow" and denies:
+      inspected; every other port is closed).
+
+    Under ``partial`` a request rule (methods, path, transform) on port 443 (or on no
+    port) makes the proxy terminate TLS for the names that rule matches, and only those;
+    other allowed TLS passes with its SNI checked."""
+    if policy.default == "allow" and policy.inspection == "learn":
         raise InvalidArgument(
-            f'egress policy default: "allow" with deny rules (rules[{denies[0].index}]) '
-            'is not available on this daemon yet; accepted: default "deny" with the '
-            'destinations to allow, or default "allow" without deny rules (open egress)'
-        )
-    if policy.default == "allow" and (policy.inspection in ("full", "learn") or policy.needs_http):
-        raise InvalidArgument(
-            'egress policy default: "allow" with inspection "full" or request rules is not '
-            'available on this daemon yet; accepted: default "deny" with the destinations '
-            "to allow"
+            'egress policy default: "allow" with inspection "learn" is not accepted: learn '
+            'allows everything while it records; accepted: inspection "learn" with '
+            'default "deny" (the default that its suggestion will have)'
         )
     for rule in policy.rules:
         where = f"egress policy rules[{rule.index}]"
-        if policy.inspection == "partial" and rule.needs_http and rule.host.port == 443:
+        if (
+            policy.default == "allow"
+            and rule.action == "deny"
+            and not rule.needs_http
+            and rule.host.kind in ("host", "wildcard")
+            and rule.host.port not in (None, 80, 443)
+        ):
             raise InvalidArgument(
-                f"{where}.host: {rule.host.canonical}: HTTPS requests (port 443) are read "
-                'only with inspection "full" (hutch terminates TLS then); accepted: '
-                'inspection "full", or port 80 / no port for plain HTTP under "partial"'
+                f'{where}.host: {rule.host.canonical}: under default "allow" addresses are '
+                "open and a name is seen only in DNS and in TLS SNI / HTTP Host on ports 80 "
+                f"and 443, so a name cannot be denied on port {rule.host.port} alone; "
+                "accepted: the name with no port (DNS, SNI and Host), :80 or :443, or an "
+                "ip/cidr deny (every port it names, at the address level)"
             )
         if policy.inspection not in ("full", "learn") or rule.action == "deny":
             continue

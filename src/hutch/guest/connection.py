@@ -299,6 +299,23 @@ class AgentConnection:
         finally:
             self._forget(state)
 
+    async def take_identity(self, identity: GuestIdentity) -> str:
+        """Give the guest ``identity`` (hostname, machine-id, network), fresh entropy and
+        the time in one round trip on this connection (a hello would reset the session).
+        Returns the guest's hostname afterwards. An agent that predates the op answers
+        ``unknown_operation`` (``Conflict``): reconnect with the identity instead."""
+        reply = await self._request(
+            {
+                "op": "identity",
+                "time_ns": time.time_ns(),
+                "entropy": base64.b64encode(os.urandom(64)).decode(),
+                "hostname": identity.hostname,
+                "machine_id": identity.machine_id,
+                "net": identity.net,
+            }
+        )
+        return str(reply.get("hostname", ""))
+
     # -- hooks for operation families kept in their own modules (guest/processes.py,
     # guest/pty.py): open a stream, and forget it (CANCEL if the agent still runs it).
     async def open_stream(self, header: dict[str, Any]) -> StreamState:

@@ -287,6 +287,15 @@ class Resolver:
         policy = sandbox.policy
         sid = sandbox.sandbox_id
         if policy.mode == "open":
+            denier = (
+                policy.ordered.name_denied_by(name)
+                if policy.screened and policy.ordered is not None and name is not None
+                else None
+            )
+            if denier is not None:  # default allow: a name deny holds in DNS too
+                why = f"{denier.canonical} denies this name"
+                self._event(sid, raw_name, "deny", denier.canonical, why, denier.index)
+                return _reply(query, dns.rcode.NXDOMAIN, tcp)
             return await self._forward_raw(query, wire, tcp)
         if policy.mode == "deny-all":
             self._event(sid, raw_name, "deny", None, "egress is deny-all")

@@ -55,7 +55,7 @@ from hutch.net.proxy import EgressProxy
 from hutch.net.ratelimit import Rate
 from hutch.net.rules import EgressPolicy
 from hutch.net.summaries import Summaries
-from hutch.net.tls_ca import EgressCA, upstream_context
+from hutch.net.tls_ca import ProjectCAs, upstream_context
 from hutch.net.tunnel import TunnelConfig, TunnelState
 
 __all__ = ["Enforcer", "Entry", "Snapshot", "default_upstream"]
@@ -192,7 +192,7 @@ class Enforcer:
         interface uses. On failure everything started is stopped again."""
         if self._ca_dir is not None:
             # Before the data path runs: the proxy never sees a half-made CA.
-            self.proxy.ca = EgressCA(self._ca_dir)
+            self.proxy.ca = ProjectCAs(self._ca_dir)
             self.proxy.upstream_tls = upstream_context(self._upstream_ca)
         self.datapath.start()
         try:
@@ -367,8 +367,11 @@ class Enforcer:
             unlogged = nft.unlogged
         document = policy.ordered.document() if policy.ordered is not None else None
         counts = self.log.rule_counts(sandbox_id) if document is not None else ()
+        # A policy's own mode (default allow with denies is "rules", as the contract's
+        # evaluator says), not its address-level lowering (open, less the denies).
+        mode = policy.ordered.mode if policy.ordered and policy.observe is None else policy.mode
         return EgressView(
-            policy.texts(), policy.mode, allowed, denied, limited, unlogged, document, counts
+            policy.texts(), mode, allowed, denied, limited, unlogged, document, counts
         )
 
     def events(self, sandbox_id: str, limit: int) -> list[EgressEvent]:

@@ -20,7 +20,9 @@ proxy did, so whatever a lenient server could read differently is refused, never
   (HTTP/1.1 only), never both (:class:`BodyFramer` follows it to the end);
 - hop-by-hop fields (Connection, the fields it names, Keep-Alive, Proxy-Connection,
   Upgrade) are dropped and ``Connection: close`` is appended: the proxy relays one
-  request per connection and the server is told so.
+  request per connection and the server is told so (under TLS inspection
+  :mod:`hutch.net.inspected_http` turns that into keep-alive or a WebSocket upgrade,
+  :attr:`RequestHead.upgrade`, where that is safe).
 
 :func:`parse_request_head` returns the checked :class:`RequestHead` (None: read more
 bytes) or raises :class:`HeadError` whose message says what was wrong.
@@ -99,6 +101,10 @@ class RequestHead:
     consumed: int
     body: BodyKind
     length: int = 0  # body == "length": its size in bytes
+    #: The protocol asked for by ``Upgrade`` when ``Connection`` names ``upgrade``
+    #: (lower-cased, e.g. "websocket"); dropped from ``head`` like every hop-by-hop
+    #: field. Only the inspected relay acts on it (WebSockets, :mod:`inspected_http`).
+    upgrade: str | None = None
 
 
 def parse_host(value: str, what: str = "Host header") -> Authority:
@@ -203,10 +209,15 @@ def parse_request_head(buf: bytes) -> RequestHead | None:
     if absolute is not None and not absolute.same_as(host):
         raise HeadError("request URL and Host header name different hosts")
     body, length = _framing(fields, version)
-    named = set(_HOP_BY_HOP)
+    options: set[bytes] = set()
     for key, value in fields:
         if key.lower() == b"connection":
-            named |= {opt.strip().lower() for opt in value.split(b",") if opt.strip()}
+            options |= {opt.strip().lower() for opt in value.split(b",") if opt.strip()}
+    named = _HOP_BY_HOP | options
+    upgrades = [v for k, v in fields if k.lower() == b"upgrade"]
+    upgrade = None
+    if b"upgrade" in options and len(upgrades) == 1 and upgrades[0].isascii():
+        upgrade = upgrades[0].decode("ascii").strip().lower()
     kept = [lines[0]] + [
         line for line, (key, _) in zip(lines[1:], fields, strict=True) if key.lower() not in named
     ]
@@ -220,6 +231,7 @@ def parse_request_head(buf: bytes) -> RequestHead | None:
         consumed=end + 4,
         body=body,
         length=length,
+        upgrade=upgrade,
     )
 
 
@@ -294,9 +306,34 @@ class BodyFramer:
     caller forwards exactly those); once :attr:`done`, the rest of the stream is not
     part of this request. A malformed chunked body raises :class:`HeadError`."""
 
+    _payload: list[bytes] | None
+
     def __init__(self, request: RequestHead) -> None:
-        self._kind = request.body
-        self._left = request.length  # "length": bytes to go; "chunked": of this chunk
+        self._start(request.body, request.length)
+
+    @classmethod
+    def framing(cls, kind: BodyKind, length: int = 0) -> BodyFramer:
+        """A framer for a body framed as ``kind`` (a response's, for the inspected relay:
+        the same strict chunked grammar as requests)."""
+        framer = cls.__new__(cls)
+        framer._start(kind, length)
+        return framer
+
+    def keep_payload(self) -> None:
+        """From now on :meth:`feed` also keeps the body's payload (chunked framing
+        removed), for :meth:`take_payload`: HTTP/2 DATA carries bodies unchunked."""
+        self._payload = []
+
+    def take_payload(self) -> bytes:
+        out = b"".join(self._payload or ())
+        if self._payload is not None:
+            self._payload.clear()
+        return out
+
+    def _start(self, kind: BodyKind, length: int) -> None:
+        self._payload = None
+        self._kind = kind
+        self._left = length  # "length": bytes to go; "chunked": of this chunk
         self._state = "size" if self._kind == "chunked" else "data"
         self._line = b""
         self._trailer_bytes = 0
@@ -309,11 +346,15 @@ class BodyFramer:
             take = min(self._left, len(data))
             self._left -= take
             self.done = self._left == 0
+            if self._payload is not None:
+                self._payload.append(data[:take])
             return take
         pos = 0
         while pos < len(data) and not self.done:
             if self._state == "data":
                 take = min(self._left, len(data) - pos)
+                if self._payload is not None:
+                    self._payload.append(data[pos : pos + take])
                 pos += take
                 self._left -= take
                 if self._left == 0:

@@ -151,9 +151,22 @@ class PolicyLike(Protocol):
         """Not None: open, but web traffic still goes through the proxy (learn, dry run)."""
         ...
 
+    @property
+    def screened(self) -> bool:
+        """Open, less what it denies, with web traffic through the proxy (default allow
+        with name denies, request rules or inspection full)."""
+        ...
+
+    @property
+    def web_only(self) -> bool:
+        """Screened, and nothing but DNS and the proxied web ports leaves (full)."""
+        ...
+
     def ip_networks(self) -> list[IPv4Network]: ...
 
     def ip_port_networks(self) -> list[tuple[IPv4Network, int]]: ...
+
+    def ip_denied(self) -> list[tuple[IPv4Network, int | None]]: ...
 
     def texts(self) -> list[str]: ...
 
@@ -391,8 +404,11 @@ def _sb_fill(cfg: TableConfig, sb: SandboxNet) -> list[str]:
     n = _sb_names(key)
     policy = sb.policy
     lines: list[str] = []
-    ips = _nets(policy.ip_networks()) if policy.mode == "rules" else []
-    ipports = _net_ports(policy.ip_port_networks()) if policy.mode == "rules" else []
+    # Rules mode: what the ip/cidr rules allow; default allow with ip/cidr denies: the
+    # allow rules before them (accepted first, so first match wins).
+    lowered = policy.mode == "rules" or (policy.mode == "open" and bool(policy.ip_denied()))
+    ips = _nets(policy.ip_networks()) if lowered else []
+    ipports = _net_ports(policy.ip_port_networks()) if lowered else []
     if ips:
         lines.append(_add_element(cfg, n["ip"], ips))
     if ipports:
@@ -409,7 +425,29 @@ def _sb_fill(cfg: TableConfig, sb: SandboxNet) -> list[str]:
     keep = f"ct mark set {mark} accept"
     rules: list[str] = []
     if policy.mode == "open":
-        rules.append(allow)
+        # Default allow: the allow rules' networks accepted, then the deny rules' dropped
+        # (anonymous sets: the chain is refilled whole on a swap), then QUIC dropped
+        # when names are checked (its server name is where the proxy does not look),
+        # then everything (or, under inspection full, nothing: only DNS and the proxied
+        # web ports, which never reach this chain, leave).
+        denied = policy.ip_denied()
+        if denied:
+            if ips:
+                rules.append(f"ip daddr @{n['ip']} {allow}")
+            if ipports:
+                rules.append(f"meta l4proto @tcp_udp ip daddr . th dport @{n['ipport']} {allow}")
+            anyport = _nets(net for net, port in denied if port is None)
+            if anyport:
+                rules += _deny(cfg, f"ip daddr {{ {_elements(anyport)} }}", sid, "policy", deny,
+                               nolog)  # fmt: skip
+            ported = _net_ports((net, port) for net, port in denied if port is not None)
+            if ported:
+                match = f"meta l4proto @tcp_udp ip daddr . th dport {{ {_elements(ported)} }}"
+                rules += _deny(cfg, match, sid, "policy", deny, nolog)
+        if policy.screened:
+            rules += _deny(cfg, "udp dport 443", sid, "quic", deny, nolog)
+        if not policy.web_only:
+            rules.append(allow)
     elif policy.mode == "rules":
         # th dport reads bytes 2-3 of any transport header (an ICMP checksum!), so the
         # port sets only apply to TCP and UDP.
@@ -430,7 +468,7 @@ def _sb_fill(cfg: TableConfig, sb: SandboxNet) -> list[str]:
     lines += [f"add rule inet {t} {n['chain']} {r}" for r in rules]
     lines.append(f"add rule inet {t} {n['est']} ct mark {mark} accept")
 
-    if policy.mode == "rules":
+    if policy.mode == "rules" or policy.screened:
         # Web traffic goes through the proxy, which checks SNI/Host against the rules and
         # connects to what the host resolved; an explicit ip/cidr rule skips it.
         lines += [

@@ -18,12 +18,15 @@ covers the destination) here. Per connection:
    port, and relays with backpressure: TLS both ways as is; HTTP exactly the one
    checked request, then only the answer (:mod:`hutch.net.http_relay`).
 
-Under ``inspection: full`` (and ``learn``) TLS is terminated instead: after the SNI
-check the guest's handshake completes against a leaf from hutch's CA
-(:mod:`hutch.net.tls_ca`, :mod:`hutch.net.tls_stream`) and every request inside is
-decided and relayed over its own verified upstream TLS connection
-(:mod:`hutch.net.inspected_http`). Learn and dry run decide by the policy they would
-enforce and log would-be denials as allowances (:func:`proxy_decide.observed`).
+Under ``inspection: full`` (and ``learn``), and under ``partial`` for a destination whose
+first matching rule needs the request, TLS is terminated instead: after the SNI check
+the guest's handshake completes against a leaf from its project's CA
+(:mod:`hutch.net.tls_ca`, :mod:`hutch.net.tls_stream`; ALPN ``h2`` or ``http/1.1``) and
+every HTTP/1.1 request (:mod:`hutch.net.inspected_http`: keep-alive, WebSockets) or
+HTTP/2 stream (:mod:`hutch.net.h2_relay`) inside is decided on its own and relayed over
+a verified upstream TLS connection (HTTP/1.1, reused while that is safe). Learn and dry
+run decide by the policy they would enforce and log would-be denials as allowances
+(:func:`proxy_decide.observed`).
 
 Floods: with a ``limit``, each new connection first takes a token from its sender's
 bucket (:mod:`hutch.net.ratelimit`); without one it is closed at once, before a byte is
@@ -53,9 +56,10 @@ from hutch.errors import NetworkError
 from hutch.net.destinations import ForbiddenCheck, opened_by_ip_rule
 from hutch.net.dns import SandboxDirectory, SandboxNet
 from hutch.net.egress_log import EgressLog
+from hutch.net.h2_relay import serve_h2
 from hutch.net.http_head import RequestHead
 from hutch.net.http_relay import relay_one_request
-from hutch.net.inspected_http import Checked, Refused, serve_inspected
+from hutch.net.inspected_http import Checked, Refused, Upstream, serve_inspected
 from hutch.net.proxy_decide import (
     Allowed,
     Denied,
@@ -63,14 +67,14 @@ from hutch.net.proxy_decide import (
     SecretResolver,
     decide_destination,
     decide_request,
-    inspects_tls,
     observed,
     still_allowed,
+    terminates_tls,
 )
 from hutch.net.ratelimit import KeyedLimiter, Rate
 from hutch.net.rules import EgressPolicy, normalize_name
 from hutch.net.sniff import Sniffed, sniff
-from hutch.net.tls_ca import EgressCA
+from hutch.net.tls_ca import ProjectCAs
 from hutch.net.tls_stream import TlsStream
 
 __all__ = [
@@ -129,12 +133,12 @@ class EgressProxy:
         peek_timeout_s: float = 10,
         original_port: Callable[[socket.socket], int] = so_original_dst_port,
         limit: Rate | None = None,
-        ca: EgressCA | None = None,
+        ca: ProjectCAs | None = None,
         upstream_tls: ssl.SSLContext | None = None,
         secrets: SecretResolver | None = None,
     ) -> None:
         self._directory = directory
-        #: TLS inspection (``full``): the CA minting leaves for the guest, how upstream
+        #: TLS inspection: the projects' CAs minting leaves for guests, how upstream
         #: servers are verified, where transform secrets come from (set by the daemon).
         self.ca = ca
         self.upstream_tls = upstream_tls
@@ -229,7 +233,7 @@ class EgressProxy:
             )  # fmt: skip
             await self._refuse(writer, seen, port, reason)
             return
-        if seen.protocol == "tls" and inspects_tls(sandbox.policy):
+        if seen.protocol == "tls" and terminates_tls(sandbox.policy, seen.name, port):
             await self._inspect_tls(sandbox, src, seen.name, port, raw, reader, writer)
             return
         name = seen.name
@@ -319,7 +323,7 @@ class EgressProxy:
             assert first is not None
             raise Denied(
                 f"{first.canonical} needs the HTTP request, which TLS hides from hutch "
-                f'without inspection "full": {name} on port {port} is refused',
+                f"when it does not terminate it: {name} on port {port} is refused",
                 first.canonical,
                 first.index,
             )
@@ -359,9 +363,11 @@ class EgressProxy:
         writer: asyncio.StreamWriter,
     ) -> None:
         """Inspection ``full``: the destination is checked by SNI, then TLS is terminated
-        with a leaf for ``name`` from hutch's CA, and every HTTP request inside is decided
-        on its own (:mod:`hutch.net.inspected_http`) and sent over a fresh upstream TLS
-        connection verified for ``name``. What cannot be read is refused, never passed."""
+        with a leaf for ``name`` from hutch's CA (ALPN ``h2`` or ``http/1.1``), and every
+        HTTP request (HTTP/1.1: :mod:`hutch.net.inspected_http`) or HTTP/2 stream
+        (:mod:`hutch.net.h2_relay`) inside is decided on its own and sent over an
+        upstream TLS connection verified for ``name`` (reused while allowed). What cannot
+        be read is refused, never passed."""
 
         def deny(reason: str, rule: str | None = None, index: int | None = None, **kw: Any) -> None:
             self._event(sandbox, name, port, "https", name, "deny", rule, reason, index=index, **kw)
@@ -372,10 +378,15 @@ class EgressProxy:
             deny(denied.reason, denied.rule, denied.index)
             return
         if self.ca is None or self.upstream_tls is None:
-            deny('inspection "full" needs the egress CA, which this proxy was not given')
+            deny("TLS inspection needs the egress CAs, which this proxy was not given")
             return
         norm = normalize_name(name) or name
-        tls = TlsStream(reader, writer, self.ca.server_context(norm), raw)
+        try:  # the sandbox's own project's CA: its guest trusts no other
+            context = self.ca.for_project(sandbox.project).server_context(norm)
+        except NetworkError as exc:
+            deny(f"the project's egress CA is not available: {exc}")
+            return
+        tls = TlsStream(reader, writer, context, raw)
         try:
             async with asyncio.timeout(self._peek_timeout_s):
                 await tls.handshake()
@@ -390,7 +401,7 @@ class EgressProxy:
             return
         upstream_tls = self.upstream_tls
 
-        async def check(request: RequestHead) -> Checked:
+        async def check(request: RequestHead, idle: Upstream | None) -> Checked:
             http = HttpFacts.of(request)
             try:
                 if normalize_name(request.host.host) != norm or request.host.port not in (
@@ -412,35 +423,43 @@ class EgressProxy:
                     return decide_request(policy, name, port, request, reveal)
 
                 allowed = observed(decide, now.policy)
-                (up_reader, up_writer), addr = await self._connect(
-                    now.policy, name, port, allowed.rule, upstream_tls
-                )
+                upstream = idle
+                if upstream is None:  # same name as before (Host = SNI): reuse if we can
+                    (up_reader, up_writer), addr = await self._connect(
+                        now.policy, name, port, allowed.rule, upstream_tls
+                    )
+                    upstream = Upstream(up_reader, up_writer, str(addr))
             except Denied as denied:
                 deny(denied.reason, denied.rule, denied.index, http=http)
                 raise Refused(denied.reason) from None
             rule = allowed.rule
             self._event(
-                sandbox, str(addr), port, "https", name, "allow", rule,
+                sandbox, upstream.address, port, "https", name, "allow", rule,
                 allowed.note or ("allowed by rule" if rule else "open egress"), http=http,
                 index=allowed.index,
             )  # fmt: skip
 
             def done(cut: str | None) -> None:
                 if cut is not None:
-                    self._event(sandbox, str(addr), port, "https", name, "deny", rule, cut)
+                    self._event(sandbox, upstream.address, port, "https", name, "deny", rule, cut)
 
             head = (allowed.head or request).head
             secrets = [v.encode() for v in allowed.secrets]
-            return Checked(head, up_reader, up_writer, secrets, done)
+            return Checked(head, upstream, secrets, done)
 
         def refused(_request: RequestHead | None, reason: str) -> None:
             deny(reason)
 
         try:
             sid = sandbox.sandbox_id
-            await serve_inspected(
-                tls, check, refused, lambda count: self._log.add_bytes(sid, sent=count)
-            )
+
+            def sent(count: int) -> None:
+                self._log.add_bytes(sid, sent=count)
+
+            if tls.alpn == "h2":
+                await serve_h2(tls, check, refused, sent)
+            else:
+                await serve_inspected(tls, check, refused, sent)
             await tls.close()
         finally:
             self._relays.discard(relay)
@@ -462,6 +481,24 @@ class EgressProxy:
             raise Denied(f"cannot resolve {name}: {exc}", rule_text) from exc
         if not addrs:
             raise Denied(f"{name} has no IPv4 address", rule_text)
+        if policy.screened and policy.ordered is not None:
+            # Default allow: an address the name leads to is decided too, in rule order
+            # with the name (``decide_connection`` with both): an ip/cidr deny holds for
+            # the proxy's own connection, unless a name rule before it decided.
+            norm = normalize_name(name)
+            kept: list[IPv4Address] = []
+            denied: list[Denied] = []
+            for addr in addrs:
+                decided = policy.ordered.decide_connection(norm, addr, port)
+                rule = decided.rule
+                if decided.verdict == "deny" and rule is not None:
+                    why = f"{rule.canonical} denies {addr} (what {name} resolves to)"
+                    denied.append(Denied(why, rule.canonical, rule.index))
+                else:
+                    kept.append(addr)
+            if not kept:
+                raise denied[0]
+            addrs = kept
         verdicts = [(a, self._forbidden(a)) for a in addrs]
         good = [
             a

@@ -29,6 +29,7 @@ __all__ = [
     "observed",
     "path_of",
     "still_allowed",
+    "terminates_tls",
 ]
 
 
@@ -85,9 +86,33 @@ class Allowed:
 
 
 def inspects_tls(policy: EgressPolicy) -> bool:
-    """True when the proxy terminates this sandbox's TLS (``inspection: full``, and
-    ``learn``, which records every request's method and path)."""
-    return policy.ordered is not None and policy.ordered.inspection in ("full", "learn")
+    """True when the proxy may terminate this sandbox's TLS, so its guest must trust the
+    project's CA: inspection ``full`` and ``learn`` (every TLS connection), and
+    ``partial`` with a request rule (methods, path, transform) that can apply to port
+    443 (TLS to the names it matches; see :func:`terminates_tls`)."""
+    o = policy.ordered
+    if o is None:
+        return False
+    if o.inspection in ("full", "learn"):
+        return True
+    return o.inspection == "partial" and any(
+        r.needs_http and r.host.port in (None, 443) for r in o.rules
+    )
+
+
+def terminates_tls(policy: EgressPolicy, name: str, port: int) -> bool:
+    """Is this TLS connection (SNI ``name``, dialled ``port``) terminated? Under ``full``
+    and ``learn`` always; under ``partial`` only when the first rule matching the
+    destination needs the request (what the connection decision calls ``inspect``),
+    so that rule, or a later one, can read it. Other TLS passes, its SNI checked."""
+    o = policy.ordered
+    if o is None:
+        return False
+    if o.inspection in ("full", "learn"):
+        return True
+    if o.inspection != "partial" or normalize_name(name) is None:
+        return False
+    return o.decide_connection(normalize_name(name), None, port).verdict == "inspect"
 
 
 def observed(decide: Callable[[EgressPolicy], Allowed], policy: EgressPolicy) -> Allowed:
@@ -105,10 +130,15 @@ def observed(decide: Callable[[EgressPolicy], Allowed], policy: EgressPolicy) ->
 
 def still_allowed(policy: EgressPolicy, name: str, port: int) -> str | None:
     """None when ``policy`` allows ``name`` on ``port`` through the proxy; else why not."""
-    if policy.mode == "open":
+    if policy.mode == "open" and not policy.screened:
         return None
     if policy.mode == "deny-all":
         return "egress is now deny-all"
+    if policy.screened and policy.ordered is not None:
+        decided = policy.ordered.decide_connection(normalize_name(name), None, port)
+        if decided.verdict == "deny" and decided.rule is not None:
+            return f"{decided.rule.canonical} denies {name} on port {port}"
+        return None
     if policy.match_name(name, port) is None:
         return f"no rule allows {name} on port {port} any more"
     return None
@@ -121,7 +151,7 @@ def decide_destination(policy: EgressPolicy, name: str, port: int) -> Allowed:
         raise Denied(f"{name!r} is not a valid hostname")
     if policy.mode == "deny-all":
         raise Denied("egress is deny-all")
-    if policy.mode == "open":
+    if policy.mode == "open" and not policy.screened:
         return Allowed(None, None)
     if policy.ordered is None:
         rule = policy.match_name(name, port)

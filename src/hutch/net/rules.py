@@ -94,6 +94,11 @@ class EgressPolicy:
     rules: tuple[EgressRule, ...] = ()
     ordered: OrderedPolicy | None = None
     lowered_ip: tuple[tuple[IPv4Network, int | None], ...] = field(default=(), compare=False)
+    #: Default allow: the IPv4 networks (with a port or not) its ip/cidr deny rules take
+    #: out of the open address level (checked after ``lowered_ip``, which then holds the
+    #: allow rules' networks less earlier denies, so first match wins; see
+    #: :func:`lower_policy`).
+    lowered_deny: tuple[tuple[IPv4Network, int | None], ...] = field(default=(), compare=False)
 
     @classmethod
     def open(cls) -> EgressPolicy:
@@ -110,13 +115,35 @@ class EgressPolicy:
             return "learn"
         return "dry run" if self.ordered.dry_run else None
 
+    @property
+    def screened(self) -> bool:
+        """Default allow that still decides: the address level is open (less the ip/cidr
+        denies), but names are checked in DNS and web traffic goes through the proxy
+        (name denies by SNI and Host, request rules, inspection ``full``). Not for
+        learn / dry run (:attr:`observe`), which only record."""
+        o = self.ordered
+        if o is None or o.default != "allow" or self.observe is not None:
+            return False
+        return o.inspection == "full" or any(
+            r.host.kind in ("host", "wildcard") and (r.action == "deny" or r.needs_http)
+            for r in o.rules
+        )
+
+    @property
+    def web_only(self) -> bool:
+        """Default allow with inspection ``full``: nothing but DNS and the proxied web
+        ports leaves (non-HTTP is blocked, as full promises)."""
+        return self.screened and self.ordered is not None and self.ordered.inspection == "full"
+
+    def ip_denied(self) -> list[tuple[IPv4Network, int | None]]:
+        """Default allow: the IPv4 networks (and ports) the ip/cidr deny rules drop."""
+        return list(self.lowered_deny)
+
     def shadow(self) -> EgressPolicy:
         """The policy an observing one would enforce (itself when it enforces)."""
         if self.observe is None or self.ordered is None:
             return self
-        mode = self.ordered.mode
-        nets = _lower_ip(self.ordered) if mode == "rules" else ()
-        return EgressPolicy(mode, (), self.ordered, nets)
+        return _lower(self.ordered)
 
     def texts(self) -> list[str]:
         """Canonical strings for GET (and for today's lists, storage): today's rules, or
@@ -243,14 +270,40 @@ def _lower_ip(ordered: OrderedPolicy) -> tuple[tuple[IPv4Network, int | None], .
     return tuple(out)
 
 
+def _lower_deny(ordered: OrderedPolicy) -> tuple[tuple[IPv4Network, int | None], ...]:
+    """Default allow: every ip/cidr deny rule's IPv4 network and port. Earlier allow
+    rules need not be taken out: their networks (:func:`_lower_ip`) are accepted before
+    these are dropped, and a later allow already had these taken out of its own."""
+    return tuple(
+        (r.host.network, r.host.port)
+        for r in ordered.rules
+        if r.action == "deny" and not r.needs_http and isinstance(r.host.network, IPv4Network)
+    )
+
+
+def _lower(ordered: OrderedPolicy) -> EgressPolicy:
+    """What ``ordered`` enforces (learn and dry run aside): default deny is rules mode
+    (or deny-all); default allow is open at the address level, less its ip/cidr denies
+    (with the allows before them accepted first), and :attr:`EgressPolicy.screened`
+    when names or requests are still decided."""
+    if ordered.default == "allow":
+        denies = _lower_deny(ordered)
+        allows = _lower_ip(ordered) if denies else ()
+        return EgressPolicy("open", (), ordered, allows, denies)
+    if ordered.mode == "deny-all":
+        return EgressPolicy("deny-all", (), ordered)
+    return EgressPolicy("rules", (), ordered, _lower_ip(ordered))
+
+
 def lower_policy(ordered: OrderedPolicy) -> EgressPolicy:
-    """The enforcement form of an ordered policy. What this daemon enforces so far is
-    the address and name level (``inspection: none``); anything else is refused with
-    InvalidArgument naming what is not available, and the previous policy stays."""
+    """The enforcement form of an ordered policy (see :func:`_lower`); learn and dry run
+    are open and record what the policy would do (:attr:`EgressPolicy.observe`). What
+    this daemon cannot enforce is refused with InvalidArgument naming it
+    (:func:`require_available`), and the previous policy stays."""
     require_available(ordered)
-    if ordered.mode == "open" or ordered.inspection == "learn" or ordered.dry_run:
+    if ordered.inspection == "learn" or ordered.dry_run:
         return EgressPolicy("open", (), ordered)
-    return EgressPolicy(ordered.mode, (), ordered, _lower_ip(ordered))
+    return _lower(ordered)
 
 
 def policy_from_stored(stored: object) -> EgressPolicy:

@@ -1,8 +1,14 @@
-"""The egress proxy's certificate authority (TLS inspection ``full``).
+"""The egress proxy's certificate authorities (TLS inspection ``full``, and ``partial``
+for the names a request rule needs).
 
-One CA per daemon, made at the first start that needs it (EC P-256, ``cryptography``):
-``<state>/egress-ca/ca.pem`` (public: it is what sandboxes trust) and ``ca.key`` (0600,
-in a 0700 directory; it never leaves the host and never enters a guest). For each server
+One CA per project (:class:`ProjectCAs`), made on the project's first use (EC P-256,
+``cryptography``): ``<state>/egress-ca/projects/<project>/ca.pem`` (public: it is what
+that project's sandboxes trust) and ``ca.key`` (0600, in 0700 directories; it never
+leaves the host and never enters a guest). A guest trusts only its own project's CA, so
+a leaf minted for one project's sandbox is worth nothing to another's clients.
+Rotation: stop the daemon (or let no inspected sandbox run), remove the project's
+directory; the next use makes a new CA, and sandboxes get it at their next create or
+egress PUT (running ones keep trusting the old one until then). For each server
 name a guest asks for (TLS SNI) the proxy presents a leaf certificate for exactly that
 name, signed by the CA and minted on first use; leaves are kept in memory (an LRU of
 :data:`LEAF_CACHE` names) as ready ``ssl.SSLContext`` objects, so a name costs one
@@ -31,9 +37,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from hutch.contract.names import NAME_RE
 from hutch.errors import NetworkError
 
-__all__ = ["LEAF_CACHE", "LEAF_DAYS", "EgressCA", "upstream_context"]
+__all__ = ["LEAF_CACHE", "LEAF_DAYS", "EgressCA", "ProjectCAs", "upstream_context"]
 
 LEAF_CACHE = 1024
 LEAF_DAYS = 7
@@ -127,7 +134,7 @@ class EgressCA:
 
     def server_context(self, name: str) -> ssl.SSLContext:
         """A server-side context presenting a leaf for ``name`` (a normalized host name),
-        HTTP/1.1 only (ALPN), TLS 1.2 or later."""
+        ALPN ``h2`` then ``http/1.1`` (both inspected), TLS 1.2 or later."""
         with self._lock:
             leaf = self._leaves.get(name)
             if leaf is not None and leaf.not_after - _now() > datetime.timedelta(days=1):
@@ -161,7 +168,7 @@ class EgressCA:
         )
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        ctx.set_alpn_protocols(["http/1.1"])  # HTTP/2 is not inspected: clients fall back
+        ctx.set_alpn_protocols(["h2", "http/1.1"])  # net/h2_relay.py, net/inspected_http.py
         pem = cert.public_bytes(serialization.Encoding.PEM) + self._leaf_key_pem
         with tempfile.NamedTemporaryFile(prefix="leaf-", suffix=".pem") as tmp:
             tmp.write(pem)  # NamedTemporaryFile is 0600
@@ -170,10 +177,47 @@ class EgressCA:
         return _Leaf(ctx, not_after)
 
 
+class ProjectCAs:
+    """The CA of each project, under ``root/projects/<project>/`` (see the module
+    docstring), loaded or made on first use and then kept. Thread-safe: the API thread
+    asks for a project's certificate (to install it in a guest), the data path for its
+    leaves. Raises NetworkError naming the directory when a CA cannot be read or made,
+    InvalidArgument-free: a project name that is not a plain name is refused here."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._cas: dict[str, EgressCA] = {}
+        self._lock = threading.Lock()
+
+    def directory(self, project: str) -> Path:
+        if not NAME_RE.match(project):
+            raise NetworkError(f"egress CA: {project!r} is not a project name")
+        return self.root / "projects" / project
+
+    def for_project(self, project: str) -> EgressCA:
+        with self._lock:
+            ca = self._cas.get(project)
+            if ca is None:
+                directory = self.directory(project)
+                try:
+                    for parent in (self.root, directory.parent):
+                        parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                        os.chmod(parent, 0o700)
+                except OSError as exc:
+                    raise NetworkError(f"egress CA in {directory}: {exc}") from exc
+                ca = self._cas[project] = EgressCA(directory)
+            return ca
+
+    def cert_pem(self, project: str) -> bytes:
+        """The project's CA certificate (PEM), made now if it does not exist yet."""
+        return self.for_project(project).cert_pem
+
+
 def upstream_context(cafile: Path | None) -> ssl.SSLContext:
     """How the proxy verifies the real servers when it terminates TLS: the host's trust
     store, or only the CAs in ``cafile`` (``HUTCH_EGRESS_UPSTREAM_CA``). Names and
-    certificates are always checked; HTTP/1.1 only."""
+    certificates are always checked; HTTP/1.1 only (a guest's HTTP/2 streams go up as
+    HTTP/1.1 requests, :mod:`hutch.net.h2_relay`)."""
     try:
         ctx = ssl.create_default_context(cafile=str(cafile) if cafile else None)
     except (OSError, ssl.SSLError) as exc:

@@ -159,6 +159,11 @@ class VmBackend(Protocol):
     def pause_dir(self, sandbox_id: str) -> Path:
         """Where a memory-mode pause of this sandbox is saved."""
 
+    def rehome(self, rec: SandboxRecord) -> None:
+        """The sandbox's files came from another host (a cross-host resume): point its
+        recorded VM configuration at this host's paths (disk, sockets, logs, tap, RAM
+        file). Raises VmError when there is no configuration to rewrite."""
+
     def share_socket(self, sandbox_id: str, slot: int) -> Path:
         """The socket hutchd connects to for the shared volume in mount ``slot``."""
 

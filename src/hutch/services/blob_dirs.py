@@ -37,7 +37,7 @@ from hutch.vm.disk_chain import disk_chain
 from hutch.vm.snapshot import MANIFEST_FILE, STATE_FILE, load_manifest
 from hutch.vm.snapshot_manifest import FileStamp, fd_digest, write_atomic
 
-__all__ = ["INDEX", "INDEX_FORMAT", "fetch_dir", "upload_dir"]
+__all__ = ["DISK", "INDEX", "INDEX_FORMAT", "fetch_dir", "upload_dir"]
 
 INDEX = "index.json"
 INDEX_FORMAT = 1
@@ -51,23 +51,30 @@ Put = Callable[[str, Path], BlobInfo]
 def upload_dir(
     store: BlobStore,
     prefix: str,
-    d: Path,
+    d: Path | None,
     *,
     owner: str,
     scratch: Path,
     disk: Path | None = None,
+    extra: dict[str, Path] | None = None,
     put: Put | None = None,
 ) -> int:
-    """Upload every file of ``d`` (and ``disk`` as ``disk.qcow2`` when it lives
-    elsewhere), the qcow2 layers under the disk, then the index; return the bytes sent.
-    ``put`` (default ``store.put``) lets a caller stop between blobs; ``scratch``: where
-    the index is written before it is sent. The files must not change meanwhile (frozen)."""
+    """Upload every file of ``d`` (None: no directory, e.g. a disk-mode pause), the
+    ``extra`` files under their names (a pause's ``vm.json``), ``disk`` as
+    ``disk.qcow2`` when it lives elsewhere, the qcow2 layers under the disk, then the
+    index; return the bytes sent. ``put`` (default ``store.put``) lets a caller stop
+    between blobs; ``scratch``: where the index is written before it is sent. The files
+    must not change meanwhile (frozen)."""
     send = put or store.put
     files: dict[str, dict[str, Any]] = {}
-    for f in sorted(d.iterdir()):
+    for f in sorted(d.iterdir()) if d is not None else ():
         if f.is_file() and not f.name.startswith("."):
             files[f.name] = _rec(send(prefix + f.name, f))
-    top = disk if disk is not None else d / DISK
+    for name, path in sorted((extra or {}).items()):
+        files[name] = _rec(send(prefix + name, path))
+    if disk is None and d is None:
+        raise SnapshotError(f"{owner}: nothing to upload (no directory and no disk)")
+    top = disk if disk is not None else d / DISK  # type: ignore[operator]
     if disk is not None:
         files[DISK] = _rec(send(prefix + DISK, disk))
     layers, base = disk_chain(top)
@@ -100,12 +107,14 @@ def fetch_dir(
     *,
     owner: str,
     images_dir: Path,
+    memory: bool = True,
 ) -> dict[str, Any]:
     """Download what :func:`upload_dir` stored under ``prefix`` into ``staging`` (an
     empty directory), made ready to be renamed to ``final``: the chain rebased onto
     itself at ``final`` and onto the raw image (inside ``images_dir``), the manifest's
-    disk stamp renewed for ``final``, every file read-only. Returns the index. Raises
-    ``BlobError`` naming what failed; the caller removes ``staging`` then."""
+    disk stamp renewed for ``final``, every file read-only. ``memory`` False: a
+    disk-only state (a disk-mode pause: no manifest nor stream to check). Returns the
+    index. Raises ``BlobError`` naming what failed; the caller removes ``staging`` then."""
     found = store.stat(prefix + INDEX)
     if found is None:
         raise BlobError(
@@ -114,21 +123,27 @@ def fetch_dir(
         )
     index_path = staging / ".index.json"
     store.get(prefix + INDEX, index_path, expect=found)
-    index = _parse_index(index_path, owner, prefix, store.url)
+    index = _parse_index(index_path, owner, prefix, store.url, memory=memory)
     index_path.unlink()
     for name, rec in index["files"].items():
         store.get(prefix + name, staging / name, expect=_expect(prefix + name, rec))
     for rec in index["layers"]:
         name = rec["name"]
         store.get(prefix + name, staging / name, expect=_expect(prefix + name, rec))
-    _relink(index, staging, final, owner, images_dir)
+    _relink(index, staging, final, owner, images_dir, memory=memory)
     for f in staging.iterdir():
         os.chmod(f, 0o444)
     return index
 
 
 def _relink(
-    index: dict[str, Any], staging: Path, final: Path, owner: str, images_dir: Path
+    index: dict[str, Any],
+    staging: Path,
+    final: Path,
+    owner: str,
+    images_dir: Path,
+    *,
+    memory: bool = True,
 ) -> None:
     """Point the fetched chain at itself and at this host's raw image, check the stream
     against the manifest's digest, renew the manifest's disk (and memory) stamp."""
@@ -155,6 +170,8 @@ def _relink(
         else:
             continue
         _qemu_img(["rebase", "-u", "-f", "qcow2", "-F", fmt, "-b", backing, str(staging / name)])
+    if not memory:
+        return
     manifest_path = staging / MANIFEST_FILE
     os.chmod(manifest_path, 0o644)
     manifest = load_manifest(staging)
@@ -167,15 +184,15 @@ def _relink(
             f"{manifest.state_size}); it is not used"
         )
     st = (staging / DISK).stat()
-    memory = manifest.memory
-    if memory is not None:
-        mem = staging / Path(memory.path).name
+    mem_stamp = manifest.memory
+    if mem_stamp is not None:
+        mem = staging / Path(mem_stamp.path).name
         mst = mem.stat()
-        memory = FileStamp(str(final / mem.name), mst.st_size, mst.st_mtime_ns)
+        mem_stamp = FileStamp(str(final / mem.name), mst.st_size, mst.st_mtime_ns)
     renewed = dataclasses.replace(
         manifest,
         disk=FileStamp(str(final / DISK), st.st_size, st.st_mtime_ns),
-        memory=memory,
+        memory=mem_stamp,
     )
     write_atomic(manifest_path, renewed.to_json(), fsync=True)
 
@@ -188,7 +205,9 @@ def _expect(key: str, rec: dict[str, Any]) -> BlobInfo:
     return BlobInfo(key, int(rec["size"]), str(rec["sha256"]))
 
 
-def _parse_index(path: Path, owner: str, prefix: str, url: str) -> dict[str, Any]:
+def _parse_index(
+    path: Path, owner: str, prefix: str, url: str, *, memory: bool = True
+) -> dict[str, Any]:
     try:
         index: dict[str, Any] = json.loads(path.read_text())
         if index.get("format") != INDEX_FORMAT or index.get("owner") != owner:
@@ -202,8 +221,9 @@ def _parse_index(path: Path, owner: str, prefix: str, url: str) -> dict[str, Any
         for rec in index["layers"]:
             if not _LAYER_NAME.match(str(rec["name"])) or rec["name"] in index["files"]:
                 raise ValueError(f"layer name {rec['name']!r}")
-        if not {MANIFEST_FILE, STATE_FILE, DISK} <= set(index["files"]):
-            raise ValueError(f"no {MANIFEST_FILE}, {STATE_FILE} or {DISK}")
+        required = {MANIFEST_FILE, STATE_FILE, DISK} if memory else {DISK}
+        if not required <= set(index["files"]):
+            raise ValueError(f"no {' or '.join(sorted(required))}")
         if index["base"] is not None:
             str(index["base"]), int(index["base_size"])
         return index

@@ -23,15 +23,19 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import httpx
+
 from hutch.config import Settings
+from hutch.contract.auth import Principal
 from hutch.contract.placement import Placement
-from hutch.errors import HutchError, NotFound
-from hutch.models import PauseMode, SandboxState
+from hutch.errors import Conflict, HutchError, NotFound, Unavailable
+from hutch.models import PauseMode, SandboxRecord, SandboxState
 from hutch.services.cluster_auth import ClusterSigner, load_or_create_secret
-from hutch.services.events import because, internal
+from hutch.services.events import because, internal, project_of
 from hutch.services.lifecycle import LifecycleService
 from hutch.services.placement import choose_host
 from hutch.services.registry import SandboxRegistry
@@ -102,9 +106,16 @@ async def host_facts(settings: Settings, accel: str, now: float) -> HostRow:
 class ClusterService:
     """See the module docstring; ``lifecycle`` pauses this host's sandboxes in a drain."""
 
-    def __init__(self, core: SandboxRegistry, lifecycle: LifecycleService) -> None:
+    def __init__(
+        self,
+        core: SandboxRegistry,
+        lifecycle: LifecycleService,
+        snapshot_uploaded: Callable[[str], bool] | None = None,
+    ) -> None:
         self.core = core
         self.lifecycle = lifecycle
+        #: A named snapshot's upload to the blob store is complete (blocking: a stat).
+        self.snapshot_uploaded = snapshot_uploaded or (lambda _id: False)
         self.settings = core.settings
         self.host_id = core.host_id
         self.hosts = HostStore(core.store)
@@ -114,6 +125,7 @@ class ClusterService:
         self.clock = time.time
         self.me: HostRow | None = None
         self._task: asyncio.Task[None] | None = None
+        self._drop: asyncio.Task[None] | None = None
 
     @property
     def lease_s(self) -> float:
@@ -133,10 +145,11 @@ class ClusterService:
     async def close(self) -> None:
         """Stop renewing. The host stays registered: a restart within the lease keeps
         its sandboxes; past it, the other hosts mark it down."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        for task in (self._task, self._drop):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._task = self._drop = None
 
     async def _run(self) -> None:
         internal("host_lease")
@@ -157,6 +170,16 @@ class ClusterService:
         for host in self.hosts.unswept():
             if host != self.host_id and self.hosts.claim_sweep(host):
                 self.sweep(host)
+        # Paused sandboxes another host resumed: their files here go, in a task of its
+        # own (it takes sandbox locks; the lease must never wait for a resume or boot).
+        if self.lifecycle.moves.enabled and (self._drop is None or self._drop.done()):
+            self._drop = asyncio.create_task(self._drop_moved(), name="hutch-drop-moved")
+
+    async def _drop_moved(self) -> None:
+        try:
+            await self.lifecycle.moves.drop_moved()
+        except (HutchError, OSError) as exc:
+            log.error("host %s: dropping moved sandboxes failed (retried): %s", self.host_id, exc)
 
     def sweep(self, host: str) -> list[str]:
         """Report the sandboxes of down ``host`` that had a VM as lost; their ids."""
@@ -198,8 +221,17 @@ class ClusterService:
 
     # -- placement and routing ---------------------------------------------------------------
 
-    def place(self, placement: Placement, memory_mib: int, snapshot: str | None) -> HostRow:
-        """The host a create of ``memory_mib`` (from ``snapshot``) lands on."""
+    def place(
+        self,
+        placement: Placement,
+        memory_mib: int,
+        snapshot: str | None,
+        *,
+        snapshot_anywhere: bool = False,
+        exclude: str | None = None,
+    ) -> HostRow:
+        """The host a create of ``memory_mib`` (from ``snapshot``; uploaded: any
+        compatible host may fetch it) lands on; ``exclude``: never that host."""
         return choose_host(
             self.hosts.all(),
             self.hosts.usage(),
@@ -207,7 +239,40 @@ class ClusterService:
             memory_mib=memory_mib,
             now=self.clock(),
             snapshot_host=self.hosts.host_of_snapshot(snapshot) if snapshot else None,
+            snapshot_anywhere=snapshot_anywhere,
+            exclude=exclude,
         )
+
+    async def place_create(
+        self, placement: Placement, memory_mib: int, snapshot: str | None
+    ) -> HostRow:
+        """:meth:`place` for a create: a snapshot uploaded to the blob store may be
+        created from on any compatible host (it fetches the files)."""
+        anywhere = False
+        if snapshot is not None:
+            try:
+                anywhere = await asyncio.to_thread(self.snapshot_uploaded, snapshot)
+            except HutchError as exc:  # the store away: the saving host still has it
+                log.warning("snapshot %s: upload state unknown: %s", snapshot, exc)
+        return self.place(placement, memory_mib, snapshot, snapshot_anywhere=anywhere)
+
+    def resume_host(self, sandbox_id: str) -> HostRow | None:
+        """Where a resume of ``sandbox_id`` runs; None: here. Its own host while that
+        host is up; a paused sandbox whose host is draining or down moves: placement
+        picks a host (this one, maybe), which fetches its pause from the blob store."""
+        host = self.hosts.host_of(sandbox_id)
+        if host is None:
+            return None
+        row = self.hosts.get(host)
+        if row is not None and row.state == "up" and row.lease_until >= self.clock():
+            return self.live_other(host)
+        rec = self.core.store.get_sandbox(sandbox_id)
+        if rec is None or rec.state is not SandboxState.PAUSED or not self.lifecycle.moves.enabled:
+            return self.live_other(host)
+        chosen = self.place(Placement(), rec.shape.memory_mib, None, exclude=host)
+        log.info("resume of %s (host %s is %s) placed on %s", sandbox_id, host,
+                 row.state if row else "gone", chosen.id)  # fmt: skip
+        return None if chosen.id == self.host_id else chosen
 
     def alone(self) -> bool:
         """No other host is up (one host, or the others down): creates land here."""
@@ -242,17 +307,49 @@ class ClusterService:
         raise NotFound(f"no host {host_id!r}; see GET /v1/hosts")
 
     async def drain(self) -> HostView:
-        """This host takes no new sandboxes; each running one is paused (memory mode),
-        so it holds no VM and can be resumed (on this host today; cross-host resume
-        needs the pause files where the other hosts read them, ARCHITECTURE.md)."""
+        """This host takes no new sandboxes; each running one is paused (memory mode)
+        and, with a blob store, resumed at once on another host once its pause is
+        uploaded (it keeps running there with its processes; placement picks the
+        host). Paused ones stay paused, and resume elsewhere when asked. Without a blob
+        store, or when no other host has room, they stay paused here."""
         self.hosts.set_state(self.host_id, "draining")
+        paused: list[SandboxRecord] = []
         for rec in self.core.own_rows([SandboxState.RUNNING]):
             try:
                 with because("drain"):
-                    await self.lifecycle.pause(rec.id, PauseMode.MEMORY)
+                    paused.append(await self.lifecycle.pause(rec.id, PauseMode.MEMORY))
             except HutchError as exc:
                 log.error("drain of host %s: could not pause %s: %s", self.host_id, rec.id, exc)
+        moves = self.lifecycle.moves
+        if moves.enabled:
+            # The moves one after the other: each is a download and a restore on the
+            # host placement picks, which then counts it when placing the next.
+            for rec in paused:
+                await moves.wait_uploaded(rec.id)
+                try:
+                    await self._move_off(rec)
+                except HutchError as exc:
+                    log.error("drain of host %s: %s stays paused: %s", self.host_id, rec.id, exc)
         return self.view(self.host_id)
+
+    async def _move_off(self, rec: SandboxRecord) -> None:
+        """Resume ``rec`` (paused here, uploaded) on the host placement picks, as the
+        admin of its project (a signed forward, as the router's)."""
+        target = self.place(Placement(), rec.shape.memory_mib, None, exclude=self.host_id)
+        path = f"/v1/sandboxes/{rec.id}/resume"
+        headers = self.signer.sign(Principal.admin(project_of(rec)), "POST", path)
+        try:
+            async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0)) as client:
+                answer = await client.post(target.address + path, headers=headers)
+        except httpx.HTTPError as exc:
+            why = f"host {target.id} did not answer the move of {rec.id}: {exc!r}"
+            raise Unavailable(why) from exc
+        if answer.status_code != 200:
+            raise Conflict(
+                f"host {target.id} refused the move of {rec.id}: {answer.status_code} "
+                f"{answer.text[:500]}"
+            )
+        log.info("drain of host %s: %s moved to %s", self.host_id, rec.id, target.id)
 
     def undrain(self) -> HostView:
         self.hosts.set_state(self.host_id, "up")

@@ -132,6 +132,7 @@ class Services:
         await self.cluster.close()
         await self.pool.close()
         await self.snapshots.blobs.close()
+        await self.lifecycle.moves.close()
         if self._reconcile_task is not None:
             self._reconcile_task.cancel()
             await asyncio.gather(self._reconcile_task, return_exceptions=True)

@@ -1,9 +1,10 @@
-"""Making a guest trust the egress proxy's CA (TLS inspection ``full``).
+"""Making a guest trust its project's egress CA (TLS inspection).
 
-When a sandbox's policy terminates its TLS (``inspection: full``), its clients must
-accept the leaves hutch's CA mints. The CA *certificate* (public; its key never leaves
-the host) is written into the guest at create, and when a policy with inspection
-``full`` is set on a running sandbox:
+When a sandbox's policy may terminate its TLS (``inspection: full`` or ``learn``, or
+``partial`` with a request rule that can apply to port 443), its clients must accept
+the leaves its project's CA mints. The CA *certificate* (public; its key never leaves
+the host) is written into the guest at create, and when such a policy is set on a
+running sandbox:
 
 - ``/usr/local/share/ca-certificates/hutch-egress-ca.crt`` (Debian's place for local CAs;
   ``update-ca-certificates`` keeps it), and

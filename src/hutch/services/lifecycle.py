@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from hutch.crashpoints import crash_point
 from hutch.errors import Busy, HutchError, StateError
 from hutch.models import PauseMode, SandboxRecord, SandboxState
+from hutch.services.moves import SandboxMoves
 from hutch.services.registry import SandboxRegistry
 from hutch.services.state import require
 from hutch.services.volumes import mount_all
@@ -26,8 +27,11 @@ log = logging.getLogger("hutch.services.sandboxes")
 
 
 class LifecycleService:
-    def __init__(self, core: SandboxRegistry) -> None:
+    def __init__(self, core: SandboxRegistry, moves: SandboxMoves | None = None) -> None:
         self.core = core
+        #: Pauses uploaded to the blob store and resumed on other hosts (none: a
+        #: disabled one, pauses stay on their host).
+        self.moves = moves if moves is not None else SandboxMoves(core, None)
 
     def quiesced(
         self, sandbox_id: str, action: str, wait_s: float | None = None
@@ -96,7 +100,9 @@ class LifecycleService:
             resume_from=resume_from,
             resume_clone=False,
         )
-        return self.core.get(rec.id)
+        paused = self.core.get(rec.id)
+        self.moves.paused(paused)  # another host may resume it once this upload is done
+        return paused
 
     async def resume(self, sandbox_id: str) -> SandboxRecord:
         rec = self.core.get(sandbox_id)
@@ -108,6 +114,14 @@ class LifecycleService:
         if rec.state is SandboxState.RUNNING:
             return rec
         require(rec, SandboxState.PAUSED, SandboxState.RUNNING)
+        if self.moves.here(rec):
+            # Its files are here: resumed as on one host, nothing fetched. An upload of
+            # its pause still under way stops first (the disk changes from now on).
+            await self.moves.stop_upload(rec.id)
+        else:
+            # Paused on another host (down, draining, or the router placed it here).
+            self._check_room(rec)
+            rec = await self.moves.arrive(rec)
         async with self.core.create_gate:
             self.core.check_capacity(
                 rec.shape.memory_mib,
@@ -125,6 +139,7 @@ class LifecycleService:
             raise
         self.core.attach(rec.id, runtime)
         self.core.states.running_again(rec.id)
+        self.moves.forget_soon(rec.id, rec)  # that pause's blobs: never restored again
         if rec.resume_from is None:  # a disk-mode resume booted again
             # Its volumes are attached (vm.json) but the new guest has them unmounted.
             await mount_all(self.core, rec.id, runtime)
@@ -133,6 +148,11 @@ class LifecycleService:
             except HutchError as exc:
                 log.warning("sandbox %s: the image's start command: %s", rec.id, exc)
         return self.core.get(rec.id)
+
+    def _check_room(self, rec: SandboxRecord) -> None:
+        """Refused before anything is fetched when this host has no room for it."""
+        # Its project's quotas count it already, wherever it is.
+        self.core.check_capacity(rec.shape.memory_mib, extra_sandboxes=1)
 
     @contextlib.asynccontextmanager
     async def running_as_it_was(self, sandbox_id: str, action: str) -> AsyncIterator[SandboxRecord]:

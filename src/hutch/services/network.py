@@ -286,6 +286,19 @@ class NetworkService:
                 await self._sync_overlay()
         await self.enforcer.forget(sandbox_id)
 
+    async def moved_away(self, sandbox_id: str) -> None:
+        """The sandbox now runs on another host (a cross-host resume): this host's tap
+        and nft entry go; its rows (rules, networks, its lease, now the new host's)
+        stay. Safe for a sandbox this host never attached."""
+        self.enforcer.config()
+        await self.forwarder.close_all(sandbox_id)
+        async with self._lock:
+            att = self._attached.pop(sandbox_id, None)
+            self._publish()
+            if att is not None:
+                await self.enforcer.remove(att.dataplane_view())
+        await self.enforcer.forget(sandbox_id)
+
     # -- egress --------------------------------------------------------------------------
 
     def policy_of(self, sandbox_id: str) -> EgressPolicy:
@@ -311,10 +324,12 @@ class NetworkService:
             await self.enforcer.revalidate(sandbox_id, policy)
         return self.egress_view(sandbox_id)
 
-    def egress_ca_pem(self) -> bytes | None:
-        """The TLS-inspection CA's certificate (PEM; what guests trust), once started."""
-        ca = self.enforcer.proxy.ca
-        return ca.cert_pem if ca is not None else None
+    def egress_ca_pem(self, project: str) -> bytes | None:
+        """The TLS-inspection CA certificate of ``project`` (PEM; what its guests trust),
+        made on first use; None before the enforcer started. Raises NetworkError when
+        the CA cannot be read or made."""
+        cas = self.enforcer.proxy.ca
+        return cas.cert_pem(project) if cas is not None else None
 
     def egress_view(self, sandbox_id: str) -> EgressView:
         return self.enforcer.egress_view(sandbox_id, self.policy_of(sandbox_id))

@@ -115,12 +115,15 @@ class NetworkingService:
         return view
 
     async def trust_ca(self, sandbox_id: str, agent: AgentClient, policy: EgressPolicy) -> None:
-        """Under inspection ``full``, make the guest trust the proxy's CA
+        """When the proxy may terminate the sandbox's TLS (inspection ``full``, or
+        ``partial`` with a request rule on 443), make the guest trust its project's CA
         (:mod:`hutch.services.egress_trust`); otherwise nothing."""
-        pem = self.net.egress_ca_pem() if self.net is not None else None
-        if pem is None or not inspects_tls(policy):
+        if self.net is None or not inspects_tls(policy):
             return
         try:
+            pem = self.net.egress_ca_pem(self.core.get(sandbox_id).project)
+            if pem is None:
+                return
             await install_ca(agent, pem)
         except HutchError as exc:
             # Fail closed all the same: a client that does not trust the CA fails its

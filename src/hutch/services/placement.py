@@ -3,8 +3,10 @@
 A host fits when it is ``up`` (not draining, not down), its lease is current, it
 carries every label asked for, it has room for one more sandbox of the asked memory
 (its ``memory_mib`` budget and ``max_sandboxes``), and, for a create from a snapshot,
-when it is the host that holds the snapshot's files and runs the same QEMU and CPU
-model (a memory snapshot restores only into the build and CPU that took it). Among the
+when it runs the same QEMU and CPU model as the host that saved it (a memory snapshot
+restores only into the build and CPU that took it) and can read its files: any host
+once the snapshot's upload to the blob store is complete, else only the saving host.
+Among the
 fitting hosts, ``spread`` takes the one with the most memory free, ``pack`` the one
 with the least; ties go to the fewest sandboxes, then the host id (deterministic).
 """
@@ -28,10 +30,17 @@ def choose_host(
     memory_mib: int,
     now: float,
     snapshot_host: str | None = None,
+    snapshot_anywhere: bool = False,
+    exclude: str | None = None,
 ) -> HostRow:
     """The host for a sandbox of ``memory_mib``. InvalidArgument for a selector no host
     could ever meet (unknown host, labels no host has); Capacity when hosts match but
-    none has room now (the message names each and why)."""
+    none has room now (the message names each and why).
+
+    ``snapshot_host``: the host that saved the snapshot the sandbox starts from (its
+    QEMU and CPU are the ones a host must run); ``snapshot_anywhere``: its upload to the
+    blob store is complete, so any such host may fetch it, else only that host holds
+    its files. ``exclude``: a host never picked (the one a sandbox moves off)."""
     known = {h.id: h for h in hosts}
     if placement.host is not None and placement.host not in known:
         raise InvalidArgument(
@@ -56,7 +65,9 @@ def choose_host(
         free = h.memory_mib - held.memory_mib
         if h.state != "up" or h.lease_until < now:
             reasons.append(f"{h.id} is {h.state if h.state != 'up' else 'not renewing its lease'}")
-        elif snapshot_host is not None and h.id != snapshot_host:
+        elif h.id == exclude:
+            reasons.append(f"{h.id} is the host it moves off")
+        elif snapshot_host is not None and not snapshot_anywhere and h.id != snapshot_host:
             reasons.append(f"{h.id} does not hold the snapshot's files ({snapshot_host} does)")
         elif source is not None and (
             h.qemu_version != source.qemu_version or h.cpu_model != source.cpu_model

@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from hutch.errors import InvalidArgument
 from hutch.images.build import ImageArtifacts
 from hutch.models import NetworkMode, SandboxRecord, SandboxState, Shape, new_sandbox_id
 from hutch.runtime.backend import Runtime
@@ -22,6 +23,18 @@ from hutch.services.registry import SandboxRegistry
 log = logging.getLogger(__name__)
 
 PoolKey = tuple[str, str]  # image name, image digest
+
+
+#: What a pooled VM runs once before it is ready: the path of a first command (the
+#: agent's exec: a thread, a fork and exec in the guest, pipes, the exit). Under TCG a
+#: restored QEMU starts with an empty translation cache, so the first command in a fresh
+#: clone pays for translating that path; the warm-up pays it before the hand-out.
+WARM_UP = ["true"]
+
+#: Seconds a hand-out waits before the pool refills: the refill (a restore: QEMU start,
+#: state load, agent hello, warm-up) would otherwise run on the daemon's event loop and
+#: the host's CPUs beside the first command of the sandbox just handed out.
+REFILL_DELAY_S = 0.5
 
 
 class WarmPool:
@@ -66,14 +79,19 @@ class WarmPool:
     def give_back(self, image: ImageArtifacts, item: tuple[str, Runtime]) -> None:
         self._ready.setdefault((image.name, image.digest), []).insert(0, item)
 
-    def refill(self, image: ImageArtifacts) -> None:
-        """Top the pool for ``image`` up in the background (once its template exists)."""
+    def refill(self, image: ImageArtifacts, *, delay_s: float = 0.0) -> None:
+        """Top the pool for ``image`` up in the background (once its template exists),
+        starting in ``delay_s`` seconds (after a hand-out: :data:`REFILL_DELAY_S`)."""
         key = (image.name, image.digest)
         if self.size <= 0 or (key in self._refills and not self._refills[key].done()):
             return
-        self._refills[key] = asyncio.create_task(self._fill(image), name=f"hutch-pool-{key}")
+        self._refills[key] = asyncio.create_task(
+            self._fill(image, delay_s), name=f"hutch-pool-{key}"
+        )
 
-    async def _fill(self, image: ImageArtifacts) -> None:
+    async def _fill(self, image: ImageArtifacts, delay_s: float = 0.0) -> None:
+        if delay_s > 0:
+            await asyncio.sleep(delay_s)
         key = (image.name, image.digest)
         ready = self._ready.setdefault(key, [])
         while len(ready) < self.size:
@@ -93,6 +111,9 @@ class WarmPool:
                 self.core.own_vm(stub.id)
                 runtime = await self.backend.start_clone(stub, template)
                 self.core.booted(stub.id, runtime)
+                # An image without `true` still ran the path up to the guest's execve.
+                with contextlib.suppress(InvalidArgument):
+                    await runtime.agent.run(WARM_UP, timeout_s=30)
             except Exception as exc:
                 log.warning("warm pool for %s: %s", image.name, exc)
                 await self._discard(stub.id)

@@ -356,6 +356,24 @@ class SandboxRegistry:
         if failures:
             raise failures[0][1]
 
+    def held_ids(self) -> set[str]:
+        """Sandboxes this host keeps something of: a teardown stack or files."""
+        return set(self._teardowns) | self.backend.leftover_ids()
+
+    async def moved_away(self, sandbox_id: str) -> None:
+        """The paused sandbox now lives on another host (its row says so): what this
+        host kept of it goes (files, tap, nft entry), and none of the shared rows."""
+        self.stop_watching(sandbox_id)
+        self._teardowns.pop(sandbox_id, None)
+        self._owned.pop(sandbox_id, None)
+        if self.net is not None:
+            try:
+                await self.net.moved_away(sandbox_id)
+            except HutchError as exc:
+                log.warning("sandbox %s moved: its network here stays: %s", sandbox_id, exc)
+        await self.backend.cleanup(sandbox_id)
+        self.activity.forget(sandbox_id)
+
     async def release_network(self, sandbox_id: str) -> None:
         if self.net is not None:
             try:

@@ -20,6 +20,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from hutch.crashpoints import crash_point
 from hutch.errors import Capacity, Conflict, HutchError, InvalidArgument, NotFound, StateError
 from hutch.guest.client import ExecStream
 from hutch.guest.results import FileEntry
@@ -36,7 +37,7 @@ from hutch.models import (
 )
 from hutch.services.images import ImageView, resolve
 from hutch.services.networking import NetworkingService
-from hutch.services.pool import WarmPool
+from hutch.services.pool import REFILL_DELAY_S, WarmPool
 from hutch.services.registry import SandboxRegistry
 from hutch.services.snapshots import SnapshotService
 from hutch.services.volumes import PlannedMount, VolumeService, mount_all
@@ -126,6 +127,8 @@ class SandboxService:
         new_id = new_sandbox_id()
         mounts: list[PlannedMount] = self.volumes.plan(new_id, spec.volumes, spec.project)
         pooled = self.pool.take(image, spec.shape) if use_pool else None
+        if pooled is not None:
+            crash_point("pool.taken")
         # An ephemeral image (a build step's layer) boots once: no template.
         templates = self.core.settings.templates and not image.ephemeral
         template = (
@@ -169,6 +172,7 @@ class SandboxService:
             )
             self.core.states.insert(rec, origin=origin)
             if pooled is not None:
+                crash_point("pool.row")
                 self.core.own_all(rec.id)  # the pool registered them: a no-op
             else:
                 self.core.own_files(rec.id)
@@ -208,7 +212,9 @@ class SandboxService:
                 await mount_all(self.core, rec.id, runtime)
                 # Before any user command: the guest trusts the TLS-inspecting proxy.
                 await self.networking.trust_ca(rec.id, runtime.agent, plan.policy)
-                self.pool.refill(image)
+                # Off the hot path: a hand-out refills once its first command had the
+                # host to itself (pool.REFILL_DELAY_S).
+                self.pool.refill(image, delay_s=REFILL_DELAY_S if pooled is not None else 0.0)
                 if source is None:
                     await self.core.run_image_start(rec, runtime)
             except BaseException as exc:
@@ -236,11 +242,17 @@ class SandboxService:
             current = self.core.states.current(rec.id)
             # Ended meanwhile (the create gave up, or the VM died): nothing to do.
             if current is not None and current.state.is_live:
+                moves = self.snapshots.lifecycle.moves
+                was_paused = current.state is SandboxState.PAUSED
+                if was_paused:
+                    await moves.stop_upload(rec.id)  # it reads the files that go now
                 if current.state is not SandboxState.STOPPING:
                     self.core.states.move(rec.id, SandboxState.STOPPING)
                 await self._leave_volumes_clean(rec.id)
                 await self.core.teardown(rec.id)
                 self.core.finish(rec.id, SandboxState.DESTROYED)
+                if was_paused:
+                    moves.forget_soon(rec.id)  # its pause's blobs, if uploaded
         self.core.collect_snapshots()
 
     async def _leave_volumes_clean(self, sandbox_id: str) -> None:

@@ -146,7 +146,7 @@ class SnapshotBlobs:
         if task is not None:
             await asyncio.shield(task)
 
-    def uploaded(self, snapshot_id: str) -> bool:
+    def uploaded(self, snapshot_id: str) -> bool:  # blocking (a stat in the store)
         """The snapshot's index is in the store (its upload completed)."""
         return self.store is not None and self.store.stat(_prefix(snapshot_id) + INDEX) is not None
 
@@ -250,34 +250,53 @@ class SnapshotBlobs:
         task.add_done_callback(self._evictions.discard)
 
     def _candidates(self, snap: SnapshotRecord) -> Iterator[Path]:
-        yield Path(snap.path)
         own = self.core.backend.fork_dir(snap.id)
-        if own != Path(snap.path):
-            yield own
+        yield own
+        saved = Path(snap.path)
+        # Where it was saved, when that is this host's (another host's state dir is
+        # not this host's to read, even where the path resolves: workers sharing one
+        # machine, as in the tests).
+        if saved != own and saved.resolve().is_relative_to(self.core.settings.state_dir.resolve()):
+            yield saved
 
     def _fetch(self, snap: SnapshotRecord, target: Path) -> None:
+        self.fetch_frozen(_prefix(snap.id), snap.id, target)
+
+    def fetch_frozen(self, prefix: str, owner: str, target: Path) -> None:
+        """Fetch the frozen directory :func:`upload_dir` stored under ``prefix`` (a named
+        snapshot's, a fork's) into ``target`` (blocking; checked as described above)."""
         assert self.store is not None
         store = self.store
         # Staged outside snapshots/ (collection removes what no row names there), on
         # the same file system, so the rename into place is atomic.
-        staging = self._staging_root() / f"{snap.id}-{secrets.token_hex(4)}"
+        staging = self._staging_root() / f"{owner}-{secrets.token_hex(4)}"
         staging.mkdir(parents=True, mode=0o700)
         try:
             fetch_dir(
                 store,
-                _prefix(snap.id),
+                prefix,
                 staging,
                 target,
-                owner=snap.id,
+                owner=owner,
                 images_dir=self.core.settings.images_dir,
             )
             if target.exists():
                 shutil.rmtree(target)  # an incomplete copy (evicted or fetched half way)
+            target.parent.mkdir(parents=True, exist_ok=True)  # a host's first snapshot
             os.rename(staging, target)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-        log.info("snapshot %s fetched from %s into %s", snap.id, store.url, target)
+        log.info("%s fetched from %s into %s", owner, store.url, target)
+
+    async def local_frozen(self, prefix: str, owner: str, target: Path) -> Path:
+        """``target`` complete on this host: as it is, or fetched (one fetch at a time
+        per owner; the caller holds ``target`` from collection)."""
+        lock = self._fetching.setdefault(owner, asyncio.Lock())
+        async with lock:
+            if not self.core.backend.snapshots.complete(target):
+                await asyncio.to_thread(self.fetch_frozen, prefix, owner, target)
+        return target
 
     # -- delete and the cache -----------------------------------------------------------
 

@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from hutch.crashpoints import crash_point
-from hutch.errors import HutchError, InvalidArgument, NotFound, QuotaExceeded
+from hutch.errors import HutchError, InvalidArgument, NotFound, QuotaExceeded, SnapshotError
 from hutch.models import (
     FORK_COUNT_RANGE,
     SNAPSHOT_ID_RE,
@@ -32,7 +32,9 @@ from hutch.models import (
 )
 from hutch.services.events import because, project_of
 from hutch.services.lifecycle import LifecycleService
+from hutch.services.projects import check_quota
 from hutch.services.registry import SandboxRegistry
+from hutch.services.remote_clones import RemoteClones
 from hutch.services.snapshot_blobs import SnapshotBlobs
 from hutch.services.volumes import refuse_copy
 
@@ -83,6 +85,8 @@ class SnapshotService:
         self.lifecycle = lifecycle
         #: Named snapshots in the blob store (none configured: a disabled one).
         self.blobs = blobs if blobs is not None else SnapshotBlobs(core, None, 0)
+        #: Fork children on other hosts (through the same blob store).
+        self.remote = RemoteClones(core, self.blobs)
 
     async def fork(self, sandbox_id: str, count: int = 1) -> list[SandboxRecord]:
         """``count`` new sandboxes, each a copy-on-write clone of this one as it is now.
@@ -106,15 +110,27 @@ class SnapshotService:
 
     async def _fork_locked(self, parent: SandboxRecord, count: int) -> list[SandboxRecord]:
         shared = self.core.shared.shared_mounts(parent.id)
+        me = self.core.host_id
         async with self.core.create_gate:
-            self.core.check_capacity(
-                parent.shape.memory_mib * count,
-                extra_sandboxes=count,
-                project=parent.project,
+            # Where each child goes (other hosts only with a blob store to reach them).
+            hosts_for = self.remote.place(parent, count)
+            here = hosts_for.count(me)
+            check_quota(
+                self.core.projects,
+                parent.project,
+                sandboxes=count,
                 vcpus=parent.shape.vcpus * count,
+                memory_mib=parent.shape.memory_mib * count,
             )
+            if here:
+                self.core.check_capacity(
+                    parent.shape.memory_mib * here,
+                    extra_sandboxes=here,
+                    vcpus=parent.shape.vcpus * here,
+                )
             children = []
-            for _ in range(count):
+            remote: dict[str, list[SandboxRecord]] = {}
+            for host in hosts_for:
                 child = replace(
                     parent,
                     id=new_sandbox_id(),
@@ -131,7 +147,10 @@ class SnapshotService:
                     resume_clone=False,
                     parent_id=parent.id,
                 )
-                self.core.states.insert(child, origin="fork")
+                self.core.states.insert(child, origin="fork", host=host)
+                if host != me:
+                    remote.setdefault(host, []).append(child)
+                    continue
                 self.core.own_files(child.id)
                 if shared:
                     # The children mount the parent's shared volumes, at the same slots
@@ -146,7 +165,7 @@ class SnapshotService:
         try:
             await self._freeze_parent(parent, snapshot_dir)
         except BaseException as exc:
-            for child in children:
+            for child in [*children, *(k for kids in remote.values() for k in kids)]:
                 await self.core.teardown(child.id)
                 self.core.finish(child.id, SandboxState.FAILED, f"fork failed: {exc}")
             raise
@@ -184,12 +203,25 @@ class SnapshotService:
                 self.core.attach(child.id, runtime)
                 return self.core.states.running(child)
 
-        results = await asyncio.gather(*(start(c) for c in children))
+        async def elsewhere() -> None:
+            if remote:
+                await self.remote.start(parent, snapshot_dir, remote)
+
+        results, _ = await asyncio.gather(
+            asyncio.gather(*(start(c) for c in children)), elsewhere()
+        )
         failed = [
             (c.id, r)
             for c, r in zip(children, results, strict=True)
             if isinstance(r, BaseException)
         ]
+        for kid in (k for kids in remote.values() for k in kids):
+            row = self.core.states.current(kid.id)
+            if row is not None and row.state is SandboxState.RUNNING:
+                results.append(row)
+            elif row is None or row.state is not SandboxState.DESTROYED:
+                failed.append((kid.id, SnapshotError((row.error if row else None) or "gone")))
+        children = [*children, *(k for kids in remote.values() for k in kids)]
         if failed:
             for child_id, err in failed:
                 log.warning("fork of %s: clone %s failed: %s", parent.id, child_id, err)

@@ -138,9 +138,13 @@ class SandboxStates:
 
     # -- the writes ----------------------------------------------------------------------
 
-    def insert(self, rec: SandboxRecord, origin: str = "cold") -> SandboxRecord:
+    def insert(
+        self, rec: SandboxRecord, origin: str = "cold", host: str | None = None
+    ) -> SandboxRecord:
         """A new sandbox's row; it starts ``creating``. ``origin``: what it is made from
-        (cold, template, pool, snapshot, fork), for its ``sandbox.created`` event."""
+        (cold, template, pool, snapshot, fork), for its ``sandbox.created`` event;
+        ``host``: the host that makes it (default this one; a fork's child placed on
+        another host)."""
         require(rec, S.CREATING)
         data = {
             "image": rec.image,
@@ -155,7 +159,7 @@ class SandboxStates:
             data["parent"] = rec.parent_id
 
         def also(db: Conn) -> None:
-            place_in(db, rec.id, self.host)
+            place_in(db, rec.id, host or self.host)
             self._record(db, None, rec, "sandbox.created", data)
 
         self.store.insert_sandbox(rec, also=also)

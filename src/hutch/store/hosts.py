@@ -175,6 +175,20 @@ class HostStore:
             row = db.execute("SELECT host FROM sandboxes WHERE id = ?", (sandbox_id,)).fetchone()
         return str(row[0]) if row else None
 
+    def move_sandbox(
+        self, sandbox_id: str, from_host: str, to_host: str, resume_from: str | None
+    ) -> bool:
+        """The paused sandbox now lives on ``to_host`` (a cross-host resume took it),
+        its pause at ``resume_from`` there; False when its row no longer names
+        ``from_host`` or is no longer paused (another host took it first)."""
+        with self._store.transaction() as db:
+            cur = db.execute(
+                "UPDATE sandboxes SET host = ?, resume_from = ? "
+                "WHERE id = ? AND host = ? AND state = 'paused'",
+                (to_host, resume_from, sandbox_id, from_host),
+            )
+            return bool(cur.rowcount)
+
     def host_of_snapshot(self, snapshot_id: str) -> str | None:
         """The host that holds a snapshot's files (the host its sandbox ran on)."""
         with self._store.transaction() as db:

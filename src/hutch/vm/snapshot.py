@@ -103,6 +103,7 @@ from hutch.vm.snapshot_manifest import (
     write_atomic,
 )
 from hutch.vm.snapshot_pending import finish_interrupted_save, finish_save, write_pending
+from hutch.vm.snapshot_rebase import settle_rebase
 
 __all__ = [
     "CONSUMED_MARKER",
@@ -327,7 +328,9 @@ def move_disk(snapshot_dir: Path, new_path: Path) -> SnapshotManifest:
 
 
 def load_manifest(snapshot_dir: Path) -> SnapshotManifest:
-    """Read ``manifest.json``; SnapshotError if absent (incomplete snapshot) or bad."""
+    """Read ``manifest.json``; SnapshotError if absent (incomplete snapshot) or bad.
+    A rebase on a memory file cut between its two renames is settled first."""
+    settle_rebase(snapshot_dir)
     path = snapshot_dir / MANIFEST_FILE
     try:
         text = path.read_text()

@@ -109,6 +109,38 @@ async def test_an_ordered_policy_first_match_decides_addresses(
     assert all(reached(r, "internet") for r in results), results
 
 
+async def test_default_allow_drops_its_denies_after_earlier_allows(
+    lab: Lab, cfg: TableConfig, guests: dict[str, Guest]
+) -> None:
+    """Default allow in the real table: an address an earlier allow names passes, the
+    rest of the denied /24 is dropped (TCP and UDP), a port deny takes only its port,
+    everything else is open; with a name deny, web traffic goes to the proxy and QUIC
+    is dropped."""
+    a = guests["a"]
+    rules = [
+        {"action": "allow", "host": "198.18.2.1"},
+        {"action": "deny", "host": "198.18.2.0/24"},
+        {"action": "deny", "host": "198.18.3.0/24:2222"},
+    ]
+    probes = [tcp("198.18.2.1", 2222), tcp("198.18.2.2", 2222), udp("198.18.2.2", 9999),
+              tcp("198.18.3.1", 2222), udp("198.18.3.1", 9999), tcp("198.18.1.1", 2222),
+              udp("198.18.1.1", 443)]  # fmt: skip
+    policy = policy_from_stored({"default": "allow", "rules": rules})
+    await install(lab, cfg, [SandboxNet(a.sandbox_id, a.tap, a.address, policy)])
+    results = lab.probe(a.netns, probes)
+    assert reached(results[0], "internet") and reached(results[4], "internet"), results
+    assert reached(results[5], "internet") and reached(results[6], "internet"), results
+    assert blocked(results[1]) and blocked(results[2]) and blocked(results[3]), results
+    named = policy_from_stored(
+        {"default": "allow", "rules": [*rules, {"action": "deny", "host": "evil.test"}]}
+    )
+    await install(lab, cfg, [SandboxNet(a.sandbox_id, a.tap, a.address, named)])
+    results = lab.probe(a.netns, [tcp("198.18.1.1", 443), udp("198.18.1.1", 443)])
+    proxy = f"host tcp {a.gateway}:{HOST_PORTS['proxy']}"
+    assert results[0].startswith(proxy), results
+    assert blocked(results[1]), results
+
+
 async def test_rules_mode_web_goes_to_proxy_unless_ip_rule(
     lab: Lab, cfg: TableConfig, guests: dict[str, Guest]
 ) -> None:

@@ -10,8 +10,10 @@ from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field
 from starlette.requests import HTTPConnection
 
+from hutch.api.deps import snapshots
 from hutch.errors import StateError
 from hutch.services.cluster import ClusterService, HostView
+from hutch.services.snapshots import SnapshotService
 
 __all__ = ["Host", "HostList", "router"]
 
@@ -24,6 +26,7 @@ def cluster(conn: HTTPConnection) -> ClusterService:
 
 
 Cluster = Annotated[ClusterService, Depends(cluster)]
+Snapshots = Annotated[SnapshotService, Depends(snapshots)]
 
 
 class HostCapacity(BaseModel):
@@ -108,7 +111,8 @@ def _here(svc: ClusterService, host_id: str) -> None:
 
 @router.post("/{host_id}/drain", response_model=Host)
 async def drain_host(host_id: str, svc: Cluster) -> Host:
-    """The host takes no new sandboxes and pauses each running one (memory mode)."""
+    """The host takes no new sandboxes and pauses each running one (memory mode); with
+    a blob store, each is resumed at once on another host (its processes kept)."""
     _here(svc, host_id)
     return Host.of(await svc.drain())
 
@@ -118,3 +122,24 @@ async def undrain_host(host_id: str, svc: Cluster) -> Host:
     """The host takes new sandboxes again (paused ones stay paused)."""
     _here(svc, host_id)
     return Host.of(svc.undrain())
+
+
+class RemoteClonesRequest(BaseModel):
+    fork: str = Field(max_length=64)
+    parent: str = Field(max_length=64)
+    children: list[str] = Field(max_length=64)
+
+
+class RemoteClonesResult(BaseModel):
+    failed: list[str]
+
+
+@router.post("/{host_id}/clones", response_model=RemoteClonesResult, include_in_schema=False)
+async def remote_clones(
+    host_id: str, body: RemoteClonesRequest, svc: Cluster, snaps: Snapshots
+) -> RemoteClonesResult:
+    """Host to host (a fork on another host placed these children here): start them
+    from the fork's upload in the blob store. Not for clients (not in the schema)."""
+    _here(svc, host_id)
+    failed = await snaps.remote.clone_here(body.fork, body.parent, body.children)
+    return RemoteClonesResult(failed=failed)

@@ -66,6 +66,37 @@ class QemuBackend:
     def disk_path(self, sandbox_id: str) -> Path:
         return self.paths(sandbox_id).disk
 
+    def rehome(self, rec: SandboxRecord) -> None:
+        """vm.json fetched from another host names that host's state and run dirs: this
+        host's own paths replace them. RAM: a template clone's ``memory_file`` names
+        the template's ``memory.ram`` on the saving host; a resume restores a full
+        stream (every page), so it maps a sparse file of its own here instead
+        (:func:`_private_memory`) and needs no template file on this host."""
+        p = self.paths(rec.id)
+        cfg = read_config(p.vm_json)
+        if cfg is None:
+            raise VmError(f"sandbox {rec.id}: fetched VM configuration {p.vm_json} unusable")
+        if cfg.volumes:
+            raise VmError(f"sandbox {rec.id} has volumes attached; it cannot move to another host")
+        memory = cfg.memory_file
+        if memory is not None and not memory.resolve().is_relative_to(
+            self.settings.state_dir.resolve()
+        ):
+            memory = p.state / MEMORY_FILE
+        cfg = dataclasses.replace(
+            cfg,
+            disk=p.disk,
+            qmp_socket=p.qmp_socket,
+            agent_socket=p.agent_socket,
+            console_log=p.console_log,
+            pidfile=p.pidfile,
+            qemu_log=p.qemu_log,
+            tap=self.tap_of(rec) if cfg.tap else None,
+            shares=tuple(SharePort(s.slot, p.share_socket(s.slot)) for s in cfg.shares),
+            memory_file=memory,
+        )
+        write_config(p.vm_json, cfg)
+
     def share_socket(self, sandbox_id: str, slot: int) -> Path:
         return self.paths(sandbox_id).share_socket(slot)
 
@@ -281,9 +312,14 @@ class QemuBackend:
 
 def _private_memory(memory_file: Path | None, p: SandboxPaths) -> Path | None:
     """The file a template clone's RAM maps privately when its stream carries every page:
-    the template's ``memory.ram`` while it exists (pages equal to it stay shared page
-    cache), else a sparse file of the sandbox's own (the template was removed, or the
-    snapshot came from another host): the stream's content is the same either way."""
-    if memory_file is None or memory_file.is_file():
+    the template's ``memory.ram`` while it exists on this host (pages equal to it stay
+    shared page cache), else a sparse file of the sandbox's own (the template was
+    removed, or the snapshot or pause came from another host, whose template file is
+    not this host's to map even where the path resolves, as for workers sharing one
+    machine): the stream's content is the same either way."""
+    if memory_file is None:
+        return None
+    state_root = p.state.parent.parent.resolve()  # <state>/sandboxes/<id> -> <state>
+    if memory_file.is_file() and memory_file.resolve().is_relative_to(state_root):
         return memory_file
     return p.state / MEMORY_FILE

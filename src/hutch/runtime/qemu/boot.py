@@ -119,6 +119,11 @@ class Booter:
             raise
         return vm, agent
 
+    def identity(self, vm: QemuVm, hostname: str | None = None) -> GuestIdentity:
+        """The identity of ``vm``'s sandbox (hostname defaults to its id)."""
+        name = vm.cfg.name
+        return identity_of(name, hostname or name, self.guest_network(name))
+
     async def connect(
         self, vm: QemuVm, p: SandboxPaths, hostname: str | None = None
     ) -> AgentClient:
@@ -131,9 +136,7 @@ class Booter:
             AgentClient.connect(
                 p.agent_socket,
                 timeout_s=self.settings.boot_timeout_s,
-                identity=identity_of(
-                    vm.cfg.name, hostname or vm.cfg.name, self.guest_network(vm.cfg.name)
-                ),
+                identity=self.identity(vm, hostname),
             )
         )
         died = asyncio.ensure_future(vm.wait_exited())

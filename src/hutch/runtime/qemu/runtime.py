@@ -11,12 +11,13 @@ import shutil
 from pathlib import Path
 
 from hutch.crashpoints import crash_point
-from hutch.errors import HutchError, VmError
+from hutch.errors import Conflict, HutchError, InvalidArgument, VmError
 from hutch.guest.client import AgentClient
 from hutch.images.agent_runtime import runtime_python_argv
 from hutch.models import PauseMode, SandboxRecord
 from hutch.runtime.qemu.boot import Booter
 from hutch.runtime.qemu.host import SandboxPaths
+from hutch.runtime.qemu.rebase import rebase_frozen, rebases
 from hutch.runtime.qemu.templates import finish_template
 from hutch.vm.argv import share_port_name
 from hutch.vm.console import console_tail
@@ -96,6 +97,11 @@ class QemuRuntime:
         cfg = dataclasses.replace(self.vm.cfg, incoming=False)
         await asyncio.to_thread(finish_template, snapshot_dir, cfg)
         crash_point("freeze.done")
+        # A clone's stream carries all its RAM (QEMU sends every page of a private
+        # block): written once into a memory.ram of the snapshot's own, every clone of
+        # it maps that copy-on-write and loads device state only.
+        if rebases(cfg, self._booter.settings.fork_ram_in_file):
+            await rebase_frozen(self._booter, snapshot_dir, cfg)
 
     async def _save(self, dest: Path) -> None:
         """Migrate the VM's state into ``dest``; on failure it runs on, reconnected."""
@@ -107,8 +113,15 @@ class QemuRuntime:
             raise
 
     async def retake_identity(self, rec: SandboxRecord) -> None:
-        await self.agent.close()
-        self.agent = await self._booter.connect(self.vm, self.paths, rec.name or rec.id)
+        """The guest takes ``rec``'s identity (its name as hostname) in one agent round
+        trip on the open connection; an agent older than the ``identity`` op is
+        reconnected with it instead (a hello: close, connect, handshake)."""
+        identity = self._booter.identity(self.vm, rec.name or rec.id)
+        try:
+            await self.agent.take_identity(identity)
+        except (Conflict, InvalidArgument):
+            await self.agent.close()
+            self.agent = await self._booter.connect(self.vm, self.paths, rec.name or rec.id)
 
     async def mount_volume(self, serial: str, path: str, *, read_only: bool) -> None:
         await self.agent.mount_volume(serial, path, read_only=read_only)
