@@ -4,17 +4,21 @@ the tunnel-e2e work in progress (see ARCHITECTURE.md, "Private networks across h
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Sequence
 from ipaddress import IPv4Address, IPv4Network
 
 import pytest
 
 from hutch.config import load_settings
-from hutch.errors import InvalidArgument
+from hutch.errors import InvalidArgument, NetworkError
+from hutch.net import links, tunnel, vxlan
 from hutch.net.nft import RulesetState, TableConfig, render_cluster, render_table
 from hutch.net.tunnel import (
     RULE_PRIORITY,
     VNI,
     TunnelConfig,
+    TunnelDriver,
     TunnelPeer,
     TunnelState,
     host_mac,
@@ -22,6 +26,7 @@ from hutch.net.tunnel import (
     render_sync,
     render_up,
 )
+from hutch.net.vxlan import encode_newlink, localbypass_of, parse_attrs
 from hutch.services.network import tunnel_config
 from hutch.services.overlay import overlay_of
 from hutch.store.net import RemoteMember, TunnelRow
@@ -42,14 +47,32 @@ def _table(tunnel: TunnelConfig | None) -> str:
     )
 
 
-def test_the_device_is_vxlan_without_learning_and_its_own_rule_and_table() -> None:
+def test_the_device_is_vxlan_without_learning_or_local_bypass_and_its_own_rule() -> None:
     assert CFG.dev == "hx1a2b" and not CFG.dev.startswith("h1a2b")  # not a tap
+    # The device: one RTM_NEWLINK (create, exclusive, ack) with its VXLAN settings.
+    msg = encode_newlink(CFG.dev, mac=CFG.mac, vni=VNI, local=CFG.local, port=CFG.port)
+    size, kind, flags = struct.unpack_from("=IHH", msg)
+    assert (size, kind, flags) == (len(msg), 16, 0x1 | 0x4 | 0x200 | 0x400)
+    attrs = dict(parse_attrs(msg[16 + 16 :]))
+    assert attrs[3] == b"hx1a2b\0" and attrs[1] == bytes.fromhex(CFG.mac.replace(":", ""))
+    info = dict(parse_attrs(attrs[18]))
+    assert info[1] == b"vxlan"
+    data = dict(parse_attrs(info[2]))
+    assert struct.unpack("=I", data[1]) == (VNI,) and data[4] == bytes([127, 0, 0, 1])
+    assert struct.unpack("!H", data[15]) == (14789,)  # dstport, network byte order
+    assert data[7] == b"\0" and data[31] == b"\0"  # nolearning, nolocalbypass
+    # Read back: the bypass as the kernel reports it; a kernel < 6.6 reports none.
+    assert localbypass_of(msg[32:]) == 0
+
+    def attr(kind: int, value: bytes) -> bytes:
+        return struct.pack("=HH", 4 + len(value), kind) + value + b"\0" * (-len(value) % 4)
+
+    old_kernel = attr(18 | 0x8000, attr(1, b"vxlan") + attr(2 | 0x8000, attr(1, b"\x75\x10\0\0")))
+    assert localbypass_of(old_kernel) is None
+    on = attr(18 | 0x8000, attr(2 | 0x8000, attr(7, b"\0") + attr(31, b"\1")))
+    assert localbypass_of(attr(3, b"hx1a2b\0") + on) == 1
     up = render_up(CFG)
-    assert up[0] == (
-        "ip", "link", "add", "hx1a2b", "address", host_mac("w1"), "type", "vxlan", "id",
-        str(VNI), "local", "127.0.0.1", "dstport", "14789", "nolearning",
-    )  # fmt: skip
-    assert ("sysctl", "-q", "-w", "net.ipv4.conf.hx1a2b.rp_filter=2") in up
+    assert ("sysctl", "-q", "-w", "net.ipv4.conf.hx1a2b.rp_filter=0") in up
     rule = ("ip", "rule", "add", "priority", str(RULE_PRIORITY), "fwmark", f"{CFG.mark:#x}")
     assert up[-1][: len(rule)] == rule and up[-1][-2:] == ("lookup", str(CFG.table))
     down = render_down(CFG)
@@ -178,3 +201,44 @@ def test_tunnel_settings() -> None:
         load_settings({**worker, "HUTCH_TUNNEL_PORT": "70000"})
     with pytest.raises(InvalidArgument, match="HUTCH_TUNNEL_ADDRESS='eth0'"):
         load_settings({**worker, "HUTCH_TUNNEL_ADDRESS": "eth0"})
+
+
+async def test_local_peers_are_refused_where_the_kernel_keeps_the_local_bypass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ran: list[tuple[str, ...]] = []
+    bypass_off = [False]
+    strict = [0]
+
+    async def run_command(argv: Sequence[str], **_: object) -> tuple[int, str, str]:
+        ran.append(tuple(argv))
+        return 0, "", ""
+
+    def create_vxlan(name: str, **_: object) -> bool:
+        ran.append(("create", name))
+        return bypass_off[0]
+
+    monkeypatch.setattr(links, "run_command", run_command)
+    monkeypatch.setattr(vxlan, "create_vxlan", create_vxlan)
+    monkeypatch.setattr(tunnel, "_rp_filter_all", lambda: strict[0])
+    a = IPv4Address("10.214.0.6")
+    driver = TunnelDriver(CFG)
+    # An old kernel, a peer on this machine (127.0.0.1): refused, naming the kernel.
+    with pytest.raises(NetworkError, match=r"IFLA_VXLAN_LOCALBYPASS needs Linux 6.6"):
+        await driver.sync(TunnelState((B,), ((a, "w2"),)))
+    assert ("ip", "link", "del", "dev", "hx1a2b") in ran[-10:]
+    assert not driver.up and driver.state.empty  # failed closed
+    # ... a peer on another machine is fine there.
+    await driver.sync(TunnelState((C,), ((a, "w3"),)))
+    assert driver.up and ran[-1][:4] == ("ip", "route", "replace", "10.214.0.6/32")
+    await driver.down()
+    # A kernel that turned the bypass off: the local peer is fine.
+    bypass_off[0] = True
+    await driver.sync(TunnelState((B,), ((a, "w2"),)))
+    assert driver.up and ("create", "hx1a2b") in ran
+    await driver.down()
+    # conf.all.rp_filter on would drop what comes out of the device: refused, named.
+    strict[0] = 2
+    with pytest.raises(NetworkError, match=r"net.ipv4.conf.all.rp_filter is 2"):
+        await driver.sync(TunnelState((B,), ((a, "w2"),)))
+    assert not driver.up

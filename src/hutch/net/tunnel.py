@@ -4,7 +4,8 @@ different hosts (ARCHITECTURE.md, "Private networks across hosts").
 Sandboxes are routed, not bridged (each has its own /30 on its tap), so the overlay is
 routed too: one VXLAN device per daemon, ``hx<tag>`` (VNI :data:`VNI`, UDP ``port`` on
 ``local``, MAC derived from the host id, no learning), and for each member of another
-host that shares a network with a member here, three static entries::
+host that shares a network with a member here, three static entries (the device itself
+is made over rtnetlink with the kernel's local bypass off, :mod:`hutch.net.vxlan`)::
 
   ip route replace ADDR/32 dev hx<tag> table T      (T: this daemon's routing table)
   ip neigh replace ADDR lladdr MAC_OF_PEER dev hx<tag> nud permanent
@@ -26,14 +27,16 @@ daemon's leftovers are removed by :meth:`TunnelDriver.down` at its next start.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from ipaddress import IPv4Address
 
 from hutch.errors import InvalidArgument, NetworkError
-from hutch.net import links
+from hutch.net import links, vxlan
 from hutch.net.addressing import tap_prefix
 
 __all__ = [
@@ -44,6 +47,7 @@ __all__ = [
     "TunnelPeer",
     "TunnelState",
     "host_mac",
+    "is_local_address",
     "render_down",
     "render_sync",
     "render_up",
@@ -135,18 +139,16 @@ def _rule(cfg: TunnelConfig, verb: str) -> Argv:
 
 
 def render_up(cfg: TunnelConfig) -> list[Argv]:
-    """Create the device (after :func:`render_down`: a fresh one) and the ip rule."""
+    """After the device is created (:func:`hutch.net.vxlan.create_vxlan`, on a fresh
+    slate: :func:`render_down` first): its settings, up, and the ip rule."""
     dev = cfg.dev
-    create: Argv = (
-        "ip", "link", "add", dev, "address", cfg.mac, "type", "vxlan", "id", str(VNI),
-        "local", str(cfg.local), "dstport", str(cfg.port), "nolearning",
-    )  # fmt: skip
     return [
-        create,
         ("sysctl", "-q", "-w", f"net.ipv6.conf.{dev}.disable_ipv6=1"),
-        # Replies come back through the tunnel while the main table routes their source
-        # elsewhere: loose reverse-path filtering on this device only.
-        ("sysctl", "-q", "-w", f"net.ipv4.conf.{dev}.rp_filter=2"),
+        # The device has no address, and the kernel's reverse-path check (strict or
+        # loose) drops every packet arriving on an address-less device: off here (the
+        # effective value is the larger of this and conf.all, checked at up). The source
+        # check is nft's: out of the tunnel only members' addresses pass (`ingress`).
+        ("sysctl", "-q", "-w", f"net.ipv4.conf.{dev}.rp_filter=0"),
         ("ip", "link", "set", "dev", dev, "up"),
         _rule(cfg, "add"),
     ]
@@ -198,6 +200,24 @@ def render_sync(cfg: TunnelConfig, old: TunnelState, new: TunnelState) -> list[A
     return out
 
 
+def is_local_address(address: IPv4Address) -> bool:
+    """The address is one of this machine's (a UDP socket binds to it: no
+    IP_FREEBIND, so the kernel refuses any other)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.bind((str(address), 0))
+        except OSError:
+            return False
+    return True
+
+
+def _rp_filter_all() -> int:
+    try:
+        return int(open("/proc/sys/net/ipv4/conf/all/rp_filter").read())
+    except (OSError, ValueError):
+        return 0
+
+
 async def _run(argv: Sequence[str], *, check: bool) -> None:
     code, _, err = await links.run_command(argv)
     if code != 0 and check:
@@ -211,6 +231,8 @@ class TunnelDriver:
         self.cfg = cfg
         self.state = TunnelState()
         self.up = False
+        #: Whether the kernel turned the device's local bypass off (known once created).
+        self.bypass_off = False
 
     async def down(self) -> None:
         """Remove the device, its entries, the rule and the table (also what a crashed
@@ -237,13 +259,45 @@ class TunnelDriver:
                 return
             if not self.up:
                 await self.down()
-                for argv in render_up(self.cfg):
-                    await _run(argv, check=True)
+                await self._create()
                 self.up = True
+            self._refuse_local_peers_with_bypass(new)
             for argv in render_sync(self.cfg, self.state, new):
                 await _run(argv, check="del" not in argv)
             self.state = new
         except NetworkError:
-            log.exception("tunnel %s: could not apply the overlay; removing it", self.cfg.dev)
+            log.warning("tunnel %s: could not apply the overlay; removing it", self.cfg.dev)
             await self.down()
             raise
+
+    async def _create(self) -> None:
+        cfg = self.cfg
+        self.bypass_off = await asyncio.to_thread(
+            vxlan.create_vxlan, cfg.dev, mac=cfg.mac, vni=VNI, local=cfg.local, port=cfg.port
+        )
+        strict = _rp_filter_all()
+        if strict:
+            raise NetworkError(
+                f"net.ipv4.conf.all.rp_filter is {strict}: the kernel would drop every "
+                f"packet out of the tunnel device {cfg.dev} (it has no address); set it "
+                "to 0 (each device keeps its own setting) or HUTCH_TUNNEL_PORT=0"
+            )
+        for argv in render_up(cfg):
+            await _run(argv, check=True)
+
+    def _refuse_local_peers_with_bypass(self, new: TunnelState) -> None:
+        """With the kernel's VXLAN local bypass on, a packet to a peer whose end is on
+        this machine loops back into this device until its TTL runs out (see
+        :mod:`hutch.net.vxlan`): refuse that, naming what is needed."""
+        if self.bypass_off:
+            return
+        used = {host for _, host in new.routes}
+        local = [p for p in new.peers if p.host in used and is_local_address(p.address)]
+        if local:
+            ends = ", ".join(f"{p.host} at {p.address}:{p.port}" for p in local)
+            raise NetworkError(
+                f"tunnel {self.cfg.dev}: the peers {ends} are on this machine, and this "
+                "kernel cannot turn the VXLAN local bypass off (IFLA_VXLAN_LOCALBYPASS "
+                "needs Linux 6.6 or later): their packets would loop; run one worker per "
+                "machine, or a newer kernel"
+            )

@@ -31,7 +31,7 @@ from hutch.config import Settings
 from hutch.contract.limits import MAX_NETWORKS_PER_SANDBOX
 from hutch.contract.names import NETWORK_ID_RE as _NETWORK_ID_RE
 from hutch.contract.views import EgressEvent, EgressView, NetworkView, PortView
-from hutch.errors import Conflict, HutchError, InvalidArgument, NotFound
+from hutch.errors import Conflict, HutchError, InvalidArgument, NetworkError, NotFound
 from hutch.models import NAME_RE
 from hutch.net.addressing import AddressPool, Block, guest_mac, tap_name
 from hutch.net.dataplane import Dataplane
@@ -102,6 +102,7 @@ class NetworkService:
         # The members on the other hosts (private networks across hosts), and the task
         # that reads them from the shared store every POLL_S.
         self._overlay = Overlay()
+        self._overlay_applied = False
         self._overlay_task: asyncio.Task[None] | None = None
 
     # -- daemon lifecycle ----------------------------------------------------------------
@@ -127,7 +128,12 @@ class NetworkService:
             await self._reconcile(set(live_ids))
             if tunnel is not None:
                 async with self._lock:
-                    await self._sync_overlay(force=True)
+                    try:
+                        await self._sync_overlay(force=True)
+                    except NetworkError:
+                        # The tunnel failed closed (members elsewhere unreachable); the
+                        # rest of the host serves, and the poll tries again.
+                        log.exception("private networks across hosts: the overlay failed")
                 self._overlay_task = asyncio.create_task(self._poll_overlay())
         except BaseException:
             await self.forwarder.shutdown()
@@ -182,15 +188,19 @@ class NetworkService:
     # -- private networks across hosts ---------------------------------------------------
 
     async def _poll_overlay(self) -> None:
+        last = ""  # the last failure's message: a lasting one is logged once
         while True:
             await asyncio.sleep(POLL_S)
             try:
                 async with self._lock:
                     await self._sync_overlay()
+                last = ""
             except asyncio.CancelledError:
                 raise
-            except Exception:  # a database hiccup or a failed `ip`: next tick again
-                log.exception("private networks across hosts: the overlay sync failed")
+            except Exception as exc:  # a database hiccup or a failed `ip`: next tick again
+                if str(exc) != last:
+                    log.exception("private networks across hosts: the overlay sync failed")
+                last = str(exc)
 
     async def _sync_overlay(self, *, force: bool = False) -> None:
         """Read the other hosts' members and ends; when they changed, push them: the
@@ -201,12 +211,18 @@ class NetworkService:
         new = overlay_of(
             self._attached, self.db.memberships(), self.db.remote_members(), self.db.tunnels()
         )
-        if new == self._overlay and not force:
+        if new == self._overlay and self._overlay_applied and not force:
             return
         self._overlay = new
-        self._publish()
-        await self.enforcer.set_networks(self._network_addresses())
-        await self.enforcer.set_cluster(new.pools, new.endpoints, new.tunnel)
+        try:
+            self._publish()
+            await self.enforcer.set_networks(self._network_addresses())
+            await self.enforcer.set_cluster(new.pools, new.endpoints, new.tunnel)
+        except BaseException:
+            # Not applied (the tunnel fails closed): the next poll tries again.
+            self._overlay_applied = False
+            raise
+        self._overlay_applied = True
 
     # -- what the guest is told ----------------------------------------------------------
 
