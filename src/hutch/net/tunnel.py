@@ -34,6 +34,7 @@ import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from ipaddress import IPv4Address
+from pathlib import Path
 
 from hutch.errors import InvalidArgument, NetworkError
 from hutch.net import links, vxlan
@@ -213,7 +214,7 @@ def is_local_address(address: IPv4Address) -> bool:
 
 def _rp_filter_all() -> int:
     try:
-        return int(open("/proc/sys/net/ipv4/conf/all/rp_filter").read())
+        return int(Path("/proc/sys/net/ipv4/conf/all/rp_filter").read_text())
     except (OSError, ValueError):
         return 0
 
