@@ -32,7 +32,8 @@ from hutch.vm.argv import SharePort, VmConfig, VolumeDrive
 from hutch.vm.cgroup_driver import record_path
 from hutch.vm.disk_chain import compact_if_deep
 from hutch.vm.process import QemuVm, kill_verified
-from hutch.vm.snapshot import MEMORY_FILE, create_clone_disk, load_manifest
+from hutch.vm.snapshot import MEMORY_FILE, create_clone_disk
+from hutch.vm.snapshot_dir import load_manifest
 
 __all__ = ["QemuBackend"]
 

@@ -17,8 +17,10 @@ from hutch.runtime.qemu.host import HostLayout
 from hutch.vm.argv import SharePort, VmConfig
 from hutch.vm.cgroup_driver import record_path
 from hutch.vm.process import kill_verified, log_tail
-from hutch.vm.snapshot import create_clone_disk, load_manifest, seal_memory
+from hutch.vm.snapshot import create_clone_disk
+from hutch.vm.snapshot_dir import load_manifest
 from hutch.vm.snapshot_rebase import rebase_memory
+from hutch.vm.snapshot_seal import seal_memory
 
 __all__ = ["rebase_frozen", "rebases"]
 
