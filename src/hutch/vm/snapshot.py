@@ -84,6 +84,12 @@ from hutch.errors import SnapshotError, VmError
 from hutch.vm.argv import VmConfig
 from hutch.vm.cgroup_driver import SandboxCgroup
 from hutch.vm.disk_chain import qcow2_backing_file, stop_disk_jobs
+from hutch.vm.migration import (
+    elapsed_ms,
+    query_qemu_version,
+    set_ignore_shared,
+    wait_migration,
+)
 from hutch.vm.process import QemuVm
 from hutch.vm.snapshot_dir import CONSUMED_MARKER, FROZEN_MARKER, freeze, load_manifest
 from hutch.vm.snapshot_manifest import (
@@ -123,45 +129,6 @@ _FD_NAME = "hutch-snapshot"
 # QEMU's default migration bandwidth cap (128 MiB/s) is meant for live migration over
 # a network; a stopped VM writing to a local file should go as fast as the disk.
 _MAX_BANDWIDTH = 1 << 40
-_POLL_S = 0.002
-
-
-def _ms(since: float) -> float:
-    return round((time.perf_counter() - since) * 1000, 2)
-
-
-async def _qemu_version(vm: QemuVm) -> str:
-    reply = await vm.qmp("query-version")
-    if not isinstance(reply, dict):
-        raise VmError(f"unexpected query-version reply: {reply!r}")
-    q = reply.get("qemu", {})
-    return f"{q.get('major')}.{q.get('minor')}.{q.get('micro')} {reply.get('package', '')}".strip()
-
-
-async def _set_migration(vm: QemuVm, *, ignore_shared: bool) -> None:
-    # Capabilities live for the process: set both ways explicitly.
-    await vm.qmp(
-        "migrate-set-capabilities",
-        capabilities=[{"capability": "x-ignore-shared", "state": ignore_shared}],
-    )
-
-
-async def _wait_migration(vm: QemuVm, what: str, timeout_s: float) -> None:
-    """Poll ``query-migrate`` until completed; raise SnapshotError on failure."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if not vm.is_alive():
-            raise SnapshotError(f"{what}: QEMU exited ({vm.exit_reason}) during migration")
-        info = await vm.qmp("query-migrate")
-        status = info.get("status") if isinstance(info, dict) else None
-        if status == "completed":
-            return
-        if status in ("failed", "cancelled"):
-            detail = info.get("error-desc", "") if isinstance(info, dict) else ""
-            raise SnapshotError(f"{what}: migration {status}: {detail or 'no detail'}")
-        if time.monotonic() > deadline:
-            raise SnapshotError(f"{what}: migration not done after {timeout_s:g}s ({status})")
-        await asyncio.sleep(_POLL_S)
 
 
 async def save_snapshot(
@@ -197,7 +164,7 @@ async def save_snapshot(
     # Checked before the guest stops: a missing kernel must not cost a pause.
     compat = compat_fields(cfg)
     initrd_sha = file_sha256(cfg.initrd)
-    qemu_version = await _qemu_version(vm)
+    qemu_version = await query_qemu_version(vm)
     state_path = dest_dir / STATE_FILE
     stopped_here = False
     fd = os.open(state_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -208,27 +175,27 @@ async def save_snapshot(
         if await vm.query_status() == "running":
             await vm.qmp("stop")
             stopped_here = True
-        timings["stop"] = _ms(t)
+        timings["stop"] = elapsed_ms(t)
         crash_point("save.stopped")
         t = time.perf_counter()
-        await _set_migration(vm, ignore_shared=ram_in_file)
+        await set_ignore_shared(vm, ignore_shared=ram_in_file)
         await vm.qmp("migrate-set-parameters", **{"max-bandwidth": _MAX_BANDWIDTH})
         await vm.send_fd(_FD_NAME, fd)
         hasher = TailHasher(state_path)
         try:
             await vm.qmp("migrate", uri=f"fd:{_FD_NAME}")
-            await _wait_migration(vm, f"saving VM {cfg.name}", timeout_s)
+            await wait_migration(vm, f"saving VM {cfg.name}", timeout_s)
         except BaseException:
             await asyncio.to_thread(hasher.abandon)
             raise
-        timings["migrate"] = _ms(t)
+        timings["migrate"] = elapsed_ms(t)
         t = time.perf_counter()
         state_digest, state_size = await asyncio.to_thread(hasher.finish)
-        timings["hash_rest"] = _ms(t)
+        timings["hash_rest"] = elapsed_ms(t)
         if fsync:
             t = time.perf_counter()
             await asyncio.to_thread(os.fsync, fd)
-            timings["fsync_state"] = _ms(t)
+            timings["fsync_state"] = elapsed_ms(t)
     except BaseException:
         os.close(fd)
         shutil.rmtree(dest_dir, ignore_errors=True)
@@ -260,10 +227,10 @@ async def save_snapshot(
     # disk, whose block layer the migration already inactivated).
     t = time.perf_counter()
     await vm.kill()
-    timings["quit"] = _ms(t)
+    timings["quit"] = elapsed_ms(t)
     crash_point("save.quit")
     # Recorded before the manifest is written (finishing takes a millisecond or two).
-    timings["total"] = _ms(t_all)
+    timings["total"] = elapsed_ms(t_all)
     manifest = await asyncio.to_thread(finish_save, dest_dir, pending, memory_source, fsync=fsync)
     crash_point("save.manifest")
     log.info(
@@ -475,8 +442,8 @@ async def restore(
             os.chmod(cfg.memory_file, 0o600)
         t = time.perf_counter()
         vm = await QemuVm.launch(run_cfg, cgroup=cgroup, ready_timeout_s=ready_timeout_s)
-        launch_ms = _ms(t)
-        version = await _qemu_version(vm)
+        launch_ms = elapsed_ms(t)
+        version = await query_qemu_version(vm)
         if version != manifest.qemu_version:
             raise SnapshotError(
                 f"snapshot {snapshot_dir} was taken with QEMU {manifest.qemu_version!r}; "
@@ -484,11 +451,11 @@ async def restore(
             )
         crash_point("restore.launched")
         t = time.perf_counter()
-        await _set_migration(vm, ignore_shared=manifest.ram_in_file)
+        await set_ignore_shared(vm, ignore_shared=manifest.ram_in_file)
         await vm.send_fd(_FD_NAME, fd)
         await vm.qmp("migrate-incoming", uri=f"fd:{_FD_NAME}")
-        await _wait_migration(vm, f"restoring VM {cfg.name}", timeout_s)
-        load_ms = _ms(t)
+        await wait_migration(vm, f"restoring VM {cfg.name}", timeout_s)
+        load_ms = elapsed_ms(t)
         crash_point("restore.loaded")
         if not clone and not manifest.ram_in_file:
             # The point of no return: from here on the guest changes the disk.
@@ -516,7 +483,7 @@ async def restore(
         clone,
         launch_ms,
         load_ms,
-        _ms(t_all),
+        elapsed_ms(t_all),
     )
     return vm
 
