@@ -182,6 +182,9 @@ async def test_an_expired_host_is_marked_down_its_sandboxes_lost_and_fenced(
 ) -> None:
     h1, h2 = hosts["h1"], hosts["h2"]
     await h2.svc.cluster.close()  # h2 renews when this test says (it stalls meanwhile)
+    # h1 too: its own loop, ticking on the clock moved below, would mark h2 down again
+    # right after h2 registers again (a race the assertions below would lose).
+    await h1.svc.cluster.close()
     running = await _create(h1, host="h2")
     paused = await _create(h1, host="h2")
     r = await h1.client.post(f"/v1/sandboxes/{paused}/pause", json={})

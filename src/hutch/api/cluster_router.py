@@ -12,6 +12,9 @@ forward from another host):
   (:func:`hutch.services.placement.choose_host`); another host's create goes there, and
   that host creates it (each host manages only its own VMs and address pool).
 - ``POST /v1/hosts/{id}/drain|undrain``: to that host.
+- ``/v1/hosts/{this host}/e2b/...``: an E2B request another host forwarded (its
+  sandbox runs here) goes to this host's E2B app; the E2B face forwards through
+  :func:`relay_http` too (:mod:`hutch.e2b.cluster`), the one forwarding path.
 
 The caller's key is checked here, where it arrived, and not sent on: the forward carries
 the principal signed with the cluster secret (:mod:`hutch.services.cluster_auth`), and
