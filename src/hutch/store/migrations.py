@@ -333,7 +333,13 @@ MIGRATIONS: tuple[str, ...] = (
     DROP TABLE net_leases;
     ALTER TABLE net_leases_v12 RENAME TO net_leases;
     """,
-    # 13: net_tunnels (private networks across hosts): each host's end of the overlay
+    # 13: the placement labels a sandbox was created with ({KEY: VALUE}): its moves
+    # (a resume off a draining or down host) and its fork children keep to hosts
+    # carrying them
+    """
+    ALTER TABLE sandboxes ADD COLUMN placement_labels_json TEXT NOT NULL DEFAULT '{}';
+    """,
+    # 14: net_tunnels (private networks across hosts): each host's end of the overlay
     # (its underlay address, UDP port, device MAC) and its sandbox pool, which the other
     # hosts read to reach its members (hutch.net.tunnel).
     """
