@@ -138,10 +138,12 @@ restart: down up
 # on one machine"): each its own state dir under var/cluster, port 7071.., address pool.
 WORKERS ?= 3
 CLUSTER_DB ?= postgres
+# Private networks across the workers: worker i's VXLAN end on UDP TUNNEL_PORT+i-1 (0: off).
+TUNNEL_PORT ?= 14789
 cluster-up: image
 	@if [ "$(CLUSTER_DB)" = postgres ]; then $(MAKE) --no-print-directory apt-install PACKAGES=postgresql; fi
 	$(BIN)/python scripts/cluster.py up --workers $(WORKERS) --root $(STATE_DIR)/cluster \
-		--images $(STATE_DIR)/images --db $(CLUSTER_DB)
+		--images $(STATE_DIR)/images --db $(CLUSTER_DB) --tunnel-port $(TUNNEL_PORT)
 
 cluster-down:
 	$(BIN)/python scripts/cluster.py down --root $(STATE_DIR)/cluster

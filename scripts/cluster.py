@@ -10,9 +10,12 @@ makes, 127.0.0.1:7079 and a unix socket, trust for local connections only), data
 ``HUTCH_SHARED_DB``); ``HUTCH_DATABASE_URL`` set: that database. Their blob store is
 ``<root>/shared/blobs`` (``file://``; ``HUTCH_BLOB_URL`` set: that one), so paused
 sandboxes, forks and snapshots move between them. Any worker serves the whole API;
-``hutch host ls`` lists them.
+``hutch host ls`` lists them. Private networks span them (hutch.net.tunnel): each
+worker's VXLAN end is on 127.0.0.1, UDP port ``--tunnel-port`` + i - 1 (default 14789;
+0: no tunnel, a network's members reach only those on their own worker).
 
     python scripts/cluster.py up [--workers 3] [--root var/cluster] [--db postgres|sqlite]
+                                 [--tunnel-port 14789]
     python scripts/cluster.py down [--root var/cluster]
 """
 
@@ -32,6 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 BASE_PORT = 7071
 PG_PORT = 7079
+TUNNEL_PORT = 14789
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 PG_USER = "postgres"
 
@@ -110,7 +114,7 @@ def _alive(pid_file: Path) -> int | None:
     return pid
 
 
-def up(root: Path, workers: int, images: Path | None, db: str) -> int:
+def up(root: Path, workers: int, images: Path | None, db: str, tunnel_port: int) -> int:
     database = os.environ.get("HUTCH_DATABASE_URL") or (pg_up(root) if db == "postgres" else "")
     shared = root / "shared"
     shared.mkdir(parents=True, exist_ok=True)
@@ -139,6 +143,8 @@ def up(root: Path, workers: int, images: Path | None, db: str) -> int:
             "HUTCH_ROLE": "worker",
             "HUTCH_HOST_ID": f"w{i}",
             "HUTCH_CLUSTER_SECRET_FILE": str(shared / "cluster-secret"),
+            # One port each: all the ends share 127.0.0.1 on one machine.
+            "HUTCH_TUNNEL_PORT": str(tunnel_port + i - 1 if tunnel_port else 0),
         }
         if database:
             env["HUTCH_DATABASE_URL"] = database
@@ -200,13 +206,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, default=REPO / "var" / "cluster")
     parser.add_argument("--images", type=Path, default=REPO / "var" / "images")
     parser.add_argument("--db", choices=("postgres", "sqlite"), default="postgres")
+    parser.add_argument("--tunnel-port", type=int, default=TUNNEL_PORT)
     args = parser.parse_args(argv)
     if not 1 <= args.workers <= 32:
         parser.error("--workers: 1-32")
+    if args.tunnel_port and not 1 <= args.tunnel_port <= 65535 - args.workers:
+        parser.error("--tunnel-port: 0 (no tunnel) or a UDP port with room for every worker")
     root = args.root.resolve()
     if args.action == "up":
         images = args.images.resolve() if args.images.is_dir() else None
-        return up(root, args.workers, images, args.db)
+        return up(root, args.workers, images, args.db, args.tunnel_port)
     return down(root)
 
 

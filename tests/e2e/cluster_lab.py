@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import shutil
+import socket
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -49,11 +50,14 @@ class Worker(Daemon):
         *,
         labels: str = "",
         extra_env: Mapping[str, str] | None = None,
+        tunnel_port: int = 0,
     ) -> None:
         super().__init__(state_dir)
         self.host_id = host_id
         self.daemon_env.update(
             {
+                # Private networks across hosts: each worker's own UDP port (0: off).
+                "HUTCH_TUNNEL_PORT": str(tunnel_port),
                 "HUTCH_ROLE": "worker",
                 "HUTCH_HOST_ID": host_id,
                 "HUTCH_HOST_LABELS": labels,
@@ -64,6 +68,15 @@ class Worker(Daemon):
             }
         )
         self.settings = load_settings(self.daemon_env)
+
+    @property
+    def tunnel(self) -> str:
+        """This worker's overlay device (hutch.net.tunnel), there while it routes."""
+        return f"hx{self.settings.daemon_tag}"
+
+    @property
+    def route_table(self) -> str:
+        return str(0x68780000 | int(self.settings.daemon_tag, 16))
 
     @property
     def e2b_url(self) -> str | None:
@@ -91,11 +104,13 @@ def cluster_of(
     labels: Mapping[str, str] | None = None,
     s3: S3Server | None = None,
     extra_env: Mapping[str, str] | None = None,
+    tunnel: bool = False,
     e2b: bool = False,
 ) -> Iterator[list[Worker]]:
     """Workers ``host_ids`` started under ``root`` (their blobs in ``s3`` when given,
     all under one prefix of its bucket; each with its E2B face on a port of its own
-    when ``e2b``, all with one token secret); finalized on exit."""
+    when ``e2b``, all with one token secret; with ``tunnel``, private networks across
+    them, each worker on a UDP port of its own); finalized on exit."""
     shared = root / "shared"
     shared.mkdir(parents=True)
     (shared / "cluster-secret").write_text(secrets.token_hex(32) + "\n")
@@ -112,6 +127,7 @@ def cluster_of(
             database,
             labels=(labels or {}).get(h, ""),
             extra_env=env,
+            tunnel_port=_free_udp_port() if tunnel else 0,
         )
         for h in host_ids
     ]
@@ -139,6 +155,13 @@ def cluster_of(
         for w in workers:
             problems += finalize_daemon(w)
         assert not problems, "\n".join(problems)
+
+
+def _free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def owners(workers: Sequence[Worker]) -> dict[str, str]:

@@ -398,6 +398,15 @@ def reclaim_host_network(tag: str) -> list[str]:
         if name.startswith(f"h{tag}"):
             problems.append(f"tap {name} left after every sandbox was deleted")
             subprocess.run(["ip", "link", "del", name], capture_output=True)
+    tunnel = f"hx{tag}"  # the overlay between hosts (hutch.net.tunnel), workers only
+    if subprocess.run(["ip", "link", "show", "dev", tunnel], capture_output=True).returncode == 0:
+        problems.append(f"tunnel device {tunnel} left by a daemon that stopped")
+        subprocess.run(["ip", "link", "del", "dev", tunnel], capture_output=True)
+    mark = f"{0x68780000 | int(tag, 16):#x}"
+    rules = subprocess.run(["ip", "rule", "show"], capture_output=True, text=True).stdout
+    if f"fwmark {mark} " in rules:
+        problems.append(f"ip rule for fwmark {mark} (the tunnel's) left by a daemon that stopped")
+        subprocess.run(["ip", "rule", "del", "fwmark", mark], capture_output=True)
     table = f"hutch_{tag}"
     listed = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
     if f"table inet {table}\n" in listed + "\n":

@@ -3,6 +3,7 @@ address, labels, lease and the cluster secret."""
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -46,10 +47,23 @@ class ClusterSettings:
     lease_s: float = 15.0
     secret_path: Path | None = None
     shared_db: Path | None = None
+    # -- the overlay between hosts (hutch.net.tunnel; private networks across hosts) --
+    #: UDP port of this host's VXLAN end (``HUTCH_TUNNEL_PORT``, e.g. 4789); None or 0
+    #: = off (the default until the data path is proven: ARCHITECTURE.md, "Private
+    #: networks across hosts").
+    tunnel_port: int | None = None
+    #: Underlay IPv4 address of this host's end (``HUTCH_TUNNEL_ADDRESS``); "" = the
+    #: host of ``address`` (resolved at start).
+    tunnel_address: str = ""
 
     @property
     def worker(self) -> bool:
         return self.role == "worker"
+
+    @property
+    def tunnel_udp_port(self) -> int:
+        """The tunnel's UDP port; 0 = no tunnel."""
+        return self.tunnel_port or 0
 
 
 def parse_labels(value: str, name: str = "HUTCH_HOST_LABELS") -> tuple[tuple[str, str], ...]:
@@ -74,7 +88,7 @@ _LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
 #: The cluster's settings (:class:`ClusterSettings`), by their config-file key.
 CLUSTER_KEYS = (
     "role", "host_id", "host_address", "host_labels", "host_lease_s", "cluster_secret_file",
-    "shared_db",
+    "shared_db", "tunnel_port", "tunnel_address",
 )  # fmt: skip
 
 
@@ -116,4 +130,20 @@ def _cluster_settings(s: Settings, values: dict[str, Any], source: str) -> Setti
         c = replace(c, secret_path=Path(str(values["cluster_secret_file"])).resolve())
     if "shared_db" in values:
         c = replace(c, shared_db=Path(str(values["shared_db"])).resolve())
+    # -- the overlay between hosts --
+    if "tunnel_port" in values:
+        port = _number(values, "tunnel_port", int, source)
+        if not 0 <= port <= 65535:
+            raise InvalidArgument(f"{shown('tunnel_port')}={port}; accepted: 0 (off) or 1-65535")
+        c = replace(c, tunnel_port=port)
+    if "tunnel_address" in values:
+        text = str(values["tunnel_address"]).strip()
+        try:
+            ipaddress.IPv4Address(text)
+        except ValueError as exc:
+            raise InvalidArgument(
+                f"{shown('tunnel_address')}={text!r}; use this host's IPv4 address on the "
+                "network between the hosts"
+            ) from exc
+        c = replace(c, tunnel_address=text)
     return replace(s, cluster=c)

@@ -69,6 +69,8 @@ _ENV = {
     "HUTCH_HOST_LEASE_S": "host_lease_s",
     "HUTCH_CLUSTER_SECRET_FILE": "cluster_secret_file",
     "HUTCH_SHARED_DB": "shared_db",
+    "HUTCH_TUNNEL_PORT": "tunnel_port",
+    "HUTCH_TUNNEL_ADDRESS": "tunnel_address",
     "HUTCH_BLOB_URL": "blob_url",
     "HUTCH_S3_ENDPOINT": "s3_endpoint",
     "HUTCH_BLOB_CACHE_BYTES": "blob_cache_bytes",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, IPv4Network
 from typing import Protocol
 
 from hutch.net import links, nft_apply
@@ -22,6 +22,7 @@ from hutch.net.nft import (
     SandboxNet,
     TableConfig,
     render_add_sandbox,
+    render_cluster,
     render_host_addrs,
     render_learned,
     render_networks,
@@ -30,6 +31,7 @@ from hutch.net.nft import (
     render_table,
 )
 from hutch.net.nft_apply import SandboxCounters
+from hutch.net.tunnel import TunnelDriver, TunnelState
 
 __all__ = ["Dataplane", "MemoryDataplane", "NftDataplane"]
 
@@ -75,9 +77,34 @@ class Dataplane(Protocol):
 
     async def counters(self, cfg: TableConfig) -> dict[str, SandboxCounters]: ...
 
+    async def set_cluster(
+        self, cfg: TableConfig, pools: Iterable[IPv4Network], peers: Iterable[IPv4Address]
+    ) -> None:
+        """The other hosts' pools and tunnel endpoints (always denied) are exactly these."""
+        ...
+
+    async def sync_tunnel(self, cfg: TableConfig, state: TunnelState) -> None:
+        """The overlay carries exactly ``state`` (``cfg.tunnel`` set; see
+        :mod:`hutch.net.tunnel`); an empty state removes the device."""
+        ...
+
+    async def drop_tunnel(self, cfg: TableConfig) -> None:
+        """Remove the overlay device, its entries and ip rule (also a crash's leftovers)."""
+        ...
+
 
 class NftDataplane:
     """Real taps (``ip``) and the real ``inet hutch_<tag>`` table (``nft``)."""
+
+    def __init__(self) -> None:
+        self._tunnel: TunnelDriver | None = None
+
+    def _tunnel_of(self, cfg: TableConfig) -> TunnelDriver | None:
+        if cfg.tunnel is None:
+            return None
+        if self._tunnel is None or self._tunnel.cfg != cfg.tunnel:
+            self._tunnel = TunnelDriver(cfg.tunnel)
+        return self._tunnel
 
     async def install(
         self,
@@ -137,6 +164,21 @@ class NftDataplane:
     async def counters(self, cfg: TableConfig) -> dict[str, SandboxCounters]:
         return await nft_apply.read_counters(cfg.tag)
 
+    async def set_cluster(
+        self, cfg: TableConfig, pools: Iterable[IPv4Network], peers: Iterable[IPv4Address]
+    ) -> None:
+        await nft_apply.apply(render_cluster(cfg, pools, peers))
+
+    async def sync_tunnel(self, cfg: TableConfig, state: TunnelState) -> None:
+        tunnel = self._tunnel_of(cfg)
+        if tunnel is not None:
+            await tunnel.sync(state)
+
+    async def drop_tunnel(self, cfg: TableConfig) -> None:
+        tunnel = self._tunnel_of(cfg)
+        if tunnel is not None:
+            await tunnel.down()
+
 
 @dataclass
 class MemoryDataplane:
@@ -149,6 +191,9 @@ class MemoryDataplane:
     host_addrs: frozenset[IPv4Address] = frozenset()
     learned_calls: int = 0
     counter_values: dict[str, SandboxCounters] = field(default_factory=dict)
+    cluster_pools: list[IPv4Network] = field(default_factory=list)
+    tunnel_peers: list[IPv4Address] = field(default_factory=list)
+    tunnel: TunnelState = field(default_factory=TunnelState)
 
     async def install(
         self,
@@ -192,3 +237,14 @@ class MemoryDataplane:
 
     async def counters(self, cfg: TableConfig) -> dict[str, SandboxCounters]:
         return {sid: c for sid, c in self.counter_values.items() if sid in self.sandboxes}
+
+    async def set_cluster(
+        self, cfg: TableConfig, pools: Iterable[IPv4Network], peers: Iterable[IPv4Address]
+    ) -> None:
+        self.cluster_pools, self.tunnel_peers = list(pools), list(peers)
+
+    async def sync_tunnel(self, cfg: TableConfig, state: TunnelState) -> None:
+        self.tunnel = state
+
+    async def drop_tunnel(self, cfg: TableConfig) -> None:
+        self.tunnel = TunnelState()

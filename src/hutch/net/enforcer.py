@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from ipaddress import IPv4Address, IPv4Interface
+from ipaddress import IPv4Address, IPv4Interface, IPv4Network
 from pathlib import Path
 from typing import NamedTuple
 
@@ -56,6 +56,7 @@ from hutch.net.ratelimit import Rate
 from hutch.net.rules import EgressPolicy
 from hutch.net.summaries import Summaries
 from hutch.net.tls_ca import ProjectCAs, upstream_context
+from hutch.net.tunnel import TunnelConfig, TunnelState
 
 __all__ = ["Enforcer", "Entry", "Snapshot", "default_upstream"]
 
@@ -128,11 +129,13 @@ class Enforcer:
         dataplane: Dataplane | None = None,
         ca_dir: Path | None = None,
         upstream_ca: Path | None = None,
+        tunnel: TunnelConfig | None = None,
     ) -> None:
         """``ca_dir``: where the TLS-inspection CA lives (made at :meth:`start`; None:
         inspection ``full`` is refused per connection); ``upstream_ca``: the CAs upstream
         servers are verified against then (None: the host's trust store)."""
         self.tag = tag
+        self.tunnel = tunnel  # this daemon's end of the overlay (None: one host)
         self._ca_dir = ca_dir
         self._upstream_ca = upstream_ca
         self.pool = pool
@@ -203,6 +206,7 @@ class Enforcer:
                 nflog_group=1000 + int(self.tag, 16) % 30000,
                 vmm_uid=vmm_uid,
                 limits=self.limits,
+                tunnel=self.tunnel,
             )
             if self.real:
                 # Subscribed to address events before the first read: no change is missed.
@@ -326,6 +330,27 @@ class Enforcer:
         cfg = self.config()
         async with self._lock:
             await self.dataplane.set_networks(cfg, networks, removed)
+
+    async def set_cluster(
+        self,
+        pools: Iterable[IPv4Network],
+        peers: Iterable[IPv4Address],
+        tunnel: TunnelState,
+    ) -> None:
+        """The other hosts' pools and endpoints (always denied) and what the overlay
+        carries (:mod:`hutch.net.tunnel`): the nft sets first, then the routes."""
+        cfg = self.config()
+        async with self._lock:
+            await self.dataplane.set_cluster(cfg, pools, peers)
+            if cfg.tunnel is not None:
+                await self.dataplane.sync_tunnel(cfg, tunnel)
+
+    async def drop_tunnel(self) -> None:
+        """Remove the overlay device (daemon start: a crash's leftovers; stop)."""
+        cfg = self.config()
+        if cfg.tunnel is not None:
+            async with self._lock:
+                await self.dataplane.drop_tunnel(cfg)
 
     # -- what the caller reads -----------------------------------------------------------
 

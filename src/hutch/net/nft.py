@@ -28,6 +28,13 @@ One table per daemon, ``inet hutch_<tag>``; every change is one script = one ato
                              bytes counted per sandbox (``c_<key>_tx``): what it sent
                              that the filter accepted, for the meter
   postrouting (nat, srcnat)  ip saddr @pool oifname != @taps masquerade
+  tunnel_mark (mangle)       with a tunnel (hutch.net.tunnel, workers of a cluster):
+                             from taps to the other hosts' pools (@cluster_pools) the
+                             mark that routes into the tunnel; out of it, mark 0. The
+                             ingress chain then admits tunnel traffic through peers, the
+                             input chain takes the tunnel port from @tunnel_peers only,
+                             and peer traffic skips the masquerade and the ``sent`` meter.
+                             @cluster_pools and @tunnel_peers are always denied (egress).
 
 ``<key>`` is the sandbox id's 12 hex digits, ``<nid>`` the network id's. Every denial is
 logged to NFLOG group ``nflog_group`` with prefix ``h<tag> <who> <reason>`` (reasons:
@@ -75,6 +82,7 @@ from typing import Literal, Protocol
 from hutch.config import NetLimits
 from hutch.errors import InvalidArgument
 from hutch.net.addressing import sandbox_key, tap_prefix
+from hutch.net.tunnel import TunnelConfig
 
 __all__ = [
     "DENY_REASONS",
@@ -88,6 +96,7 @@ __all__ = [
     "network_key",
     "policy_mark",
     "render_add_sandbox",
+    "render_cluster",
     "render_host_addrs",
     "render_learned",
     "render_networks",
@@ -177,6 +186,9 @@ class TableConfig:
     vmm_uid: int | None = None
     # Per-sandbox log budget and the kernel ceilings (KERNEL_CEILING x these).
     limits: NetLimits = field(default_factory=NetLimits)
+    # This daemon's end of the overlay between hosts (hutch.net.tunnel); None: no
+    # tunnel rules (one host).
+    tunnel: TunnelConfig | None = None
 
     def __post_init__(self) -> None:
         tap_prefix(self.tag)  # validates the tag
@@ -227,8 +239,11 @@ class RulesetState:
     config: TableConfig
     host_addrs: frozenset[IPv4Address] = frozenset()
     sandboxes: tuple[SandboxNet, ...] = ()
-    # network id (net-<12 hex>) -> member guest addresses
+    # network id (net-<12 hex>) -> member guest addresses (members on other hosts too)
     networks: Mapping[str, Sequence[IPv4Address]] = field(default_factory=dict)
+    # The other hosts of the cluster: their sandbox pools and tunnel endpoints.
+    cluster_pools: tuple[IPv4Network, ...] = ()
+    tunnel_peers: tuple[IPv4Address, ...] = ()
 
 
 def table_name(tag: str) -> str:
@@ -527,8 +542,12 @@ def _skeleton(cfg: TableConfig, host_addrs: Iterable[IPv4Address]) -> str:
         # Members of a shared private network reach each other whatever their policies.
         "jump peers",
         *_deny(cfg, "ip daddr @host_addrs", "-", "host", _TAP_DENY),
+        # The other hosts' tunnel endpoints are hosts too (the overlay is never the
+        # guest's to address); their sandboxes are sandboxes (peers passed above).
+        *_deny(cfg, "ip daddr @tunnel_peers", "-", "host", _TAP_DENY),
         *_deny(cfg, "ip daddr @link_local", "-", "link-local", _TAP_DENY),
         *_deny(cfg, "ip daddr @pool", "-", "sandbox", _TAP_DENY),
+        *_deny(cfg, "ip daddr @cluster_pools", "-", "sandbox", _TAP_DENY),
         *_deny(cfg, "ip daddr @multicast", "-", "multicast", _TAP_DENY),
         *_deny(cfg, "tcp dport 25", "-", "smtp", _TAP_DENY),
         "iifname vmap @sb_vmap",
@@ -542,6 +561,8 @@ def _skeleton(cfg: TableConfig, host_addrs: Iterable[IPv4Address]) -> str:
     def body(rules: list[str]) -> str:
         return "\n".join(f"    {r}" for r in rules)
 
+    t = _TunnelRules.of(cfg)
+
     return f"""table inet {cfg.table} {{
   set taps {{ type ifname; }}
   set tap_src {{ type ifname . ipv4_addr; }}
@@ -549,6 +570,8 @@ def _skeleton(cfg: TableConfig, host_addrs: Iterable[IPv4Address]) -> str:
   set link_local {{ type ipv4_addr; flags interval; elements = {{ {link_local} }} }}
   set multicast {{ type ipv4_addr; flags interval; elements = {{ {multicast} }} }}
   set pool {{ type ipv4_addr; flags interval; elements = {{ {cfg.pool} }} }}
+  set cluster_pools {{ type ipv4_addr; flags interval; }}
+  set tunnel_peers {{ type ipv4_addr; flags interval; }}
   set tcp_udp {{ type inet_proto; elements = {{ tcp, udp }} }}
   set web_ports {{ type inet_service; elements = {{ 80, 443 }} }}
   map sb_vmap {{ type ifname : verdict; }}
@@ -571,7 +594,7 @@ def _skeleton(cfg: TableConfig, host_addrs: Iterable[IPv4Address]) -> str:
   }}
   chain ingress {{
     meta nfproto ipv6 drop
-    ct state established,related oifname vmap @est_vmap
+    ct state established,related oifname vmap @est_vmap{t.ingress}
     counter drop
   }}
   chain prerouting {{
@@ -580,14 +603,16 @@ def _skeleton(cfg: TableConfig, host_addrs: Iterable[IPv4Address]) -> str:
     iifname @taps meta nfproto ipv4 tcp dport 53 redirect to :{cfg.dns_port}
     iifname != @taps accept
     ip daddr @pool accept
+    ip daddr @cluster_pools accept
     ip daddr @host_addrs accept
+    ip daddr @tunnel_peers accept
     ip daddr @link_local accept
     ip daddr @multicast accept
     iifname vmap @px_vmap
   }}
   chain input {{
     type filter hook input priority filter; policy accept;
-    iifname {wildcard} jump from_tap
+    iifname {wildcard} jump from_tap{t.input}
   }}
   chain forward {{
     type filter hook forward priority filter; policy accept;
@@ -595,15 +620,53 @@ def _skeleton(cfg: TableConfig, host_addrs: Iterable[IPv4Address]) -> str:
     oifname {wildcard} jump ingress
   }}
   chain sent {{
-    type filter hook postrouting priority filter; policy accept;
+    type filter hook postrouting priority filter; policy accept;{t.skip}
     iifname @taps oifname != @taps counter name iifname map @tx_ctr
   }}
   chain postrouting {{
-    type nat hook postrouting priority srcnat; policy accept;
+    type nat hook postrouting priority srcnat; policy accept;{t.nat}
     ip saddr @pool oifname != @taps masquerade
-  }}{_vmm_output(cfg)}
+  }}{t.mark}{_vmm_output(cfg)}
 }}
 """
+
+
+@dataclass(frozen=True)
+class _TunnelRules:
+    """The skeleton's lines for the overlay (each starts with a newline; empty without
+    a tunnel). Packets from this daemon's taps to the other hosts' pools get the mark
+    that routes them into the tunnel (``mark``); packets out of the tunnel lose any mark
+    (one machine: the same skb must not loop back in). What arrives through the tunnel
+    for a tap passes only between members of one network (``ingress``: the peers chain,
+    as on the sending host). The tunnel's UDP port takes only the peers' endpoints
+    (``input``). Peer traffic is neither NATed nor metered as egress (``skip``)."""
+
+    mark: str = ""
+    ingress: str = ""
+    input: str = ""
+    skip: str = ""
+    nat: str = ""
+
+    @classmethod
+    def of(cls, cfg: TableConfig) -> _TunnelRules:
+        tun = cfg.tunnel
+        if tun is None:
+            return cls()
+        dev = _q(tun.dev)
+        return cls(
+            mark=f"""
+  chain tunnel_mark {{
+    type filter hook prerouting priority mangle; policy accept;
+    iifname {dev} meta mark set 0
+    iifname @taps ip daddr @cluster_pools meta mark set {tun.mark:#x}
+  }}""",
+            ingress=f"\n    iifname {dev} jump peers",
+            input=f"\n    udp dport {tun.port} ip saddr != @tunnel_peers counter drop",
+            skip=f"\n    oifname {dev} return",
+            # On one machine a peer's packet also leaves through the other worker's
+            # tap, past this table's masquerade: never NAT traffic between members.
+            nat=f"\n    oifname {dev} return\n    ip daddr @cluster_pools return",
+        )
 
 
 def _vmm_output(cfg: TableConfig) -> str:
@@ -637,6 +700,7 @@ def render_table(state: RulesetState) -> str:
         lines += _sb_fill(cfg, sb)
     lines += _sb_register(cfg, state.sandboxes)
     lines.append(render_networks(cfg, state.networks))
+    lines.append(render_cluster(cfg, state.cluster_pools, state.tunnel_peers))
     return "\n".join(lines) + "\n"
 
 
@@ -761,3 +825,19 @@ def render_host_addrs(cfg: TableConfig, host_addrs: Iterable[IPv4Address]) -> st
         f"flush set inet {cfg.table} host_addrs\n"
         f"add element inet {cfg.table} host_addrs {{ {elems} }}\n"
     )
+
+
+def render_cluster(
+    cfg: TableConfig, pools: Iterable[IPv4Network], peers: Iterable[IPv4Address]
+) -> str:
+    """Make the other hosts' sandbox pools and tunnel endpoints exactly these (both
+    always denied to this daemon's sandboxes; peers on shared networks pass first)."""
+    t = cfg.table
+    lines = [f"flush set inet {t} cluster_pools", f"flush set inet {t} tunnel_peers"]
+    nets = _nets(pools)
+    if nets:
+        lines.append(_add_element(cfg, "cluster_pools", nets))
+    hosts = _nets(IPv4Network(a) for a in peers)
+    if hosts:
+        lines.append(_add_element(cfg, "tunnel_peers", hosts))
+    return "\n".join(lines) + "\n"

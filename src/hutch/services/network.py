@@ -18,17 +18,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import secrets
+import socket
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from ipaddress import IPv4Address
+from urllib.parse import urlsplit
 
 from hutch.config import Settings
 from hutch.contract.limits import MAX_NETWORKS_PER_SANDBOX
 from hutch.contract.names import NETWORK_ID_RE as _NETWORK_ID_RE
 from hutch.contract.views import EgressEvent, EgressView, NetworkView, PortView
-from hutch.errors import Conflict, HutchError, InvalidArgument, NotFound
+from hutch.errors import Conflict, HutchError, InvalidArgument, NetworkError, NotFound
 from hutch.models import NAME_RE
 from hutch.net.addressing import AddressPool, Block, guest_mac, tap_name
 from hutch.net.dataplane import Dataplane
@@ -37,11 +40,15 @@ from hutch.net.enforcer import Enforcer, Entry, Snapshot, default_upstream
 from hutch.net.inbound import PortForwarder
 from hutch.net.nft import SandboxNet
 from hutch.net.rules import EgressPolicy, policy_from_stored
+from hutch.net.tunnel import TunnelConfig
+from hutch.services.overlay import POLL_S, Overlay, overlay_of
 from hutch.store.db import Store
-from hutch.store.net import NetStore, NetworkRow
+from hutch.store.net import NetStore, NetworkRow, TunnelRow
 from hutch.vm.runas import qemu_uid
 
 __all__ = ["NetworkService"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -82,6 +89,7 @@ class NetworkService:
             dataplane=dataplane,
             ca_dir=settings.egress_ca_dir,
             upstream_ca=settings.egress_upstream_ca,
+            tunnel=tunnel_config(settings),
         )
         #: The egress log (written by the data path, read here and by tests).
         self.log = self.enforcer.log
@@ -91,6 +99,11 @@ class NetworkService:
         self._attached: dict[str, _Attached] = {}
         # Orders the service's changes: rows, what is attached, the host, the publish.
         self._lock = asyncio.Lock()
+        # The members on the other hosts (private networks across hosts), and the task
+        # that reads them from the shared store every POLL_S.
+        self._overlay = Overlay()
+        self._overlay_applied = False
+        self._overlay_task: asyncio.Task[None] | None = None
 
     # -- daemon lifecycle ----------------------------------------------------------------
 
@@ -99,9 +112,33 @@ class NetworkService:
         are dropped, taps and the table rebuilt, exposed ports listened on again."""
         await self.enforcer.start(vmm_uid=qemu_uid(self.settings) if self.enforcer.real else None)
         try:
+            tunnel = self.enforcer.tunnel
+            if tunnel is not None:
+                # What a crashed daemon left goes first; the overlay is rebuilt below.
+                await self.enforcer.drop_tunnel()
+                self.db.set_tunnel(
+                    TunnelRow(
+                        self.settings.host_id,
+                        str(tunnel.local),
+                        tunnel.port,
+                        tunnel.mac,
+                        str(self.pool.network),
+                    )
+                )
             await self._reconcile(set(live_ids))
+            if tunnel is not None:
+                async with self._lock:
+                    try:
+                        await self._sync_overlay(force=True)
+                    except NetworkError:
+                        # The tunnel failed closed (members elsewhere unreachable); the
+                        # rest of the host serves, and the poll tries again.
+                        log.exception("private networks across hosts: the overlay failed")
+                self._overlay_task = asyncio.create_task(self._poll_overlay())
         except BaseException:
             await self.forwarder.shutdown()
+            with contextlib.suppress(HutchError):
+                await self.enforcer.drop_tunnel()
             await self.enforcer.close(drop_table=False)
             raise
 
@@ -134,9 +171,58 @@ class NetworkService:
 
     async def close(self) -> None:
         """Stop the servers and readers. With sandboxes left, the nft table and taps
-        stay (their traffic fails closed until a restart); with none, the table goes."""
+        stay (their traffic fails closed until a restart); with none, the table goes.
+        The overlay device always goes (members elsewhere are unreachable until the
+        next start rebuilds it)."""
+        if self._overlay_task is not None:
+            self._overlay_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._overlay_task
+            self._overlay_task = None
+        if self.enforcer.cfg is not None:
+            with contextlib.suppress(HutchError):
+                await self.enforcer.drop_tunnel()
         await self.enforcer.close(drop_table=not self.db.leases())
         await self.forwarder.shutdown()
+
+    # -- private networks across hosts ---------------------------------------------------
+
+    async def _poll_overlay(self) -> None:
+        last = ""  # the last failure's message: a lasting one is logged once
+        while True:
+            await asyncio.sleep(POLL_S)
+            try:
+                async with self._lock:
+                    await self._sync_overlay()
+                last = ""
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a database hiccup or a failed `ip`: next tick again
+                if str(exc) != last:
+                    log.exception("private networks across hosts: the overlay sync failed")
+                last = str(exc)
+
+    async def _sync_overlay(self, *, force: bool = False) -> None:
+        """Read the other hosts' members and ends; when they changed, push them: the
+        DNS view, the member sets, the always-denied pools/endpoints and the tunnel's
+        routes. Called under _lock (after every local change, and every POLL_S)."""
+        if self.enforcer.tunnel is None:
+            return
+        new = overlay_of(
+            self._attached, self.db.memberships(), self.db.remote_members(), self.db.tunnels()
+        )
+        if new == self._overlay and self._overlay_applied and not force:
+            return
+        self._overlay = new
+        try:
+            self._publish()
+            await self.enforcer.set_networks(self._network_addresses())
+            await self.enforcer.set_cluster(new.pools, new.endpoints, new.tunnel)
+        except BaseException:
+            # Not applied (the tunnel fails closed): the next poll tries again.
+            self._overlay_applied = False
+            raise
+        self._overlay_applied = True
 
     # -- what the guest is told ----------------------------------------------------------
 
@@ -193,6 +279,7 @@ class NetworkService:
             self._publish()
             if network_ids:
                 await self.enforcer.set_networks(self._network_addresses())
+                await self._sync_overlay()
 
     async def detach(self, sandbox_id: str) -> None:
         """Take everything back. Safe to call twice and for sandboxes never attached."""
@@ -212,6 +299,7 @@ class NetworkService:
                 await self.enforcer.remove(att.dataplane_view())
             if had_networks:
                 await self.enforcer.set_networks(self._network_addresses())
+                await self._sync_overlay()
         await self.enforcer.forget(sandbox_id)
 
     async def moved_away(self, sandbox_id: str) -> None:
@@ -302,6 +390,7 @@ class NetworkService:
             self.db.add_member(row.id, sandbox_id)
             self._publish()
             await self.enforcer.set_networks(self._network_addresses())
+            await self._sync_overlay()
         return self._view(row)
 
     async def leave(self, sandbox_id: str, id_or_name: str, project: str) -> None:
@@ -312,6 +401,7 @@ class NetworkService:
             self.db.remove_member(row.id, sandbox_id)
             self._publish()
             await self.enforcer.set_networks(self._network_addresses())
+            await self._sync_overlay()
 
     def networks_of(self, sandbox_id: str) -> list[str]:
         return self.db.networks_of(sandbox_id)
@@ -384,9 +474,11 @@ class NetworkService:
         return NetworkView(row.id, row.name, row.created_at, self.db.members(row.id))
 
     def _network_addresses(self) -> dict[str, list[IPv4Address]]:
+        """Each network's member addresses: this host's and (the overlay) the others'."""
         out: dict[str, list[IPv4Address]] = {}
         for nid, members in self.db.memberships().items():
             out[nid] = [self._attached[m].block.guest for m in members if m in self._attached]
+            out[nid] += self._overlay.members.get(nid, {}).values()
         return out
 
     def _peers(self, sandbox_id: str) -> dict[str, IPv4Address]:
@@ -401,9 +493,40 @@ class NetworkService:
                     if label:
                         peers[label.lower()] = att.block.guest
                         peers[f"{label.lower()}.{INTERNAL_SUFFIX}"] = att.block.guest
+            # Members on other hosts, reached through the overlay.
+            for member, address in self._overlay.members.get(nid, {}).items():
+                for label in (member, self._names(member)):
+                    if label:
+                        peers[label.lower()] = address
+                        peers[f"{label.lower()}.{INTERNAL_SUFFIX}"] = address
         return peers
 
     def _port_view(self, guest: int, host_port: int) -> PortView:
         host = self.settings.ports_bind
         shown = f"[{host}]" if ":" in host else host
         return PortView(guest, host, host_port, f"http://{shown}:{host_port}")
+
+
+def tunnel_config(settings: Settings) -> TunnelConfig | None:
+    """This host's end of the overlay, or None (a single host, or HUTCH_TUNNEL_PORT=0).
+    The underlay address is HUTCH_TUNNEL_ADDRESS, else the host of HUTCH_HOST_ADDRESS
+    (resolved when a name). Raises InvalidArgument when neither gives an IPv4 address."""
+    port = settings.cluster.tunnel_udp_port
+    if not port:
+        return None
+    text = settings.cluster.tunnel_address
+    if not text:
+        name = urlsplit(settings.host_address).hostname or ""
+        try:
+            text = socket.gethostbyname(name) if name else ""
+        except OSError:
+            text = ""
+    try:
+        local = IPv4Address(text)
+    except ValueError as exc:
+        raise InvalidArgument(
+            f"no IPv4 address for this host's end of the tunnel between hosts (from "
+            f"HUTCH_HOST_ADDRESS={settings.host_address!r}); set HUTCH_TUNNEL_ADDRESS, or "
+            "HUTCH_TUNNEL_PORT=0 for no private networks across hosts"
+        ) from exc
+    return TunnelConfig(settings.daemon_tag, settings.host_id, local, port)

@@ -339,6 +339,19 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE sandboxes ADD COLUMN placement_labels_json TEXT NOT NULL DEFAULT '{}';
     """,
+    # 14: net_tunnels (private networks across hosts): each host's end of the overlay
+    # (its underlay address, UDP port, device MAC) and its sandbox pool, which the other
+    # hosts read to reach its members (hutch.net.tunnel).
+    """
+    CREATE TABLE net_tunnels (
+        host        TEXT PRIMARY KEY,
+        address     TEXT NOT NULL,
+        port        INTEGER NOT NULL,
+        mac         TEXT NOT NULL,
+        pool        TEXT NOT NULL,
+        updated_at  REAL NOT NULL
+    );
+    """,
 )
 
 

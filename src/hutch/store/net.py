@@ -12,7 +12,7 @@ from hutch.contract.auth import DEFAULT_PROJECT
 from hutch.errors import Conflict
 from hutch.store.db import Store
 
-__all__ = ["Lease", "NetStore", "NetworkRow"]
+__all__ = ["Lease", "NetStore", "NetworkRow", "RemoteMember", "TunnelRow"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,27 @@ class NetworkRow:
     name: str
     created_at: float
     project: str = DEFAULT_PROJECT
+
+
+@dataclass(frozen=True)
+class TunnelRow:
+    """One host's end of the overlay between hosts (``net_tunnels``)."""
+
+    host: str
+    address: str
+    port: int
+    mac: str
+    pool: str
+
+
+@dataclass(frozen=True)
+class RemoteMember:
+    """A member of a private network whose address lease is on another host."""
+
+    network_id: str
+    sandbox_id: str
+    host: str
+    block: int
 
 
 class NetStore:
@@ -206,6 +227,42 @@ class NetStore:
                 sandbox_id,
             )
         return [(str(r[0]), int(str(r[1])), int(str(r[2]))) for r in rows]
+
+    # -- the overlay between hosts ---------------------------------------------------------
+
+    def set_tunnel(self, row: TunnelRow) -> None:
+        self._rows(
+            "INSERT INTO net_tunnels (host, address, port, mac, pool, updated_at) "
+            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (host) DO UPDATE SET "
+            "address = excluded.address, port = excluded.port, mac = excluded.mac, "
+            "pool = excluded.pool, updated_at = excluded.updated_at",
+            row.host,
+            row.address,
+            row.port,
+            row.mac,
+            row.pool,
+            time.time(),
+        )
+
+    def tunnels(self) -> list[TunnelRow]:
+        """The other hosts' ends, of hosts not marked down."""
+        rows = self._rows(
+            "SELECT t.host, t.address, t.port, t.mac, t.pool FROM net_tunnels t "
+            "JOIN hosts h ON h.id = t.host WHERE t.host != ? AND h.state != 'down' "
+            "ORDER BY t.host",
+            self.host,
+        )
+        return [TunnelRow(str(r[0]), str(r[1]), int(str(r[2])), str(r[3]), str(r[4])) for r in rows]
+
+    def remote_members(self) -> list[RemoteMember]:
+        """Members of every network whose lease is on another host."""
+        rows = self._rows(
+            "SELECT m.network_id, m.sandbox_id, l.host, l.block FROM network_members m "
+            "JOIN net_leases l ON l.sandbox_id = m.sandbox_id WHERE l.host != ? "
+            "ORDER BY m.network_id, m.sandbox_id",
+            self.host,
+        )
+        return [RemoteMember(str(r[0]), str(r[1]), str(r[2]), int(str(r[3]))) for r in rows]
 
     # -- a sandbox leaves ----------------------------------------------------------------
 
