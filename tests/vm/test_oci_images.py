@@ -49,6 +49,7 @@ from hutch.services.images import HostImages, LocalBootSets, LocalImages
 from hutch.store import Store
 from hutch.store.images import ImageStore
 from tests.conftest import ensure_image, test_images_dir
+from tests.leases import own_tag_state_dir
 from tests.ocikit import (
     E,
     Image,
@@ -221,7 +222,7 @@ async def env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
     for img in (debian, busybox):
         shutil.rmtree(content_dir(images_dir, img.digest), ignore_errors=True)
     settings = Settings(
-        state_dir=work / "state",
+        state_dir=own_tag_state_dir(work / "state"),  # tests/leases.py
         images_dir_override=images_dir,
         accel=os.environ.get("HUTCH_ACCEL", "auto"),
         templates=False,
