@@ -195,12 +195,18 @@ endif
 test-lane-a: images
 	$(LANE_PYTEST) tests/vm tests/privileged $(LANE_A_E2E_FILES) --durations=40 $(PYTEST_ARGS)
 
+# Lane b's three pytest runs all run (a failure is remembered, the lane fails at the end).
+LANE_B_FAILED := $(STATE_DIR)/lanes/b.failed
 test-lane-b: lint typecheck
-	$(LANE_PYTEST) tests/unit tests/component --durations=20 $(PYTEST_ARGS)
+	@mkdir -p $(dir $(LANE_B_FAILED)) && rm -f $(LANE_B_FAILED)
+	$(LANE_PYTEST) tests/unit tests/component --durations=20 $(PYTEST_ARGS) || touch $(LANE_B_FAILED)
 	@# Waits for lane a's image builds (they serialize on var/images/<name>.lock), then a no-op.
 	$(MAKE) --no-print-directory images
-	$(LANE_PYTEST) tests/e2e $(addprefix --ignore=,$(LANE_A_E2E_FILES)) --durations=20 $(PYTEST_ARGS)
-	HUTCH_TEST_DATABASE=postgres $(LANE_PYTEST) tests/component $(PG_E2E) --durations=10 $(PYTEST_ARGS)
+	$(LANE_PYTEST) tests/e2e $(addprefix --ignore=,$(LANE_A_E2E_FILES)) --durations=20 \
+		$(PYTEST_ARGS) || touch $(LANE_B_FAILED)
+	HUTCH_TEST_DATABASE=postgres $(LANE_PYTEST) tests/component $(PG_E2E) --durations=10 \
+		$(PYTEST_ARGS) || touch $(LANE_B_FAILED)
+	@if [ -e $(LANE_B_FAILED) ]; then echo "lane b: a pytest run failed (see above)"; exit 1; fi
 
 test-serial: deps test-system-deps js-deps lint typecheck images
 	HUTCH_TEST_IMAGES_DIR=$(STATE_DIR)/images $(BIN)/pytest tests --durations=40 $(PYTEST_ARGS)
