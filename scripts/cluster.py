@@ -116,11 +116,15 @@ def up(root: Path, workers: int, images: Path | None, db: str) -> int:
     shared.mkdir(parents=True, exist_ok=True)
     _write_secret(shared / "cluster-secret", secrets.token_hex(32))
     _write_secret(shared / "api-key", "hk_" + secrets.token_urlsafe(32))
+    # The E2B face's access tokens (HUTCH_E2B_LISTEN): one secret for every worker, so
+    # a token one hands out is good through all of them and after a move.
+    _write_secret(shared / "e2b-token-secret", secrets.token_hex(32))
     for i in range(1, workers + 1):
         state = root / f"w{i}"
         (state / "logs").mkdir(parents=True, exist_ok=True)
         os.chmod(state, 0o700)
         shutil.copy(shared / "api-key", state / "api-key")
+        shutil.copy(shared / "e2b-token-secret", state / "e2b-token-secret")
         if (shared / "secrets.key").exists():
             shutil.copy(shared / "secrets.key", state / "secrets.key")
         port = BASE_PORT + i - 1

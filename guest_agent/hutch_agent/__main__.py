@@ -10,7 +10,7 @@ import time
 
 from hutch_agent import AGENT_VERSION, PROTOCOL_VERSION, runtime
 from hutch_agent.core import Agent
-from hutch_agent.system import exec_with_fast_copies
+from hutch_agent.system import exec_with_fast_copies, keep_signal_defaults_for_commands
 from hutch_agent.transport import DeviceTransport, UnixTransport, find_port
 
 log = logging.getLogger("hutch-agent")
@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     runtime.configure(args.runtime)
+    keep_signal_defaults_for_commands()
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="hutch-agent: %(levelname)s %(message)s"
     )

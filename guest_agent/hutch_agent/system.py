@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import signal
 import struct
 import time
 from typing import Any
@@ -91,3 +92,23 @@ def exec_with_fast_copies() -> None:
         os.execve(program, argv, {**os.environ, "GLIBC_TUNABLES": TCG_TUNABLES})
     except OSError as exc:
         log.warning("could not re-exec with faster memory copies: %s", exc)
+
+
+#: Signals a terminal, a shell or an operator sends to a command, which the command must
+#: meet with its default action. An agent started with them ignored (under ``nohup``, or
+#: a background job of a non-interactive shell) would pass ``SIG_IGN`` on to every command
+#: it runs: ``execve`` keeps an ignored signal ignored, while it resets a handled one.
+COMMAND_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM)
+
+
+def _ignore(signum: int, frame: object) -> None:
+    """A handler that does nothing: the agent still ignores the signal, its commands do not."""
+
+
+def keep_signal_defaults_for_commands() -> None:
+    """Replace an inherited ``SIG_IGN`` of :data:`COMMAND_SIGNALS` by a handler that does
+    nothing (so the agent goes on ignoring it, and ``execve`` gives every command the
+    default back), without the ``preexec_fn`` per spawn that would cost exec its vfork."""
+    for signum in COMMAND_SIGNALS:
+        if signal.getsignal(signum) == signal.SIG_IGN:
+            signal.signal(signum, _ignore)

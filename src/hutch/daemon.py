@@ -192,7 +192,10 @@ async def serve(settings: Settings) -> None:
     if settings.e2b_listen is not None:
         host, port = settings.e2b_listen
         sockets.append(_listen_socket(host, port, "HUTCH_E2B_LISTEN"))
-        e2b = create_e2b_app(services, key, load_or_create_secret(settings.e2b_secret_path))
+        e2b = create_e2b_app(
+            services, key, load_or_create_secret(settings.e2b_secret_path), app.state.forwarder
+        )
+        app.state.e2b = e2b  # E2B requests other hosts forward here (their sandbox's host)
         routed = ByListener(app, {port: e2b})
     config = uvicorn.Config(
         routed,

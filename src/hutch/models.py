@@ -134,6 +134,8 @@ class SandboxSpec:
     #: ``{VAR: secret name}``: environment variables whose values are the project's
     #: secrets, resolved (current version) each time a command's environment is built.
     env_secrets: dict[str, str] = field(default_factory=dict)
+    #: ``placement.labels`` of the create: the hosts it may ever run on carry them all.
+    placement_labels: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "volumes", validate_mounts(self.volumes))
@@ -187,6 +189,9 @@ class SandboxRecord:
     project: str = DEFAULT_PROJECT
     #: ``{VAR: secret name}`` (names only; values are resolved at each command).
     env_secrets: dict[str, str] = field(default_factory=dict)
+    #: The create's ``placement.labels``: a move (resume off a draining or down host)
+    #: and fork children keep to hosts carrying every one (fork children inherit them).
+    placement_labels: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

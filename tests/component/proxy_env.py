@@ -6,16 +6,11 @@ The fake internet: an HTTPS server (one certificate for good.test, other.test an
 Sandboxes connect from their own 127.0.0.x source. There is no nft here, so the port the
 guest "dialled" comes from the injectable ``original_port`` hook.
 
-Each test file has two small fixtures over :func:`make_cert` and :func:`proxy_env`::
+The fixtures ``cert`` (one per module) and ``env`` (one proxy per test) are defined
+here once; a test file that wants them imports them (under other names than the
+fixtures', so that they do not shadow the tests' parameters)::
 
-    @pytest.fixture(scope="module")
-    def cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-        return make_cert(tmp_path_factory.mktemp("cert"))
-
-    @pytest.fixture
-    async def env(cert: tuple[Path, Path]) -> AsyncIterator[Env]:
-        async with proxy_env(cert) as env:
-            yield env
+    from tests.component.proxy_env import cert_fixture, env_fixture  # noqa: F401
 """
 
 from __future__ import annotations
@@ -31,6 +26,8 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from hutch.errors import NetworkError
 from hutch.net.destinations import Forbidden
@@ -297,3 +294,16 @@ async def proxy_env(cert: tuple[Path, Path]) -> AsyncIterator[Env]:
         for server in (http, https, keepalive):
             server.close()
             await server.wait_closed()
+
+
+@pytest.fixture(scope="module", name="cert")
+def cert_fixture(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The fake internet's certificate and key (made once per test module)."""
+    return make_cert(tmp_path_factory.mktemp("cert"))
+
+
+@pytest.fixture(name="env")
+async def env_fixture(cert: tuple[Path, Path]) -> AsyncIterator[Env]:
+    """A fresh proxy and servers (:func:`proxy_env`) for one test."""
+    async with proxy_env(cert) as env:
+        yield env

@@ -55,7 +55,18 @@ class LocalAgent:
         raise AssertionError("no VmHWM in /proc/<pid>/status")
 
 
-def _start_agent(workdir: Path) -> LocalAgent:
+#: The signals a command must meet with their default action however the agent was started.
+COMMAND_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM)
+
+
+def _ignore_command_signals() -> None:
+    for signum in COMMAND_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
+def _start_agent(workdir: Path, *, ignoring: bool = False) -> LocalAgent:
+    """``ignoring``: start it as ``nohup`` or a background job of a script would, with
+    :data:`COMMAND_SIGNALS` ignored."""
     sock = workdir / "agent.sock"  # short: sun_path holds 107 bytes
     log = workdir / "agent.log"
     with log.open("wb") as log_file:
@@ -64,6 +75,7 @@ def _start_agent(workdir: Path) -> LocalAgent:
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=subprocess.STDOUT,
+            preexec_fn=_ignore_command_signals if ignoring else None,
         )
     return LocalAgent(proc, sock, log)
 
@@ -75,9 +87,9 @@ def _stop_agent(agent: LocalAgent) -> None:
 
 
 @contextlib.contextmanager
-def _agent_in_tmp() -> Iterator[LocalAgent]:
+def _agent_in_tmp(*, ignoring: bool = False) -> Iterator[LocalAgent]:
     workdir = Path(tempfile.mkdtemp(prefix="hutch-agent-"))
-    agent = _start_agent(workdir)
+    agent = _start_agent(workdir, ignoring=ignoring)
     try:
         yield agent
     finally:
@@ -174,6 +186,27 @@ async def test_exec_argv_env_cwd(client: AgentClient, work: Path) -> None:
     assert r.stdout.decode().splitlines() == ["bar baz|C.UTF-8|/root", str(work)]
     assert r.stderr == b"oops\n"
     assert (r.exit_code, r.signal, r.timed_out) == (3, None, False)
+
+
+async def test_an_agent_started_ignoring_signals_gives_its_commands_the_defaults() -> None:
+    """Started under ``nohup`` (SIGHUP, SIGINT, SIGQUIT, SIGTERM ignored), the agent once
+    passed the ignoring on to every command (``execve`` keeps ``SIG_IGN``): a terminal's
+    close then found its program deaf to SIGHUP and had to SIGKILL it. Its commands get
+    the default actions; the agent itself still ignores them."""
+    with _agent_in_tmp(ignoring=True) as agent:
+        c = await AgentClient.connect(agent.socket, timeout_s=10)
+        try:
+            r = await c.run(["grep", "^SigIgn:", "/proc/self/status"])
+            ignored = int(r.stdout.decode().split()[1], 16)
+            assert [s for s in COMMAND_SIGNALS if ignored & (1 << (s - 1))] == []
+            r = await c.run(shell="kill -HUP $$; echo survived")
+            assert (r.signal, r.stdout) == (signal.SIGHUP, b"")
+            for signum in COMMAND_SIGNALS:
+                agent.proc.send_signal(signum)
+            assert (await c.run(["echo", "agent still here"])).stdout == b"agent still here\n"
+        finally:
+            await c.close()
+        assert agent.proc.poll() is None, agent.log.read_text(errors="replace")
 
 
 async def test_exec_shell_and_default_cwd(client: AgentClient) -> None:

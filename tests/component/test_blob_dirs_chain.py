@@ -17,7 +17,7 @@ from hutch.runtime.qemu.templates import template_complete
 from hutch.services.blob_dirs import fetch_dir, upload_dir
 from hutch.storage.blobs import LocalBlobStore
 from hutch.vm.disk_chain import disk_chain
-from hutch.vm.snapshot import FROZEN_MARKER, load_manifest
+from hutch.vm.snapshot_dir import FROZEN_MARKER, load_manifest
 from hutch.vm.snapshot_manifest import (
     MANIFEST_FORMAT,
     CompatFields,

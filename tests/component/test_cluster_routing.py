@@ -1,7 +1,8 @@
 """Two hosts in one process sharing one database (an SQLite file, and a PostgreSQL
 database of the suite's server: ``db_target``), each its own REST app on a real
 uvicorn: placement, forwarding (collected and streamed exec, files), the signature
-check, and a host whose lease expired (its sandboxes lost, its own VMs fenced)."""
+check, a host whose lease expired (its sandboxes lost, its own VMs fenced), and each
+host's E2B face serving the other's sandboxes (the same server, its own port)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ import uvicorn
 
 from hutch.api import create_app
 from hutch.config import ClusterSettings, Limits, Settings
-from hutch.daemon import build_services
+from hutch.daemon import ByListener, build_services
+from hutch.e2b import create_e2b_app
+from hutch.e2b.keys import e2b_form
 from hutch.services.composed import Services
 from hutch.store import Store
 from tests.component.conftest import API_KEY, FakeImages
@@ -32,15 +35,19 @@ class Host:
     backend: FakeBackend
     url: str
     client: httpx.AsyncClient
+    #: Its E2B face (control and data plane).
+    e2b_url: str
 
 
 @pytest.fixture
 async def hosts(tmp_path: Path, db_target: Path | str) -> AsyncIterator[dict[str, Host]]:
     secret = tmp_path / "cluster-secret"
     secret.write_text(secrets.token_hex(32) + "\n")
+    token_secret = secrets.token_bytes(32)  # one per cluster, as the admin key
     made: dict[str, Host] = {}
-    servers: list[tuple[uvicorn.Server, asyncio.Task[None], socket.socket]] = []
+    servers: list[tuple[uvicorn.Server, asyncio.Task[None], list[socket.socket]]] = []
     forwarders = []
+    faces = []
     try:
         for host_id in ("h1", "h2"):
             sock = socket.socket()
@@ -65,27 +72,37 @@ async def hosts(tmp_path: Path, db_target: Path | str) -> AsyncIterator[dict[str
             await svc.start()
             app = create_app(svc, API_KEY, manage_service=False)
             forwarders.append(app.state.forwarder)  # closed by the lifespan, off here
+            e2b_sock = socket.socket()
+            e2b_sock.bind(("127.0.0.1", 0))
+            e2b = create_e2b_app(svc, API_KEY, token_secret, app.state.forwarder)
+            app.state.e2b = e2b
+            faces.append(e2b)
+            routed = ByListener(app, {e2b_sock.getsockname()[1]: e2b})
             server = uvicorn.Server(
-                uvicorn.Config(app, log_config=None, access_log=False, lifespan="off")
+                uvicorn.Config(routed, log_config=None, access_log=False, lifespan="off")
             )
-            task = asyncio.create_task(server.serve(sockets=[sock]))
-            servers.append((server, task, sock))
+            task = asyncio.create_task(server.serve(sockets=[sock, e2b_sock]))
+            servers.append((server, task, [sock, e2b_sock]))
             while not server.started:  # noqa: ASYNC110 (uvicorn has no started event)
                 await asyncio.sleep(0.01)
             client = httpx.AsyncClient(
                 base_url=url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60
             )
-            made[host_id] = Host(host_id, svc, backend, url, client)
+            e2b_url = f"http://127.0.0.1:{e2b_sock.getsockname()[1]}"
+            made[host_id] = Host(host_id, svc, backend, url, client, e2b_url)
         yield made
     finally:
         for h in made.values():
             await h.client.aclose()
             for rec in h.svc.core.own_rows():
                 await h.svc.sandboxes.delete(rec.id)
-        for server, task, sock in servers:
+        for server, task, socks in servers:
             server.should_exit = True
             await task
-            sock.close()
+            for sock in socks:
+                sock.close()
+        for face in faces:
+            await face.close()
         for forwarder in forwarders:
             await forwarder.close()
         for h in made.values():
@@ -165,6 +182,9 @@ async def test_an_expired_host_is_marked_down_its_sandboxes_lost_and_fenced(
 ) -> None:
     h1, h2 = hosts["h1"], hosts["h2"]
     await h2.svc.cluster.close()  # h2 renews when this test says (it stalls meanwhile)
+    # h1 too: its own loop, ticking on the clock moved below, would mark h2 down again
+    # right after h2 registers again (a race the assertions below would lose).
+    await h1.svc.cluster.close()
     running = await _create(h1, host="h2")
     paused = await _create(h1, host="h2")
     r = await h1.client.post(f"/v1/sandboxes/{paused}/pause", json={})
@@ -218,3 +238,51 @@ async def test_a_drain_reaches_its_host_pauses_its_sandboxes_and_stops_placement
     resumed = await h2.client.post(f"/v1/sandboxes/{on_h1}/resume")
     assert resumed.status_code == 200 and resumed.json()["state"] == "running"
     assert on_h1 in h1.svc.core.runtimes
+
+
+async def test_the_e2b_face_of_either_host_serves_the_other_hosts_sandbox(
+    hosts: dict[str, Host],
+) -> None:
+    h1, h2 = hosts["h1"], hosts["h2"]
+    on_h2 = await _create(h1, host="h2")
+    put = await h1.client.put(
+        f"/v1/sandboxes/{on_h2}/files", params={"path": "/tmp/x"}, content=b"data"
+    )
+    assert put.status_code in (200, 201), put.text
+    key = {"X-API-KEY": e2b_form(API_KEY)}
+    async with httpx.AsyncClient(base_url=h1.e2b_url, timeout=60) as e2b:
+        # The control plane through h1: details (its access token), the list, a pause
+        # and a connect (resumed on h2, its host), all done by h2.
+        got = await e2b.get(f"/sandboxes/{on_h2}", headers=key)
+        assert got.status_code == 200, got.text
+        token = got.json()["envdAccessToken"]
+        listed = await e2b.get("/v2/sandboxes", headers=key)
+        assert on_h2 in {s["sandboxID"] for s in listed.json()}
+        assert (await e2b.post(f"/sandboxes/{on_h2}/pause", headers=key)).status_code == 204
+        assert on_h2 not in h2.svc.core.runtimes
+        connected = await e2b.post(f"/sandboxes/{on_h2}/connect", headers=key, json={})
+        assert connected.status_code == 201, connected.text
+        assert on_h2 in h2.svc.core.runtimes and on_h2 not in h1.svc.core.runtimes
+        # The data plane through h1, with the token h2 handed out: the file on h2's VM.
+        plane = {"E2b-Sandbox-Id": on_h2, "X-Access-Token": token}
+        read = await e2b.get("/files", params={"path": "/tmp/x"}, headers=plane)
+        assert read.status_code == 200 and read.content == b"data", read.text
+        # Refused where it arrived, as on one host: a wrong key, a wrong token.
+        bad = await e2b.get(f"/sandboxes/{on_h2}", headers={"X-API-KEY": "e2b_00"})
+        assert bad.status_code == 401
+        wrong = {**plane, "X-Access-Token": "wrong"}
+        refused = await e2b.get("/files", params={"path": "/tmp/x"}, headers=wrong)
+        assert refused.status_code == 401 and "access token" in refused.text
+        # Killed through h1: gone from h2.
+        assert (await e2b.delete(f"/sandboxes/{on_h2}", headers=key)).status_code == 204
+    assert on_h2 not in h2.svc.core.runtimes
+    # A forward to h2's E2B face must carry the cluster's signature.
+    forged = {
+        "hutch-cluster-principal": "e30=",
+        "hutch-cluster-time": "0",
+        "hutch-cluster-from": "h1",
+        "hutch-cluster-signature": "0" * 64,
+    }
+    async with httpx.AsyncClient(base_url=h2.url) as bare:
+        r = await bare.get("/v1/hosts/h2/e2b/v2/sandboxes", headers=forged)
+        assert r.status_code == 401 and "signature" in r.text

@@ -9,8 +9,6 @@ import asyncio
 import contextlib
 import hashlib
 import ssl
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
@@ -23,20 +21,9 @@ from tests.component.proxy_env import (
     SERVER,
     UNKNOWN_SRC,
     Env,
-    make_cert,
-    proxy_env,
+    cert_fixture,  # noqa: F401 (the shared fixtures)
+    env_fixture,  # noqa: F401
 )
-
-
-@pytest.fixture(scope="module")
-def cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    return make_cert(tmp_path_factory.mktemp("cert"))
-
-
-@pytest.fixture
-async def env(cert: tuple[Path, Path]) -> AsyncIterator[Env]:
-    async with proxy_env(cert) as env:
-        yield env
 
 
 async def test_allowed_sni_is_proxied_to_the_address_the_host_resolved(env: Env) -> None:

@@ -8,8 +8,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import ssl
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
@@ -17,20 +15,9 @@ from hutch.net.rules import parse_policy
 from tests.component.proxy_env import (
     RULES_SRC,
     Env,
-    make_cert,
-    proxy_env,
+    cert_fixture,  # noqa: F401 (the shared fixtures)
+    env_fixture,  # noqa: F401
 )
-
-
-@pytest.fixture(scope="module")
-def cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    return make_cert(tmp_path_factory.mktemp("cert"))
-
-
-@pytest.fixture
-async def env(cert: tuple[Path, Path]) -> AsyncIterator[Env]:
-    async with proxy_env(cert) as env:
-        yield env
 
 
 async def test_bare_lf_or_cr_in_the_head_is_refused_before_anything_is_sent(env: Env) -> None:

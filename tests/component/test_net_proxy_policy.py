@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import AsyncIterator
 from ipaddress import IPv4Address
-from pathlib import Path
 
 import pytest
 
@@ -25,21 +23,10 @@ from tests.component.proxy_env import (
     SERVER,
     Directory,
     Env,
-    make_cert,
+    cert_fixture,  # noqa: F401 (the shared fixtures)
+    env_fixture,  # noqa: F401
     ordered_policy,
-    proxy_env,
 )
-
-
-@pytest.fixture(scope="module")
-def cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    return make_cert(tmp_path_factory.mktemp("cert"))
-
-
-@pytest.fixture
-async def env(cert: tuple[Path, Path]) -> AsyncIterator[Env]:
-    async with proxy_env(cert) as env:
-        yield env
 
 
 async def test_an_ordered_policy_first_match_decides_and_names_the_rule(env: Env) -> None:

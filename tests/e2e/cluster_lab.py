@@ -26,7 +26,7 @@ from pathlib import Path
 from hutch.config import load_settings
 from hutch.sdk import SandboxInfo
 from tests import pgserver
-from tests.e2e.conftest import _LIVE, Daemon, finalize_daemon
+from tests.e2e.conftest import _LIVE, Daemon, finalize_daemon, free_port
 from tests.s3server import S3Server
 
 __all__ = ["LEASE_S", "MEMORY_MIB", "Worker", "cluster_of", "create_on", "owners"]
@@ -65,6 +65,12 @@ class Worker(Daemon):
         )
         self.settings = load_settings(self.daemon_env)
 
+    @property
+    def e2b_url(self) -> str | None:
+        """This worker's E2B face (``cluster_of(..., e2b=True)``), else None."""
+        listen = self.daemon_env.get("HUTCH_E2B_LISTEN")
+        return f"http://{listen}" if listen else None
+
     def blob_keys(self, s3: S3Server, under: str) -> list[str]:
         """Keys (relative to this worker's ``HUTCH_BLOB_URL`` prefix) under ``under``."""
         url = self.daemon_env["HUTCH_BLOB_URL"]
@@ -85,9 +91,11 @@ def cluster_of(
     labels: Mapping[str, str] | None = None,
     s3: S3Server | None = None,
     extra_env: Mapping[str, str] | None = None,
+    e2b: bool = False,
 ) -> Iterator[list[Worker]]:
     """Workers ``host_ids`` started under ``root`` (their blobs in ``s3`` when given,
-    all under one prefix of its bucket); finalized on exit."""
+    all under one prefix of its bucket; each with its E2B face on a port of its own
+    when ``e2b``, all with one token secret); finalized on exit."""
     shared = root / "shared"
     shared.mkdir(parents=True)
     (shared / "cluster-secret").write_text(secrets.token_hex(32) + "\n")
@@ -108,10 +116,16 @@ def cluster_of(
         for h in host_ids
     ]
     key = "hk_" + secrets.token_urlsafe(32)
+    token_secret = secrets.token_bytes(32)
     for w in workers:
         w.state_dir.mkdir(parents=True)
         (w.state_dir / "api-key").write_text(key + "\n")
         (w.state_dir / "api-key").chmod(0o600)
+        if e2b:
+            # The E2B access tokens: one secret for the cluster, as the admin key.
+            (w.state_dir / "e2b-token-secret").write_bytes(token_secret)
+            (w.state_dir / "e2b-token-secret").chmod(0o600)
+            w.daemon_env["HUTCH_E2B_LISTEN"] = f"127.0.0.1:{free_port()}"
         _LIVE.append(w)
     try:
         # The first start migrates the shared database; then the secrets key is shared.

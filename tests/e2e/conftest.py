@@ -6,6 +6,8 @@ through the CLI (subprocess) and the SDK.
 - ``Daemon``: one ``python -m hutch daemon`` on a free loopback port with its own state dir.
   ``start()``, ``stop()`` (SIGTERM), ``kill9()``; ``url``, ``api_key``, ``state_dir``,
   ``run_dir``, ``env`` (for CLI subprocesses), ``client()`` (SDK), ``cli(...)``.
+  ``warm_restarts = True``: each start after the first takes an interpreter spawned
+  ahead with hutch imported (``tests/e2e/warm_start.py``), for labs that restart often.
 - ``daemon`` (session): a daemon shared by the tests that only need *a* daemon.
 - ``make_daemon``: private daemons for tests that kill, restart or compare daemons.
 - Every daemon is finalized by :func:`finalize_daemon`: all its sandboxes are deleted
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -153,6 +156,9 @@ class Daemon:
         if database_url is not None:
             self.daemon_env["HUTCH_DATABASE_URL"] = database_url
         self.settings = load_settings(self.daemon_env)
+        #: Spawn the next start's interpreter ahead (see tests/e2e/warm_start.py).
+        self.warm_restarts = False
+        self._warm: subprocess.Popen[bytes] | None = None
 
     # -- where things are ---------------------------------------------------------------
 
@@ -200,15 +206,7 @@ class Daemon:
         assert not self.running, "daemon already running"
         self.starts += 1
         self.stderr_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.stderr_path.open("wb") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "hutch", "daemon"],
-                env=self.daemon_env,
-                cwd=self.state_dir.parent,
-                stdin=subprocess.DEVNULL,
-                stdout=err,
-                stderr=err,
-            )
+        self.proc = self._launch()
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -221,6 +219,9 @@ class Daemon:
                 if answer.status_code == 200 and (
                     not reconciled or answer.json().get("status") == "ok"
                 ):
+                    if self.warm_restarts and self._warm is None:
+                        self._warm = self._spawn(["-m", "tests.e2e.warm_start"], self.starts + 1)
+                        assert self._warm.stdin is not None
                     return
             except httpx.HTTPError:
                 pass
@@ -229,6 +230,42 @@ class Daemon:
         raise RuntimeError(
             f"hutchd did not answer /healthz within {START_TIMEOUT_S} s:\n" + tail(self.stderr_path)
         )
+
+    def _spawn(self, args: list[str], start: int) -> subprocess.Popen[bytes]:
+        """A Python process for start number ``start`` (its output in that start's
+        stderr log); ``-m tests.e2e.warm_start`` waits on stdin for its environment."""
+        warm = args[-1] == "tests.e2e.warm_start"
+        with (self.state_dir / "logs" / f"stderr.{start}.log").open("wb") as err:
+            return subprocess.Popen(
+                [sys.executable, *args],
+                env=self.daemon_env,
+                cwd=self.state_dir.parent,
+                stdin=subprocess.PIPE if warm else subprocess.DEVNULL,
+                stdout=err,
+                stderr=err,
+            )
+
+    def _launch(self) -> subprocess.Popen[bytes]:
+        """This start's daemon: the warm interpreter if one waits, told the environment
+        as it is now, else a cold ``python -m hutch daemon``."""
+        warm, self._warm = self._warm, None
+        if warm is None or warm.poll() is not None:
+            return self._spawn(["-m", "hutch", "daemon"], self.starts)
+        assert warm.stdin is not None
+        warm.stdin.write(json.dumps(dict(self.daemon_env)).encode() + b"\n")
+        warm.stdin.close()
+        return warm
+
+    def discard_warm(self) -> None:
+        """End the interpreter waiting for a next start, if any (EOF: it exits)."""
+        warm, self._warm = self._warm, None
+        if warm is not None and warm.stdin is not None:
+            warm.stdin.close()
+            try:
+                warm.wait(10)
+            except subprocess.TimeoutExpired:
+                warm.kill()
+                warm.wait()
 
     def stop(self) -> None:
         """SIGTERM and wait (SIGKILL after STOP_TIMEOUT_S). Sandboxes keep running."""
@@ -405,6 +442,7 @@ def finalize_daemon(d: Daemon) -> list[str]:
             d.stop()
         except RuntimeError as exc:
             problems.append(str(exc))
+        d.discard_warm()
     pids = d.qemu_pids()
     for pid, cmdline in pids.items():
         problems.append(f"QEMU process left running: {pid} {cmdline[:200]}")

@@ -135,6 +135,8 @@ def lab(base_image: ImageArtifacts, tmp_path_factory: pytest.TempPathFactory) ->
     # adds a layer to the parent's disk chain; no compaction job may make snapshot
     # directories unreachable behind the test's back.
     d.daemon_env.update(HUTCH_TEMPLATES="1", HUTCH_POOL_SIZE="0", HUTCH_MAX_DISK_LAYERS="32")
+    # Two restarts per case: each takes an interpreter that imported hutch meanwhile.
+    d.warm_restarts = True
     _LIVE.append(d)
     problems: list[str] = []
     try:

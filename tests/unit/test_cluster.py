@@ -12,9 +12,9 @@ import pytest
 from hutch.config import load_settings
 from hutch.contract.auth import Principal, Role
 from hutch.contract.placement import Placement, parse_placement
-from hutch.errors import Capacity, InvalidArgument, Unauthorized
+from hutch.errors import Capacity, Conflict, InvalidArgument, Unauthorized
 from hutch.services.cluster_auth import ClusterSigner
-from hutch.services.placement import choose_host
+from hutch.services.placement import choose_host, keep_labels, require_labels
 from hutch.store import Store
 from hutch.store.hosts import HostRow, HostStore, HostUse
 
@@ -123,6 +123,42 @@ def test_a_move_never_lands_on_the_host_it_leaves() -> None:
     assert choose_host(hosts, {}, Placement(), memory_mib=128, now=NOW, exclude="w1").id == "w2"
     with pytest.raises(Capacity, match="w1 is the host it moves off"):
         choose_host(hosts, {}, Placement(host="w1"), memory_mib=128, now=NOW, exclude="w1")
+
+
+def test_a_move_keeps_the_labels_the_sandbox_was_created_with() -> None:
+    hosts = [
+        _host("w1", labels={"zone": "a"}),
+        _host("w2", labels={"zone": "a"}),
+        _host("w3", 8192, labels={"zone": "b"}),
+    ]
+
+    def move(labels: dict[str, str], hosts: list[HostRow] = hosts) -> HostRow:
+        return keep_labels(
+            "sb-1",
+            labels,
+            "the move",
+            lambda: choose_host(
+                hosts, {}, Placement(labels=labels), memory_mib=128, now=NOW, exclude="w1"
+            ),
+        )
+
+    # w3 has the most room, but a zone=a sandbox leaving w1 goes to w2.
+    assert move({}).id == "w3"
+    assert move({"zone": "a"}).id == "w2"
+    # zone=b is w3 alone: while it drains, nowhere (retry later), named.
+    draining = [*hosts[:2], _host("w3", labels={"zone": "b"}, state="draining")]
+    with pytest.raises(Capacity, match=r"placement\.labels zone=b, .*w3 is draining"):
+        move({"zone": "b"}, draining)
+    # Labels no host carries any more: a conflict naming them, never another host.
+    with pytest.raises(Conflict, match=r"sb-1: it was created with placement\.labels zone=c"):
+        move({"zone": "c"})
+
+
+def test_a_host_without_the_sandboxs_labels_refuses_to_take_it() -> None:
+    require_labels("sb-1", {"zone": "a"}, "w1", {"zone": "a", "gpu": "no"}, "the move")
+    require_labels("sb-1", {}, "w1", {}, "the fork")
+    with pytest.raises(Conflict, match=r"host w3: .* zone=a and this host lacks zone=a \(its "):
+        require_labels("sb-1", {"zone": "a"}, "w3", {"zone": "b"}, "the fork")
 
 
 @pytest.mark.parametrize(

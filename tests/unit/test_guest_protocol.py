@@ -15,6 +15,7 @@ import pytest
 
 from hutch.errors import Conflict, GuestError, InvalidArgument, NotFound
 from hutch.guest._stream import StreamState
+from hutch.guest.commands import command_header, program_fields
 from hutch.guest.paths import normalize_guest_path
 from hutch.guest.protocol import (
     CHANNEL_STDERR,
@@ -323,3 +324,30 @@ def test_agent_drops_a_stale_frame_head_only_for_a_new_hello(agent_module: Modul
     assert _as_tuples(slow.feed(whole[100:])) == [
         (int(data.type), data.stream, data.header, data.payload, data.channel)
     ]
+
+
+def test_commands_and_terminals_share_what_to_run_and_how() -> None:
+    """``exec``/``proc_start`` headers and a terminal's take argv, shell, env, cwd and
+    user through one check (program_fields); only the argv-or-shell rule differs."""
+    header = command_header(
+        "exec", ["ls", "-l"], None, {"A": "1"}, "work/../src", "nobody", 5, stdin=True
+    )
+    assert header == {
+        "op": "exec", "stdin": True, "argv": ["ls", "-l"], "env": {"A": "1"},
+        "cwd": "/root/src", "user": "nobody", "timeout_s": 5,
+    }  # fmt: skip
+    assert command_header("exec", None, "echo hi", None, None, None, None, stdin=False) == {
+        "op": "exec", "stdin": False, "shell": "echo hi",
+    }  # fmt: skip
+    assert program_fields(None, None, None, None, None) == {}  # a terminal's login shell
+    for argv in ([], ["ok", 1]):
+        with pytest.raises(InvalidArgument, match="non-empty list of strings"):
+            program_fields(argv, None, None, None, None)  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgument, match="non-empty list of strings"):
+            command_header("exec", argv, None, None, None, None, None, stdin=False)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="exactly one of argv"):
+        command_header("exec", None, None, None, None, None, None, stdin=False)
+    with pytest.raises(InvalidArgument, match="climbs above"):
+        program_fields(["ls"], None, None, "../..", None)
+    with pytest.raises(InvalidArgument, match="positive"):
+        command_header("exec", ["ls"], None, None, None, None, 0, stdin=False)

@@ -13,7 +13,7 @@ import pytest
 
 from hutch.config import NetLimits
 from hutch.contract.views import EgressEvent
-from hutch.net.dns import refused_reply
+from hutch.net.dns_io import refused_reply
 from hutch.net.egress_log import EgressLog
 from hutch.net.learned import LearnedElements
 from hutch.net.nft import LearnedAddress

@@ -42,6 +42,7 @@ def test_round_trip_keeps_every_field(db_target: Path | str) -> None:
         started_at=1.5,
         expires_at=61.5,
         error=None,
+        placement_labels={"zone": "b"},
     )
     store.insert_sandbox(rec)
     assert store.get_sandbox(rec.id) == rec

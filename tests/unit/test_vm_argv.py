@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from hutch.errors import InvalidArgument
-from hutch.vm.argv import VmConfig, build_argv, guest_cmdline
+from hutch.runtime.qemu.host import SandboxPaths
+from hutch.vm.argv import SharePort, VmConfig, build_argv, guest_cmdline
 
 CFG = VmConfig(
     name="sb-0123456789ab",
@@ -123,7 +124,7 @@ def test_qemu_drops_to_an_unprivileged_user() -> None:
 
 
 def test_shared_volumes_get_a_port_each_and_nothing_changes_without_them() -> None:
-    from hutch.vm.argv import SharePort, VolumeDrive
+    from hutch.vm.argv import VolumeDrive
 
     plain = build_argv(CFG)
     # No share: the device set of every sandbox, template and snapshot made before.
@@ -146,3 +147,25 @@ def test_shared_volumes_get_a_port_each_and_nothing_changes_without_them() -> No
         build_argv(replace(cfg, shares=(SharePort(1, Path("/run/s/x.sock")),)))
     with pytest.raises(InvalidArgument, match="distinct"):
         build_argv(replace(cfg, shares=(SharePort(8, Path("/run/s/x.sock")),)))
+
+
+def test_relocate_gives_a_config_the_sandboxs_own_files_and_keeps_the_rest() -> None:
+    """Fork children, configurations fetched from another host and the rebase helper
+    all take a config whose files are another sandbox's (SandboxPaths.relocate)."""
+    shares = (SharePort(1, Path("/run/x/share1.sock")), SharePort(3, Path("/y")))
+    other = replace(CFG, shares=shares, name="sb-other", memory_mib=256)
+    p = SandboxPaths(state=Path("/s/sb-new"), run=Path("/r/sb-new"))
+    moved = p.relocate(other)
+    assert (moved.disk, moved.qmp_socket, moved.agent_socket) == (
+        Path("/s/sb-new/disk.qcow2"), Path("/r/sb-new/qmp.sock"), Path("/r/sb-new/agent.sock"),
+    )  # fmt: skip
+    assert (moved.console_log, moved.pidfile, moved.qemu_log) == (
+        Path("/s/sb-new/console.log"), Path("/s/sb-new/qemu.pid"), Path("/s/sb-new/qemu.log"),
+    )  # fmt: skip
+    assert moved.shares == (
+        SharePort(1, Path("/r/sb-new/share1.sock")), SharePort(3, Path("/r/sb-new/share3.sock")),
+    )  # fmt: skip
+    relocated = {"disk", "qmp_socket", "agent_socket", "console_log", "pidfile", "qemu_log"}
+    for field in CFG.__dataclass_fields__:
+        if field not in relocated | {"shares"}:
+            assert getattr(moved, field) == getattr(other, field), field

@@ -22,18 +22,15 @@ from hutch.runtime.qemu.templates import finish_template, template_complete
 from hutch.vm.argv import VmConfig, build_argv
 from hutch.vm.disk_chain import disk_chain, qcow2_backing_file
 from hutch.vm.snapshot import (
-    CONSUMED_MARKER,
-    FROZEN_MARKER,
     MANIFEST_FILE,
     MEMORY_FILE,
     STATE_FILE,
     create_clone_disk,
     finish_interrupted_save,
-    load_manifest,
     move_disk,
-    seal_memory,
     verify_snapshot,
 )
+from hutch.vm.snapshot_dir import CONSUMED_MARKER, FROZEN_MARKER, load_manifest
 from hutch.vm.snapshot_manifest import (
     MANIFEST_FORMAT,
     FileStamp,
@@ -46,6 +43,7 @@ from hutch.vm.snapshot_manifest import (
 )
 from hutch.vm.snapshot_pending import PENDING_FILE, write_pending
 from hutch.vm.snapshot_rebase import REBASE_MANIFEST
+from hutch.vm.snapshot_seal import seal_memory
 
 
 def _cfg(tmp: Path, **kw: object) -> VmConfig:

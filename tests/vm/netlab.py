@@ -24,6 +24,11 @@ PROBE = Path(__file__).resolve().parents[1] / "netfake" / "probe.py"
 # Seconds a denied connection may hang before the probe calls it failed; allowed ones
 # answer in well under a second even under TCG.
 CHECK_TIMEOUT_S = 5.0
+#: The same for a check that :meth:`Guest.expect` expects to fail. A dropped connection
+#: fails by timing out, so every batch holding one waited this long; what would leak
+#: instead answers as fast as an allowed check (well under a second), so it still shows
+#: as a success well inside this. A check's own ``timeout`` wins over both.
+DENIED_TIMEOUT_S = 2.5
 
 
 @contextmanager
@@ -61,9 +66,17 @@ class Guest:
 
     def expect(self, cases: dict[str, tuple[dict[str, Any], bool]]) -> dict[str, dict[str, Any]]:
         """Run every check of ``cases`` (label -> (check, should it work)) in one batch
-        and fail naming every check whose outcome differs. Returns label -> result."""
+        and fail naming every check whose outcome differs. Returns label -> result. A
+        check expected to fail times out after :data:`DENIED_TIMEOUT_S`."""
         labels = list(cases)
-        results = self.probe([cases[label][0] for label in labels])
+        results = self.probe(
+            [
+                cases[label][0]
+                if cases[label][1]
+                else {"timeout": DENIED_TIMEOUT_S, **cases[label][0]}
+                for label in labels
+            ]
+        )
         bugs = [(label, r) for label, r in zip(labels, results, strict=True) if r.get("probe_bug")]
         assert not bugs, f"the probe itself failed (not the network): {bugs}"
         if os.environ.get("HUTCH_NET_TEST_VERBOSE"):

@@ -26,7 +26,6 @@ from hutch.storage.overlay import create_overlay
 from hutch.vm.argv import VmConfig
 from hutch.vm.process import QemuVm
 from hutch.vm.snapshot import (
-    FROZEN_MARKER,
     MANIFEST_FILE,
     MEMORY_FILE,
     STATE_FILE,
@@ -34,10 +33,11 @@ from hutch.vm.snapshot import (
     finish_interrupted_save,
     restore,
     save_snapshot,
-    seal_memory,
     verify_snapshot,
 )
+from hutch.vm.snapshot_dir import FROZEN_MARKER
 from hutch.vm.snapshot_manifest import fd_digest
+from hutch.vm.snapshot_seal import seal_memory
 from tests.vm import guest_programs as gp
 
 if TYPE_CHECKING:

@@ -18,7 +18,8 @@ from hutch.runtime.qemu.backend import QemuBackend
 from hutch.runtime.qemu.boot import identity_of
 from hutch.services.composed import Services
 from hutch.vm.disk_chain import qcow2_backing_file
-from hutch.vm.snapshot import MEMORY_FILE, load_manifest
+from hutch.vm.snapshot import MEMORY_FILE
+from hutch.vm.snapshot_dir import load_manifest
 from hutch.vm.snapshot_manifest import fd_digest
 from tests.conftest import ensure_image
 from tests.vm.services import real_service

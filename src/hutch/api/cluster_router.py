@@ -12,6 +12,9 @@ forward from another host):
   (:func:`hutch.services.placement.choose_host`); another host's create goes there, and
   that host creates it (each host manages only its own VMs and address pool).
 - ``POST /v1/hosts/{id}/drain|undrain``: to that host.
+- ``/v1/hosts/{this host}/e2b/...``: an E2B request another host forwarded (its
+  sandbox runs here) goes to this host's E2B app; the E2B face forwards through
+  :func:`relay_http` too (:mod:`hutch.e2b.cluster`), the one forwarding path.
 
 The caller's key is checked here, where it arrived, and not sent on: the forward carries
 the principal signed with the cluster secret (:mod:`hutch.services.cluster_auth`), and
@@ -29,7 +32,7 @@ import asyncio
 import contextlib
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -47,20 +50,31 @@ from hutch.errors import HutchError, Unavailable
 from hutch.services.cluster import ClusterService, HostRow
 from hutch.services.cluster_auth import FORWARD_HEADERS, ClusterSigner
 
-__all__ = ["ClusterRouter", "Forwarder"]
+__all__ = [
+    "E2B_FORWARD", "FORWARDED_PATH", "ClusterRouter", "Forwarder", "relay_http", "stream_body",
+]  # fmt: skip
 
 log = logging.getLogger("hutch.api.cluster")
 
 _SANDBOX = re.compile(r"^/v1/sandboxes/(sb-[0-9a-f]{12})(?:/.*)?$")
 _RESUME = re.compile(r"^/v1/sandboxes/(sb-[0-9a-f]{12})/resume$")
 _HOST_ACTION = re.compile(r"^/v1/hosts/([^/]+)/(?:drain|undrain)$")
+#: A request of the E2B face forwarded to the host that runs its sandbox arrives on that
+#: host's API port under this prefix (``/v1/hosts/{host}/e2b`` + the E2B path), and goes
+#: to its E2B app (:mod:`hutch.e2b.cluster`). Not in the public schema.
+E2B_FORWARD = re.compile(r"^/v1/hosts/([^/]+)/e2b(/.*)$")
+#: The scope key under which the E2B app sees the path the forward was signed for.
+FORWARDED_PATH = "hutch.forwarded_path"
 #: A create body is read whole to place it; larger ones are the REST app's to refuse.
 MAX_CREATE_BODY = 1 << 20
 #: Not passed on: per hop, or the caller's credential (the forward is signed instead).
 _DROP_REQUEST = {
-    "host", "authorization", "connection", "keep-alive", "proxy-authorization", "te",
-    "trailer", "transfer-encoding", "upgrade", *FORWARD_HEADERS,
+    "host", "authorization", "x-api-key", "connection", "keep-alive",
+    "proxy-authorization", "te", "trailer", "transfer-encoding", "upgrade", *FORWARD_HEADERS,
 }  # fmt: skip
+#: A forward that vouches for no caller (its credential is the target's to check, as an
+#: E2B sandbox's access token, with ``Authorization: Basic`` naming the guest user).
+_DROP_UNSIGNED = _DROP_REQUEST - {"authorization", "x-api-key"}
 _DROP_RESPONSE = {
     "connection", "keep-alive", "proxy-authenticate", "te", "trailer", "transfer-encoding",
     "upgrade", "date", "server",  # the last two: this server adds its own
@@ -94,10 +108,18 @@ class ClusterRouter:
         services = getattr(scope["app"].state, "services", None)
         cluster: ClusterService | None = getattr(services, "cluster", None)
         headers = Headers(scope=scope)
+        path: str = scope["path"]
+        if (
+            cluster is not None
+            and scope["type"] == "http"
+            and (found_e2b := E2B_FORWARD.match(path))
+            and found_e2b.group(1) == cluster.host_id
+        ):
+            await _to_e2b(scope, receive, send, found_e2b.group(2))
+            return
         if cluster is None or ClusterSigner.is_forward(headers):
             await self.app(scope, receive, send)  # a forward: the REST app checks it
             return
-        path: str = scope["path"]
         method = "WS" if scope["type"] == "websocket" else scope["method"]
         if method == "POST" and path == "/v1/sandboxes":
             await self._create(cluster, scope, receive, send, headers)
@@ -127,7 +149,8 @@ class ClusterRouter:
         if who is None:
             await self.app(scope, receive, send)  # no key: the REST app says so
             return
-        await _relay_http(cluster, target, who, scope, _stream(receive), send)
+        forwarder: Forwarder = scope["app"].state.forwarder
+        await relay_http(forwarder, cluster, target, who, scope, stream_body(receive), send)
 
     async def _create(
         self, cluster: ClusterService, scope: Scope, receive: Receive, send: Send, headers: Headers
@@ -159,7 +182,26 @@ class ClusterRouter:
             await self.app(scope, replay, send)
             return
         log.info("create placed on host %s (%s)", host.id, placement.strategy)
-        await _relay_http(cluster, host, who, scope, _once(body), send)
+        forwarder: Forwarder = scope["app"].state.forwarder
+        await relay_http(forwarder, cluster, host, who, scope, _once(body), send)
+
+
+async def _to_e2b(scope: Scope, receive: Receive, send: Send, path: str) -> None:
+    """An E2B request another host forwarded here (its sandbox runs here): to this
+    host's E2B app, with the E2B path; the app checks the signature (control plane) or
+    the sandbox's access token (data plane) itself."""
+    e2b: ASGIApp | None = getattr(scope["app"].state, "e2b", None)
+    if e2b is None:
+        host = scope["app"].state.services.cluster.host_id
+        refused = Unavailable(
+            f"host {host} does not serve the E2B API (HUTCH_E2B_LISTEN is off there); "
+            "turn it on on every host of the cluster"
+        )
+        await _error(refused, scope, receive, send)
+        return
+    inner = {k: v for k, v in scope.items() if k != "app"}
+    inner.update({"path": path, "raw_path": path.encode("latin-1"), FORWARDED_PATH: scope["path"]})
+    await e2b(inner, receive, send)
 
 
 def _edge_principal(scope: Scope, headers: Headers) -> Principal | None:
@@ -221,7 +263,7 @@ async def _once(body: bytes) -> AsyncIterator[bytes]:
     yield body
 
 
-async def _stream(receive: Receive) -> AsyncIterator[bytes]:
+async def stream_body(receive: Receive) -> AsyncIterator[bytes]:
     while True:
         message = await receive()
         if message["type"] != "http.request":
@@ -234,7 +276,12 @@ async def _stream(receive: Receive) -> AsyncIterator[bytes]:
 
 
 def _forward_headers(
-    scope: Scope, drop: set[str], cluster: ClusterService, who: Principal | None, method: str
+    scope: Scope,
+    drop: set[str],
+    cluster: ClusterService,
+    who: Principal | None,
+    method: str,
+    path: str | None = None,
 ) -> list[tuple[str, str]]:
     kept = [
         (k.decode("latin-1"), v.decode("latin-1"))
@@ -242,32 +289,47 @@ def _forward_headers(
         if k.decode("latin-1").lower() not in drop
     ]
     if who is not None:
-        kept.extend(cluster.signer.sign(who, method, scope["path"]).items())
+        kept.extend(cluster.signer.sign(who, method, path or scope["path"]).items())
     return kept
 
 
-def _url(target: HostRow, scope: Scope, ws: bool = False) -> str:
+def _url(target: HostRow, scope: Scope, ws: bool = False, path: str | None = None) -> str:
     base = target.address
     if ws:
         base = "ws" + base[len("http") :]
     query = scope.get("query_string", b"").decode("latin-1")
-    return f"{base}{scope['path']}" + (f"?{query}" if query else "")
+    return f"{base}{path or scope['path']}" + (f"?{query}" if query else "")
 
 
-async def _relay_http(
+Answer = Callable[[HutchError, Scope, Receive, Send], Awaitable[None]]
+
+
+async def relay_http(
+    forwarder: Forwarder,
     cluster: ClusterService,
     target: HostRow,
-    who: Principal,
+    who: Principal | None,
     scope: Scope,
     body: AsyncIterator[bytes],
     send: Send,
+    *,
+    path: str | None = None,
+    error: Answer | None = None,
 ) -> None:
-    forwarder: Forwarder = scope["app"].state.forwarder
+    """Forward the HTTP request of ``scope`` (its body from ``body``) to ``target`` and
+    stream the answer back: the one forwarding path of the cluster (the REST API's and
+    the E2B face's). ``who``: the caller authenticated here, signed into the forward
+    (None: the request carries a credential the target checks itself, such as an E2B
+    sandbox's access token). ``path``: the path on ``target`` (default the request's);
+    ``error``: how a refusal is answered (default the REST API's error shape)."""
+    answer = error or _error
     method = scope["method"]
     request = forwarder.client.build_request(
         method,
-        _url(target, scope),
-        headers=_forward_headers(scope, _DROP_REQUEST, cluster, who, method),
+        _url(target, scope, path=path),
+        headers=_forward_headers(
+            scope, _DROP_REQUEST if who is not None else _DROP_UNSIGNED, cluster, who, method, path
+        ),
         content=body,
     )
     try:
@@ -278,7 +340,7 @@ async def _relay_http(
             f"{exc!r}; retry in a moment (if it stays away its lease expires and it is "
             "marked down)"
         )
-        await _error(unavailable, scope, _no_body, send)
+        await answer(unavailable, scope, _no_body, send)
         return
     try:
         await send(

@@ -25,7 +25,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
 from hutch.api.auth import Authenticator
+from hutch.api.cluster_router import Forwarder
 from hutch.e2b import control, envd_files, unsupported
+from hutch.e2b.cluster import E2bRouter
 from hutch.e2b.envd_filesystem import FilesystemRpc
 from hutch.e2b.envd_process import ProcessRpc
 from hutch.e2b.errors import E2bError, e2b_error_for, error_response, sandbox_gone
@@ -36,6 +38,7 @@ from hutch.e2b.rpc import RpcService, serve_rpc
 from hutch.e2b.views import e2b_state
 from hutch.e2b.wiring import Hutch
 from hutch.errors import HutchError, NotFound, Unauthorized
+from hutch.services.cluster import ClusterService
 from hutch.services.composed import Services
 
 __all__ = ["E2bApp", "create_e2b_app"]
@@ -102,7 +105,7 @@ class DataPlane:
         if e2b_state(rec) is None:
             raise sandbox_gone(sandbox_id)
 
-    def _signed(self, request: Request, sandbox_id: str | None) -> str:
+    def signed_sandbox(self, request: Request, sandbox_id: str | None) -> str:
         """The sandbox a signed /files URL was made for (its signature checked)."""
         q = request.query_params
         signature, path = q.get("signature", ""), q.get("path", "")
@@ -132,7 +135,7 @@ class DataPlane:
         sandbox_id = request.headers.get(SANDBOX_HEADER)
         path = request.url.path
         if request.query_params.get("signature") and path == "/files":
-            sandbox_id = self._signed(request, sandbox_id)
+            sandbox_id = self.signed_sandbox(request, sandbox_id)
             self._sandbox(sandbox_id)
         else:
             if not sandbox_id:
@@ -200,11 +203,20 @@ class E2bApp:
         self.control_app = control_app
         self.data_app = data_app
         self.data_plane = data_plane
+        #: In a cluster: requests for other hosts' sandboxes go there first.
+        self.router: E2bRouter | None = None
 
     async def close(self) -> None:
         await self.data_plane.close()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.router is not None and scope["type"] == "http":
+            await self.router(scope, receive, send)
+            return
+        await self.dispatch(scope, receive, send)
+
+    async def dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """This host's face: the data plane or the control plane."""
         if scope["type"] == "lifespan":
             await self.control_app(scope, receive, send)
             return
@@ -219,12 +231,18 @@ class E2bApp:
         await target(scope, receive, send)
 
 
-def create_e2b_app(services: Services, api_key: str, token_secret: bytes) -> E2bApp:
-    """The face over the daemon's services (started and closed by the REST app)."""
+def create_e2b_app(
+    services: Services, api_key: str, token_secret: bytes, forwarder: Forwarder | None = None
+) -> E2bApp:
+    """The face over the daemon's services (started and closed by the REST app).
+    ``forwarder``: the REST app's host-to-host client; with it (and the daemon's
+    cluster service) requests for other hosts' sandboxes are forwarded there."""
+    cluster: ClusterService | None = getattr(services, "cluster", None)
     f = Face(
         hutch=Hutch.of(services),
         tokens=TokenIssuer(token_secret),
         auth=Authenticator(api_key, services.projects),
+        signer=cluster.signer if cluster is not None else None,
     )
     data_plane = DataPlane(f)
     control_app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
@@ -241,4 +259,7 @@ def create_e2b_app(services: Services, api_key: str, token_secret: bytes) -> E2b
 
     data_app.add_api_route("/{path:path}", endpoint, methods=_METHODS, include_in_schema=False)
     _handlers(data_app)
-    return E2bApp(control_app, data_app, data_plane)
+    e2b = E2bApp(control_app, data_app, data_plane)
+    if cluster is not None and forwarder is not None:
+        e2b.router = E2bRouter(e2b.dispatch, f, cluster, forwarder, data_plane.signed_sandbox)
+    return e2b

@@ -4,20 +4,24 @@ and token checks, and the reported ``envdVersion``; plus request helpers."""
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
 
 from hutch.api.auth import Authenticator
+from hutch.api.cluster_router import FORWARDED_PATH
 from hutch.contract.auth import Permission, Principal
 from hutch.e2b.errors import E2bError
 from hutch.e2b.keys import TokenIssuer, verify_api_key
 from hutch.e2b.wiring import Hutch
+from hutch.services.cluster_auth import ClusterSigner
 from hutch.services.events import act_as
 
-__all__ = ["ENVD_VERSION", "Face", "api_principal", "face", "needs", "read_json"]
+__all__ = [
+    "ENVD_VERSION", "Face", "api_principal", "face", "needs", "presented_key", "read_json",
+]  # fmt: skip
 
 #: The envd version the face reports. The SDKs gate features on it (``e2b/envd/
 #: versions.py``, and the same numbers in the JS SDK): 0.1.4 recursive watch, 0.1.5 and
@@ -35,6 +39,8 @@ class Face:
     tokens: TokenIssuer
     auth: Authenticator
     envd_version: str = ENVD_VERSION
+    #: Checks the principal of a request another host forwarded (None: one host).
+    signer: ClusterSigner | None = None
 
 
 def face(request: Request) -> Face:
@@ -42,16 +48,31 @@ def face(request: Request) -> Face:
     return f
 
 
-def api_principal(request: Request) -> Principal:
-    """Control-plane auth: ``X-API-KEY`` (what the E2B SDKs send), or ``Authorization:
-    Bearer``. Raises Unauthorized (answered 401 in E2B's shape)."""
-    presented = request.headers.get("x-api-key")
+def presented_key(headers: Mapping[str, str]) -> str | None:
+    """The key a control-plane request presents: ``X-API-KEY`` (what the E2B SDKs
+    send), or ``Authorization: Bearer``."""
+    presented = headers.get("x-api-key")
     if presented is None:
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        scheme, _, token = headers.get("authorization", "").partition(" ")
         if scheme.lower() == "bearer":
             presented = token
+    return presented
+
+
+def api_principal(request: Request) -> Principal:
+    """Control-plane auth: the caller's key (:func:`presented_key`), or, for a request
+    another host of the cluster forwarded here (``hutch.e2b.cluster``), the principal
+    it signed. Raises Unauthorized (answered 401 in E2B's shape)."""
+    f = face(request)
+    signed_for = request.scope.get(FORWARDED_PATH)
+    if (
+        signed_for is not None
+        and f.signer is not None
+        and ClusterSigner.is_forward(request.headers)
+    ):
+        return f.signer.verify(request.headers, request.method, signed_for)
     client = request.client
-    return verify_api_key(presented, face(request).auth, client.host if client else "")
+    return verify_api_key(presented_key(request.headers), f.auth, client.host if client else "")
 
 
 def needs(permission: Permission) -> Callable[[Request], Awaitable[Principal]]:

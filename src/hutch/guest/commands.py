@@ -17,6 +17,33 @@ from hutch.guest.protocol import CHANNEL_DATA, CHANNEL_STDERR, FrameType
 from hutch.guest.results import ExecExit, ExecOutput, ExecResult
 
 
+def program_fields(
+    argv: list[str] | None,
+    shell: str | None,
+    env: dict[str, str] | None,
+    cwd: str | None,
+    user: str | int | None,
+) -> dict[str, Any]:
+    """The header fields saying what to run and how, for a command or a terminal: those
+    given of ``argv`` (checked: a non-empty list of strings), ``shell``, ``env``, ``cwd``
+    (normalized) and ``user``. Whether both or neither of argv and shell may be given is
+    the caller's rule. Raises InvalidArgument naming what is wrong."""
+    fields: dict[str, Any] = {}
+    if argv is not None:
+        if not argv or not all(isinstance(a, str) for a in argv):
+            raise InvalidArgument(f"argv must be a non-empty list of strings, not {argv!r}")
+        fields["argv"] = list(argv)
+    if shell is not None:
+        fields["shell"] = shell
+    if env:
+        fields["env"] = dict(env)
+    if cwd is not None:
+        fields["cwd"] = normalize_guest_path(cwd)
+    if user is not None:
+        fields["user"] = user
+    return fields
+
+
 def command_header(
     op: str,
     argv: list[str] | None,
@@ -33,19 +60,11 @@ def command_header(
     wrong."""
     if (argv is None) == (shell is None):
         raise InvalidArgument("give exactly one of argv (a list) or shell (a string)")
-    header: dict[str, Any] = {"op": op, "stdin": stdin}
-    if argv is not None:
-        if not argv or not all(isinstance(a, str) for a in argv):
-            raise InvalidArgument(f"argv must be a non-empty list of strings, not {argv!r}")
-        header["argv"] = list(argv)
-    else:
-        header["shell"] = shell
-    if env:
-        header["env"] = dict(env)
-    if cwd is not None:
-        header["cwd"] = normalize_guest_path(cwd)
-    if user is not None:
-        header["user"] = user
+    header: dict[str, Any] = {
+        "op": op,
+        "stdin": stdin,
+        **program_fields(argv, shell, env, cwd, user),
+    }
     if timeout_s is not None:
         if timeout_s <= 0:
             raise InvalidArgument(f"timeout_s={timeout_s!r}; give a positive number")

@@ -19,7 +19,7 @@ from hutch.contract.limits import PTY_SIZE_RANGE
 from hutch.errors import GuestError, InvalidArgument
 from hutch.guest._stream import StreamState
 from hutch.guest.client import AgentClient
-from hutch.guest.paths import normalize_guest_path
+from hutch.guest.commands import program_fields
 from hutch.guest.processes import agent_call, frame_error
 from hutch.guest.protocol import CHANNEL_DATA, FrameType
 
@@ -168,21 +168,12 @@ class GuestPtys:
         """Start ``argv`` (or ``shell`` via /bin/sh -c; default: a login shell) on a new
         terminal and attach to it."""
         check_size(rows, cols)
-        header: dict[str, Any] = {"op": "pty_open", "rows": rows, "cols": cols, "term": term}
         if argv is not None and shell is not None:
             raise InvalidArgument("give argv or shell, not both")
-        if argv is not None:
-            if not argv or not all(isinstance(a, str) for a in argv):
-                raise InvalidArgument(f"argv must be a non-empty list of strings, not {argv!r}")
-            header["argv"] = list(argv)
-        if shell is not None:
-            header["shell"] = shell
-        if env:
-            header["env"] = dict(env)
-        if cwd is not None:
-            header["cwd"] = normalize_guest_path(cwd)
-        if user is not None:
-            header["user"] = user
+        header: dict[str, Any] = {
+            "op": "pty_open", "rows": rows, "cols": cols, "term": term,
+            **program_fields(argv, shell, env, cwd, user),
+        }  # fmt: skip
         return await self._session(header)
 
     async def attach(self, pty_id: str) -> PtySession:

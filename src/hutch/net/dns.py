@@ -25,17 +25,16 @@ Upstream failure or timeout gives SERVFAIL: the guest fails closed.
 
 Floods: with a ``limit``, each query first takes a token from its sender's bucket
 (:mod:`hutch.net.ratelimit`); without one it is answered REFUSED from its header and
-question alone (:func:`refused_reply`), before any parsing, and counted. A sender may
-also have at most :data:`MAX_INFLIGHT_PER_SOURCE` queries waiting for the upstream, so
-names that time out cannot use up the server's in-flight slots for everyone.
+question alone (:func:`hutch.net.dns_io.refused_reply`), before any parsing, and
+counted. A sender may also have at most :data:`MAX_INFLIGHT_PER_SOURCE` queries waiting
+for the upstream, so names that time out cannot use up the server's in-flight slots for
+everyone.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import struct
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -56,6 +55,14 @@ from hutch.contract.egress_policy import PolicyRule
 from hutch.contract.views import EgressEvent, Verdict
 from hutch.errors import NetworkError
 from hutch.net.destinations import ForbiddenCheck, classify_destination, filter_answer
+from hutch.net.dns_io import (
+    formerr_reply,
+    query_tcp,
+    query_udp,
+    refused_reply,
+    serve_tcp_dns,
+    start_udp_dns,
+)
 from hutch.net.egress_log import EgressLog
 from hutch.net.ratelimit import KeyedLimiter, Rate
 from hutch.net.rules import EgressPolicy, normalize_name
@@ -72,7 +79,6 @@ __all__ = [
     "SandboxDirectory",
     "SandboxNet",
     "SandboxNetInfo",
-    "refused_reply",
 ]
 
 log = logging.getLogger(__name__)
@@ -271,7 +277,7 @@ class Resolver:
         try:
             query = dns.message.from_wire(wire)
         except Exception:  # untrusted bytes: any parser failure is the sender's fault
-            return _formerr(wire) if sandbox is not None else None
+            return formerr_reply(wire) if sandbox is not None else None
         if sandbox is None:
             return _reply(query, dns.rcode.REFUSED, tcp)
         if query.opcode() != dns.opcode.QUERY:
@@ -498,142 +504,3 @@ def _to_wire(response: dns.message.Message, query: dns.message.Message, tcp: boo
     # UDP answers must fit what the guest can take; dnspython truncates and sets TC.
     limit = 65535 if tcp else max(512, query.payload if query.edns >= 0 else 512)
     return response.to_wire(max_size=limit, prefer_truncation=True)
-
-
-def refused_reply(wire: bytes) -> bytes | None:
-    """REFUSED for the query ``wire``, built from its header and first question only (a
-    reply must repeat the question or stub resolvers ignore it). None (drop) for a
-    response, or a packet whose question cannot be read without more work."""
-    if len(wire) < 12 or wire[2] & 0x80:
-        return None
-    qdcount = struct.unpack_from("!H", wire, 4)[0]
-    end = 12
-    if qdcount:
-        while True:
-            if end >= len(wire) or end > 12 + 255:
-                return None
-            length = wire[end]
-            if length == 0:
-                break
-            if length & 0xC0:  # compression in a question: not worth reading
-                return None
-            end += 1 + length
-        end += 1 + 4  # root label, type, class
-        if end > len(wire):
-            return None
-    flags = 0x8000 | (wire[2] & 0x79) << 8 | 0x80 | dns.rcode.REFUSED  # QR, opcode, RD, RA
-    return (
-        struct.pack("!HHHHHH", *struct.unpack_from("!H", wire), flags, min(qdcount, 1), 0, 0, 0)
-        + wire[12:end]
-    )
-
-
-def _formerr(wire: bytes) -> bytes | None:
-    """FORMERR for a packet with a readable header, None (drop) otherwise."""
-    if len(wire) < 12:
-        return None
-    qid = struct.unpack("!H", wire[:2])[0]
-    flags = 0x8000 | (wire[2] & 0x78) << 8 | dns.rcode.FORMERR  # QR, same opcode
-    return struct.pack("!HHHHHH", qid, flags, 0, 0, 0, 0)
-
-
-# ---- socket I/O (asyncio; dnspython only parses and builds) ------------------------------
-
-
-class _UdpServer(asyncio.DatagramProtocol):
-    def __init__(self, on_datagram: Callable[[bytes, tuple[str, int]], None]) -> None:
-        self._on_datagram = on_datagram
-
-    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
-        self._on_datagram(data, addr)
-
-
-async def start_udp_dns(
-    host: str, port: int, on_datagram: Callable[[bytes, tuple[str, int]], None]
-) -> asyncio.DatagramTransport:
-    loop = asyncio.get_running_loop()
-    try:
-        transport, _ = await loop.create_datagram_endpoint(
-            lambda: _UdpServer(on_datagram), local_addr=(host, port)
-        )
-    except OSError as exc:
-        raise NetworkError(f"DNS resolver cannot listen on {host}:{port} (UDP): {exc}") from exc
-    return transport
-
-
-class _UdpClient(asyncio.DatagramProtocol):
-    def __init__(self, qid: bytes) -> None:
-        self._qid = qid
-        self.answer: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-
-    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
-        if data[:2] == self._qid and not self.answer.done():  # stray packets are ignored
-            self.answer.set_result(data)
-
-    def error_received(self, exc: Exception) -> None:
-        if not self.answer.done():
-            self.answer.set_exception(exc)
-
-
-async def query_udp(server: tuple[str, int], wire: bytes, timeout_s: float) -> bytes:
-    """One UDP query from a fresh socket (a fresh random source port per query)."""
-    loop = asyncio.get_running_loop()
-    try:
-        async with asyncio.timeout(timeout_s):
-            transport, proto = await loop.create_datagram_endpoint(
-                lambda: _UdpClient(wire[:2]), remote_addr=server
-            )
-            try:
-                transport.sendto(wire)
-                return await proto.answer
-            finally:
-                transport.close()
-    except TimeoutError as exc:
-        raise NetworkError(f"upstream DNS {server[0]}:{server[1]} timed out") from exc
-    except OSError as exc:
-        raise NetworkError(f"upstream DNS {server[0]}:{server[1]}: {exc}") from exc
-
-
-async def query_tcp(server: tuple[str, int], wire: bytes, timeout_s: float) -> bytes:
-    """One length-prefixed query over a fresh TCP connection."""
-    try:
-        async with asyncio.timeout(timeout_s):
-            reader, writer = await asyncio.open_connection(server[0], server[1])
-            try:
-                writer.write(struct.pack("!H", len(wire)) + wire)
-                await writer.drain()
-                (size,) = struct.unpack("!H", await reader.readexactly(2))
-                return await reader.readexactly(size)
-            finally:
-                writer.close()
-                with contextlib.suppress(OSError):
-                    await writer.wait_closed()
-    except TimeoutError as exc:
-        raise NetworkError(f"upstream DNS {server[0]}:{server[1]} (TCP) timed out") from exc
-    except (OSError, asyncio.IncompleteReadError) as exc:
-        raise NetworkError(f"upstream DNS {server[0]}:{server[1]} (TCP): {exc}") from exc
-
-
-async def serve_tcp_dns(
-    reader: asyncio.StreamReader,
-    writer: asyncio.StreamWriter,
-    handler: Callable[[bytes], Awaitable[bytes | None]],
-    idle_s: float,
-) -> None:
-    """Answer length-prefixed queries on one connection until EOF or ``idle_s`` of quiet."""
-    try:
-        while True:
-            async with asyncio.timeout(idle_s):
-                (size,) = struct.unpack("!H", await reader.readexactly(2))
-                query = await reader.readexactly(size)
-            reply = await handler(query)
-            if reply is None:
-                break
-            writer.write(struct.pack("!H", len(reply)) + reply)
-            await writer.drain()
-    except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
-        pass
-    finally:
-        writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()

@@ -18,14 +18,15 @@ covers the destination) here. Per connection:
    port, and relays with backpressure: TLS both ways as is; HTTP exactly the one
    checked request, then only the answer (:mod:`hutch.net.http_relay`).
 
-Under ``inspection: full`` (and ``learn``), and under ``partial`` for a destination whose
-first matching rule needs the request, TLS is terminated instead: after the SNI check
-the guest's handshake completes against a leaf from its project's CA
-(:mod:`hutch.net.tls_ca`, :mod:`hutch.net.tls_stream`; ALPN ``h2`` or ``http/1.1``) and
-every HTTP/1.1 request (:mod:`hutch.net.inspected_http`: keep-alive, WebSockets) or
-HTTP/2 stream (:mod:`hutch.net.h2_relay`) inside is decided on its own and relayed over
-a verified upstream TLS connection (HTTP/1.1, reused while that is safe). Learn and dry
-run decide by the policy they would enforce and log would-be denials as allowances
+Under ``inspection: full`` (and ``learn``), and under ``partial`` for a destination
+whose first matching rule needs the request, TLS is terminated instead
+(:mod:`hutch.net.proxy_inspect`): after the SNI check the guest's handshake completes
+against a leaf from its project's CA (:mod:`hutch.net.tls_ca`,
+:mod:`hutch.net.tls_stream`; ALPN ``h2`` or ``http/1.1``) and every HTTP/1.1 request
+(:mod:`hutch.net.inspected_http`: keep-alive, WebSockets) or HTTP/2 stream
+(:mod:`hutch.net.h2_relay`) inside is decided on its own and relayed over a verified
+upstream TLS connection (HTTP/1.1, reused while that is safe). Learn and dry run decide
+by the policy they would enforce and log would-be denials as allowances
 (:func:`proxy_decide.observed`).
 
 Floods: with a ``limit``, each new connection first takes a token from its sender's
@@ -49,17 +50,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv6Address, ip_address
-from typing import Any, Protocol
+from typing import Protocol
 
 from hutch.contract.views import EgressEvent, Verdict
 from hutch.errors import NetworkError
 from hutch.net.destinations import ForbiddenCheck, opened_by_ip_rule
 from hutch.net.dns import SandboxDirectory, SandboxNet
 from hutch.net.egress_log import EgressLog
-from hutch.net.h2_relay import serve_h2
 from hutch.net.http_head import RequestHead
 from hutch.net.http_relay import relay_one_request
-from hutch.net.inspected_http import Checked, Refused, Upstream, serve_inspected
 from hutch.net.proxy_decide import (
     Allowed,
     Denied,
@@ -71,11 +70,11 @@ from hutch.net.proxy_decide import (
     still_allowed,
     terminates_tls,
 )
+from hutch.net.proxy_inspect import inspect_tls
 from hutch.net.ratelimit import KeyedLimiter, Rate
 from hutch.net.rules import EgressPolicy, normalize_name
 from hutch.net.sniff import Sniffed, sniff
 from hutch.net.tls_ca import ProjectCAs
-from hutch.net.tls_stream import TlsStream
 
 __all__ = [
     "EgressProxy",
@@ -188,7 +187,7 @@ class EgressProxy:
             for writer in relay.writers:
                 writer.transport.abort()
             cut += 1
-            self._event(
+            self.event(
                 relay.sandbox, relay.name, relay.port, relay.protocol, relay.name,
                 "deny", None, f"open connection cut: the rules changed ({why})",
             )  # fmt: skip
@@ -215,26 +214,29 @@ class EgressProxy:
             src = ip_address(peer[0])
         except (TypeError, ValueError, IndexError):
             return
-        sandbox = self._directory.lookup(src) if isinstance(src, IPv4Address) else None
+        sandbox = self.current(src)
         if sandbox is None:
             return  # not a sandbox: nothing to log against, just close
         try:
             port = self._original_port(writer.get_extra_info("socket"))
         except (OSError, AttributeError) as exc:  # no conntrack entry: not redirected by nft
-            self._event(sandbox, "-", None, "tcp", None, "deny", None, f"no original port: {exc}")
+            self.event(sandbox, "-", None, "tcp", None, "deny", None, f"no original port: {exc}")
             return
         seen, raw = await self._peek(reader)
         http = HttpFacts.of(seen.request)
         if seen.error is not None or seen.name is None:
             reason = seen.error or "no name"
-            self._event(
+            self.event(
                 sandbox, seen.name or "-", port, seen.protocol, seen.name, "deny", None, reason,
                 http=http,
             )  # fmt: skip
             await self._refuse(writer, seen, port, reason)
             return
         if seen.protocol == "tls" and terminates_tls(sandbox.policy, seen.name, port):
-            await self._inspect_tls(sandbox, src, seen.name, port, raw, reader, writer)
+            await inspect_tls(
+                self, sandbox, src, seen.name, port, raw, reader, writer,
+                handshake_timeout_s=self._peek_timeout_s,
+            )  # fmt: skip
             return
         name = seen.name
         try:
@@ -246,30 +248,28 @@ class EgressProxy:
                 return allowed
 
             allowed = observed(decide, sandbox.policy)
-            upstream, addr = await self._connect(sandbox.policy, seen.name, port, allowed.rule)
+            upstream, addr = await self.connect(sandbox.policy, seen.name, port, allowed.rule)
         except Denied as denied:
-            self._event(
+            self.event(
                 sandbox, seen.name, port, seen.protocol, seen.name, "deny", denied.rule,
                 denied.reason, http=http, index=denied.index,
             )  # fmt: skip
             await self._refuse(writer, seen, port, denied.reason)
             return
         rule, index = allowed.rule, allowed.index
-        self._event(
+        self.event(
             sandbox, str(addr), port, seen.protocol, seen.name, "allow", rule,
             allowed.note or ("allowed by rule" if rule else "open egress"), http=http,
             index=index,
         )  # fmt: skip
         up_reader, up_writer = upstream
-        relay = _Relay(sandbox, seen.name, port, seen.protocol, (writer, up_writer))
-        if not self._register(relay, src, str(addr)):
+        release = self.open_relay(
+            sandbox, src, seen.name, port, seen.protocol, (writer, up_writer), str(addr)
+        )
+        if release is None:
             up_writer.transport.abort()
             return
-        sid = sandbox.sandbox_id
-
-        def sent(count: int) -> None:  # the sandbox's egress, relayed (the meter's bytes)
-            self._log.add_bytes(sid, sent=count)
-
+        sent = self.counter(sandbox.sandbox_id)
         try:
             if seen.request is not None:
                 body = raw[seen.request.consumed :]
@@ -278,34 +278,53 @@ class EgressProxy:
                     reader, writer, up_reader, up_writer, request, body, sent=sent
                 )
                 if cut is not None:
-                    self._event(sandbox, str(addr), port, "http", seen.name, "deny", rule, cut)
+                    self.event(sandbox, str(addr), port, "http", seen.name, "deny", rule, cut)
             else:
                 up_writer.write(raw)
                 sent(len(raw))
                 await pipe_both(reader, writer, up_reader, up_writer, sent=sent)
         finally:
-            self._relays.discard(relay)
+            release()
             await close_writer(up_writer)
 
-    def _register(self, relay: _Relay, src: IPv4Address | IPv6Address, addr: str) -> bool:
-        """Register a relay for :meth:`revalidate`; False (logged) when the rules changed
-        while it was decided and no longer allow it (revalidate() cut what was registered
-        then; this one meets the rules in force now)."""
+    def open_relay(
+        self,
+        sandbox: SandboxNet,
+        src: IPv4Address | IPv6Address,
+        name: str,
+        port: int,
+        protocol: str,
+        writers: tuple[asyncio.StreamWriter, asyncio.StreamWriter],
+        address: str,
+    ) -> Callable[[], None] | None:
+        """Register a relay for :meth:`revalidate` and return what unregisters it; None
+        (logged) when the rules changed while it was decided and no longer allow it
+        (revalidate() cut what was registered then; this one meets the rules in force
+        now)."""
+        relay = _Relay(sandbox, name, port, protocol, writers)
         self._relays.add(relay)
-        now = self._directory.lookup(src) if isinstance(src, IPv4Address) else None
-        why = (
-            "the sandbox is gone"
-            if now is None
-            else still_allowed(now.policy, relay.name, relay.port)
-        )
+        now = self.current(src)
+        why = "the sandbox is gone" if now is None else still_allowed(now.policy, name, port)
         if why is None:
-            return True
+            return lambda: self._relays.discard(relay)
         self._relays.discard(relay)
-        self._event(
-            relay.sandbox, addr, relay.port, relay.protocol, relay.name, "deny", None,
+        self.event(
+            sandbox, address, port, protocol, name, "deny", None,
             f"open connection cut: the rules changed ({why})",
         )  # fmt: skip
-        return False
+        return None
+
+    def current(self, src: IPv4Address | IPv6Address) -> SandboxNet | None:
+        """The sandbox at ``src`` with the rules in force now (None: gone)."""
+        return self._directory.lookup(src) if isinstance(src, IPv4Address) else None
+
+    def counter(self, sandbox_id: str) -> Callable[[int], None]:
+        """Counts the bytes ``sandbox_id`` sends, relayed (the meter's egress bytes)."""
+
+        def sent(count: int) -> None:
+            self._log.add_bytes(sandbox_id, sent=count)
+
+        return sent
 
     def _request_rules(
         self,
@@ -327,9 +346,9 @@ class EgressProxy:
                 first.canonical,
                 first.index,
             )
-        return decide_request(policy, name, port, request, self._reveal(sandbox))
+        return decide_request(policy, name, port, request, self.reveal(sandbox))
 
-    def _reveal(self, sandbox: SandboxNet) -> Callable[[str], str] | None:
+    def reveal(self, sandbox: SandboxNet) -> Callable[[str], str] | None:
         secrets = self.secrets
         if secrets is None:
             return None
@@ -352,119 +371,7 @@ class EgressProxy:
             why = f"no TLS ClientHello or HTTP request within {self._peek_timeout_s:g}s"
             return Sniffed("unknown", None, why), buf
 
-    async def _inspect_tls(
-        self,
-        sandbox: SandboxNet,
-        src: IPv4Address | IPv6Address,
-        name: str,
-        port: int,
-        raw: bytes,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-    ) -> None:
-        """Inspection ``full``: the destination is checked by SNI, then TLS is terminated
-        with a leaf for ``name`` from hutch's CA (ALPN ``h2`` or ``http/1.1``), and every
-        HTTP request (HTTP/1.1: :mod:`hutch.net.inspected_http`) or HTTP/2 stream
-        (:mod:`hutch.net.h2_relay`) inside is decided on its own and sent over an
-        upstream TLS connection verified for ``name`` (reused while allowed). What cannot
-        be read is refused, never passed."""
-
-        def deny(reason: str, rule: str | None = None, index: int | None = None, **kw: Any) -> None:
-            self._event(sandbox, name, port, "https", name, "deny", rule, reason, index=index, **kw)
-
-        try:
-            observed(lambda p: decide_destination(p, name, port), sandbox.policy)
-        except Denied as denied:
-            deny(denied.reason, denied.rule, denied.index)
-            return
-        if self.ca is None or self.upstream_tls is None:
-            deny("TLS inspection needs the egress CAs, which this proxy was not given")
-            return
-        norm = normalize_name(name) or name
-        try:  # the sandbox's own project's CA: its guest trusts no other
-            context = self.ca.for_project(sandbox.project).server_context(norm)
-        except NetworkError as exc:
-            deny(f"the project's egress CA is not available: {exc}")
-            return
-        tls = TlsStream(reader, writer, context, raw)
-        try:
-            async with asyncio.timeout(self._peek_timeout_s):
-                await tls.handshake()
-        except (ssl.SSLError, ConnectionError, OSError, TimeoutError) as exc:
-            deny(
-                "the TLS handshake with the guest failed (a client must trust hutch's CA; "
-                f"pinned certificates cannot be inspected): {exc or 'timed out'}"
-            )
-            return
-        relay = _Relay(sandbox, name, port, "https", (writer, writer))
-        if not self._register(relay, src, name):
-            return
-        upstream_tls = self.upstream_tls
-
-        async def check(request: RequestHead, idle: Upstream | None) -> Checked:
-            http = HttpFacts.of(request)
-            try:
-                if normalize_name(request.host.host) != norm or request.host.port not in (
-                    None,
-                    port,
-                ):
-                    raise Denied(
-                        f"the Host header ({request.host.host}) is not the TLS server name "
-                        f"({name}:{port}); domain fronting is refused"
-                    )
-                # Live changes apply to the next request: the rules in force now.
-                now = self._directory.lookup(src) if isinstance(src, IPv4Address) else None
-                if now is None:
-                    raise Denied("the sandbox is gone")
-                reveal = self._reveal(now)
-
-                def decide(policy: EgressPolicy) -> Allowed:
-                    decide_destination(policy, name, port)
-                    return decide_request(policy, name, port, request, reveal)
-
-                allowed = observed(decide, now.policy)
-                upstream = idle
-                if upstream is None:  # same name as before (Host = SNI): reuse if we can
-                    (up_reader, up_writer), addr = await self._connect(
-                        now.policy, name, port, allowed.rule, upstream_tls
-                    )
-                    upstream = Upstream(up_reader, up_writer, str(addr))
-            except Denied as denied:
-                deny(denied.reason, denied.rule, denied.index, http=http)
-                raise Refused(denied.reason) from None
-            rule = allowed.rule
-            self._event(
-                sandbox, upstream.address, port, "https", name, "allow", rule,
-                allowed.note or ("allowed by rule" if rule else "open egress"), http=http,
-                index=allowed.index,
-            )  # fmt: skip
-
-            def done(cut: str | None) -> None:
-                if cut is not None:
-                    self._event(sandbox, upstream.address, port, "https", name, "deny", rule, cut)
-
-            head = (allowed.head or request).head
-            secrets = [v.encode() for v in allowed.secrets]
-            return Checked(head, upstream, secrets, done)
-
-        def refused(_request: RequestHead | None, reason: str) -> None:
-            deny(reason)
-
-        try:
-            sid = sandbox.sandbox_id
-
-            def sent(count: int) -> None:
-                self._log.add_bytes(sid, sent=count)
-
-            if tls.alpn == "h2":
-                await serve_h2(tls, check, refused, sent)
-            else:
-                await serve_inspected(tls, check, refused, sent)
-            await tls.close()
-        finally:
-            self._relays.discard(relay)
-
-    async def _connect(
+    async def connect(
         self,
         policy: EgressPolicy,
         name: str,
@@ -545,7 +452,7 @@ class EgressProxy:
         with contextlib.suppress(ConnectionError, OSError):
             await writer.drain()
 
-    def _event(
+    def event(
         self,
         sandbox: SandboxNet,
         destination: str,

@@ -34,7 +34,8 @@ from typing import Any
 from hutch.errors import BlobError, SnapshotError
 from hutch.storage.blobs import BlobInfo, BlobStore
 from hutch.vm.disk_chain import disk_chain
-from hutch.vm.snapshot import MANIFEST_FILE, STATE_FILE, load_manifest
+from hutch.vm.snapshot import MANIFEST_FILE, STATE_FILE
+from hutch.vm.snapshot_dir import load_manifest
 from hutch.vm.snapshot_manifest import FileStamp, fd_digest, write_atomic
 
 __all__ = ["DISK", "INDEX", "INDEX_FORMAT", "fetch_dir", "upload_dir"]

@@ -37,7 +37,7 @@ from hutch.models import PauseMode, SandboxRecord, SandboxState
 from hutch.services.cluster_auth import ClusterSigner, load_or_create_secret
 from hutch.services.events import because, internal, project_of
 from hutch.services.lifecycle import LifecycleService
-from hutch.services.placement import choose_host
+from hutch.services.placement import choose_host, keep_labels
 from hutch.services.registry import SandboxRegistry
 from hutch.store.db import RUNNING_STATES
 from hutch.store.hosts import HostRow, HostStore, HostUse
@@ -269,10 +269,22 @@ class ClusterService:
         rec = self.core.store.get_sandbox(sandbox_id)
         if rec is None or rec.state is not SandboxState.PAUSED or not self.lifecycle.moves.enabled:
             return self.live_other(host)
-        chosen = self.place(Placement(), rec.shape.memory_mib, None, exclude=host)
+        chosen = self.place_move(rec, exclude=host)
         log.info("resume of %s (host %s is %s) placed on %s", sandbox_id, host,
                  row.state if row else "gone", chosen.id)  # fmt: skip
         return None if chosen.id == self.host_id else chosen
+
+    def place_move(self, rec: SandboxRecord, exclude: str) -> HostRow:
+        """The host a paused ``rec`` moves to off host ``exclude``: placement with the
+        labels it was created with (fails naming them when no such host can take it)."""
+        return keep_labels(
+            rec.id,
+            rec.placement_labels,
+            "the move",
+            lambda: self.place(
+                Placement(labels=rec.placement_labels), rec.shape.memory_mib, None, exclude=exclude
+            ),
+        )
 
     def alone(self) -> bool:
         """No other host is up (one host, or the others down): creates land here."""
@@ -335,7 +347,7 @@ class ClusterService:
     async def _move_off(self, rec: SandboxRecord) -> None:
         """Resume ``rec`` (paused here, uploaded) on the host placement picks, as the
         admin of its project (a signed forward, as the router's)."""
-        target = self.place(Placement(), rec.shape.memory_mib, None, exclude=self.host_id)
+        target = self.place_move(rec, exclude=self.host_id)
         path = f"/v1/sandboxes/{rec.id}/resume"
         headers = self.signer.sign(Principal.admin(project_of(rec)), "POST", path)
         try:

@@ -39,6 +39,7 @@ from typing import Any
 from hutch.errors import Conflict, HutchError, SnapshotError
 from hutch.models import NetworkMode, PauseMode, SandboxRecord, SandboxState
 from hutch.services.blob_dirs import DISK, INDEX, fetch_dir, upload_dir
+from hutch.services.placement import require_labels
 from hutch.services.registry import SandboxRegistry
 from hutch.storage.blobs import BlobInfo, BlobStore, open_blob_store
 from hutch.store.hosts import HostStore
@@ -243,6 +244,13 @@ class SandboxMoves:
             )
         if rec.pause_mode is None:
             raise Conflict(f"sandbox {rec.id} is not paused; it cannot move to another host")
+        require_labels(
+            rec.id,
+            rec.placement_labels,
+            self.core.host_id,
+            dict(self.core.settings.cluster.labels),
+            "the move",
+        )
         if self.core.volumes.mounts_of_sandbox(rec.id):
             raise Conflict(
                 f"sandbox {rec.id} has volumes attached (their files are on host {source}); "

@@ -13,13 +13,13 @@ with the least; ties go to the fewest sandboxes, then the host id (deterministic
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from hutch.contract.placement import Placement
-from hutch.errors import Capacity, InvalidArgument
+from hutch.errors import Capacity, Conflict, InvalidArgument
 from hutch.store.hosts import HostRow, HostUse
 
-__all__ = ["choose_host"]
+__all__ = ["choose_host", "keep_labels", "require_labels"]
 
 
 def choose_host(
@@ -88,6 +88,45 @@ def choose_host(
         return (-free if placement.strategy == "spread" else free, count, h.id)
 
     return min(fitting, key=key)[0]
+
+
+def _shown(labels: Mapping[str, str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+def keep_labels(
+    sandbox_id: str, labels: Mapping[str, str], what: str, pick: Callable[[], HostRow]
+) -> HostRow:
+    """``pick()`` (a :func:`choose_host` for ``what``: a move or fork children of
+    ``sandbox_id``, created with placement ``labels``), its refusal naming the labels
+    that bind the sandbox: no host without them is ever picked instead. Capacity
+    when hosts with the labels exist but none has room or is up now (a retry may
+    succeed); Conflict when no host of the cluster carries them."""
+    try:
+        return pick()
+    except (Capacity, InvalidArgument) as exc:
+        if not labels:
+            raise
+        why = (
+            f"{what} of {sandbox_id}: it was created with placement.labels "
+            f"{_shown(labels)}, so it runs only on hosts carrying them, and none can take "
+            f"it now: {exc.message}"
+        )
+        raise (Capacity(why) if isinstance(exc, Capacity) else Conflict(why)) from exc
+
+
+def require_labels(
+    sandbox_id: str, labels: Mapping[str, str], host: str, have: Mapping[str, str], what: str
+) -> None:
+    """Refuse (Conflict) ``what`` for ``sandbox_id`` on ``host`` when ``host`` (labels
+    ``have``) lacks one of the sandbox's placement ``labels``."""
+    missing = {k: v for k, v in labels.items() if have.get(k) != v}
+    if missing:
+        raise Conflict(
+            f"{what} of {sandbox_id} refused on host {host}: the sandbox was created with "
+            f"placement.labels {_shown(labels)} and this host lacks {_shown(missing)} "
+            f"(its labels: {_shown(have) or '(none)'}); run it on a host carrying them"
+        )
 
 
 def _labels(h: HostRow) -> str:

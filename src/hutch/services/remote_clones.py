@@ -38,7 +38,7 @@ from hutch.models import NetworkMode, SandboxRecord, SandboxState
 from hutch.services.blob_dirs import upload_dir
 from hutch.services.cluster_auth import ClusterSigner, load_or_create_secret
 from hutch.services.events import project_of
-from hutch.services.placement import choose_host
+from hutch.services.placement import choose_host, require_labels
 from hutch.services.registry import SandboxRegistry
 from hutch.services.snapshot_blobs import SnapshotBlobs
 from hutch.store.hosts import HostStore, HostUse
@@ -76,14 +76,20 @@ class RemoteClones:
         """The host of each of ``count`` children (all this host's without a blob
         store, with no other host up, or for a parent with volumes)."""
         me = self.core.host_id
+        labels = parent.placement_labels
+        # The children keep the parent's placement labels: this host, when it is to
+        # take them, must carry them too (it may have restarted with other labels).
+        mine = dict(self.core.settings.cluster.labels)
         if (
             not self.blobs.enabled
             or self.core.volumes.mounts_of_sandbox(parent.id)
             or self.core.shared.shared_mounts(parent.id)
         ):
+            require_labels(parent.id, labels, me, mine, "the fork")
             return [me] * count
         hosts = self.hosts.all()
         if all(h.id == me or h.state != "up" for h in hosts):
+            require_labels(parent.id, labels, me, mine, "the fork")
             return [me] * count
         use = dict(self.hosts.usage())
         shape = parent.shape
@@ -93,14 +99,17 @@ class RemoteClones:
                 chosen = choose_host(
                     hosts,
                     use,
-                    Placement(),
+                    Placement(labels=labels),
                     memory_mib=shape.memory_mib,
                     now=time.time(),
                     snapshot_host=me,
                     snapshot_anywhere=True,
                 )
             except (Capacity, InvalidArgument):
-                out.append(me)  # this host's own check then says why
+                # This host's own check then says why (room, quota), or, for a parent
+                # with labels this host lacks, the refusal names them.
+                require_labels(parent.id, labels, me, mine, "the fork")
+                out.append(me)
                 continue
             out.append(chosen.id)
             held = use.get(chosen.id, HostUse())

@@ -169,6 +169,7 @@ class SandboxService:
                 network=plan.mode,
                 project=spec.project,
                 env_secrets=dict(spec.env_secrets),
+                placement_labels=dict(spec.placement_labels),
             )
             self.core.states.insert(rec, origin=origin)
             if pooled is not None:

@@ -42,7 +42,7 @@ from hutch.models import SnapshotRecord
 from hutch.services.blob_dirs import INDEX, fetch_dir, upload_dir
 from hutch.services.registry import SandboxRegistry
 from hutch.storage.blobs import BlobInfo, BlobStore, open_blob_store
-from hutch.vm.snapshot import FROZEN_MARKER
+from hutch.vm.snapshot_dir import FROZEN_MARKER
 
 __all__ = ["INDEX", "SnapshotBlobs"]
 

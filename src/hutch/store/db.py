@@ -33,7 +33,7 @@ _COLUMNS = (
     "ended_at", "error", "pause_mode", "paused_at", "resume_from", "resume_clone",
     "parent_id", "auto_resume", "auto_pause_s", "auto_delete_s", "snapshot_id", "network",
     "project",
-    "env_secrets_json",
+    "env_secrets_json", "placement_labels_json",
 )  # fmt: skip
 _UPDATABLE = {
     "state", "image_digest", "started_at", "expires_at", "ended_at", "error", "name",
@@ -425,6 +425,7 @@ def _to_row(rec: SandboxRecord) -> tuple[Any, ...]:
         str(rec.network),
         rec.project,
         json.dumps(rec.env_secrets),
+        json.dumps(rec.placement_labels),
     )
 
 
@@ -457,4 +458,5 @@ def _from_row(row: tuple[Any, ...]) -> SandboxRecord:
         network=NetworkMode(values["network"]),
         project=values["project"],
         env_secrets=json.loads(values["env_secrets_json"]),
+        placement_labels=json.loads(values["placement_labels_json"]),
     )

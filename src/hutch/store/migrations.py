@@ -333,6 +333,12 @@ MIGRATIONS: tuple[str, ...] = (
     DROP TABLE net_leases;
     ALTER TABLE net_leases_v12 RENAME TO net_leases;
     """,
+    # 13: the placement labels a sandbox was created with ({KEY: VALUE}): its moves
+    # (a resume off a draining or down host) and its fork children keep to hosts
+    # carrying them
+    """
+    ALTER TABLE sandboxes ADD COLUMN placement_labels_json TEXT NOT NULL DEFAULT '{}';
+    """,
 )
 
 

@@ -50,15 +50,15 @@ What is checked before a restore (``verify_snapshot``; any failure → SnapshotE
 * ``state.mig`` size and sha256 equal the recorded ones. The stream is untrusted input to
   QEMU's parser: restore hashes the very fd it then passes to QEMU.
 * the disk: same size and mtime as recorded (not hashed: a multi-GiB disk per restore).
-* ``memory.ram``: same size and mtime, and, once sealed (:func:`seal_memory`, done when a
-  template is published), its content digest: sealing hashes the file (XXH3-128, ~40 ms
-  for 256 MiB) after making it read-only and records its ctime. A restore whose file
-  still has that ctime has the digested bytes (any write, chmod or rename changes ctime,
-  and user space cannot set it back), so the hot path is one ``stat``; a changed ctime
-  (a copy from a blob store, a moved directory) costs one full re-hash, remembered per
-  process, and a mismatch refuses the snapshot. Against corruption at rest, not a
-  security boundary: RAM content is guest-controlled anyway and QEMU treats guest
-  memory as hostile.
+* ``memory.ram``: same size and mtime, and, once sealed
+  (:func:`hutch.vm.snapshot_seal.seal_memory`, done when a template is published), its
+  content digest: sealing hashes the file (XXH3-128, ~40 ms for 256 MiB) after making it
+  read-only and records its ctime. A restore whose file still has that ctime has the
+  digested bytes (any write, chmod or rename changes ctime, and user space cannot set it
+  back), so the hot path is one ``stat``; a changed ctime (a copy from a blob store, a
+  moved directory) costs one full re-hash, remembered per process, and a mismatch
+  refuses the snapshot. Against corruption at rest, not a security boundary: RAM content
+  is guest-controlled anyway and QEMU treats guest memory as hostile.
 * clone: ``cfg.disk`` is a qcow2 whose backing file is the snapshot's disk.
 
 Clones and identity: every clone resumes with the template's kernel RNG state, boot_id,
@@ -84,13 +84,18 @@ from hutch.errors import SnapshotError, VmError
 from hutch.vm.argv import VmConfig
 from hutch.vm.cgroup_driver import SandboxCgroup
 from hutch.vm.disk_chain import qcow2_backing_file, stop_disk_jobs
+from hutch.vm.migration import (
+    elapsed_ms,
+    query_qemu_version,
+    set_ignore_shared,
+    wait_migration,
+)
 from hutch.vm.process import QemuVm
+from hutch.vm.snapshot_dir import CONSUMED_MARKER, FROZEN_MARKER, freeze, load_manifest
 from hutch.vm.snapshot_manifest import (
     MANIFEST_FILE,
     MANIFEST_FORMAT,
     MEMORY_FILE,
-    READ_ONLY,
-    STATE_DIGEST,
     STATE_FILE,
     FileStamp,
     SnapshotManifest,
@@ -103,73 +108,27 @@ from hutch.vm.snapshot_manifest import (
     write_atomic,
 )
 from hutch.vm.snapshot_pending import finish_interrupted_save, finish_save, write_pending
-from hutch.vm.snapshot_rebase import settle_rebase
+from hutch.vm.snapshot_seal import check_memory
 
 __all__ = [
-    "CONSUMED_MARKER",
-    "FROZEN_MARKER",
     "MANIFEST_FILE",
     "MEMORY_FILE",
     "STATE_FILE",
     "SnapshotManifest",
     "create_clone_disk",
     "finish_interrupted_save",
-    "load_manifest",
     "move_disk",
     "restore",
     "save_snapshot",
-    "seal_memory",
     "verify_snapshot",
 ]
 
 log = logging.getLogger(__name__)
 
-CONSUMED_MARKER = "consumed"
-FROZEN_MARKER = "frozen"
-
 _FD_NAME = "hutch-snapshot"
 # QEMU's default migration bandwidth cap (128 MiB/s) is meant for live migration over
 # a network; a stopped VM writing to a local file should go as fast as the disk.
 _MAX_BANDWIDTH = 1 << 40
-_POLL_S = 0.002
-
-
-def _ms(since: float) -> float:
-    return round((time.perf_counter() - since) * 1000, 2)
-
-
-async def _qemu_version(vm: QemuVm) -> str:
-    reply = await vm.qmp("query-version")
-    if not isinstance(reply, dict):
-        raise VmError(f"unexpected query-version reply: {reply!r}")
-    q = reply.get("qemu", {})
-    return f"{q.get('major')}.{q.get('minor')}.{q.get('micro')} {reply.get('package', '')}".strip()
-
-
-async def _set_migration(vm: QemuVm, *, ignore_shared: bool) -> None:
-    # Capabilities live for the process: set both ways explicitly.
-    await vm.qmp(
-        "migrate-set-capabilities",
-        capabilities=[{"capability": "x-ignore-shared", "state": ignore_shared}],
-    )
-
-
-async def _wait_migration(vm: QemuVm, what: str, timeout_s: float) -> None:
-    """Poll ``query-migrate`` until completed; raise SnapshotError on failure."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if not vm.is_alive():
-            raise SnapshotError(f"{what}: QEMU exited ({vm.exit_reason}) during migration")
-        info = await vm.qmp("query-migrate")
-        status = info.get("status") if isinstance(info, dict) else None
-        if status == "completed":
-            return
-        if status in ("failed", "cancelled"):
-            detail = info.get("error-desc", "") if isinstance(info, dict) else ""
-            raise SnapshotError(f"{what}: migration {status}: {detail or 'no detail'}")
-        if time.monotonic() > deadline:
-            raise SnapshotError(f"{what}: migration not done after {timeout_s:g}s ({status})")
-        await asyncio.sleep(_POLL_S)
 
 
 async def save_snapshot(
@@ -205,7 +164,7 @@ async def save_snapshot(
     # Checked before the guest stops: a missing kernel must not cost a pause.
     compat = compat_fields(cfg)
     initrd_sha = file_sha256(cfg.initrd)
-    qemu_version = await _qemu_version(vm)
+    qemu_version = await query_qemu_version(vm)
     state_path = dest_dir / STATE_FILE
     stopped_here = False
     fd = os.open(state_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -216,27 +175,27 @@ async def save_snapshot(
         if await vm.query_status() == "running":
             await vm.qmp("stop")
             stopped_here = True
-        timings["stop"] = _ms(t)
+        timings["stop"] = elapsed_ms(t)
         crash_point("save.stopped")
         t = time.perf_counter()
-        await _set_migration(vm, ignore_shared=ram_in_file)
+        await set_ignore_shared(vm, ignore_shared=ram_in_file)
         await vm.qmp("migrate-set-parameters", **{"max-bandwidth": _MAX_BANDWIDTH})
         await vm.send_fd(_FD_NAME, fd)
         hasher = TailHasher(state_path)
         try:
             await vm.qmp("migrate", uri=f"fd:{_FD_NAME}")
-            await _wait_migration(vm, f"saving VM {cfg.name}", timeout_s)
+            await wait_migration(vm, f"saving VM {cfg.name}", timeout_s)
         except BaseException:
             await asyncio.to_thread(hasher.abandon)
             raise
-        timings["migrate"] = _ms(t)
+        timings["migrate"] = elapsed_ms(t)
         t = time.perf_counter()
         state_digest, state_size = await asyncio.to_thread(hasher.finish)
-        timings["hash_rest"] = _ms(t)
+        timings["hash_rest"] = elapsed_ms(t)
         if fsync:
             t = time.perf_counter()
             await asyncio.to_thread(os.fsync, fd)
-            timings["fsync_state"] = _ms(t)
+            timings["fsync_state"] = elapsed_ms(t)
     except BaseException:
         os.close(fd)
         shutil.rmtree(dest_dir, ignore_errors=True)
@@ -268,10 +227,10 @@ async def save_snapshot(
     # disk, whose block layer the migration already inactivated).
     t = time.perf_counter()
     await vm.kill()
-    timings["quit"] = _ms(t)
+    timings["quit"] = elapsed_ms(t)
     crash_point("save.quit")
     # Recorded before the manifest is written (finishing takes a millisecond or two).
-    timings["total"] = _ms(t_all)
+    timings["total"] = elapsed_ms(t_all)
     manifest = await asyncio.to_thread(finish_save, dest_dir, pending, memory_source, fsync=fsync)
     crash_point("save.manifest")
     log.info(
@@ -325,22 +284,6 @@ def move_disk(snapshot_dir: Path, new_path: Path) -> SnapshotManifest:
     os.chmod(manifest_path, 0o600)
     write_atomic(manifest_path, moved.to_json(), fsync=False)
     return moved
-
-
-def load_manifest(snapshot_dir: Path) -> SnapshotManifest:
-    """Read ``manifest.json``; SnapshotError if absent (incomplete snapshot) or bad.
-    A rebase on a memory file cut between its two renames is settled first."""
-    settle_rebase(snapshot_dir)
-    path = snapshot_dir / MANIFEST_FILE
-    try:
-        text = path.read_text()
-    except FileNotFoundError as exc:
-        raise SnapshotError(
-            f"{snapshot_dir} has no {MANIFEST_FILE}: the snapshot is incomplete or missing"
-        ) from exc
-    except OSError as exc:
-        raise SnapshotError(f"cannot read {path}: {exc.strerror}") from exc
-    return SnapshotManifest.from_json(text, path)
 
 
 def _check_static(snapshot_dir: Path, cfg: VmConfig, *, clone: bool) -> SnapshotManifest:
@@ -404,90 +347,6 @@ def _check_state_fd(snapshot_dir: Path, manifest: SnapshotManifest, fd: int) -> 
         )
 
 
-# Memory files whose content matched their sealed digest in this process, by what any
-# change to them changes: a re-hash after a ctime change is paid once.
-_memory_verified: set[tuple[int, int, int, int, int]] = set()
-
-
-def _stat_key(st: os.stat_result) -> tuple[int, int, int, int, int]:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
-def _check_memory(snapshot_dir: Path, manifest: SnapshotManifest) -> None:
-    """The sealed memory file's content (see the design note): a ``stat`` while its
-    ctime is the sealed one, else one full hash. Unsealed (older) manifests: the size
-    and mtime check of ``_check_static`` only."""
-    stamp = manifest.memory
-    if not manifest.ram_in_file or stamp is None or stamp.digest is None:
-        return
-    path = snapshot_dir / MEMORY_FILE
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise SnapshotError(f"snapshot {snapshot_dir}: cannot open {MEMORY_FILE}: {exc}") from exc
-    try:
-        before = os.fstat(fd)
-        if before.st_ctime_ns == stamp.ctime_ns or _stat_key(before) in _memory_verified:
-            return
-        digest, size = fd_digest(fd, stamp.digest.partition(":")[0])
-        after = os.fstat(fd)
-    finally:
-        os.close(fd)
-    if size != stamp.size or digest != stamp.digest:
-        raise SnapshotError(
-            f"snapshot {snapshot_dir}: {MEMORY_FILE} does not match its recorded checksum "
-            f"({size} bytes, {digest[:26]}…; recorded {stamp.size} bytes, "
-            f"{stamp.digest[:26]}…); it will not be mapped. Take a new snapshot"
-        )
-    if _stat_key(after) == _stat_key(before):
-        _memory_verified.add(_stat_key(after))
-
-
-def seal_memory(snapshot_dir: Path, *, fsync: bool = True) -> SnapshotManifest:
-    """Freeze a ram_in_file snapshot for clones and record its memory file's digest.
-
-    Makes the files read-only (``frozen``: no resume from now on), makes the memory file
-    durable (``fsync``: the guest wrote it through the page cache while it ran), hashes
-    it and records the digest with the ctime it now has (see the design note). Idempotent;
-    a snapshot already sealed is re-hashed only if its ctime moved, and refused
-    (SnapshotError) if its content no longer matches. Returns the manifest.
-    """
-    manifest = load_manifest(snapshot_dir)
-    stamp = manifest.memory
-    if not manifest.ram_in_file or stamp is None:
-        return manifest
-    path = snapshot_dir / MEMORY_FILE
-    why = stamp.changed(path)
-    if why:
-        raise SnapshotError(f"snapshot {snapshot_dir}: memory file: {why}")
-    _freeze(snapshot_dir, manifest)
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        before = os.fstat(fd)
-        if stamp.digest is not None and before.st_ctime_ns == stamp.ctime_ns:
-            return manifest
-        if fsync:
-            os.fsync(fd)
-        digest, _ = fd_digest(fd, STATE_DIGEST)
-        after = os.fstat(fd)
-    finally:
-        os.close(fd)
-    if stamp.digest is not None and digest != stamp.digest:
-        raise SnapshotError(
-            f"snapshot {snapshot_dir}: {MEMORY_FILE} does not match its recorded checksum"
-        )
-    if _stat_key(after) != _stat_key(before) or stamp.changed(path):
-        raise SnapshotError(f"snapshot {snapshot_dir}: {MEMORY_FILE} changed while sealed")
-    sealed = dataclasses.replace(
-        manifest,
-        memory=dataclasses.replace(stamp, digest=digest, ctime_ns=after.st_ctime_ns),
-    )
-    manifest_path = snapshot_dir / MANIFEST_FILE
-    os.chmod(manifest_path, 0o600)
-    write_atomic(manifest_path, sealed.to_json(), fsync=fsync)
-    return sealed
-
-
 def verify_snapshot(snapshot_dir: Path, cfg: VmConfig, *, clone: bool = False) -> SnapshotManifest:
     """All checks a restore of ``snapshot_dir`` with ``cfg`` makes before starting QEMU
     (the design note lists them), including the stream's checksum and a sealed memory
@@ -498,7 +357,7 @@ def verify_snapshot(snapshot_dir: Path, cfg: VmConfig, *, clone: bool = False) -
         _check_state_fd(snapshot_dir, manifest, fd)
     finally:
         os.close(fd)
-    _check_memory(snapshot_dir, manifest)
+    check_memory(snapshot_dir, manifest)
     return manifest
 
 
@@ -520,7 +379,7 @@ def create_clone_disk(snapshot_dir: Path, path: Path) -> None:
     why = manifest.disk.changed(disk)
     if why:
         raise SnapshotError(f"snapshot {snapshot_dir}: disk: {why}")
-    _freeze(snapshot_dir, manifest)
+    freeze(snapshot_dir, manifest)
     argv = ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(disk), str(path)]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
@@ -528,22 +387,6 @@ def create_clone_disk(snapshot_dir: Path, path: Path) -> None:
         raise SnapshotError(f"cannot run qemu-img: {exc} (install qemu-utils)") from exc
     if done.returncode != 0:
         raise SnapshotError(f"creating clone disk {path} failed: {done.stderr.strip()}")
-
-
-def _freeze(snapshot_dir: Path, manifest: SnapshotManifest) -> None:
-    """Mark the snapshot as a template: read-only files, no resume from now on."""
-    marker = snapshot_dir / FROZEN_MARKER
-    if marker.exists():
-        return
-    files = [snapshot_dir / STATE_FILE, Path(manifest.disk.path)]
-    if manifest.ram_in_file:
-        files.append(snapshot_dir / MEMORY_FILE)
-    for path in files:
-        # Changes ctime only (size/mtime stamps stay valid); skipped when already
-        # read-only, since a sealed memory file's ctime must not move.
-        if path.stat().st_mode & 0o777 != READ_ONLY:
-            os.chmod(path, READ_ONLY)
-    marker.write_text(f"{time.time_ns()}\n")
 
 
 async def restore(
@@ -580,12 +423,12 @@ async def restore(
     try:
         # Hash the very fd QEMU will read: no window to swap the file in between.
         await asyncio.to_thread(_check_state_fd, snapshot_dir, manifest, fd)
-        await asyncio.to_thread(_check_memory, snapshot_dir, manifest)
+        await asyncio.to_thread(check_memory, snapshot_dir, manifest)
         run_cfg = dataclasses.replace(cfg, incoming=True)
         if manifest.ram_in_file:
             memory = snapshot_dir / MEMORY_FILE
             if clone:
-                _freeze(snapshot_dir, manifest)
+                freeze(snapshot_dir, manifest)
                 run_cfg = dataclasses.replace(run_cfg, memory_file=memory, memory_shared=False)
             else:
                 assert cfg.memory_file is not None  # _check_static
@@ -594,13 +437,13 @@ async def restore(
                 undo.append((cfg.memory_file, memory))
                 run_cfg = dataclasses.replace(run_cfg, memory_shared=True)
         elif clone:
-            _freeze(snapshot_dir, manifest)
+            freeze(snapshot_dir, manifest)
         if not clone and manifest.ram_in_file and cfg.memory_file is not None:
             os.chmod(cfg.memory_file, 0o600)
         t = time.perf_counter()
         vm = await QemuVm.launch(run_cfg, cgroup=cgroup, ready_timeout_s=ready_timeout_s)
-        launch_ms = _ms(t)
-        version = await _qemu_version(vm)
+        launch_ms = elapsed_ms(t)
+        version = await query_qemu_version(vm)
         if version != manifest.qemu_version:
             raise SnapshotError(
                 f"snapshot {snapshot_dir} was taken with QEMU {manifest.qemu_version!r}; "
@@ -608,11 +451,11 @@ async def restore(
             )
         crash_point("restore.launched")
         t = time.perf_counter()
-        await _set_migration(vm, ignore_shared=manifest.ram_in_file)
+        await set_ignore_shared(vm, ignore_shared=manifest.ram_in_file)
         await vm.send_fd(_FD_NAME, fd)
         await vm.qmp("migrate-incoming", uri=f"fd:{_FD_NAME}")
-        await _wait_migration(vm, f"restoring VM {cfg.name}", timeout_s)
-        load_ms = _ms(t)
+        await wait_migration(vm, f"restoring VM {cfg.name}", timeout_s)
+        load_ms = elapsed_ms(t)
         crash_point("restore.loaded")
         if not clone and not manifest.ram_in_file:
             # The point of no return: from here on the guest changes the disk.
@@ -640,7 +483,7 @@ async def restore(
         clone,
         launch_ms,
         load_ms,
-        _ms(t_all),
+        elapsed_ms(t_all),
     )
     return vm
 

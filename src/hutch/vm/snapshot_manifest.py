@@ -88,7 +88,7 @@ class FileStamp:
     path: str
     size: int
     mtime_ns: int
-    #: Set by sealing (``hutch.vm.snapshot.seal_memory``; None in manifests from before
+    #: Set by sealing (``hutch.vm.snapshot_seal.seal_memory``; None in manifests from before
     #: it, which are read as they were): the content digest taken once the file was
     #: made read-only, and the file's ctime from that moment. Every write, chmod or
     #: rename changes ctime, which user space cannot set back, so an unchanged ctime

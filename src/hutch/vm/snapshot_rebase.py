@@ -52,6 +52,12 @@ from hutch.crashpoints import crash_point
 from hutch.errors import SnapshotError, VmError
 from hutch.vm.argv import VmConfig
 from hutch.vm.cgroup_driver import SandboxCgroup
+from hutch.vm.migration import (
+    elapsed_ms,
+    query_qemu_version,
+    set_ignore_shared,
+    wait_migration,
+)
 from hutch.vm.process import QemuVm
 from hutch.vm.snapshot_manifest import (
     MANIFEST_FILE,
@@ -98,10 +104,6 @@ def settle_rebase(snapshot_dir: Path) -> None:
             staged_path.unlink()
 
 
-def _ms(since: float) -> float:
-    return round((time.perf_counter() - since) * 1000, 2)
-
-
 async def rebase_memory(
     snapshot_dir: Path,
     manifest: SnapshotManifest,
@@ -143,23 +145,29 @@ async def rebase_memory(
         os.lseek(src, 0, os.SEEK_SET)
         t = time.perf_counter()
         vm = await QemuVm.launch(cfg, cgroup=cgroup)
-        timings["launch"] = _ms(t)
-        version = await _version(vm)
+        timings["launch"] = elapsed_ms(t)
+        version = await query_qemu_version(vm)
         if version != qemu_version:
             raise SnapshotError(f"the helper QEMU is {version!r}, the stream {qemu_version!r}")
         t = time.perf_counter()
-        await _capability(vm, ignore_shared=False)
+        await set_ignore_shared(vm, ignore_shared=False)
         await vm.send_fd(_FD_NAME, src)
         await vm.qmp("migrate-incoming", uri=f"fd:{_FD_NAME}")
-        await _wait(vm, "loading the stream into the helper", timeout_s)
-        timings["load"] = _ms(t)
+        await wait_migration(
+            vm,
+            f"rebasing {snapshot_dir} on a memory file: loading the stream into the helper",
+            timeout_s,
+        )
+        timings["load"] = elapsed_ms(t)
         t = time.perf_counter()
         out = os.open(new_state, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        await _capability(vm, ignore_shared=True)
+        await set_ignore_shared(vm, ignore_shared=True)
         await vm.send_fd(_FD_NAME, out)
         await vm.qmp("migrate", uri=f"fd:{_FD_NAME}")
-        await _wait(vm, "saving the helper's state", timeout_s)
-        timings["save"] = _ms(t)
+        await wait_migration(
+            vm, f"rebasing {snapshot_dir} on a memory file: saving the helper's state", timeout_s
+        )
+        timings["save"] = elapsed_ms(t)
         await vm.kill()
         vm = None
         os.lseek(out, 0, os.SEEK_SET)
@@ -181,7 +189,7 @@ async def rebase_memory(
     os.chmod(new_memory, READ_ONLY)  # never written again: clones map it privately
     memory = snapshot_dir / MEMORY_FILE
     os.replace(new_memory, memory)
-    timings["total"] = _ms(t_all)
+    timings["total"] = elapsed_ms(t_all)
     rebased = dataclasses.replace(
         manifest,
         ram_in_file=True,
@@ -206,35 +214,3 @@ async def rebase_memory(
         timings["total"],
     )
     return rebased
-
-
-async def _version(vm: QemuVm) -> str:
-    reply = await vm.qmp("query-version")
-    if not isinstance(reply, dict):
-        raise VmError(f"unexpected query-version reply: {reply!r}")
-    q = reply.get("qemu", {})
-    return f"{q.get('major')}.{q.get('minor')}.{q.get('micro')} {reply.get('package', '')}".strip()
-
-
-async def _capability(vm: QemuVm, *, ignore_shared: bool) -> None:
-    await vm.qmp(
-        "migrate-set-capabilities",
-        capabilities=[{"capability": "x-ignore-shared", "state": ignore_shared}],
-    )
-
-
-async def _wait(vm: QemuVm, what: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if not vm.is_alive():
-            raise VmError(f"{what}: QEMU exited ({vm.exit_reason})")
-        info = await vm.qmp("query-migrate")
-        status = info.get("status") if isinstance(info, dict) else None
-        if status == "completed":
-            return
-        if status in ("failed", "cancelled"):
-            detail = info.get("error-desc", "") if isinstance(info, dict) else ""
-            raise VmError(f"{what}: migration {status}: {detail or 'no detail'}")
-        if time.monotonic() > deadline:
-            raise VmError(f"{what}: not done after {timeout_s:g} s ({status})")
-        await asyncio.sleep(0.005)

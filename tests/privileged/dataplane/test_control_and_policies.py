@@ -1,8 +1,4 @@
-"""The nftables dataplane, proven with real packets between scratch network namespaces.
-
-Each test renders hutch's table with :mod:`hutch.net.nft`, applies it with
-:mod:`hutch.net.nft_apply` inside the lab's host namespace, and sends real TCP/UDP from
-the guest namespaces (see ``tests/privileged/conftest.py`` for the picture). Here:
+"""The nftables dataplane (the package's docstring says how it is proven). Here:
 ``test_lab_without_table``, the control (everything the other tests find blocked is
 reachable without the table), and the egress policies: open, rules, ordered, deny-all,
 the resolver and the proxy, a live replace.
@@ -20,15 +16,7 @@ from hutch.net.nft import (
 from hutch.net.nft_apply import apply, table_exists
 from hutch.net.rules import policy_from_stored
 from tests.privileged.conftest import HOST_PORTS, Guest, Lab
-from tests.privileged.dataplane.tables import (
-    NET,
-    blocked,
-    install,
-    reached,
-    sandbox,
-    tcp,
-    udp,
-)
+from tests.privileged.dataplane.tables import NET, blocked, install, reached, sandbox, tcp, udp
 
 pytestmark = pytest.mark.privileged
 

@@ -1,10 +1,6 @@
-"""The nftables dataplane, proven with real packets between scratch network namespaces.
-
-Each test renders hutch's table with :mod:`hutch.net.nft`, applies it with
-:mod:`hutch.net.nft_apply` inside the lab's host namespace, and sends real TCP/UDP from
-the guest namespaces (see ``tests/privileged/conftest.py`` for the picture). Here: rule
-changes against flows already open (cut or kept), learned addresses and their TTLs, the
-host address set, a bad script changing nothing.
+"""The nftables dataplane (the package's docstring says how it is proven). Here:
+rule changes against flows already open (cut or kept), learned addresses and their TTLs,
+the host address set, a bad script changing nothing.
 """
 
 from __future__ import annotations
@@ -27,14 +23,7 @@ from hutch.net.nft import (
 )
 from hutch.net.nft_apply import apply, read_counters
 from tests.privileged.conftest import ECHO_PORT, HOST_PORTS, Guest, Lab, sh
-from tests.privileged.dataplane.tables import (
-    blocked,
-    install,
-    reached,
-    sandbox,
-    tcp,
-    udp,
-)
+from tests.privileged.dataplane.tables import blocked, install, reached, sandbox, tcp, udp
 
 pytestmark = pytest.mark.privileged
 

@@ -1,9 +1,5 @@
-"""The nftables dataplane, proven with real packets between scratch network namespaces.
-
-Each test renders hutch's table with :mod:`hutch.net.nft`, applies it with
-:mod:`hutch.net.nft_apply` inside the lab's host namespace, and sends real TCP/UDP from
-the guest namespaces (see ``tests/privileged/conftest.py`` for the picture). Here: what
-is denied whatever the policy (always-denied destinations, spoofed sources, IPv6,
+"""The nftables dataplane (the package's docstring says how it is proven). Here:
+what is denied whatever the policy (always-denied destinations, spoofed sources, IPv6,
 interfaces hutch did not register) and private networks between sandboxes.
 """
 
@@ -17,15 +13,7 @@ from hutch.net.nft import (
 )
 from hutch.net.nft_apply import apply, read_counters
 from tests.privileged.conftest import HOST_PORTS, Guest, Lab, sh
-from tests.privileged.dataplane.tables import (
-    NET,
-    blocked,
-    install,
-    reached,
-    sandbox,
-    tcp,
-    udp,
-)
+from tests.privileged.dataplane.tables import NET, blocked, install, reached, sandbox, tcp, udp
 
 pytestmark = pytest.mark.privileged
 

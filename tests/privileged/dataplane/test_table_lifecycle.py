@@ -1,10 +1,6 @@
-"""The nftables dataplane, proven with real packets between scratch network namespaces.
-
-Each test renders hutch's table with :mod:`hutch.net.nft`, applies it with
-:mod:`hutch.net.nft_apply` inside the lab's host namespace, and sends real TCP/UDP from
-the guest namespaces (see ``tests/privileged/conftest.py`` for the picture). Here: adding
-and removing sandboxes, counters, the table read back against its render, apply timings,
-and the QEMU user's own packets.
+"""The nftables dataplane (the package's docstring says how it is proven). Here:
+adding and removing sandboxes, counters, the table read back against its render, apply
+timings, and the QEMU user's own packets.
 """
 
 from __future__ import annotations
@@ -29,15 +25,7 @@ from hutch.net.nft import (
 from hutch.net.nft_apply import apply, list_table, read_counters
 from hutch.net.rules import parse_policy
 from tests.privileged.conftest import Guest, Lab
-from tests.privileged.dataplane.tables import (
-    NET,
-    blocked,
-    install,
-    reached,
-    sandbox,
-    tcp,
-    udp,
-)
+from tests.privileged.dataplane.tables import NET, blocked, install, reached, sandbox, tcp, udp
 
 pytestmark = pytest.mark.privileged
 

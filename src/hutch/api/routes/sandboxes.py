@@ -76,6 +76,7 @@ async def create_sandbox(body: CreateSandbox, svc: Service, net: Net, who: Calle
         volumes=[m.to_mount() for m in body.volumes],
         project=who.project,
         env_secrets=dict(body.env_secrets),
+        placement_labels=dict(body.placement.labels or {}) if body.placement else {},
     )
     return _view(net, await svc.create(spec))
 

@@ -32,7 +32,8 @@ from hutch.vm.argv import SharePort, VmConfig, VolumeDrive
 from hutch.vm.cgroup_driver import record_path
 from hutch.vm.disk_chain import compact_if_deep
 from hutch.vm.process import QemuVm, kill_verified
-from hutch.vm.snapshot import MEMORY_FILE, create_clone_disk, load_manifest
+from hutch.vm.snapshot import MEMORY_FILE, create_clone_disk
+from hutch.vm.snapshot_dir import load_manifest
 
 __all__ = ["QemuBackend"]
 
@@ -84,16 +85,7 @@ class QemuBackend:
         ):
             memory = p.state / MEMORY_FILE
         cfg = dataclasses.replace(
-            cfg,
-            disk=p.disk,
-            qmp_socket=p.qmp_socket,
-            agent_socket=p.agent_socket,
-            console_log=p.console_log,
-            pidfile=p.pidfile,
-            qemu_log=p.qemu_log,
-            tap=self.tap_of(rec) if cfg.tap else None,
-            shares=tuple(SharePort(s.slot, p.share_socket(s.slot)) for s in cfg.shares),
-            memory_file=memory,
+            p.relocate(cfg), tap=self.tap_of(rec) if cfg.tap else None, memory_file=memory
         )
         write_config(p.vm_json, cfg)
 
@@ -204,22 +196,15 @@ class QemuBackend:
         p.disk.unlink(missing_ok=True)
         await asyncio.to_thread(create_clone_disk, snapshot_dir, p.disk)
         cfg = dataclasses.replace(
-            template_cfg,
+            # Its own files; the same share ports (the device set), each on its own socket.
+            p.relocate(template_cfg),
             run_as=self.booter.run_as,
             console_log_bytes=self.settings.console_log_bytes,
             incoming=False,
             tcg_tb_mib=self.booter.tb_mib,
             name=rec.id,
-            disk=p.disk,
-            qmp_socket=p.qmp_socket,
-            agent_socket=p.agent_socket,
-            console_log=p.console_log,
-            pidfile=p.pidfile,
-            qemu_log=p.qemu_log,
             # A snapshot from before NICs existed restores without one: no network.
             tap=self.tap_of(rec) if template_cfg.nic else None,
-            # The same ports (the device set), each on this sandbox's own socket.
-            shares=tuple(SharePort(s.slot, p.share_socket(s.slot)) for s in template_cfg.shares),
             # RAM: a template's memory.ram, mapped copy-on-write; a clone of a clone (a
             # fork child, a resume from a full-stream pause) maps that same file
             # privately again: the stream then rewrites every page (zero pages too), so

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,21 @@ class SandboxPaths:
     def share_socket(self, slot: int) -> Path:
         """The chardev socket of the shared volume mounted in ``slot``."""
         return self.run / f"share{slot}.sock"
+
+    def relocate(self, cfg: VmConfig) -> VmConfig:
+        """``cfg`` with this sandbox's own files: disk, QMP and agent sockets, console and
+        QEMU logs, pidfile, and each shared-volume port (the same slots: the device set
+        a snapshot was taken with) on its own socket. Everything else is ``cfg``'s."""
+        return replace(
+            cfg,
+            disk=self.disk,
+            qmp_socket=self.qmp_socket,
+            agent_socket=self.agent_socket,
+            console_log=self.console_log,
+            pidfile=self.pidfile,
+            qemu_log=self.qemu_log,
+            shares=tuple(SharePort(s.slot, self.share_socket(s.slot)) for s in cfg.shares),
+        )
 
 
 class HostLayout:

@@ -14,11 +14,13 @@ from hutch.errors import HutchError
 from hutch.models import new_sandbox_id
 from hutch.runtime.qemu.boot import Booter
 from hutch.runtime.qemu.host import HostLayout
-from hutch.vm.argv import SharePort, VmConfig
+from hutch.vm.argv import VmConfig
 from hutch.vm.cgroup_driver import record_path
 from hutch.vm.process import kill_verified, log_tail
-from hutch.vm.snapshot import create_clone_disk, load_manifest, seal_memory
+from hutch.vm.snapshot import create_clone_disk
+from hutch.vm.snapshot_dir import load_manifest
 from hutch.vm.snapshot_rebase import rebase_memory
+from hutch.vm.snapshot_seal import seal_memory
 
 __all__ = ["rebase_frozen", "rebases"]
 
@@ -46,15 +48,8 @@ async def rebase_frozen(booter: Booter, snapshot_dir: Path, frozen_cfg: VmConfig
         p.run.mkdir(parents=True, mode=0o700)
         await asyncio.to_thread(create_clone_disk, snapshot_dir, p.disk)
         cfg = dataclasses.replace(
-            frozen_cfg,
+            p.relocate(frozen_cfg),
             name=helper,
-            disk=p.disk,
-            qmp_socket=p.qmp_socket,
-            agent_socket=p.agent_socket,
-            console_log=p.console_log,
-            pidfile=p.pidfile,
-            qemu_log=p.qemu_log,
-            shares=tuple(SharePort(s.slot, p.share_socket(s.slot)) for s in frozen_cfg.shares),
             run_as=booter.run_as,
             tcg_tb_mib=booter.tb_mib,
         )

@@ -15,13 +15,8 @@ from hutch.runtime.qemu.host import HostLayout, read_config
 from hutch.runtime.qemu.templates import finish_template, template_complete
 from hutch.vm.disk_chain import disk_chain
 from hutch.vm.process import kill_verified
-from hutch.vm.snapshot import (
-    CONSUMED_MARKER,
-    FROZEN_MARKER,
-    MANIFEST_FILE,
-    finish_interrupted_save,
-    load_manifest,
-)
+from hutch.vm.snapshot import MANIFEST_FILE, finish_interrupted_save
+from hutch.vm.snapshot_dir import CONSUMED_MARKER, FROZEN_MARKER, load_manifest
 from hutch.vm.snapshot_pending import PENDING_FILE
 
 __all__ = ["QemuSnapshotFiles", "discard_stale_saves", "save_written"]

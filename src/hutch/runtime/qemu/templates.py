@@ -23,14 +23,9 @@ from hutch.runtime.qemu.host import HostLayout, SandboxPaths, write_config
 from hutch.storage.overlay import create_overlay
 from hutch.vm.argv import VmConfig
 from hutch.vm.process import kill_verified
-from hutch.vm.snapshot import (
-    MANIFEST_FILE,
-    MEMORY_FILE,
-    load_manifest,
-    move_disk,
-    save_snapshot,
-    seal_memory,
-)
+from hutch.vm.snapshot import MANIFEST_FILE, MEMORY_FILE, move_disk, save_snapshot
+from hutch.vm.snapshot_dir import load_manifest
+from hutch.vm.snapshot_seal import seal_memory
 
 __all__ = [
     "RUNTIME_BOOT_DONE",
