@@ -19,14 +19,15 @@ APT_PACKAGES := qemu-system-x86 qemu-utils mmdebstrap nftables busybox-static lz
 
 .PHONY: cluster-up cluster-down
 .PHONY: help deps system-deps test-system-deps apt-install js-deps ui-vendor venv qemu-user image images up down restart check lint typecheck test test-postgres \
-	test-fast openapi unasync bench clean
+	test-lane-a test-lane-b test-serial test-fast openapi unasync bench clean
 
 help:
 	@echo "make up      install deps, build the base image, start hutchd on $(LISTEN)"
 	@echo "make down    stop hutchd (sandboxes keep running; a restart adopts them)"
 	@echo "make cluster-up [WORKERS=3]  N hutchd workers on this machine, one database"
 	@echo "make cluster-down            stop them"
-	@echo "make test    install deps and run lint, types and the whole test suite"
+	@echo "make test    install deps and run lint, types and the whole test suite (two lanes)"
+	@echo "make test-serial  the same in one lane (or make test LANES=1)"
 	@echo "make check   lint, types and the fast test tiers"
 	@echo "make test-postgres  the component and e2e tiers with the state in PostgreSQL"
 	@echo "make bench   run the benchmark harness (results in bench/results/)"
@@ -38,7 +39,10 @@ help:
 #   with Playwright (the suite installs it too when missing: tests/browser.py).
 #   postgresql: the suite's own PostgreSQL server (tests/pgserver.py: the store tests on
 #   both databases, and the component and e2e tiers run a second time on it).
-TEST_APT_PACKAGES := python3-matplotlib chromium postgresql
+#   docker-registry: the OCI registry the image import tests push to
+#   (tests/registry_server.py). The suite installs each of these when missing, but
+#   installed here, before the lanes start, two lanes never run apt-get at once.
+TEST_APT_PACKAGES := python3-matplotlib chromium postgresql docker-registry
 
 # The E2B JS SDK smoke test (tests/e2e/test_e2b.py::test_e2b_js_sdk_smoke) runs Node's
 # test runner in tests/e2b_js. Node.js >= 20.18.1 (the SDK's engines) comes with the
@@ -163,7 +167,50 @@ typecheck: venv
 check: deps lint typecheck
 	$(BIN)/pytest tests/unit tests/component $(PYTEST_ARGS)
 
-test: deps test-system-deps js-deps lint typecheck images
+# `make test` runs the suite in two lanes side by side (scripts/lanes.sh): CI's clean-clone
+# run has 50 minutes on 2 cores, the serial run took 49-52 of them, yet on average less
+# than one core was busy (TCG guests wait on their agent, daemons sleep, tests poll). Each
+# lane is its own pytest process; the suite's shared resources (ports, address pools,
+# netns, nft tables, /run/hutch dirs) are per process or leased (tests/leases.py), so the
+# two never collide. Lane a (streamed): the image builds, then the VM and privileged tiers
+# and the e2e files of LANE_A_E2E. Lane b (var/lanes/b.log, printed at the end): lint and
+# types beside the image builds, the tiers that need no guest image (unit, component),
+# then the rest of the e2e tier and the PostgreSQL pass. `make test LANES=1` (or `make
+# test-serial`) runs it all in one pytest process, one tier after the other.
+LANES ?= 2
+LANE_PYTEST := HUTCH_TEST_IMAGES_DIR=$(STATE_DIR)/images $(BIN)/pytest -p no:cacheprovider
+# The e2e files lane a runs after its VM tier, to even the lanes out (seconds each in the
+# serial run of /tmp/ci2.log, 2026-12-02: vm 1156 + privileged 82 + image builds ~120 in
+# lane a against lint/types ~90 + unit 24 + component 301 + e2e 780 + PostgreSQL pass 347
+# in lane b). Every other e2e file, a new one too, runs in lane b.
+LANE_A_E2E := crash_lifecycle metering two_daemons
+LANE_A_E2E_FILES := $(addprefix tests/e2e/test_,$(addsuffix .py,$(LANE_A_E2E)))
+
+ifeq ($(LANES),1)
+test: test-serial
+else
+test: deps test-system-deps js-deps
+	scripts/lanes.sh $(STATE_DIR)/lanes \
+		a="$(MAKE) --no-print-directory test-lane-a" b="$(MAKE) --no-print-directory test-lane-b"
+endif
+
+test-lane-a: images
+	$(LANE_PYTEST) tests/vm tests/privileged $(LANE_A_E2E_FILES) --durations=40 $(PYTEST_ARGS)
+
+# Lane b's three pytest runs all run (a failure is remembered, the lane fails at the end).
+LANE_B_FAILED := $(STATE_DIR)/lanes/b.failed
+test-lane-b: lint typecheck
+	@mkdir -p $(dir $(LANE_B_FAILED)) && rm -f $(LANE_B_FAILED)
+	$(LANE_PYTEST) tests/unit tests/component --durations=20 $(PYTEST_ARGS) || touch $(LANE_B_FAILED)
+	@# Waits for lane a's image builds (they serialize on var/images/<name>.lock), then a no-op.
+	$(MAKE) --no-print-directory images
+	$(LANE_PYTEST) tests/e2e $(addprefix --ignore=,$(LANE_A_E2E_FILES)) --durations=20 \
+		$(PYTEST_ARGS) || touch $(LANE_B_FAILED)
+	HUTCH_TEST_DATABASE=postgres $(LANE_PYTEST) tests/component $(PG_E2E) --durations=10 \
+		$(PYTEST_ARGS) || touch $(LANE_B_FAILED)
+	@if [ -e $(LANE_B_FAILED) ]; then echo "lane b: a pytest run failed (see above)"; exit 1; fi
+
+test-serial: deps test-system-deps js-deps lint typecheck images
 	HUTCH_TEST_IMAGES_DIR=$(STATE_DIR)/images $(BIN)/pytest tests --durations=40 $(PYTEST_ARGS)
 	# The API suite again with the state in PostgreSQL (tests/pgserver.py): the component
 	# tier and the e2e files of PG_E2E.

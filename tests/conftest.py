@@ -7,7 +7,12 @@ hash), never skipped: `make test` builds them first so the time shows up there.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
+import secrets
+import shutil
+import signal
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
@@ -16,6 +21,30 @@ import pytest
 from tests import pgserver
 
 REPO = Path(__file__).resolve().parents[1]
+# Marks every process this run starts (inherited by each hutchd, QEMU and server): the
+# QEMU census (tests/vm/qemu_census.py) counts only this run's, not those of a run beside
+# it (`make test` runs two lanes side by side, see the Makefile).
+os.environ["HUTCH_TEST_RUN"] = f"{os.getpid()}-{secrets.token_hex(4)}"
+# `make test`'s lane this process is (scripts/lanes.sh), "" outside one.
+LANE = os.environ.get("HUTCH_TEST_LANE", "")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _sweep_run_dirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """When the session ends (after every other session fixture: this one is set up
+    first), remove the run dirs under /run/hutch of this session's state dirs that are
+    still there (the e2e tier's finalizer removes each daemon's; the VM tier's
+    in-process services and SIGKILLed daemons leave theirs), and only those: another
+    run's may be in use. A QEMU still using one is a leak: killed and named."""
+    basetemp = tmp_path_factory.getbasetemp()
+    yield
+    for d in own_run_dirs(basetemp):
+        for pid in qemu_pids_mentioning(str(d)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            _leaked.append(f"QEMU {pid} was left running on {d}: killed")
+        shutil.rmtree(d, ignore_errors=True)
+        _swept.append(d)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -105,14 +134,64 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _module_seconds[module] = _module_seconds.get(module, 0.0) + report.duration
 
 
+# Where a daemon keeps its sockets: /run/hutch/<10 hex of its state dir>
+# (Settings.run_dir). A test that SIGKILLs a daemon or a QEMU can leave one behind.
+RUN_ROOT = Path("/run/hutch")
+_swept: list[Path] = []
+_leaked: list[str] = []
+
+
+def qemu_pids_mentioning(marker: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if "qemu-system" in cmdline and marker in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+def own_run_dirs(basetemp: Path, depth: int = 4) -> list[Path]:
+    """The run dirs on this host of the state dirs under ``basetemp`` (this session's
+    tmp_path root), down to ``depth`` levels: only those, never another run's."""
+    if not RUN_ROOT.is_dir():
+        return []
+    existing = {d.name for d in RUN_ROOT.iterdir()}
+    found: list[Path] = []
+    level = [basetemp.resolve()]
+    for _ in range(depth):
+        below: list[Path] = []
+        for d in level:
+            try:
+                below += [c for c in d.iterdir() if c.is_dir() and not c.is_symlink()]
+            except OSError:
+                continue
+        for d in below:
+            digest = hashlib.sha256(str(d).encode()).hexdigest()[:10]
+            if digest in existing:
+                found.append(RUN_ROOT / digest)
+        level = below
+    return found
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _swept:
+        terminalreporter.section("run dirs of this run, swept (tests/conftest.py)")
+        terminalreporter.write_line(f"{len(_swept)} left under {RUN_ROOT}, removed")
+        for line in _leaked:
+            terminalreporter.write_line(line, red=True)
     if not _module_seconds:
         return
     tiers: dict[str, float] = {}
     for module, seconds in _module_seconds.items():
         tier = "/".join(module.split("/")[:2])
         tiers[tier] = tiers.get(tier, 0.0) + seconds
-    terminalreporter.section("time per tier and per module (tests/conftest.py)")
+    lane = f", lane {LANE}" if LANE else ""
+    terminalreporter.section(f"time per tier and per module (tests/conftest.py{lane})")
     for name, seconds in sorted(tiers.items(), key=lambda kv: -kv[1]):
         terminalreporter.write_line(f"{seconds:8.1f}s  {name}")
     slowest = sorted(_module_seconds.items(), key=lambda kv: -kv[1])[:40]

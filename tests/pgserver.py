@@ -21,13 +21,14 @@ import contextlib
 import hashlib
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import threading
 from pathlib import Path
 
 import psycopg
+
+from tests.leases import free_port
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 PACKAGE = "postgresql"
@@ -49,12 +50,6 @@ def ensure_postgresql() -> Path:
     return PG_BIN
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class PgServer:
     """One PostgreSQL cluster in its own temporary directory (see the module docstring)."""
 
@@ -64,7 +59,7 @@ class PgServer:
         self.data = self.root / "data"
         self.socket_dir = self.root  # .s.PGSQL.<port> lives here
         self.log = self.root / "server.log"
-        self.port = _free_port()
+        self.port = free_port()
         self._as_postgres = os.geteuid() == 0
         self._databases: dict[str, str] = {}
         self._keyed_database: str | None = None

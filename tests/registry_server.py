@@ -8,7 +8,6 @@ import contextlib
 import ctypes
 import os
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -16,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from tests.leases import free_port
 
 BINARY = "docker-registry"
 
@@ -62,9 +63,7 @@ class Registry:
 def running_registry(root: Path, auth: tuple[str, str] | None = None) -> Iterator[Registry]:
     binary = ensure_installed()
     root.mkdir(parents=True, exist_ok=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # tests/leases.py
     lines = [
         "version: 0.1",
         "log:",

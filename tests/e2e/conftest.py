@@ -26,7 +26,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -41,6 +40,8 @@ from hutch.images.build import ImageArtifacts, build_image, find_image
 from hutch.models import SANDBOX_ID_RE
 from hutch.sdk import Client
 from tests import pgserver
+from tests.leases import Lease, claim, own_tag_state_dir, release_tag
+from tests.leases import free_port as free_port  # re-exported: e2e modules import it here
 
 REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "src"
@@ -58,12 +59,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.e2e)
             item.add_marker(pytest.mark.vm)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def qemu_pids(*markers: str) -> dict[int, str]:
@@ -109,17 +104,32 @@ def tail(path: Path, max_bytes: int = 4000) -> str:
         return f"<{exc}>"
 
 
+_POOLS: dict[Path, Lease] = {}
+
+
 def daemon_net_pool(state_dir: Path) -> str:
-    """A /24 for one test daemon's sandboxes, picked from 10.200.0.0/13 by its state dir."""
-    digest = hashlib.sha256(str(state_dir).encode()).digest()
-    return f"10.{200 + digest[0] % 8}.{digest[1]}.0/24"
+    """A /24 of 10.200.0.0/13 for one test daemon's sandboxes: the first, from a place
+    its state dir picks, that no other daemon holds, of this run or of another on this
+    machine (`make test`'s other lane): two daemons on one pool would route each other's
+    sandbox addresses. Claimed for this process's life (tests/leases.py); a daemon started
+    again on the same state dir gets the same pool."""
+    if state_dir not in _POOLS:
+        digest = hashlib.sha256(str(state_dir).encode()).digest()
+        start = (digest[0] % 8) * 256 + digest[1]
+        blocks = ((start + k) % 2048 for k in range(2048))
+        lease = claim("net-pool", (f"10.{200 + b // 256}.{b % 256}.0" for b in blocks))
+        if lease is None:
+            raise RuntimeError("every /24 of 10.200.0.0/13 is claimed by a test daemon")
+        _POOLS[state_dir] = lease
+    return f"{_POOLS[state_dir].name}/24"
 
 
 class Daemon:
     """A real hutchd subprocess on its own state dir and loopback port."""
 
     def __init__(self, state_dir: Path, images_dir: Path = IMAGES_DIR) -> None:
-        self.state_dir = state_dir.resolve()
+        # Its tag (taps, nft table, cgroups) is no other live test daemon's on this host.
+        self.state_dir = own_tag_state_dir(state_dir)
         self.images_dir = images_dir
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -461,6 +471,7 @@ def finalize_daemon(d: Daemon) -> list[str]:
     shutil.rmtree(d.sandboxes_dir, ignore_errors=True)
     if d in _LIVE:
         _LIVE.remove(d)
+    release_tag(d.state_dir)
     return problems
 
 

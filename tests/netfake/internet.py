@@ -44,6 +44,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from tests.leases import Lease, claim
 from tests.netfake.certs import make_certs
 
 __all__ = ["WEB_NAMES", "FakeEvent", "FakeInternet", "FakeInternetError", "free_net_pool"]
@@ -52,6 +53,8 @@ REPO = Path(__file__).resolve().parents[2]
 _LOCK = Path("/run/lock/hutch-netfake.lock")
 _NS_RE = re.compile(r"^hfn-(\d+)-[0-9a-f]+$")
 START_TIMEOUT_S = 20.0
+# The pools free_net_pool handed out, claimed while this process lives.
+_pools: list[Lease] = []
 
 #: Names served by the web servers on the shared address (``.10``) and their host octet.
 WEB_NAMES = {
@@ -140,9 +143,15 @@ def free_net_pool() -> str:
     text = _run("ip", "-4", "addr").stdout + _run("ip", "-4", "route").stdout
     used = {int(m) for m in re.findall(r"\b10\.199\.(\d+)\.", text)}
     free = [n for n in range(1, 255) if n not in used]
-    if not free:
+    # Not in use is not enough: a daemon takes its first address only when it creates a
+    # sandbox, so a pool is claimed (tests/leases.py) until this process exits, and
+    # another run on this machine (`make test`'s other lane) picks a different one.
+    start = secrets.randbelow(len(free)) if free else 0
+    lease = claim("net-pool", (f"10.199.{n}.0" for n in free[start:] + free[:start]))
+    if lease is None:
         raise FakeInternetError("no free 10.199.x.0/24 left for a test address pool")
-    return f"10.199.{free[secrets.randbelow(len(free))]}.0/24"
+    _pools.append(lease)
+    return f"{lease.name}/24"
 
 
 class FakeInternet:

@@ -9,8 +9,10 @@ template clone); any other is a boot (a cold launch: some tests kill it before t
 guest is up). A QEMU that lives less than the poll interval (a launch refused at
 once) may be missed; those boot nothing.
 
-Only QEMU processes that started after the census did are counted, so run it under the
-heavy lock (as every VM run is): another run's VMs would be counted too.
+Only QEMU processes of this run are counted: started after the census was, and with
+this run's mark in their environment (``HUTCH_TEST_RUN``, set by ``tests/conftest.py``
+and inherited through every hutchd and QEMU the run starts), so a run beside it
+(`make test`'s other lane) is not counted.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from pathlib import Path
 # kill at once live some 50 ms.
 POLL_S = 0.01
 RECHECKS = 20
+#: The environment variable that marks every process of one test run (tests/conftest.py).
+RUN_MARK = "HUTCH_TEST_RUN"
 
 
 @dataclass
@@ -37,8 +41,10 @@ class Census:
     _young: dict[str, int] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
+    _mark: bytes = b""
 
     def start(self) -> None:
+        self._mark = f"{RUN_MARK}={os.environ.get(RUN_MARK, '')}".encode()
         self._scan(count=False)  # what already runs is not ours
         self._thread = threading.Thread(target=self._run, name="qemu-census", daemon=True)
         self._thread.start()
@@ -70,6 +76,12 @@ class Census:
                 self._young[pid] = self._young.get(pid, RECHECKS) - 1
                 continue
             self._young.pop(pid, None)
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if self._mark not in environ:
+                continue  # another run's
             current = os.environ.get("PYTEST_CURRENT_TEST", "(outside a test)")
             module = current.split("::", 1)[0]
             (self.restores if b"-incoming" in argv else self.boots)[module] += 1

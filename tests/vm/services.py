@@ -15,6 +15,7 @@ from hutch.services.composed import Services
 from hutch.services.images import LocalImages
 from hutch.store import Store
 from tests.conftest import ensure_image, test_images_dir
+from tests.leases import own_tag_state_dir, release_tag
 
 
 def qemu_pids_mentioning(marker: str) -> list[int]:
@@ -37,7 +38,8 @@ async def real_service(state: Path, **settings: Any) -> AsyncIterator[Services]:
     process of it is left."""
     ensure_image("base")
     config = Settings(
-        state_dir=state,
+        # A tag (taps, nft table, cgroups) no other live test daemon on this host has.
+        state_dir=own_tag_state_dir(state),
         images_dir_override=test_images_dir(),
         accel=os.environ.get("HUTCH_ACCEL", "auto"),
         **settings,
@@ -53,4 +55,5 @@ async def real_service(state: Path, **settings: Any) -> AsyncIterator[Services]:
             if rec.state.is_live:
                 await svc.sandboxes.delete(rec.id)
         await svc.close()
+        release_tag(config.state_dir)
         assert qemu_pids_mentioning(str(config.run_dir)) == []

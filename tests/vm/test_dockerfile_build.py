@@ -51,6 +51,7 @@ from hutch.services.images import HostImages, LocalBootSets, LocalImages
 from hutch.store import Store
 from hutch.store.images import ImageStore
 from tests.conftest import test_images_dir
+from tests.leases import own_tag_state_dir
 from tests.ocikit import E, Image, Layer, layer_tar, push
 from tests.registry_server import Registry, running_registry
 from tests.vm.services import qemu_pids_mentioning
@@ -111,7 +112,7 @@ async def env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
     work = tmp_path_factory.mktemp("dockerfile")
     images_dir = test_images_dir()
     settings = Settings(
-        state_dir=work / "state",
+        state_dir=own_tag_state_dir(work / "state"),  # tests/leases.py
         images_dir_override=images_dir,
         accel=os.environ.get("HUTCH_ACCEL", "auto"),
         templates=False,

@@ -49,6 +49,7 @@ from hutch.services.images import HostImages, LocalBootSets, LocalImages
 from hutch.store import Store
 from hutch.store.images import ImageStore
 from tests.conftest import ensure_image, test_images_dir
+from tests.leases import own_tag_state_dir
 from tests.ocikit import (
     E,
     Image,
@@ -209,6 +210,7 @@ class Env:
     debian: Image
     busybox: Image
     work: Path
+    arm: Image
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -221,7 +223,7 @@ async def env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
     for img in (debian, busybox):
         shutil.rmtree(content_dir(images_dir, img.digest), ignore_errors=True)
     settings = Settings(
-        state_dir=work / "state",
+        state_dir=own_tag_state_dir(work / "state"),  # tests/leases.py
         images_dir_override=images_dir,
         accel=os.environ.get("HUTCH_ACCEL", "auto"),
         templates=False,
@@ -254,7 +256,7 @@ async def env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
         await asyncio.to_thread(push, arm, anon.url, "test/arm-only", "1")
         await asyncio.to_thread(push, busybox, authed.url, "test/busybox", "1", CREDS)
         try:
-            yield Env(svc, client, anon, authed, debian, busybox, work)
+            yield Env(svc, client, anon, authed, debian, busybox, work, arm)
         finally:
             for rec in svc.sandboxes.list_sandboxes():
                 if rec.state.is_live:
@@ -334,16 +336,25 @@ async def test_pull_and_imports_give_the_same_image(env: Env) -> None:
 
 async def test_bad_pulls_are_refused_and_leave_nothing(env: Env) -> None:
     oci = test_images_dir() / "oci"
-    before = sorted(p.name for p in oci.iterdir())
+    # The content dirs, work dirs and locks a pull of the arm image could make, by its
+    # digests: the images dir is shared with a test run beside this one (`make test`'s
+    # other lane), which imports images of its own meanwhile.
+    arm_hexes = {json.loads(env.arm.manifest())["config"]["digest"], env.arm.digest}
+    arm_hexes |= {layer.digest for layer in env.arm.layers}
+    arm_hexes = {d.split(":", 1)[1] for d in arm_hexes}
+
+    def arm_entries() -> list[str]:
+        return sorted(p.name for p in oci.iterdir() if any(h in p.name for h in arm_hexes))
+
+    assert arm_entries() == []
     with pytest.raises(InvalidImage, match=r"is for linux/arm64|no linux/amd64"):
         await env.client.pull_image("arm", f"{env.anon.host}/test/arm-only:1")
     with pytest.raises(NotFound, match=r"MANIFEST_UNKNOWN|has no image"):
         await env.client.pull_image("missing", f"{env.anon.host}/test/debian:nope")
-    assert sorted(p.name for p in oci.iterdir()) == before
-    assert not any(p.name.startswith(".") for p in oci.iterdir())
+    assert arm_entries() == []
     names = {i.name for i in await env.client.list_images()}
     assert not {"arm", "missing"} & names
-    assert not list((env.work / "state" / "imports").glob("*"))
+    assert not list((env.svc.settings.state_dir / "imports").glob("*"))
 
 
 async def test_debian_image_runs_with_its_defaults(env: Env) -> None:
