@@ -96,9 +96,14 @@ class Watcher:
                 del self.modified[path]
                 self.out.append(event)
 
-    def expire_moves(self, now: float, force: bool = False) -> None:
+    def expire_moves(self, now: float, force: bool = False, idle: bool = True) -> None:
+        """A move's first half becomes a delete once its second has not come for
+        :data:`MOVE_PAIR_S` of waiting on an empty queue (``idle``), or for
+        :data:`MAX_HOLD_S` in any case. Time this agent spent handling other events is
+        no evidence: a read can fall between a rename's two halves, and on a stalled
+        guest the second one already waits in the queue when the clock has moved on."""
         for cookie, (path, is_dir, seen) in list(self.moved_from.items()):
-            if force or now - seen >= MOVE_PAIR_S:
+            if force or (idle and now - seen >= MOVE_PAIR_S) or now - seen >= MAX_HOLD_S:
                 del self.moved_from[cookie]
                 if is_dir:
                     self.ino.drop_tree(path)
@@ -171,12 +176,13 @@ class Watcher:
             wait = POLL_S
             if self.modified or self.moved_from:
                 wait = min(QUIET_S, MOVE_PAIR_S) / 2
-            if poller.poll(wait * 1000):
+            ready = bool(poller.poll(wait * 1000))
+            if ready:
                 now = time.monotonic()
                 for ev in self.ino.read():
                     self.handle(ev, now)
             now = time.monotonic()
-            self.expire_moves(now)
+            self.expire_moves(now, idle=not ready)
             self.flush_modified(now=now)
             if self.root_gone:
                 self.expire_moves(now, force=True)

@@ -14,22 +14,8 @@ from hutch.runtime.qemu.backend import QemuBackend
 from hutch.services.composed import Services
 from hutch.services.images import LocalImages
 from hutch.store import Store
-from tests.conftest import ensure_image, test_images_dir
+from tests.conftest import ensure_image, qemu_pids_mentioning, test_images_dir
 from tests.leases import own_tag_state_dir, release_tag
-
-
-def qemu_pids_mentioning(marker: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
-        except OSError:
-            continue
-        if "qemu-system" in cmdline and marker in cmdline:
-            pids.append(int(entry.name))
-    return pids
 
 
 @asynccontextmanager

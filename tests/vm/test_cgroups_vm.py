@@ -31,8 +31,8 @@ from hutch.runtime.qemu.backend import QemuBackend
 from hutch.services.composed import Services
 from hutch.vm.cgroup_driver import SandboxCgroup, record_path
 from hutch.vm.cgroups import PIDS_BASE
-from tests.conftest import ensure_image
-from tests.vm.services import qemu_pids_mentioning, real_service
+from tests.conftest import ensure_image, qemu_pids_mentioning
+from tests.vm.services import real_service
 
 pytestmark = [pytest.mark.vm, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(900)]
 

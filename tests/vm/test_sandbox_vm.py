@@ -18,7 +18,8 @@ import pytest_asyncio
 from hutch.models import SandboxSpec, SandboxState, Shape
 from hutch.runtime.qemu.backend import QemuBackend
 from hutch.services.composed import Services
-from tests.vm.services import qemu_pids_mentioning, real_service
+from tests.conftest import qemu_pids_mentioning
+from tests.vm.services import real_service
 
 pytestmark = [pytest.mark.vm, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(600)]
 
