@@ -48,7 +48,7 @@ from hutch.services.composed import Services
 from hutch.services.images import HostImages, LocalBootSets, LocalImages
 from hutch.store import Store
 from hutch.store.images import ImageStore
-from tests.conftest import ensure_image, test_images_dir
+from tests.conftest import ensure_image, qemu_pids_mentioning, test_images_dir
 from tests.leases import own_tag_state_dir
 from tests.ocikit import (
     E,
@@ -66,7 +66,6 @@ from tests.ocikit import (
     write_oci_archive,
 )
 from tests.registry_server import Registry, running_registry
-from tests.vm.services import qemu_pids_mentioning
 
 pytestmark = [pytest.mark.vm, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(900)]
 
