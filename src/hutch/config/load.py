@@ -33,6 +33,13 @@ def parse_listen(value: str, name: str = "HUTCH_LISTEN") -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _flag(values: dict[str, Any], key: str, source: str) -> bool:
+    flag = str(values[key]).lower()
+    if flag not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+        raise InvalidArgument(f"{source}: {key}={flag!r}; accepted: 1/0, true/false")
+    return flag in ("1", "true", "yes", "on")
+
+
 def _from_mapping(base: Settings, values: dict[str, Any], source: str) -> Settings:
     known = {f.name for f in fields(Settings)} - {
         "images_dir_override", "limits", "net_limits", "meter", "cluster",
@@ -68,24 +75,11 @@ def _from_mapping(base: Settings, values: dict[str, Any], source: str) -> Settin
         if "images_dir" in values:
             s = replace(s, images_dir_override=Path(str(values["images_dir"])).resolve())
         if "templates" in values:
-            flag = str(values["templates"]).lower()
-            if flag not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
-                raise InvalidArgument(f"{source}: templates={flag!r}; accepted: 1/0, true/false")
-            s = replace(s, templates=flag in ("1", "true", "yes", "on"))
+            s = replace(s, templates=_flag(values, "templates", source))
         if "template_ram_in_file" in values:
-            flag = str(values["template_ram_in_file"]).lower()
-            if flag not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
-                raise InvalidArgument(
-                    f"{source}: template_ram_in_file={flag!r}; accepted: 1/0, true/false"
-                )
-            s = replace(s, template_ram_in_file=flag in ("1", "true", "yes", "on"))
+            s = replace(s, template_ram_in_file=_flag(values, "template_ram_in_file", source))
         if "fork_ram_in_file" in values:
-            flag = str(values["fork_ram_in_file"]).lower()
-            if flag not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
-                raise InvalidArgument(
-                    f"{source}: fork_ram_in_file={flag!r}; accepted: 1/0, true/false"
-                )
-            s = replace(s, fork_ram_in_file=flag in ("1", "true", "yes", "on"))
+            s = replace(s, fork_ram_in_file=_flag(values, "fork_ram_in_file", source))
         if "pool_size" in values:
             s = replace(s, pool_size=int(values["pool_size"]))
             if not 0 <= s.pool_size <= 32:
