@@ -24,7 +24,7 @@ APT_PACKAGES := qemu-system-x86 qemu-utils mmdebstrap nftables busybox-static lz
 help:
 	@echo "make up      install deps, build the base image, start hutchd on $(LISTEN)"
 	@echo "make down    stop hutchd (sandboxes keep running; a restart adopts them)"
-	@echo "make cluster-up [WORKERS=3]  N hutchd workers on this machine, one database"
+	@echo "make cluster-up [WORKERS=3] [IMAGES_DIR=DIR]  N hutchd workers on this machine, one database"
 	@echo "make cluster-down            stop them"
 	@echo "make test    install deps and run lint, types and the whole test suite (two lanes)"
 	@echo "make test-serial  the same in one lane (or make test LANES=1)"
@@ -144,10 +144,14 @@ WORKERS ?= 3
 CLUSTER_DB ?= postgres
 # Private networks across the workers: worker i's VXLAN end on UDP TUNNEL_PORT+i-1 (0: off).
 TUNNEL_PORT ?= 14789
-cluster-up: image
+# The workers' images: the state dir's, built first (`make image`); IMAGES_DIR=DIR: ones
+# built elsewhere (e.g. another checkout's var/images), used as they are, nothing built.
+IMAGES_DIR ?=
+cluster-up: $(if $(IMAGES_DIR),deps,image)
 	@if [ "$(CLUSTER_DB)" = postgres ]; then $(MAKE) --no-print-directory apt-install PACKAGES=postgresql; fi
 	$(BIN)/python scripts/cluster.py up --workers $(WORKERS) --root $(STATE_DIR)/cluster \
-		--images $(STATE_DIR)/images --db $(CLUSTER_DB) --tunnel-port $(TUNNEL_PORT)
+		--images $(or $(IMAGES_DIR),$(STATE_DIR)/images) --db $(CLUSTER_DB) \
+		--tunnel-port $(TUNNEL_PORT)
 
 cluster-down:
 	$(BIN)/python scripts/cluster.py down --root $(STATE_DIR)/cluster

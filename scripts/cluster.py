@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=("up", "down"))
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--root", type=Path, default=REPO / "var" / "cluster")
-    parser.add_argument("--images", type=Path, default=REPO / "var" / "images")
+    parser.add_argument("--images", type=Path, help="built images (default: var/images if any)")
     parser.add_argument("--db", choices=("postgres", "sqlite"), default="postgres")
     parser.add_argument("--tunnel-port", type=int, default=TUNNEL_PORT)
     args = parser.parse_args(argv)
@@ -214,7 +214,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--tunnel-port: 0 (no tunnel) or a UDP port with room for every worker")
     root = args.root.resolve()
     if args.action == "up":
-        images = args.images.resolve() if args.images.is_dir() else None
+        if args.images is not None and not args.images.is_dir():
+            # Workers without images would start, then fail every create.
+            parser.error(f"--images {args.images}: no such directory (build them: make image)")
+        default = REPO / "var" / "images"
+        images = args.images or (default if default.is_dir() else None)
+        images = None if images is None else images.resolve()
         return up(root, args.workers, images, args.db, args.tunnel_port)
     return down(root)
 

@@ -240,6 +240,31 @@ async def test_a_drain_reaches_its_host_pauses_its_sandboxes_and_stops_placement
     assert on_h1 in h1.svc.core.runtimes
 
 
+async def test_placement_labels_show_through_every_host_and_survive_a_drain(
+    hosts: dict[str, Host],
+) -> None:
+    """Issue 14: the labels a sandbox was placed by are in its view whichever host
+    answers, and still there after a drain paused it and a resume brought it back."""
+    h1, h2 = hosts["h1"], hosts["h2"]
+    placed = await _create(h2, labels={"name": "h1"})
+    assert placed in h1.svc.core.runtimes
+    for via in (h1, h2):
+        view = (await via.client.get(f"/v1/sandboxes/{placed}")).json()
+        assert view["placement_labels"] == {"name": "h1"}, via.id
+        listed = (await via.client.get("/v1/sandboxes")).json()["sandboxes"]
+        assert {s["id"]: s["placement_labels"] for s in listed}[placed] == {"name": "h1"}
+    r = await h2.client.post("/v1/hosts/h1/drain")
+    assert r.status_code == 200, r.text
+    paused = (await h2.client.get(f"/v1/sandboxes/{placed}")).json()
+    assert (paused["state"], paused["placement_labels"]) == ("paused", {"name": "h1"})
+    r = await h1.client.post("/v1/hosts/h1/undrain")
+    assert r.status_code == 200, r.text
+    resumed = await h2.client.post(f"/v1/sandboxes/{placed}/resume")
+    assert resumed.status_code == 200, resumed.text
+    assert resumed.json()["placement_labels"] == {"name": "h1"}
+    assert placed in h1.svc.core.runtimes
+
+
 async def test_the_e2b_face_of_either_host_serves_the_other_hosts_sandbox(
     hosts: dict[str, Host],
 ) -> None:

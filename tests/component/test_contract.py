@@ -89,6 +89,10 @@ async def real_service(settings: Settings, tmp_path: Path) -> AsyncIterator[Serv
         assert backend.leftover_ids() == set(), "a test leaked sandbox resources"
 
 
+#: The one host's labels (HUTCH_HOST_LABELS) on both targets.
+HOST_LABELS = {"zone": "eu-1", "tier": "gpu"}
+
+
 @pytest.fixture(params=["fake", "real"])
 async def target(
     request: pytest.FixtureRequest, settings: Settings, tmp_path: Path
@@ -96,8 +100,12 @@ async def target(
     async with contextlib.AsyncExitStack() as stack:
         inner: httpx.AsyncBaseTransport
         if request.param == "fake":
-            inner = FakeHutch(api_key=API_KEY).transport
+            fake = FakeHutch(api_key=API_KEY)
+            fake.host_labels = dict(HOST_LABELS)
+            inner = fake.transport
         else:
+            labelled = replace(settings.cluster, labels=tuple(HOST_LABELS.items()))
+            settings = replace(settings, cluster=labelled)
             svc = await stack.enter_async_context(real_service(settings, tmp_path))
             inner = httpx.ASGITransport(app=create_app(svc, API_KEY, manage_service=False))
         checked = CheckedTransport(inner)
@@ -523,6 +531,27 @@ async def test_fork_keeps_rules_and_networks(target: Target) -> None:
     assert child.info.network.address != sb.info.network.address
     await child.kill()
     await sb.kill()
+
+
+async def test_a_sandbox_shows_the_placement_labels_it_was_created_with(target: Target) -> None:
+    """The labels a create was placed by stay on the sandbox's view (create answer, get,
+    list) and on its fork children: on a cluster they bound where it may move."""
+    labels = dict(HOST_LABELS)
+    sb = await target.sandbox(placement={"labels": labels})
+    plain = await target.sandbox()
+    assert sb.info.placement_labels == labels and plain.info.placement_labels == {}
+    assert (await target.client.get_sandbox(sb.id)).placement_labels == labels
+    listed = {s.id: s.placement_labels for s in await target.client.list_sandboxes()}
+    assert listed[sb.id] == labels and listed[plain.id] == {}
+    assert sb.info.to_dict()["placement_labels"] == labels
+    children = await sb.fork(1)
+    assert [c.info.placement_labels for c in children] == [labels]
+    for each in (*children, sb, plain):
+        await each.kill()
+    r = await target.raw.post("/v1/sandboxes", json={"placement": {"labels": {"zone": "us-2"}}})
+    assert error(r, 400, "invalid_argument") == (
+        "no host has the labels zone=us-2; the hosts' labels: local: tier=gpu, zone=eu-1"
+    )
 
 
 async def test_secrets_are_write_only_and_env_secrets_name_them(target: Target) -> None:

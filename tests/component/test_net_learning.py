@@ -23,7 +23,8 @@ from hutch.config import NetLimits, Settings
 from hutch.net.dataplane import MemoryDataplane
 from hutch.net.dns import SandboxNetInfo
 from hutch.net.egress_log import EgressLog
-from hutch.net.nft import LearnedAddress, SandboxNet, TableConfig
+from hutch.net.nft_common import SandboxNet, TableConfig
+from hutch.net.nft_sandbox import LearnedAddress
 from hutch.net.proxy import EgressProxy
 from hutch.net.rules import parse_policy
 from hutch.services.network import NetworkService

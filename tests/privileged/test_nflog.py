@@ -18,8 +18,9 @@ import pytest
 
 from hutch.net.addressing import host_addresses
 from hutch.net.nflog import parse_packet_message, split_prefix
-from hutch.net.nft import RulesetState, SandboxNet, TableConfig, render_table
+from hutch.net.nft import RulesetState, render_table
 from hutch.net.nft_apply import apply, delete_table
+from hutch.net.nft_common import SandboxNet, TableConfig
 from hutch.net.rules import parse_policy
 
 from .conftest import HOST_PORTS, REPO, Guest, Lab

@@ -26,8 +26,9 @@ import pytest
 
 from hutch.config import NetLimits
 from hutch.net.addressing import host_addresses
-from hutch.net.nft import RulesetState, SandboxNet, TableConfig, render_table
+from hutch.net.nft import RulesetState, render_table
 from hutch.net.nft_apply import apply, delete_table, read_counters
+from hutch.net.nft_common import SandboxNet, TableConfig
 from hutch.net.rules import parse_policy
 
 from .conftest import HOST_PORTS, REPO, Guest, Lab, sh

@@ -146,6 +146,15 @@ def test_inspect(fake: FakeHutch, hutch: Hutch) -> None:
     )
 
 
+def test_inspect_shows_the_placement_labels(fake: FakeHutch, hutch: Hutch) -> None:
+    sb = fake.add_sandbox(placement={"labels": {"zone": "eu-1", "gpu": "a10"}})
+    text = hutch("inspect", sb.id).stdout
+    assert "placement.gpu:  a10\n" in text and "placement.zone: eu-1\n" in text
+    shown = json.loads(hutch("inspect", sb.id, "--json").stdout)
+    assert shown["placement_labels"] == {"zone": "eu-1", "gpu": "a10"}
+    assert "placement." not in hutch("inspect", fake.add_sandbox().id).stdout
+
+
 def test_rm_removes_each_and_reports_failures(fake: FakeHutch, hutch: Hutch) -> None:
     a, b = fake.add_sandbox(), fake.add_sandbox()
     result = hutch("rm", a.id, "sb-000000000999", b.id)

@@ -16,8 +16,8 @@ from hutch.contract.views import EgressEvent
 from hutch.net.dns_io import refused_reply
 from hutch.net.egress_log import EgressLog
 from hutch.net.learned import LearnedElements
-from hutch.net.nft import LearnedAddress
 from hutch.net.nft_apply import SandboxCounters
+from hutch.net.nft_sandbox import LearnedAddress
 from hutch.net.summaries import Summaries
 
 SID = "sb-0123456789ab"

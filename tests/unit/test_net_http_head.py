@@ -254,3 +254,33 @@ def test_the_upstream_head_keeps_alive_only_bodiless_requests_and_websockets() -
     assert not reusable(plain, ok, b"HTTP/1.1 200 OK\r\n")  # more than was framed
     assert not reusable(plain, closing, b"") and not reusable(plain, unframed, b"")
     assert not reusable(body, ok, b"")
+
+
+async def test_a_response_head_is_read_across_reads_and_leaves_what_follows() -> None:
+    """The one reader both inspected relays (HTTP/1.1 and HTTP/2) take answers with: a
+    head split over reads, a 1xx then the final head from the same bytes, what follows
+    the head handed back; a server that closes mid-head is an error, not a hang."""
+    import asyncio
+
+    from hutch.net.inspected_http import read_response_head
+
+    reader = asyncio.StreamReader()
+    reader.feed_data(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Le")
+    reader.feed_data(b"ngth: 5\r\n\r\nhello")
+    reader.feed_eof()
+    head, rest = await read_response_head(reader, b"", "POST")
+    assert head.status == 100
+    head, rest = await read_response_head(reader, rest, "POST")
+    assert (head.status, head.framing, head.length) == (200, "length", 5)
+    assert head.lines == [b"HTTP/1.1 200 OK", b"Content-Length: 5"]
+    assert rest == b"hello"
+
+    cut = asyncio.StreamReader()
+    cut.feed_data(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n")
+    cut.feed_eof()
+    with pytest.raises(HeadError, match="closed before a complete response head"):
+        await read_response_head(cut, b"", "GET")
+    bad = asyncio.StreamReader()
+    bad.feed_eof()
+    with pytest.raises(HeadError, match="malformed HTTP response status line"):
+        await read_response_head(bad, b"SSH-2.0-OpenSSH\r\n\r\n", "GET")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ipaddress import IPv4Address
 
 from hutch.net.learned import LearnedNames
-from hutch.net.nft import KEEP_S, LearnedAddress
+from hutch.net.nft_sandbox import KEEP_S, LearnedAddress
 from hutch.net.rules import parse_policy
 
 WEB, CDN = IPv4Address("198.18.0.10"), IPv4Address("198.18.0.20")

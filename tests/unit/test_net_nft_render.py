@@ -1,5 +1,6 @@
-"""The nft script renderer (hutch.net.nft): pure, so checked as text here; the
-privileged tests apply the same scripts and send packets through them."""
+"""The nft script renderer (hutch.net.nft, nft_common, nft_sandbox, nft_tunnel): pure, so
+checked as text here; the privileged tests apply the same scripts and send packets
+through them."""
 
 from __future__ import annotations
 
@@ -12,21 +13,21 @@ import pytest
 from hutch.config import NetLimits
 from hutch.errors import InvalidArgument
 from hutch.net.nft import (
+    RulesetState,
+    network_key,
+    render_host_addrs,
+    render_networks,
+    render_table,
+)
+from hutch.net.nft_common import SandboxNet, TableConfig, table_name
+from hutch.net.nft_sandbox import (
     KEEP_S,
     LearnedAddress,
-    RulesetState,
-    SandboxNet,
-    TableConfig,
-    network_key,
     policy_mark,
     render_add_sandbox,
-    render_host_addrs,
     render_learned,
-    render_networks,
     render_remove_sandbox,
     render_replace_policy,
-    render_table,
-    table_name,
 )
 from hutch.net.rules import parse_policy
 

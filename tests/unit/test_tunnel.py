@@ -1,5 +1,5 @@
 """The overlay between hosts, as commands and rules (hutch.net.tunnel, the tunnel parts
-of hutch.net.nft, hutch.services.overlay). The real devices and packets are proven by
+hutch.net.nft_tunnel, hutch.services.overlay). The real devices and packets are proven by
 the tunnel-e2e work in progress (see ARCHITECTURE.md, "Private networks across hosts")."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import pytest
 from hutch.config import load_settings
 from hutch.errors import InvalidArgument, NetworkError
 from hutch.net import links, tunnel, vxlan
-from hutch.net.nft import RulesetState, TableConfig, render_cluster, render_table
+from hutch.net.nft import RulesetState, render_cluster, render_table
+from hutch.net.nft_common import TableConfig
 from hutch.net.tunnel import (
     RULE_PRIORITY,
     VNI,

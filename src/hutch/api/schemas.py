@@ -169,6 +169,10 @@ class Sandbox(BaseModel):
     env_secrets: dict[str, str] = Field(
         description="{VAR: secret name}; the values are never shown."
     )
+    placement_labels: dict[str, str] = Field(
+        description="The placement.labels it was created with: every host it moves to "
+        "(drain, resume elsewhere) and its fork children's hosts carry them too."
+    )
 
     @classmethod
     def of(cls, rec: SandboxRecord, net: SandboxNet | None = None) -> Sandbox:
@@ -202,6 +206,7 @@ class Sandbox(BaseModel):
             snapshot_id=rec.snapshot_id,
             network=net,
             env_secrets=dict(rec.env_secrets),
+            placement_labels=dict(rec.placement_labels),
         )
 
 

@@ -225,6 +225,7 @@ def _describe(info: SandboxInfo) -> list[tuple[str, str]]:
         rows.append(("snapshot", info.snapshot_id))
     rows += network_rows(info)
     rows += [(f"env_secret.{k}", v) for k, v in sorted(info.env_secrets.items())]
+    rows += [(f"placement.{k}", v) for k, v in sorted(info.placement_labels.items())]
     rows += [(f"metadata.{k}", v) for k, v in sorted(info.metadata.items())]
     if info.error:
         rows.append(("error", info.error))

@@ -17,20 +17,21 @@ from typing import Protocol
 from hutch.net import links, nft_apply
 from hutch.net.addressing import Block, host_addresses, tap_prefix
 from hutch.net.nft import (
-    LearnedAddress,
     RulesetState,
-    SandboxNet,
-    TableConfig,
-    render_add_sandbox,
     render_cluster,
     render_host_addrs,
-    render_learned,
     render_networks,
-    render_remove_sandbox,
-    render_replace_policy,
     render_table,
 )
 from hutch.net.nft_apply import SandboxCounters
+from hutch.net.nft_common import SandboxNet, TableConfig
+from hutch.net.nft_sandbox import (
+    LearnedAddress,
+    render_add_sandbox,
+    render_learned,
+    render_remove_sandbox,
+    render_replace_policy,
+)
 from hutch.net.tunnel import TunnelDriver, TunnelState
 
 __all__ = ["Dataplane", "MemoryDataplane", "NftDataplane"]

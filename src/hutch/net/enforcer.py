@@ -6,7 +6,7 @@ poll), plus the host-address watcher, which stays in the caller's (the API's) lo
 
 It keeps no record of its own: :class:`hutch.services.network.NetworkService` owns the
 leases, rules, networks and ports (in the store) and drives this with plain values: the
-sandboxes' :class:`~hutch.net.nft.SandboxNet` views and blocks, the networks' member
+sandboxes' :class:`~hutch.net.nft_common.SandboxNet` views and blocks, the networks' member
 addresses, the QEMU uid, and a :class:`Snapshot` of who is behind each address. What the
 data path's thread reads is that snapshot, which the service replaces whole after every
 change (one assignment: the thread sees the old one or the new one, never half of
@@ -49,8 +49,8 @@ from hutch.net.egress_log import DenialTally, EgressLog
 from hutch.net.host_addresses import HostAddressWatcher, is_host_address
 from hutch.net.learning import Learner
 from hutch.net.nflog import LoggedPacket, NflogReader, split_prefix
-from hutch.net.nft import SandboxNet, TableConfig
 from hutch.net.nft_apply import SandboxCounters
+from hutch.net.nft_common import SandboxNet, TableConfig
 from hutch.net.proxy import EgressProxy
 from hutch.net.ratelimit import Rate
 from hutch.net.rules import EgressPolicy

@@ -63,7 +63,7 @@ from hutch.net.inspected_http import (
     ResponseHead,
     Upstream,
     forbidden_body,
-    parse_response_head,
+    read_response_head,
     reusable,
     upstream_head,
 )
@@ -370,14 +370,7 @@ class _Server:
     ) -> tuple[ResponseHead, bytes]:
         buf = b""
         while True:
-            head = parse_response_head(buf, request.method)
-            if head is None:
-                data = await up.reader.read(_CHUNK)
-                if not data:
-                    raise HeadError("the server closed before a complete response head")
-                buf += data
-                continue
-            buf = buf[head.consumed :]
+            head, buf = await read_response_head(up.reader, buf, request.method)
             if head.status == 101:
                 raise HeadError("the server switched protocols without being asked to")
             if head.status >= 200:

@@ -71,6 +71,7 @@ __all__ = [
     "forbidden_body",
     "forbidden_response",
     "parse_response_head",
+    "read_response_head",
     "reusable",
     "serve_inspected",
     "upstream_head",
@@ -223,6 +224,21 @@ def forbidden_response(reason: str) -> bytes:
         + b"Connection: close\r\nX-Hutch-Egress: denied\r\n\r\n"
         + body
     )
+
+
+async def read_response_head(
+    reader: asyncio.StreamReader, buf: bytes, method: str
+) -> tuple[ResponseHead, bytes]:
+    """The next response head from the server: parsed from ``buf`` (bytes already read)
+    and as much more of ``reader`` as it takes. Returns the head and the bytes after it.
+    Raises HeadError as :func:`parse_response_head` does, or when the server closes
+    before the head is complete."""
+    while (head := parse_response_head(buf, method)) is None:
+        data = await reader.read(_CHUNK)
+        if not data:
+            raise HeadError("the server closed before a complete response head")
+        buf += data
+    return head, buf[head.consumed :]
 
 
 def upstream_head(head: bytes, request: RequestHead) -> bytes:
@@ -383,14 +399,7 @@ async def _download(
     tunnel follows). Returns its head and the bytes the server sent after it."""
     buf = b""
     while True:
-        head = parse_response_head(buf, request.method)
-        if head is None:
-            data = await up.read(_CHUNK)
-            if not data:
-                raise HeadError("the server closed before a complete response head")
-            buf += data
-            continue
-        buf = buf[head.consumed :]
+        head, buf = await read_response_head(up, buf, request.method)
         if head.status == 101:
             if request.upgrade != "websocket":
                 raise HeadError("the server switched protocols without being asked to")

@@ -16,7 +16,7 @@ has its memory here (one of each per sandbox, kept by :mod:`hutch.net.learning`)
   rule change keeps what the new rules still allow. A policy swap flushes the learned
   sets; :meth:`LearnedNames.carry_over` refills them: addresses of names the new rules
   still allow come back with what is left of their element (new connections) and of
-  :data:`~hutch.net.nft.KEEP_S` (flows already open), on the ports the *new* rules give
+  :data:`~hutch.net.nft_sandbox.KEEP_S` (flows already open), on the ports the *new* rules give
   the name. Names the new rules do not allow are left out, so their open flows fail the
   new policy's check and are cut. After the swap, :meth:`LearnedElements.replaced`
   makes the elements memory exactly what the swap wrote.
@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from ipaddress import IPv4Address
 
-from hutch.net.nft import KEEP_S, LearnedAddress
+from hutch.net.nft_sandbox import KEEP_S, LearnedAddress
 from hutch.net.rules import EgressPolicy
 
 __all__ = ["MAX_ELEMENTS", "MAX_REMEMBERED", "SLACK_S", "LearnedElements", "LearnedNames"]

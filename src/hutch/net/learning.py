@@ -33,7 +33,8 @@ from ipaddress import IPv4Address
 from hutch.errors import HutchError
 from hutch.net.dataplane import Dataplane
 from hutch.net.learned import SLACK_S, LearnedElements, LearnedNames
-from hutch.net.nft import LearnedAddress, SandboxNet, TableConfig
+from hutch.net.nft_common import SandboxNet, TableConfig
+from hutch.net.nft_sandbox import LearnedAddress
 from hutch.net.rules import EgressPolicy
 
 __all__ = ["Learner"]

@@ -14,7 +14,7 @@ from typing import Any
 
 from hutch.errors import NetworkError
 from hutch.net.links import run_command
-from hutch.net.nft import table_name
+from hutch.net.nft_common import table_name
 
 __all__ = [
     "SandboxCounters",

@@ -219,6 +219,9 @@ class SandboxInfo:
     network: SandboxNetInfo | None = None
     #: ``{VAR: secret name}``: the secrets every command gets as variables (names only).
     env_secrets: dict[str, str] = field(default_factory=dict)
+    #: The ``placement={"labels": ...}`` it was created with: the hosts it may move to
+    #: (and its fork children's hosts) carry them all.
+    placement_labels: dict[str, str] = field(default_factory=dict)
 
     @property
     def is_paused(self) -> bool:
@@ -258,6 +261,9 @@ class SandboxInfo:
             env_secrets={
                 str(k): str(v) for k, v in (maybe(obj, "env_secrets", dict, w) or {}).items()
             },
+            placement_labels={
+                str(k): str(v) for k, v in (maybe(obj, "placement_labels", dict, w) or {}).items()
+            },
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -285,6 +291,7 @@ class SandboxInfo:
             "snapshot_id": self.snapshot_id,
             "network": None if self.network is None else self.network.to_dict(),
             "env_secrets": dict(self.env_secrets),
+            "placement_labels": dict(self.placement_labels),
         }
 
 

@@ -38,7 +38,7 @@ from hutch.net.dataplane import Dataplane
 from hutch.net.dns import INTERNAL_SUFFIX, SandboxNetInfo
 from hutch.net.enforcer import Enforcer, Entry, Snapshot, default_upstream
 from hutch.net.inbound import PortForwarder
-from hutch.net.nft import SandboxNet
+from hutch.net.nft_common import SandboxNet
 from hutch.net.rules import EgressPolicy, policy_from_stored
 from hutch.net.tunnel import TunnelConfig
 from hutch.services.overlay import POLL_S, Overlay, overlay_of

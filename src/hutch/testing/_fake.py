@@ -76,6 +76,7 @@ from hutch.contract.names import (
     validate_env_secrets,
     validate_name,
 )
+from hutch.contract.placement import parse_placement
 from hutch.contract.requests import CREATE_FIELDS, SHAPE_FIELDS, CreateRequest
 from hutch.errors import Conflict, HutchError, InvalidArgument, NotFound, UnknownImage
 from hutch.testing._files import files_route
@@ -153,6 +154,9 @@ class FakeHutch:
             },
         ]
         self.download_chunk = 1 << 16
+        #: The labels of the one host it plays (``HUTCH_HOST_LABELS``, host ``local``): a
+        #: create's ``placement.labels`` must all be among them, as on a daemon.
+        self.host_labels: dict[str, str] = {}
         self._failures: list[tuple[str, str, FakeError]] = []
         self._counter = 0
         self._snapshot_counter = 0
@@ -292,6 +296,7 @@ class FakeHutch:
             raise InvalidArgument("env_secrets: Input should be a valid dictionary")
         validate_env_secrets(request.env_secrets, request.env)
         self.secrets.check_refs(request.env_secrets)
+        self._check_labels(body.get("placement"))
         if request.snapshot is not None:
             self._snapshot(request.snapshot)  # 404 for an unknown one
         else:
@@ -387,6 +392,16 @@ class FakeHutch:
             child.egress_doc = sb.egress_doc
             children.append(child.to_json())
         return httpx.Response(201, json={"sandboxes": children})
+
+    def _check_labels(self, placement: Any) -> None:
+        """The daemon's refusal of labels no host has (hutch.services.placement)."""
+        wanted = parse_placement(placement).labels
+        if any(self.host_labels.get(k) != v for k, v in wanted.items()):
+            shown = ", ".join(f"{k}={v}" for k, v in sorted(wanted.items()))
+            have = ", ".join(f"{k}={v}" for k, v in sorted(self.host_labels.items()))
+            raise InvalidArgument(
+                f"no host has the labels {shown}; the hosts' labels: local: {have or '(none)'}"
+            )
 
     def _exec(self, sb: FakeSandbox, body: dict[str, Any]) -> httpx.Response:
         cmd = body.get("cmd")

@@ -121,6 +121,7 @@ class FakeSandbox:
                 "networks": [] if ended else list(self.networks),
             },
             "env_secrets": dict(self.spec.get("env_secrets") or {}),
+            "placement_labels": dict((self.spec.get("placement") or {}).get("labels") or {}),
         }
 
 

@@ -12,8 +12,8 @@ from ipaddress import IPv4Network
 
 import pytest
 
-from hutch.net.nft import TableConfig
 from hutch.net.nft_apply import delete_table
+from hutch.net.nft_common import TableConfig
 from tests.privileged.conftest import HOST_PORTS, Guest, Lab, built_lab
 
 

@@ -7,8 +7,9 @@ from collections.abc import Sequence
 from ipaddress import IPv4Address
 
 from hutch.net.addressing import host_addresses
-from hutch.net.nft import RulesetState, SandboxNet, TableConfig, render_table
+from hutch.net.nft import RulesetState, render_table
 from hutch.net.nft_apply import apply
+from hutch.net.nft_common import SandboxNet, TableConfig
 from hutch.net.rules import parse_policy
 from tests.privileged.conftest import Guest, Lab
 

@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from hutch.net.nft import (
-    SandboxNet,
-    TableConfig,
-    render_replace_policy,
-)
 from hutch.net.nft_apply import apply, table_exists
+from hutch.net.nft_common import SandboxNet, TableConfig
+from hutch.net.nft_sandbox import render_replace_policy
 from hutch.net.rules import policy_from_stored
 from tests.privileged.conftest import HOST_PORTS, Guest, Lab
 from tests.privileged.dataplane.tables import NET, blocked, install, reached, sandbox, tcp, udp

@@ -14,14 +14,10 @@ import pytest
 
 from hutch.errors import NetworkError
 from hutch.net.addressing import host_addresses
-from hutch.net.nft import (
-    LearnedAddress,
-    TableConfig,
-    render_host_addrs,
-    render_learned,
-    render_replace_policy,
-)
+from hutch.net.nft import render_host_addrs
 from hutch.net.nft_apply import apply, read_counters
+from hutch.net.nft_common import TableConfig
+from hutch.net.nft_sandbox import LearnedAddress, render_learned, render_replace_policy
 from tests.privileged.conftest import ECHO_PORT, HOST_PORTS, Guest, Lab, sh
 from tests.privileged.dataplane.tables import blocked, install, reached, sandbox, tcp, udp
 

@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from hutch.net.nft import (
-    TableConfig,
-    render_networks,
-)
+from hutch.net.nft import render_networks
 from hutch.net.nft_apply import apply, read_counters
+from hutch.net.nft_common import TableConfig
 from tests.privileged.conftest import HOST_PORTS, Guest, Lab, sh
 from tests.privileged.dataplane.tables import NET, blocked, install, reached, sandbox, tcp, udp
 

@@ -13,16 +13,10 @@ from ipaddress import IPv4Address
 import pytest
 
 from hutch.net.addressing import AddressPool, tap_name
-from hutch.net.nft import (
-    RulesetState,
-    SandboxNet,
-    TableConfig,
-    render_add_sandbox,
-    render_remove_sandbox,
-    render_replace_policy,
-    render_table,
-)
+from hutch.net.nft import RulesetState, render_table
 from hutch.net.nft_apply import apply, list_table, read_counters
+from hutch.net.nft_common import SandboxNet, TableConfig
+from hutch.net.nft_sandbox import render_add_sandbox, render_remove_sandbox, render_replace_policy
 from hutch.net.rules import parse_policy
 from tests.privileged.conftest import Guest, Lab
 from tests.privileged.dataplane.tables import NET, blocked, install, reached, sandbox, tcp, udp
