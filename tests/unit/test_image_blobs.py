@@ -330,3 +330,27 @@ def test_a_host_without_an_imported_image_fetches_it_and_resolves_it(
     assert rows.uses(digest) == 1
     b.delete(digest)
     assert not a.uploaded(digest)
+
+
+def test_a_recorded_image_is_uploaded_in_the_background_from_any_thread(tmp_path: Path) -> None:
+    """``schedule`` from an import's worker thread, and ``start``'s sweep of the rows
+    whose content is here but whose upload is not complete (a daemon stopped first)."""
+    store = LocalBlobStore(tmp_path / "blobs")
+    a_dir = tmp_path / "a-images"
+    _boot(a_dir)
+    first, second = _content(a_dir, "first"), _content(a_dir, "second")
+    a = ImageBlobs(store, a_dir, tmp_path / "a-state")
+    seen: list[tuple[str, str]] = []
+    a.on_uploaded = lambda type, data: seen.append((type, data["digest"]))
+
+    async def run() -> None:
+        a.start([second, second, "sha256:" + "ee" * 32])  # the last: no content here
+        await asyncio.to_thread(a.schedule, first)  # as ImageImporter.record does
+        await asyncio.sleep(0)  # the loop runs what the thread handed it
+        for digest in (first, second):
+            await a.wait_uploaded(digest)
+        await a.close()
+
+    asyncio.run(run())
+    assert a.uploaded(first) and a.uploaded(second)
+    assert sorted(seen) == sorted([("image.uploaded", first), ("image.uploaded", second)])
