@@ -28,6 +28,7 @@ from hutch.services.cluster import ClusterService
 from hutch.services.composed import Services
 from hutch.services.files_extra import FilesExtraService
 from hutch.services.guest_ops import GuestOps
+from hutch.services.image_blobs import ImageBlobs
 from hutch.services.images import HostImages, ImageSource, LocalBootSets, LocalImages
 from hutch.services.interpreter import InterpreterService
 from hutch.services.lifecycle import LifecycleService
@@ -152,6 +153,7 @@ def build(settings: Settings) -> tuple[Services, str]:
         ImageStore(store),
         settings.images_dir,
         LocalBootSets(settings.images_dir),
+        ImageBlobs.from_settings(settings),
     )
     return build_services(settings, store, backend, images, net), key
 

@@ -16,7 +16,9 @@ what they can do about it::
     ├── NotFound             no such sandbox, file, ...             (404 not_found)
     ├── Conflict             the resource is in the wrong state     (409 conflict)
     │   ├── StateError       ... with the state it is in and the states required
-    │   └── Busy             calls in flight kept a pause/snapshot/fork waiting (409 busy)
+    │   ├── Busy             calls in flight kept a pause/snapshot/fork waiting (409 busy)
+    │   └── ImageMissing     an image's content is on no host: not here and not in
+    │                        the blob store (or its upload is not complete) (409 image_missing)
     ├── Capacity             the host is full                       (429/507 capacity)
     │   └── QuotaExceeded    a project's quota would be exceeded    (429 quota_exceeded)
     ├── Unavailable          not ready yet; retry after a moment    (503 unavailable)
@@ -108,6 +110,14 @@ class NotFound(HutchError):
 
 class Conflict(HutchError):
     code = "conflict"
+
+
+class ImageMissing(Conflict):
+    """An image is recorded (its name and digest) but its content is neither on this
+    host nor (completely uploaded) in the blob store: import it again, or wait for the
+    upload from the host that imported it."""
+
+    code = "image_missing"
 
 
 class StateError(Conflict):
@@ -232,6 +242,7 @@ ALL_ERRORS: tuple[type[HutchError], ...] = (
     Conflict,
     StateError,
     Busy,
+    ImageMissing,
     Capacity,
     QuotaExceeded,
     Unavailable,

@@ -54,6 +54,9 @@ class FakeImages:
     def defaults(self, name: str, project: str = "default") -> ImageDefaults:
         return ImageDefaults()
 
+    async def ensure_local(self, name: str, project: str = "default") -> None:
+        """Nothing to fetch: ``base`` is here, ``devbox`` is not built anywhere."""
+
     def list(self, project: str | None = None) -> list[ImageView]:
         return [
             ImageView("base", "fake base", True, self.base.digest, 1 << 30, "6.1.0-fake"),

@@ -89,6 +89,8 @@ def create_app(services: Services, api_key: str, *, manage_service: bool = True)
             await forwarder.close()
             if builder is not None:
                 await builder.close()
+            if importer is not None:
+                await importer.close()
             if manage_service:
                 await services.close()
 

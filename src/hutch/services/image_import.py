@@ -105,8 +105,21 @@ class ImageImporter:
         shutil.rmtree(self.spool_dir, ignore_errors=True)
         for name in discard_partial(self.images.images_dir):
             log.info("removed the unfinished image import %s", name)
-        if self.images.store.list_all():
+        rows = self.images.store.list_all()
+        if rows:
             threading.Thread(target=self._refresh_boot, name="hutch-oci-boot", daemon=True).start()
+        # Uploads to the blob store a stopped daemon left (or never began) continue.
+        blobs = self.images.blobs
+        blobs.on_uploaded = self._uploaded
+        blobs.start([r.digest for r in rows])
+
+    async def close(self) -> None:
+        """Stop the uploads under way (an S3 upload resumes at the next start)."""
+        await self.images.blobs.close()
+
+    def _uploaded(self, type: str, data: dict[str, Any]) -> None:
+        with contextlib.suppress(HutchError):
+            self.core.events.record(type, project=DEFAULT_PROJECT, sandbox_id=None, data=data)
 
     def _refresh_boot(self) -> None:
         try:
@@ -286,6 +299,8 @@ class ImageImporter:
         except BaseException:
             drop_ref(content.path, ref)
             raise
+        # Any host may run it once its upload completes (with HUTCH_BLOB_URL).
+        self.images.blobs.schedule(content.digest)
         return self.images.view(row)
 
     def _ref(self, name: str, project: str) -> str:
@@ -339,6 +354,13 @@ class ImageImporter:
         removed = await asyncio.to_thread(
             drop_ref, content_dir(self.images.images_dir, row.digest), self._ref(name, project)
         )
+        if self.images.blobs.enabled and not self.images.store.uses(row.digest):
+            # No image of any project names the content now: its blobs go too.
+            try:
+                await asyncio.to_thread(self.images.blobs.delete, row.digest)
+            except HutchError as exc:
+                log.warning("image %s: its blobs (%s) were not all removed: %s",
+                            name, row.digest, exc)  # fmt: skip
         await asyncio.to_thread(self.core.backend.templates.remove, name)
         log.info("deleted image %s (%s; content %s)", name, row.digest,
                  "removed" if removed else "kept: other images use it")  # fmt: skip

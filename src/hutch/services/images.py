@@ -3,7 +3,11 @@ Debian packages, ``hutch image build``), which every project sees, and the image
 project imported or built (``POST /v1/images``: records in the store, content in the
 images directory), which only that project sees and boots. A name is looked up in the
 caller's project: two projects may each have an image of the same name, and a built-in
-name cannot be taken by any."""
+name cannot be taken by any.
+
+With a blob store (``HUTCH_BLOB_URL``) an imported image's content is uploaded by
+digest and a host without it fetches it before first use
+(:meth:`HostImages.ensure_local`, :mod:`hutch.services.image_blobs`)."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from hutch.images.cache import short_digest
 from hutch.images.catalog import IMAGES
 from hutch.images.oci.boot import BootSet, find_boot_set
 from hutch.images.oci.importer import find_content
+from hutch.services.image_blobs import ImageBlobs
 from hutch.store.images import ImageRow, ImageStore
 
 
@@ -79,6 +84,12 @@ class ImageSource(Protocol):
 
     def defaults(self, name: str, project: str) -> ImageDefaults: ...
 
+    async def ensure_local(self, name: str, project: str) -> None:
+        """Make the content of image ``name`` present on this host when it can be
+        fetched (a no-op where there is nothing to fetch: :func:`resolve` then says
+        what is missing)."""
+        ...
+
 
 class LocalImages:
     """Images built on this host under ``images_dir`` (see ``hutch image build``)."""
@@ -95,6 +106,10 @@ class LocalImages:
     def defaults(self, name: str, project: str = "") -> ImageDefaults:
         del name
         return NO_DEFAULTS
+
+    async def ensure_local(self, name: str, project: str = "") -> None:
+        """Built-in images are built on each host (``hutch image build``)."""
+        del name, project
 
     def list(self, project: str | None = None) -> list[ImageView]:
         views = []
@@ -154,11 +169,21 @@ class HostImages:
     """hutch's own images (``builtin``) and the images imported into this daemon's
     store (global today; per project once projects exist)."""
 
-    def __init__(self, builtin: ImageSource, store: ImageStore, images_dir: Path, boot: BootSets):
+    def __init__(
+        self,
+        builtin: ImageSource,
+        store: ImageStore,
+        images_dir: Path,
+        boot: BootSets,
+        blobs: ImageBlobs | None = None,
+    ) -> None:
+        """``blobs``: where imported content is uploaded and fetched (None or without
+        a store: it stays on the host that imported it)."""
         self.builtin = builtin
         self.store = store
         self.images_dir = images_dir
         self.boot = boot
+        self.blobs = blobs if blobs is not None else ImageBlobs(None, images_dir, images_dir)
         # Step layers of Dockerfile builds a build sandbox boots from: found, not listed.
         self._ephemeral: dict[str, ImageArtifacts] = {}
 
@@ -191,6 +216,22 @@ class HostImages:
 
     def names(self, project: str) -> list[str]:
         return sorted({*self.builtin.names(project), *(r.name for r in self.store.list(project))})
+
+    async def ensure_local(self, name: str, project: str) -> None:
+        """With a blob store: fetch ``project``'s image ``name`` when its content (or
+        the boot set imported images boot with) is not on this host, verified against
+        its digest before anything uses it. ``ImageMissing`` when it is in the store
+        neither; ``BlobError`` when the store fails or a blob fails its check. A
+        built-in, a build step's layer or an unknown name: nothing to do here."""
+        if not self.blobs.enabled or name.startswith(EPHEMERAL_PREFIX):
+            return
+        row = self.row(name, project)
+        if row is None:
+            return
+        need_boot = self.boot.find() is None
+        if not need_boot and find_content(self.images_dir, row.digest) is not None:
+            return
+        await self.blobs.ensure(row.digest, f"image {name!r}", boot=need_boot)
 
     def defaults(self, name: str, project: str) -> ImageDefaults:
         row = self.row(name, project)

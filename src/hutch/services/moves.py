@@ -263,6 +263,8 @@ class SandboxMoves:
                 "is back)"
             )
         memory = rec.pause_mode is PauseMode.MEMORY and rec.resume_from is not None
+        # The image at the bottom of its disk's chain, fetched first if this host lacks it.
+        await self.core.image_source.ensure_local(rec.image, rec.project)
         self.core.own_files(rec.id)
         await asyncio.to_thread(self._fetch, rec, memory)
         self.core.backend.rehome(rec)

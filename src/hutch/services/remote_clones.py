@@ -228,6 +228,8 @@ class RemoteClones:
             kids.append(rec)
         target = self.core.backend.fork_dir(fork)
         failed: list[str] = []
+        # The image the fork's chain ends in, fetched first if this host lacks it.
+        await self.core.image_source.ensure_local(parent.image, parent.project)
         with self.core.holding(str(target)):
             await self.blobs.local_frozen(_prefix(fork), fork, target)
             gate = asyncio.Semaphore(REMOTE_PARALLEL)

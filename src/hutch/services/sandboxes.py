@@ -114,6 +114,8 @@ class SandboxService:
             source = self.snapshots.get_snapshot(spec.snapshot_id, spec.project)
             # A snapshot fixes the machine: its image and shape come with it.
             spec = replace(spec, image=source.image, shape=source.shape)
+        # An imported image whose content is elsewhere is fetched from the blob store.
+        await self.core.image_source.ensure_local(spec.image, spec.project)
         image = resolve(self.core.image_source, spec.image, spec.project)
         # Names only are kept with the sandbox; each must exist (and decrypt) now.
         self.core.secrets.check_refs(spec.env_secrets, spec.project)

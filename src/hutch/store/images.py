@@ -99,6 +99,12 @@ class ImageStore:
             rows = db.execute(f"SELECT {_COLUMNS} FROM images ORDER BY project, name").fetchall()
         return [_row(r) for r in rows]
 
+    def uses(self, digest: str) -> int:
+        """How many image rows (of every project) name the content ``digest``."""
+        with self._store.transaction() as db:
+            r = db.execute("SELECT COUNT(*) FROM images WHERE digest = ?", (digest,)).fetchone()
+        return int(r[0])
+
     def delete(self, name: str, project: str = GLOBAL) -> bool:
         with self._store.transaction() as db:
             cur = db.execute("DELETE FROM images WHERE project = ? AND name = ?", (project, name))

@@ -36,7 +36,7 @@ from hutch.images.kernel import prepare_kernel, resolve_kernel_package
 from hutch.images.rootfs import prepare_tree
 from hutch.images.sources import host_mirror_lines
 
-__all__ = ["BootSet", "find_boot_set", "prepare_boot_set"]
+__all__ = ["BootSet", "find_boot_set", "load_boot_set", "prepare_boot_set"]
 
 _FORMAT = "oci-boot-v1"
 INIT_SCRIPT = "initramfs-init-oci"
@@ -54,7 +54,8 @@ class BootSet:
     cmdline: str
 
 
-def _load(d: Path) -> BootSet | None:
+def load_boot_set(d: Path) -> BootSet | None:
+    """The boot set in ``d`` if it is complete (``boot.json`` and its three files)."""
     try:
         meta = json.loads((d / "boot.json").read_text())
     except (FileNotFoundError, NotADirectoryError, ValueError):
@@ -79,7 +80,7 @@ def find_boot_set(images_dir: Path) -> BootSet | None:
         key = (root / "current").read_text().strip()
     except FileNotFoundError:
         return None
-    return _load(root / key)
+    return load_boot_set(root / key)
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -123,7 +124,7 @@ def prepare_boot_set(
                 _FORMAT, kernel.key, file_sha256(initrd), runtime.key, KERNEL_CMDLINE
             )
             final = root / key
-            if _load(final) is None:
+            if load_boot_set(final) is None:
                 work = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
                 try:
                     shutil.copyfile(initrd, work / "initrd.img")
@@ -147,7 +148,7 @@ def prepare_boot_set(
                     shutil.rmtree(work, ignore_errors=True)
                     raise
         atomic_write_text(root / "current", key + "\n")
-    boot = _load(final)
+    boot = load_boot_set(final)
     if boot is None:
         raise ImageBuildError(f"boot set {key}: built but not found in {root}")
     return boot

@@ -62,6 +62,7 @@ __all__ = [
     "discard_partial",
     "drop_ref",
     "find_content",
+    "load_content",
     "resolve",
 ]
 
@@ -186,7 +187,9 @@ def content_dir(images_dir: Path, digest: str) -> Path:
     return images_dir / "oci" / f"{d.algorithm}-{d.hex}"
 
 
-def _load(path: Path) -> OciContent | None:
+def load_content(path: Path) -> OciContent | None:
+    """The content directory ``path`` if it is complete (``image.json``, a config that
+    parses, ``rootfs.ext4``), else None."""
     try:
         meta = json.loads((path / "image.json").read_text())
         config = parse_config((path / "config.json").read_bytes())
@@ -208,7 +211,7 @@ def _load(path: Path) -> OciContent | None:
 
 def find_content(images_dir: Path, digest: str) -> OciContent | None:
     """The complete content directory of manifest ``digest``, or None."""
-    return _load(content_dir(images_dir, digest))
+    return load_content(content_dir(images_dir, digest))
 
 
 def build_content(
@@ -228,7 +231,7 @@ def build_content(
     final = content_dir(images_dir, resolved.manifest_digest)
     final.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(final.parent / f"{final.name}.lock"):
-        found = _load(final)
+        found = load_content(final)
         if found is not None:
             report(ImportProgress("done", f"{what}: already imported ({found.digest})"))
             return found
@@ -241,7 +244,7 @@ def build_content(
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
             raise
-    loaded = _load(final)
+    loaded = load_content(final)
     assert loaded is not None, built
     return loaded
 

@@ -1,0 +1,415 @@
+"""Imported and built images in the blob store (``HUTCH_BLOB_URL``), by content digest,
+so that a host asked to run an image it lacks fetches it (:class:`ImageBlobs`).
+
+Layout in the store (the path under the images directory, which names the content)::
+
+    images/oci/sha256-<hex>/rootfs.ext4, manifest.json, config.json, image.json
+    images/oci/sha256-<hex>/index.json     written last (``storage/blobs/flat.py``):
+                                           every file's size and sha256, and the key
+                                           of the boot set it was imported with
+    images/oci-boot/<key>/vmlinux, initrd.img, runtime.ext4, boot.json, index.json
+
+Upload: once an image is recorded (``ImageImporter.record``: an import or a Dockerfile
+build), in the background, retried with backoff; the boot set first, the content's
+index last, so an index in the store means everything it names can be fetched. At the
+daemon's start every recorded image whose content is here and whose upload is not
+complete is scheduled again (an S3 upload resumes where it stopped: its journal).
+
+Fetch (a create, a resume or a fork child on a host without the content): one at a
+time per image on this host (an asyncio lock per digest in the daemon, the content's
+``oci/sha256-<hex>.lock`` flock across daemons sharing the directory, the one imports
+take): downloaded into ``.sha256-<hex>.fetch-*`` beside the final directory (on the
+same file system; ``discard_partial`` removes what a crash left), every file checked
+against the index (size + sha256), then against the digest the image is recorded
+with: ``manifest.json`` must hash to it, ``image.json`` must name it and the config
+the manifest names, and the directory must load as complete content; only then is it
+renamed into place. A failed check leaves nothing behind and is a ``BlobError``
+naming the image and the blob; no index in the store is ``ImageMissing``. The boot set
+is fetched the same way (into ``oci-boot/.<key>.fetch-*``, its ``boot.json`` naming
+its key) when this host has none, and becomes ``current`` only if there still is none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from hutch.config import Settings
+from hutch.errors import BlobError, HutchError, ImageMissing
+from hutch.images.cache import atomic_write_text, file_lock
+from hutch.images.oci.boot import BootSet, find_boot_set, load_boot_set
+from hutch.images.oci.digest import digest_of
+from hutch.images.oci.importer import OciContent, content_dir, find_content, load_content
+from hutch.storage.blobs import BlobStore, open_blob_store
+from hutch.storage.blobs.flat import flat_complete, get_flat, get_flat_index, put_flat
+
+__all__ = ["CONTENT_FILES", "ImageBlobs", "image_prefix"]
+
+log = logging.getLogger("hutch.services.image_blobs")
+
+#: What a content directory must hold to be fetched (``refs/`` is each host's own).
+CONTENT_FILES = frozenset({"rootfs.ext4", "manifest.json", "config.json", "image.json"})
+BOOT_FILES = frozenset({"vmlinux", "initrd.img", "runtime.ext4", "boot.json"})
+#: Sparse disk images: holes are punched back into the zeros a download wrote.
+_SPARSE = frozenset({"rootfs.ext4", "runtime.ext4"})
+_RETRY_S = (2.0, 5.0, 15.0, 60.0)
+T = TypeVar("T")
+
+
+def image_prefix(rel: str) -> str:
+    """The store prefix of the directory ``rel`` under the images directory."""
+    return f"images/{rel}/"
+
+
+class ImageBlobs:
+    """The blob store side of images; ``store`` None: images stay on the host that
+    imported them (nothing uploaded, nothing fetched)."""
+
+    def __init__(self, store: BlobStore | None, images_dir: Path, scratch: Path) -> None:
+        self.store = store
+        self.images_dir = images_dir
+        #: Where indexes are written and read before they go on (the state dir).
+        self.scratch = scratch
+        self._fetching: dict[str, asyncio.Lock] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+        #: Called with (event type, data) after an upload (the daemon's event log).
+        self.on_uploaded: Callable[[str, dict[str, Any]], None] | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ImageBlobs:
+        if not settings.blob_url:
+            return cls(None, settings.images_dir, settings.state_dir)
+        store = open_blob_store(
+            settings.blob_url, state_dir=settings.state_dir, s3_endpoint=settings.s3_endpoint
+        )
+        return cls(store, settings.images_dir, settings.state_dir)
+
+    @property
+    def enabled(self) -> bool:
+        return self.store is not None
+
+    # -- start and close ----------------------------------------------------------------
+
+    def start(self, digests: list[str]) -> None:
+        """On the event loop: remember it (imports record from worker threads) and
+        schedule the upload of each recorded digest whose content is here."""
+        self._loop = asyncio.get_running_loop()
+        for digest in dict.fromkeys(digests):
+            if find_content(self.images_dir, digest) is not None:
+                self.schedule(digest)
+
+    async def close(self) -> None:
+        self._closed = True
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- upload -------------------------------------------------------------------------
+
+    def schedule(self, digest: str) -> None:
+        """Upload the content ``digest`` (and the boot set) in the background; callable
+        from any thread; a no-op without a store, before :meth:`start` or while its
+        upload runs."""
+        if self.store is None or self._closed or self._loop is None:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            self._spawn(digest)
+        else:
+            self._loop.call_soon_threadsafe(self._spawn, digest)
+
+    def _spawn(self, digest: str) -> None:
+        if self._closed or digest in self._tasks:
+            return
+        task = asyncio.create_task(self._upload_until_done(digest), name=f"hutch-image-{digest}")
+        self._tasks[digest] = task
+        task.add_done_callback(lambda _t: self._tasks.pop(digest, None))
+
+    async def wait_uploaded(self, digest: str) -> None:
+        """Until the upload of ``digest`` under way (if any) has ended."""
+        task = self._tasks.get(digest)
+        if task is not None:
+            await asyncio.shield(task)
+
+    async def _upload_until_done(self, digest: str) -> None:
+        attempt = 0
+        while not self._closed:
+            try:
+                started = time.monotonic()
+                sent = await asyncio.to_thread(self.upload, digest)
+                if sent is not None:
+                    took = time.monotonic() - started
+                    log.info("image %s uploaded: %d bytes in %.1f s", digest, sent, took)
+                    if self.on_uploaded is not None:
+                        data = {"digest": digest, "bytes": sent, "seconds": round(took, 3)}
+                        self.on_uploaded("image.uploaded", data)
+                return
+            except (HutchError, OSError) as exc:
+                if find_content(self.images_dir, digest) is None:
+                    return  # deleted meanwhile: nothing to upload
+                delay = _RETRY_S[min(attempt, len(_RETRY_S) - 1)]
+                attempt += 1
+                log.warning("image %s: upload failed (retry in %.0f s): %s", digest, delay, exc)
+                await asyncio.sleep(delay)
+
+    def uploaded(self, digest: str) -> bool:  # blocking (a stat in the store)
+        """The content's upload is complete (its index is in the store)."""
+        rel = _rel(self.images_dir, content_dir(self.images_dir, digest))
+        return self.store is not None and flat_complete(self.store, image_prefix(rel))
+
+    def upload(self, digest: str) -> int | None:
+        """Upload this host's boot set, then the content ``digest`` naming it; the bytes
+        sent (None: the content's index was there already). Blocking; ``BlobError``."""
+        assert self.store is not None
+        content = find_content(self.images_dir, digest)
+        if content is None:
+            raise BlobError(f"image {digest}: its content is not on this host to upload")
+        if flat_complete(self.store, image_prefix(_rel(self.images_dir, content.path))):
+            return None
+        boot = find_boot_set(self.images_dir)
+        sent = 0
+        if boot is not None:
+            sent += self._upload_dir(boot.kernel.parent, {"key": boot.key}) or 0
+        meta = {"digest": digest, "boot": boot.key if boot is not None else None}
+        return sent + (self._upload_dir(content.path, meta) or 0)
+
+    def _upload_dir(self, d: Path, meta: dict[str, Any]) -> int | None:
+        assert self.store is not None
+        rel = _rel(self.images_dir, d)
+        prefix = image_prefix(rel)
+        if flat_complete(self.store, prefix):
+            return None
+        files = {
+            f.name: f for f in sorted(d.iterdir()) if f.is_file() and not f.name.startswith(".")
+        }
+        index = put_flat(
+            self.store, prefix, files, owner=rel, scratch=self.scratch, meta=meta, put=self._put
+        )
+        return sum(int(r["size"]) for r in index["files"].values())
+
+    def _put(self, key: str, path: Path) -> Any:
+        """One blob; stops between parts once the daemon closes (a thread cannot be
+        cancelled)."""
+        assert self.store is not None
+
+        def still_wanted(_sent: int) -> None:
+            if self._closed:
+                raise BlobError(f"the daemon stopped during the upload of {key}")
+
+        return self.store.put(key, path, progress=still_wanted)
+
+    def delete(self, digest: str) -> None:
+        """Remove the content's blobs (no image record names ``digest`` any more): the
+        index first, so it stops counting as uploaded. Boot sets stay (every imported
+        image shares them). Blocking; failures are the caller's to log."""
+        if self.store is None:
+            return
+        prefix = image_prefix(_rel(self.images_dir, content_dir(self.images_dir, digest)))
+        self.store.delete(prefix + "index.json")
+        for blob in self.store.list_prefix(prefix):
+            self.store.delete(blob.key)
+
+    # -- fetch --------------------------------------------------------------------------
+
+    async def ensure(self, digest: str, what: str, *, boot: bool) -> None:
+        """The content ``digest`` on this host (and, with ``boot``, a boot set): as it
+        is, or fetched and verified (one fetch per digest at a time). ``what`` names
+        the image in errors. Raises ``ImageMissing`` when the store has no complete
+        upload of it and ``BlobError`` when the store fails or a blob fails a check."""
+        if self.store is None:
+            return
+        lock = self._fetching.setdefault(digest, asyncio.Lock())
+        async with lock:
+            await asyncio.to_thread(self._ensure, digest, what, boot)
+
+    def _ensure(self, digest: str, what: str, boot: bool) -> None:
+        meta: dict[str, Any] | None = None
+        if find_content(self.images_dir, digest) is None:
+            meta = self.fetch_content(digest, what)
+        if boot and find_boot_set(self.images_dir) is None:
+            if meta is None:
+                meta = self._content_meta(digest, what)
+            key = meta.get("boot")
+            if not isinstance(key, str) or not key:
+                raise ImageMissing(
+                    f"{what}: this host has no boot set for imported images and the "
+                    "image's upload names none; import any image here once to build it"
+                )
+            self.fetch_boot(key, what)
+
+    def _content_meta(self, digest: str, what: str) -> dict[str, Any]:
+        assert self.store is not None
+        store = self.store
+        rel = _rel(self.images_dir, content_dir(self.images_dir, digest))
+        index = self._wrapped(
+            what, lambda: get_flat_index(store, image_prefix(rel), self.scratch, owner=rel)
+        )
+        if index is None:
+            raise self._missing(digest, what)
+        meta: dict[str, Any] = index["meta"]
+        return meta
+
+    def fetch_content(self, digest: str, what: str) -> dict[str, Any] | None:
+        """Fetch the content ``digest`` into place (blocking, checked as the module
+        says); return its index's meta. None: found complete meanwhile (another daemon
+        fetched or imported it), nothing downloaded."""
+        assert self.store is not None
+        final = content_dir(self.images_dir, digest)
+        rel = _rel(self.images_dir, final)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        with file_lock(final.parent / f"{final.name}.lock"):
+            if load_content(final) is not None:
+                return None
+            started = time.monotonic()
+            index = self._stage(
+                rel, final, what, lambda staging: _check_content(staging, digest, what)
+            )
+            if index is None:
+                raise self._missing(digest, what)
+        log.info("%s (%s) fetched from %s in %.1f s", what, digest, self.store.url,
+                 time.monotonic() - started)  # fmt: skip
+        meta: dict[str, Any] = index["meta"]
+        return meta
+
+    def fetch_boot(self, key: str, what: str) -> BootSet:
+        """Fetch the boot set ``key`` into ``oci-boot/<key>/`` (blocking, checked); it
+        becomes ``current`` if this host still has none."""
+        assert self.store is not None
+        root = self.images_dir / "oci-boot"
+        final = root / key
+        rel = _rel(self.images_dir, final)
+        root.mkdir(parents=True, exist_ok=True)
+        with file_lock(self.images_dir / "oci-boot.lock"):
+            if load_boot_set(final) is None:
+                index = self._stage(rel, final, what, lambda staging: _check_boot(staging, key))
+                if index is None:
+                    raise ImageMissing(
+                        f"{what}: the boot set {key} it was imported with is not in the blob "
+                        f"store {self.store.url}, and this host has none; import any image "
+                        "here once to build one"
+                    )
+                log.info("boot set %s fetched from %s", key, self.store.url)
+            if find_boot_set(self.images_dir) is None:
+                atomic_write_text(root / "current", key + "\n")
+        found = load_boot_set(final)
+        assert found is not None, final
+        return found
+
+    def _stage(
+        self, rel: str, final: Path, what: str, check: Callable[[Path], None]
+    ) -> dict[str, Any] | None:
+        """Download ``rel`` beside ``final``, ``check`` it, make it read-only and rename
+        it into place (the caller holds ``final``'s lock). None: not in the store."""
+        assert self.store is not None
+        store = self.store
+        staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.fetch-", dir=final.parent))
+        try:
+            index = self._wrapped(
+                what, lambda: get_flat(store, image_prefix(rel), staging, owner=rel)
+            )
+            if index is None:
+                shutil.rmtree(staging, ignore_errors=True)
+                return None
+            check(staging)
+            for f in staging.iterdir():
+                if f.name in _SPARSE:
+                    _dig_holes(f)
+                os.chmod(f, 0o444)
+            staging.chmod(0o755)
+            if final.exists():
+                shutil.rmtree(final)  # incomplete (no image.json / boot.json): never used
+            os.rename(staging, final)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return index
+
+    def _wrapped(self, what: str, call: Callable[[], T]) -> T:
+        """``call()``, its ``BlobError`` (unreachable store, a blob failing its check)
+        re-raised naming the image it was for."""
+        try:
+            return call()
+        except BlobError as exc:
+            raise BlobError(f"{what}: fetching it from the blob store failed: {exc}") from exc
+
+    def _missing(self, digest: str, what: str) -> ImageMissing:
+        assert self.store is not None
+        return ImageMissing(
+            f"{what} ({digest}) is not on this host and not in the blob store "
+            f"{self.store.url} (its upload from the host that imported it has not "
+            "completed, or it was never uploaded); retry once it has, or import it again"
+        )
+
+
+def _rel(images_dir: Path, d: Path) -> str:
+    return d.relative_to(images_dir).as_posix()
+
+
+def _check_content(staging: Path, digest: str, what: str) -> None:
+    """The fetched files are the content ``digest``: ``manifest.json`` hashes to it,
+    ``image.json`` names it and the config the manifest names, which is the
+    ``config.json`` fetched; and it loads as complete content."""
+
+    def refuse(why: str) -> BlobError:
+        return BlobError(f"{what} ({digest}): the fetched content {why}; it is not used")
+
+    names = {f.name for f in staging.iterdir()}
+    if not names >= CONTENT_FILES:
+        raise refuse(f"lacks {', '.join(sorted(CONTENT_FILES - names))}")
+    manifest = (staging / "manifest.json").read_bytes()
+    if (got := digest_of(manifest)) != digest:
+        raise refuse(f"has a manifest.json of digest {got}")
+    try:
+        meta = json.loads((staging / "image.json").read_text())
+        config_named = json.loads(manifest)["config"]["digest"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise refuse(f"has an image.json or manifest.json that does not parse ({exc})") from exc
+    if meta.get("digest") != digest:
+        raise refuse(f"has an image.json naming {meta.get('digest')!r}")
+    config = digest_of((staging / "config.json").read_bytes())
+    if not (config == config_named == meta.get("config_digest")):
+        raise refuse(
+            f"has a config.json of digest {config}, where the manifest names {config_named} "
+            f"and image.json {meta.get('config_digest')!r}"
+        )
+    content: OciContent | None = load_content(staging)
+    if content is None:
+        raise refuse("is not complete")
+
+
+def _check_boot(staging: Path, key: str) -> None:
+    names = {f.name for f in staging.iterdir()}
+    if not names >= BOOT_FILES:
+        raise BlobError(
+            f"the fetched boot set {key} lacks {', '.join(sorted(BOOT_FILES - names))}; "
+            "it is not used"
+        )
+    found = load_boot_set(staging)
+    if found is None or found.key != key:
+        raise BlobError(
+            f"the fetched boot set {key} names itself {found.key if found else 'nothing'}; "
+            "it is not used"
+        )
+
+
+def _dig_holes(path: Path) -> None:
+    """Make the zeros of a downloaded disk image holes again (it was sparse where it
+    was built); without ``fallocate`` it just stays dense."""
+    with contextlib.suppress(OSError):
+        subprocess.run(["fallocate", "--dig-holes", str(path)], capture_output=True, check=False)

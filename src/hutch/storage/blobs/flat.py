@@ -1,0 +1,130 @@
+"""A flat directory of immutable files as blobs under one prefix, with an index written
+last: :func:`put_flat`, :func:`get_flat`. Each file goes through :meth:`BlobStore.put`
+(streamed; multipart and resumable on S3) and comes back through :meth:`BlobStore.get`
+(checked against the index's size and sha256 as it is written).
+
+Index (``<prefix>index.json``; its presence means the upload is complete)::
+
+    {"format": 1, "owner": "<what the files are>",
+     "files": {"rootfs.ext4": {"size": n, "sha256": h}, ...},
+     "meta":  {...}}                                  # the caller's, as given
+
+An index read back is trusted for nothing but what it says of the files: its names are
+checked (no path can leave the staging directory), its owner must be the one asked for
+(a blob under another prefix cannot stand in), and what the files mean (a manifest's
+digest, say) is the caller's to verify before it uses them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from hutch.errors import BlobError
+from hutch.storage.blobs.base import BlobInfo, BlobStore
+
+__all__ = ["FLAT_FORMAT", "INDEX", "flat_complete", "get_flat", "get_flat_index", "put_flat"]
+
+INDEX = "index.json"
+FLAT_FORMAT = 1
+_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+Put = Callable[[str, Path], BlobInfo]
+
+
+def put_flat(
+    store: BlobStore,
+    prefix: str,
+    files: Mapping[str, Path],
+    *,
+    owner: str,
+    scratch: Path,
+    meta: Mapping[str, Any] | None = None,
+    put: Put | None = None,
+) -> dict[str, Any]:
+    """Upload ``files`` (name in the store -> local path), then the index naming their
+    sizes and sha256 and ``meta``; return the index. ``put`` (default ``store.put``)
+    lets a caller stop between blobs; ``scratch``: where the index is written before it
+    is sent. The files must not change meanwhile. Raises ``BlobError``; until the index
+    is in the store, nothing of the upload counts as there."""
+    send = put or store.put
+    records: dict[str, dict[str, Any]] = {}
+    for name, path in sorted(files.items()):
+        if not _FILE_NAME.match(name) or name == INDEX:
+            raise BlobError(f"{owner}: {name!r} cannot be stored as a blob name")
+        got = send(prefix + name, path)
+        records[name] = {"size": got.size, "sha256": got.sha256}
+    index = {"format": FLAT_FORMAT, "owner": owner, "files": records, "meta": dict(meta or {})}
+    tmp = scratch / f".index-{secrets.token_hex(6)}.json"
+    try:
+        scratch.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(index, indent=2, sort_keys=True))
+        send(prefix + INDEX, tmp)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return index
+
+
+def flat_complete(store: BlobStore, prefix: str) -> bool:
+    """The upload under ``prefix`` completed (its index is there). Blocking; raises
+    ``BlobError`` when the store cannot be asked."""
+    return store.stat(prefix + INDEX) is not None
+
+
+def get_flat_index(
+    store: BlobStore, prefix: str, scratch: Path, *, owner: str
+) -> dict[str, Any] | None:
+    """The index :func:`put_flat` wrote under ``prefix`` (None: there is none: never
+    uploaded, or not complete yet), read through ``scratch`` and checked. Raises
+    ``BlobError`` for an index that is not valid or cannot be read."""
+    found = store.stat(prefix + INDEX)
+    if found is None:
+        return None
+    scratch.mkdir(parents=True, exist_ok=True)
+    index_path = scratch / f".{INDEX}-{secrets.token_hex(6)}"
+    try:
+        store.get(prefix + INDEX, index_path, expect=found)
+        return _parse(index_path.read_bytes(), owner)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise BlobError(
+            f"blob {prefix}{INDEX} at {store.url} is not a valid index ({exc}); "
+            f"{owner} cannot be fetched"
+        ) from exc
+    finally:
+        index_path.unlink(missing_ok=True)
+
+
+def get_flat(store: BlobStore, prefix: str, staging: Path, *, owner: str) -> dict[str, Any] | None:
+    """Download what :func:`put_flat` stored under ``prefix`` into ``staging`` (an empty
+    directory), each file checked against the index; return the index, or None when
+    there is no index (never uploaded, or not complete yet). Raises ``BlobError``
+    naming the blob that is missing, truncated or corrupt, or an index that is not
+    valid; the caller removes ``staging`` then."""
+    index = get_flat_index(store, prefix, staging, owner=owner)
+    if index is None:
+        return None
+    for name, rec in index["files"].items():
+        key = prefix + name
+        store.get(key, staging / name, expect=BlobInfo(key, int(rec["size"]), str(rec["sha256"])))
+    return index
+
+
+def _parse(raw: bytes, owner: str) -> dict[str, Any]:
+    index: dict[str, Any] = json.loads(raw)
+    if index.get("format") != FLAT_FORMAT or index.get("owner") != owner:
+        raise ValueError(f"format {index.get('format')!r}, owner {index.get('owner')!r}")
+    files = index["files"]
+    if not isinstance(files, dict) or not isinstance(index.get("meta", {}), dict):
+        raise ValueError("files and meta must be objects")
+    for name, rec in files.items():
+        if not _FILE_NAME.match(name) or name == INDEX:
+            raise ValueError(f"file name {name!r}")
+        if not _SHA256.match(str(rec["sha256"])) or int(rec["size"]) < 0:
+            raise ValueError(f"record {rec!r}")
+    index.setdefault("meta", {})
+    return index
