@@ -10,7 +10,11 @@ import time
 
 from hutch_agent import AGENT_VERSION, PROTOCOL_VERSION, runtime
 from hutch_agent.core import Agent
-from hutch_agent.system import exec_with_fast_copies, keep_signal_defaults_for_commands
+from hutch_agent.system import (
+    exec_with_fast_copies,
+    keep_signal_defaults_for_commands,
+    keep_translations_reusable,
+)
 from hutch_agent.transport import DeviceTransport, UnixTransport, find_port
 
 log = logging.getLogger("hutch-agent")
@@ -38,6 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     transport: DeviceTransport | UnixTransport
     if not args.listen_unix:
         exec_with_fast_copies()
+        keep_translations_reusable()
     if args.listen_unix:
         transport = UnixTransport(args.listen_unix)
     else:

@@ -1,4 +1,5 @@
-"""The guest system the host fixes up: the clock, the kernel RNG, fast copies under TCG."""
+"""The guest system the host fixes up: the clock, the kernel RNG, fast copies and a fixed
+address layout under TCG."""
 
 from __future__ import annotations
 
@@ -74,24 +75,52 @@ TCG_TUNABLES = (
 )
 
 
+def under_tcg(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this guest runs under QEMU's TCG (translated, not virtualized)."""
+    try:
+        with open(cpuinfo) as f:
+            return "QEMU TCG CPU" in f.read()
+    except OSError:
+        return False
+
+
 def exec_with_fast_copies() -> None:
     """Under TCG, re-exec this agent once with ``TCG_TUNABLES`` (glibc reads them only at
     start). Commands the agent runs get their own environment, without them. Returns
     when not under TCG, when already done, or when the exec fails."""
-    if "GLIBC_TUNABLES" in os.environ:
-        return
-    try:
-        with open("/proc/cpuinfo") as f:
-            tcg = "QEMU TCG CPU" in f.read()
-    except OSError:
-        return
-    if not tcg:
+    if "GLIBC_TUNABLES" in os.environ or not under_tcg():
         return
     program, argv = runtime.self_argv()
     try:
         os.execve(program, argv, {**os.environ, "GLIBC_TUNABLES": TCG_TUNABLES})
     except OSError as exc:
         log.warning("could not re-exec with faster memory copies: %s", exc)
+
+
+RANDOMIZE_VA_SPACE = "/proc/sys/kernel/randomize_va_space"
+
+
+def keep_translations_reusable(
+    cpuinfo: str = "/proc/cpuinfo", sysctl: str = RANDOMIZE_VA_SPACE
+) -> None:
+    """Under TCG, map every new program at the same addresses (``randomize_va_space``
+    0): each command then reuses the code QEMU translated for the last one.
+
+    Why: QEMU 7.2 keys a translated x86 block by its virtual address, so with address
+    space randomization each new process has ld.so and libc at fresh addresses and QEMU
+    translates them again. Measured in a guest: spawning ``/bin/true`` 26-38 ms with
+    randomization, 4.7 ms without; ``echo`` 39-44 ms vs 6.5 ms; ``python3 -c pass``
+    175 ms vs 85-97 ms. Randomization inside the guest guards its processes against
+    each other, and the code a sandbox runs is root in it already; the sandbox's
+    boundary is the VM, which this does not touch. A sandbox may turn it back on
+    (``sysctl kernel.randomize_va_space=2``); under KVM it is left alone."""
+    if not under_tcg(cpuinfo):
+        return
+    try:
+        with open(sysctl, "w") as f:
+            f.write("0\n")
+    except OSError as exc:
+        log.warning("could not fix the address layout for TCG: %s", exc)
 
 
 #: Signals a terminal, a shell or an operator sends to a command, which the command must

@@ -177,23 +177,34 @@ class ByListener:
         await self.main(scope, receive, send)
 
 
-def _listen_socket(host: str, port: int, what: str) -> socket.socket:
+def listen_socket(host: str, port: int, what: str) -> socket.socket:
+    """A listening TCP socket whose connections have Nagle's algorithm off.
+
+    Why TCP_NODELAY here: uvicorn writes a response's head and body in two sends, and
+    with Nagle on the body waits for the client's delayed ACK of the head (40 ms on
+    Linux), so every request took >= 40 ms (an exec round trip 85 ms, of which the guest
+    was 28 ms). asyncio turns Nagle off only for sockets whose ``proto`` is
+    IPPROTO_TCP, which ``socket.create_server`` leaves 0; Linux gives each accepted
+    connection the listener's TCP_NODELAY, so it is set once, here.
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
-        return socket.create_server((host, port), family=family, backlog=2048)
+        sock = socket.create_server((host, port), family=family, backlog=2048)
     except OSError as exc:
         raise SystemExit(f"hutchd could not listen on {host}:{port} ({what}): {exc}") from exc
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
 
 
 async def serve(settings: Settings) -> None:
     services, key = build(settings)
     app = create_app(services, key)
-    sockets = [_listen_socket(settings.listen_host, settings.listen_port, "HUTCH_LISTEN")]
+    sockets = [listen_socket(settings.listen_host, settings.listen_port, "HUTCH_LISTEN")]
     e2b = None
     routed: ASGIApp = app
     if settings.e2b_listen is not None:
         host, port = settings.e2b_listen
-        sockets.append(_listen_socket(host, port, "HUTCH_E2B_LISTEN"))
+        sockets.append(listen_socket(host, port, "HUTCH_E2B_LISTEN"))
         e2b = create_e2b_app(
             services, key, load_or_create_secret(settings.e2b_secret_path), app.state.forwarder
         )
