@@ -38,25 +38,37 @@ from hutch.services.remote_clones import RemoteClones
 from hutch.services.snapshot_blobs import SnapshotBlobs
 from hutch.services.volumes import refuse_copy
 
-__all__ = ["CLONES_PER_CPU", "SnapshotService", "fork_parallelism", "mem_available_mib"]
+__all__ = ["RESTORE_CPU_S", "SnapshotService", "fork_parallelism", "mem_available_mib"]
 
 log = logging.getLogger("hutch.services.sandboxes")
 
-#: Clone restores in flight per host CPU during a fork. A restore is partly CPU (QEMU's
-#: start, loading the stream, the guest's first instructions under TCG) and partly
-#: waiting (QMP round trips, the agent's hello), so a little more than one per CPU keeps
-#: the CPUs busy without queueing every clone's agent timeout behind the others.
-CLONES_PER_CPU = 4
+#: CPU seconds one clone takes from its QEMU's start until its agent answers, as
+#: measured under TCG on a 2-core host with ten starting at once (0.5-0.9 s: QEMU's
+#: start, the stream's load, and the translation of what the hello runs in a guest
+#: whose translation cache is empty). What the CPU bound below budgets per clone.
+RESTORE_CPU_S = 1.0
 #: Host memory a clone may need while it starts beyond its guest RAM (QEMU itself).
 CLONE_OVERHEAD_MIB = 64
 
 
-def fork_parallelism(count: int, cpus: int, mem_available_mib: int | None, clone_mib: int) -> int:
-    """How many of a fork's ``count`` clones start at once: bounded by the host's CPUs
-    (``CLONES_PER_CPU`` each) and by the memory available now (``mem_available_mib``,
-    None when unknown) over what one clone may take (``clone_mib``: its RAM plus
-    overhead, the most a clone restored from a full stream fills). At least 1."""
-    limit = min(count, max(1, cpus) * CLONES_PER_CPU)
+def fork_parallelism(
+    count: int,
+    cpus: int,
+    mem_available_mib: int | None,
+    clone_mib: int,
+    agent_timeout_s: float = 120.0,
+) -> int:
+    """How many of a fork's ``count`` clones start at once. Bounded by memory: what is
+    available now (``mem_available_mib``, None when unknown) over what one clone may take
+    (``clone_mib``: its RAM plus overhead, the most a clone restored from a full stream
+    fills). Bounded by CPU only as far as the agents' timeout needs: ``k`` restores
+    sharing ``cpus`` take about ``k * RESTORE_CPU_S / cpus`` each, kept within a quarter
+    of ``agent_timeout_s`` (seconds) so that a slow guest still answers in time. Not a
+    fixed batch: a restore is CPU-bound, so clones held back would only start late and
+    finish last, where started together they share the CPUs and end together. At least 1.
+    """
+    per_cpu = max(1, int(agent_timeout_s / (4 * RESTORE_CPU_S)))
+    limit = min(count, max(1, cpus) * per_cpu)
     if mem_available_mib is not None:
         limit = min(limit, mem_available_mib // max(1, clone_mib))
     return max(1, limit)
@@ -162,37 +174,40 @@ class SnapshotService:
                 children.append(child)
         crash_point("fork.rows")
         snapshot_dir = self.core.backend.fork_dir("fork-" + secrets.token_hex(6))
-        try:
-            await self._freeze_parent(parent, snapshot_dir)
-        except BaseException as exc:
+        # The children's networks do not depend on the snapshot: they are made while the
+        # parent freezes (its save keeps one CPU busy), not one by one between restores.
+        frozen, wired = await asyncio.gather(
+            self._freeze_parent(parent, snapshot_dir),
+            asyncio.gather(*(self._wire(parent, c) for c in children)),
+            return_exceptions=True,
+        )
+        if isinstance(frozen, BaseException) or isinstance(wired, BaseException):
+            exc = frozen if isinstance(frozen, BaseException) else wired
+            assert isinstance(exc, BaseException)
             for child in [*children, *(k for kids in remote.values() for k in kids)]:
                 await self.core.teardown(child.id)
                 self.core.finish(child.id, SandboxState.FAILED, f"fork failed: {exc}")
-            raise
+            raise exc
         crash_point("fork.parent")
         parallel = fork_parallelism(
             count,
             os.cpu_count() or 1,
             mem_available_mib(),
             parent.shape.memory_mib + CLONE_OVERHEAD_MIB,
+            self.core.settings.boot_timeout_s,
         )
         gate = asyncio.Semaphore(parallel)
 
-        async def start(child: SandboxRecord) -> SandboxRecord | BaseException:
+        async def start(
+            child: SandboxRecord, unwired: BaseException | None
+        ) -> SandboxRecord | BaseException:
+            if unwired is not None:
+                return unwired  # its network failed: FAILED already, with the reason
             async with gate, self.core.lock(child.id):
                 current = self.core.states.current(child.id)
                 if current is not None and current.state is not SandboxState.CREATING:
                     return current  # deleted before its turn came: as the delete left it
-                net = self.core.net
                 try:
-                    if net is not None and child.network is NetworkMode.DEFAULT:
-                        # Same rules and networks as the parent; its own address and name.
-                        self.core.own_network(child.id)
-                        await net.attach(
-                            child.id,
-                            net.policy_of(parent.id),
-                            net.networks_of(parent.id),
-                        )
                     await self.core.shared.serve(child.id)  # its own sessions
                     self.core.own_vm(child.id)
                     runtime = await self.core.backend.start_clone(child, snapshot_dir)
@@ -208,7 +223,8 @@ class SnapshotService:
                 await self.remote.start(parent, snapshot_dir, remote)
 
         results, _ = await asyncio.gather(
-            asyncio.gather(*(start(c) for c in children)), elsewhere()
+            asyncio.gather(*(start(c, w) for c, w in zip(children, wired, strict=True))),
+            elsewhere(),
         )
         failed = [
             (c.id, r)
@@ -237,6 +253,26 @@ class SnapshotService:
                 raise first from None
             raise summary from first
         return [r for r in results if isinstance(r, SandboxRecord)]
+
+    async def _wire(self, parent: SandboxRecord, child: SandboxRecord) -> BaseException | None:
+        """Give a local ``child`` its network: the parent's rules and networks, its own
+        address and name. A failure ends the child FAILED with the reason, which is
+        returned (never raised: the fork goes on with the others)."""
+        net = self.core.net
+        if net is None or child.network is not NetworkMode.DEFAULT:
+            return None
+        async with self.core.lock(child.id):
+            current = self.core.states.current(child.id)
+            if current is not None and current.state is not SandboxState.CREATING:
+                return None  # deleted meanwhile: as the delete left it
+            try:
+                self.core.own_network(child.id)
+                await net.attach(child.id, net.policy_of(parent.id), net.networks_of(parent.id))
+            except BaseException as exc:
+                await self.core.teardown(child.id)
+                self.core.finish(child.id, SandboxState.FAILED, str(exc))
+                return exc
+        return None
 
     async def _freeze_parent(self, parent: SandboxRecord, snapshot_dir: Path) -> None:
         """Save the running ``parent`` into ``snapshot_dir`` and bring it back as a clone
