@@ -174,21 +174,6 @@ class SnapshotService:
                 children.append(child)
         crash_point("fork.rows")
         snapshot_dir = self.core.backend.fork_dir("fork-" + secrets.token_hex(6))
-        # The children's networks do not depend on the snapshot: they are made while the
-        # parent freezes (its save keeps one CPU busy), not one by one between restores.
-        frozen, wired = await asyncio.gather(
-            self._freeze_parent(parent, snapshot_dir),
-            asyncio.gather(*(self._wire(parent, c) for c in children)),
-            return_exceptions=True,
-        )
-        if isinstance(frozen, BaseException) or isinstance(wired, BaseException):
-            exc = frozen if isinstance(frozen, BaseException) else wired
-            assert isinstance(exc, BaseException)
-            for child in [*children, *(k for kids in remote.values() for k in kids)]:
-                await self.core.teardown(child.id)
-                self.core.finish(child.id, SandboxState.FAILED, f"fork failed: {exc}")
-            raise exc
-        crash_point("fork.parent")
         parallel = fork_parallelism(
             count,
             os.cpu_count() or 1,
@@ -197,10 +182,20 @@ class SnapshotService:
             self.core.settings.boot_timeout_s,
         )
         gate = asyncio.Semaphore(parallel)
+        # Each child's network is made while the parent freezes (the save keeps one CPU
+        # busy; networks are made one at a time, under the network's lock), and each
+        # child starts once the freeze is done and its own network is up; the parent
+        # comes back beside its children (one more clone of the same snapshot).
+        freeze = asyncio.ensure_future(self._freeze(parent, snapshot_dir))
 
-        async def start(
-            child: SandboxRecord, unwired: BaseException | None
-        ) -> SandboxRecord | BaseException:
+        async def frozen() -> bool:
+            await asyncio.wait({freeze})  # never cancels the freeze
+            return not freeze.cancelled() and freeze.exception() is None
+
+        async def start(child: SandboxRecord) -> SandboxRecord | BaseException | None:
+            unwired = await self._wire(parent, child)
+            if not await frozen():
+                return None  # the fork fails whole (below)
             if unwired is not None:
                 return unwired  # its network failed: FAILED already, with the reason
             async with gate, self.core.lock(child.id):
@@ -218,14 +213,37 @@ class SnapshotService:
                 self.core.attach(child.id, runtime)
                 return self.core.states.running(child)
 
+        async def back() -> BaseException | None:
+            if not await frozen():
+                return None
+            try:
+                await self._bring_back(parent, snapshot_dir)
+            except BaseException as exc:
+                return exc
+            crash_point("fork.parent")
+            return None
+
         async def elsewhere() -> None:
-            if remote:
+            if remote and await frozen():
                 await self.remote.start(parent, snapshot_dir, remote)
 
-        results, _ = await asyncio.gather(
-            asyncio.gather(*(start(c, w) for c, w in zip(children, wired, strict=True))),
-            elsewhere(),
-        )
+        try:
+            unback, results, _ = await asyncio.gather(
+                back(), asyncio.gather(*(start(c) for c in children)), elsewhere()
+            )
+        finally:
+            if not freeze.done():  # cancelled meanwhile: so is the freeze
+                freeze.cancel()
+                await asyncio.wait({freeze})
+        failure = asyncio.CancelledError() if freeze.cancelled() else freeze.exception()
+        failure = failure or unback
+        if failure is not None:
+            # The freeze failed (the parent runs on), or the parent cannot come back (it
+            # is paused on the snapshot; a resume brings it back): the fork fails whole.
+            for child in [*children, *(k for kids in remote.values() for k in kids)]:
+                await self.core.teardown(child.id)
+                self.core.finish(child.id, SandboxState.FAILED, f"fork failed: {failure}")
+            raise failure
         failed = [
             (c.id, r)
             for c, r in zip(children, results, strict=True)
@@ -278,6 +296,12 @@ class SnapshotService:
         """Save the running ``parent`` into ``snapshot_dir`` and bring it back as a clone
         of it. On failure the parent is running (or, if it cannot come back, paused on
         the snapshot) and the error is raised."""
+        await self._freeze(parent, snapshot_dir)
+        await self._bring_back(parent, snapshot_dir)
+
+    async def _freeze(self, parent: SandboxRecord, snapshot_dir: Path) -> None:
+        """Save the running ``parent`` into ``snapshot_dir``; its QEMU ends, its row is
+        RESUMING. On failure the parent runs on and the error is raised."""
         runtime = self.core.runtimes[parent.id]
         self.core.stop_watching(parent.id)
         runtime.agent.close_reason = (
@@ -299,6 +323,10 @@ class SnapshotService:
             raise
         self.core.runtimes.pop(parent.id, None)
         self.core.states.move(parent.id, SandboxState.RESUMING)
+
+    async def _bring_back(self, parent: SandboxRecord, snapshot_dir: Path) -> None:
+        """The frozen ``parent`` restored as a clone of ``snapshot_dir``; on failure it
+        is paused on the snapshot (a resume brings it back) and the error is raised."""
         try:
             self.core.own_vm(parent.id)
             self.core.attach(parent.id, await self.core.backend.start_clone(parent, snapshot_dir))
