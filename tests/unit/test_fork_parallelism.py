@@ -4,27 +4,18 @@ and the switch for copy-on-write template memory."""
 from __future__ import annotations
 
 from hutch.config import Settings, load_settings
-from hutch.services.snapshots import RESTORE_CPU_S, fork_parallelism, mem_available_mib
+from hutch.services.snapshots import CLONES_PER_CPU, fork_parallelism, mem_available_mib
 
 
 def test_all_clones_start_at_once_when_cpu_and_memory_allow() -> None:
     assert fork_parallelism(10, cpus=4, mem_available_mib=64_000, clone_mib=320) == 10
 
 
-def test_a_fork_of_50_on_2_cpus_starts_every_clone_at_once() -> None:
-    # Not a fixed batch: 2 CPUs finish 50 restores well within the agents' 120 s.
-    assert fork_parallelism(50, cpus=2, mem_available_mib=64_000, clone_mib=320) == 50
-
-
 def test_cpus_bound_the_clones_in_flight() -> None:
-    # k clones on c CPUs take about k * RESTORE_CPU_S / c each: kept to a quarter of the
-    # agents' timeout.
-    per_cpu = int(120 / (4 * RESTORE_CPU_S))
-    assert fork_parallelism(500, cpus=2, mem_available_mib=None, clone_mib=320) == 2 * per_cpu
-    assert fork_parallelism(500, cpus=0, mem_available_mib=None, clone_mib=320) == per_cpu
-    assert fork_parallelism(
-        500, cpus=2, mem_available_mib=None, clone_mib=320, agent_timeout_s=8
-    ) == 2 * max(1, int(8 / (4 * RESTORE_CPU_S)))
+    assert fork_parallelism(50, cpus=2, mem_available_mib=64_000, clone_mib=320) == (
+        2 * CLONES_PER_CPU
+    )
+    assert fork_parallelism(50, cpus=0, mem_available_mib=None, clone_mib=320) == CLONES_PER_CPU
 
 
 def test_available_memory_bounds_them_and_one_always_starts() -> None:

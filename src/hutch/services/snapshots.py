@@ -38,37 +38,28 @@ from hutch.services.remote_clones import RemoteClones
 from hutch.services.snapshot_blobs import SnapshotBlobs
 from hutch.services.volumes import refuse_copy
 
-__all__ = ["RESTORE_CPU_S", "SnapshotService", "fork_parallelism", "mem_available_mib"]
+__all__ = ["CLONES_PER_CPU", "SnapshotService", "fork_parallelism", "mem_available_mib"]
 
 log = logging.getLogger("hutch.services.sandboxes")
 
-#: CPU seconds one clone takes from its QEMU's start until its agent answers, as
-#: measured under TCG on a 2-core host with ten starting at once (0.5-0.9 s: QEMU's
-#: start, the stream's load, and the translation of what the hello runs in a guest
-#: whose translation cache is empty). What the CPU bound below budgets per clone.
-RESTORE_CPU_S = 1.0
+#: Clone restores in flight per host CPU during a fork. A restore is partly CPU (QEMU's
+#: start, loading the stream, the guest's first instructions under TCG) and partly
+#: waiting (QMP round trips, the agent's hello), so a little more than one per CPU keeps
+#: the CPUs busy without queueing every clone's agent timeout behind the others. Not
+#: "all at once": restores are CPU-bound, and measured on 2 CPUs under TCG a fork of 50
+#: with every clone started at once took 38.3 s against 33.4 s with 8 in flight (more
+#: QEMUs sharing the caches; ARCHITECTURE.md, "Fork: where the time goes").
+CLONES_PER_CPU = 4
 #: Host memory a clone may need while it starts beyond its guest RAM (QEMU itself).
 CLONE_OVERHEAD_MIB = 64
 
 
-def fork_parallelism(
-    count: int,
-    cpus: int,
-    mem_available_mib: int | None,
-    clone_mib: int,
-    agent_timeout_s: float = 120.0,
-) -> int:
-    """How many of a fork's ``count`` clones start at once. Bounded by memory: what is
-    available now (``mem_available_mib``, None when unknown) over what one clone may take
-    (``clone_mib``: its RAM plus overhead, the most a clone restored from a full stream
-    fills). Bounded by CPU only as far as the agents' timeout needs: ``k`` restores
-    sharing ``cpus`` take about ``k * RESTORE_CPU_S / cpus`` each, kept within a quarter
-    of ``agent_timeout_s`` (seconds) so that a slow guest still answers in time. Not a
-    fixed batch: a restore is CPU-bound, so clones held back would only start late and
-    finish last, where started together they share the CPUs and end together. At least 1.
-    """
-    per_cpu = max(1, int(agent_timeout_s / (4 * RESTORE_CPU_S)))
-    limit = min(count, max(1, cpus) * per_cpu)
+def fork_parallelism(count: int, cpus: int, mem_available_mib: int | None, clone_mib: int) -> int:
+    """How many of a fork's ``count`` clones start at once: bounded by the host's CPUs
+    (``CLONES_PER_CPU`` each) and by the memory available now (``mem_available_mib``,
+    None when unknown) over what one clone may take (``clone_mib``: its RAM plus
+    overhead, the most a clone restored from a full stream fills). At least 1."""
+    limit = min(count, max(1, cpus) * CLONES_PER_CPU)
     if mem_available_mib is not None:
         limit = min(limit, mem_available_mib // max(1, clone_mib))
     return max(1, limit)
@@ -179,7 +170,6 @@ class SnapshotService:
             os.cpu_count() or 1,
             mem_available_mib(),
             parent.shape.memory_mib + CLONE_OVERHEAD_MIB,
-            self.core.settings.boot_timeout_s,
         )
         gate = asyncio.Semaphore(parallel)
         # Each child's network is made while the parent freezes (the save keeps one CPU
