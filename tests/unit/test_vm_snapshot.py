@@ -243,11 +243,10 @@ def test_a_verified_stream_is_hashed_once_until_it_changes(
     cfg = _cfg(tmp_path)
     snap = _fake_snapshot(tmp_path, cfg)
     hashed: list[int] = []
-    real = snapshot_module.fd_digest
 
     def counting(fd: int, algorithm: str = "xxh3_128") -> tuple[str, int]:
         hashed.append(fd)
-        return real(fd, algorithm)
+        return fd_digest(fd, algorithm)
 
     monkeypatch.setattr(snapshot_module, "fd_digest", counting)
     verify_snapshot(snap, cfg)
