@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import xxhash
 
+import hutch.vm.snapshot as snapshot_module
 from hutch.errors import InvalidArgument, SnapshotError
 from hutch.runtime.qemu.host import read_config, write_config
 from hutch.runtime.qemu.templates import finish_template, template_complete
@@ -233,6 +234,29 @@ def _flip_keeping_mtime(path: Path, offset: int) -> None:
         f.seek(offset)
         f.write(bytes([byte[0] ^ 0xFF]))
     os.utime(path, ns=(mtime, mtime))
+
+
+@pytest.mark.usefixtures("qemu_img")
+def test_a_verified_stream_is_hashed_once_until_it_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = _cfg(tmp_path)
+    snap = _fake_snapshot(tmp_path, cfg)
+    hashed: list[int] = []
+
+    def counting(fd: int, algorithm: str = "xxh3_128") -> tuple[str, int]:
+        hashed.append(fd)
+        return fd_digest(fd, algorithm)
+
+    monkeypatch.setattr(snapshot_module, "fd_digest", counting)
+    verify_snapshot(snap, cfg)
+    verify_snapshot(snap, cfg)  # the clones of one snapshot: one hash
+    assert len(hashed) == 1
+    # Corruption at rest with the mtime set back: the ctime moved, so it is read again.
+    _flip_keeping_mtime(snap / STATE_FILE, 100)
+    with pytest.raises(SnapshotError, match="checksum"):
+        verify_snapshot(snap, cfg)
+    assert len(hashed) == 2
 
 
 @pytest.mark.usefixtures("qemu_img")

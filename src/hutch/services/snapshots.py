@@ -45,7 +45,10 @@ log = logging.getLogger("hutch.services.sandboxes")
 #: Clone restores in flight per host CPU during a fork. A restore is partly CPU (QEMU's
 #: start, loading the stream, the guest's first instructions under TCG) and partly
 #: waiting (QMP round trips, the agent's hello), so a little more than one per CPU keeps
-#: the CPUs busy without queueing every clone's agent timeout behind the others.
+#: the CPUs busy without queueing every clone's agent timeout behind the others. Not
+#: "all at once": restores are CPU-bound, and measured on 2 CPUs under TCG a fork of 50
+#: with every clone started at once took 38.3 s against 33.4 s with 8 in flight (more
+#: QEMUs sharing the caches; ARCHITECTURE.md, "Fork: where the time goes").
 CLONES_PER_CPU = 4
 #: Host memory a clone may need while it starts beyond its guest RAM (QEMU itself).
 CLONE_OVERHEAD_MIB = 64
@@ -162,14 +165,6 @@ class SnapshotService:
                 children.append(child)
         crash_point("fork.rows")
         snapshot_dir = self.core.backend.fork_dir("fork-" + secrets.token_hex(6))
-        try:
-            await self._freeze_parent(parent, snapshot_dir)
-        except BaseException as exc:
-            for child in [*children, *(k for kids in remote.values() for k in kids)]:
-                await self.core.teardown(child.id)
-                self.core.finish(child.id, SandboxState.FAILED, f"fork failed: {exc}")
-            raise
-        crash_point("fork.parent")
         parallel = fork_parallelism(
             count,
             os.cpu_count() or 1,
@@ -177,22 +172,27 @@ class SnapshotService:
             parent.shape.memory_mib + CLONE_OVERHEAD_MIB,
         )
         gate = asyncio.Semaphore(parallel)
+        # Each child's network is made while the parent freezes (the save keeps one CPU
+        # busy; networks are made one at a time, under the network's lock), and each
+        # child starts once the freeze is done and its own network is up; the parent
+        # comes back beside its children (one more clone of the same snapshot).
+        freeze = asyncio.ensure_future(self._freeze(parent, snapshot_dir))
 
-        async def start(child: SandboxRecord) -> SandboxRecord | BaseException:
+        async def frozen() -> bool:
+            await asyncio.wait({freeze})  # never cancels the freeze
+            return not freeze.cancelled() and freeze.exception() is None
+
+        async def start(child: SandboxRecord) -> SandboxRecord | BaseException | None:
+            unwired = await self._wire(parent, child)
+            if not await frozen():
+                return None  # the fork fails whole (below)
+            if unwired is not None:
+                return unwired  # its network failed: FAILED already, with the reason
             async with gate, self.core.lock(child.id):
                 current = self.core.states.current(child.id)
                 if current is not None and current.state is not SandboxState.CREATING:
                     return current  # deleted before its turn came: as the delete left it
-                net = self.core.net
                 try:
-                    if net is not None and child.network is NetworkMode.DEFAULT:
-                        # Same rules and networks as the parent; its own address and name.
-                        self.core.own_network(child.id)
-                        await net.attach(
-                            child.id,
-                            net.policy_of(parent.id),
-                            net.networks_of(parent.id),
-                        )
                     await self.core.shared.serve(child.id)  # its own sessions
                     self.core.own_vm(child.id)
                     runtime = await self.core.backend.start_clone(child, snapshot_dir)
@@ -203,13 +203,37 @@ class SnapshotService:
                 self.core.attach(child.id, runtime)
                 return self.core.states.running(child)
 
+        async def back() -> BaseException | None:
+            if not await frozen():
+                return None
+            try:
+                await self._bring_back(parent, snapshot_dir)
+            except BaseException as exc:
+                return exc
+            crash_point("fork.parent")
+            return None
+
         async def elsewhere() -> None:
-            if remote:
+            if remote and await frozen():
                 await self.remote.start(parent, snapshot_dir, remote)
 
-        results, _ = await asyncio.gather(
-            asyncio.gather(*(start(c) for c in children)), elsewhere()
-        )
+        try:
+            unback, results, _ = await asyncio.gather(
+                back(), asyncio.gather(*(start(c) for c in children)), elsewhere()
+            )
+        finally:
+            if not freeze.done():  # cancelled meanwhile: so is the freeze
+                freeze.cancel()
+                await asyncio.wait({freeze})
+        failure = asyncio.CancelledError() if freeze.cancelled() else freeze.exception()
+        failure = failure or unback
+        if failure is not None:
+            # The freeze failed (the parent runs on), or the parent cannot come back (it
+            # is paused on the snapshot; a resume brings it back): the fork fails whole.
+            for child in [*children, *(k for kids in remote.values() for k in kids)]:
+                await self.core.teardown(child.id)
+                self.core.finish(child.id, SandboxState.FAILED, f"fork failed: {failure}")
+            raise failure
         failed = [
             (c.id, r)
             for c, r in zip(children, results, strict=True)
@@ -238,10 +262,36 @@ class SnapshotService:
             raise summary from first
         return [r for r in results if isinstance(r, SandboxRecord)]
 
+    async def _wire(self, parent: SandboxRecord, child: SandboxRecord) -> BaseException | None:
+        """Give a local ``child`` its network: the parent's rules and networks, its own
+        address and name. A failure ends the child FAILED with the reason, which is
+        returned (never raised: the fork goes on with the others)."""
+        net = self.core.net
+        if net is None or child.network is not NetworkMode.DEFAULT:
+            return None
+        async with self.core.lock(child.id):
+            current = self.core.states.current(child.id)
+            if current is not None and current.state is not SandboxState.CREATING:
+                return None  # deleted meanwhile: as the delete left it
+            try:
+                self.core.own_network(child.id)
+                await net.attach(child.id, net.policy_of(parent.id), net.networks_of(parent.id))
+            except BaseException as exc:
+                await self.core.teardown(child.id)
+                self.core.finish(child.id, SandboxState.FAILED, str(exc))
+                return exc
+        return None
+
     async def _freeze_parent(self, parent: SandboxRecord, snapshot_dir: Path) -> None:
         """Save the running ``parent`` into ``snapshot_dir`` and bring it back as a clone
         of it. On failure the parent is running (or, if it cannot come back, paused on
         the snapshot) and the error is raised."""
+        await self._freeze(parent, snapshot_dir)
+        await self._bring_back(parent, snapshot_dir)
+
+    async def _freeze(self, parent: SandboxRecord, snapshot_dir: Path) -> None:
+        """Save the running ``parent`` into ``snapshot_dir``; its QEMU ends, its row is
+        RESUMING. On failure the parent runs on and the error is raised."""
         runtime = self.core.runtimes[parent.id]
         self.core.stop_watching(parent.id)
         runtime.agent.close_reason = (
@@ -263,6 +313,10 @@ class SnapshotService:
             raise
         self.core.runtimes.pop(parent.id, None)
         self.core.states.move(parent.id, SandboxState.RESUMING)
+
+    async def _bring_back(self, parent: SandboxRecord, snapshot_dir: Path) -> None:
+        """The frozen ``parent`` restored as a clone of ``snapshot_dir``; on failure it
+        is paused on the snapshot (a resume brings it back) and the error is raised."""
         try:
             self.core.own_vm(parent.id)
             self.core.attach(parent.id, await self.core.backend.start_clone(parent, snapshot_dir))

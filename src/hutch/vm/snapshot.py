@@ -47,8 +47,11 @@ What is checked before a restore (``verify_snapshot``; any failure → SnapshotE
   CPU model, accelerator, RAM size and backend kind, vCPUs, kernel sha256, TSC rate.
   The QEMU version (QMP ``query-version``, build string included) is compared in the new
   QEMU before it reads a byte of the stream.
-* ``state.mig`` size and sha256 equal the recorded ones. The stream is untrusted input to
-  QEMU's parser: restore hashes the very fd it then passes to QEMU.
+* ``state.mig`` size and digest (XXH3-128) equal the recorded ones. The stream is
+  untrusted input to QEMU's parser: restore checks the very fd it then passes to QEMU.
+  A file that matched once in this process is not hashed again while its ``fstat``
+  (inode, size, mtime, ctime) is unchanged (the clones of one frozen snapshot, whose
+  files are read-only: any write, chmod or rename moves ctime).
 * the disk: same size and mtime as recorded (not hashed: a multi-GiB disk per restore).
 * ``memory.ram``: same size and mtime, and, once sealed
   (:func:`hutch.vm.snapshot_seal.seal_memory`, done when a template is published), its
@@ -336,9 +339,28 @@ def _check_static(snapshot_dir: Path, cfg: VmConfig, *, clone: bool) -> Snapshot
     return manifest
 
 
+# Streams whose content matched their recorded digest in this process, by what any
+# change to the file changes (ctime moves with every write, chmod or rename, and user
+# space cannot set it back): the clones of one frozen snapshot (a fork's children, the
+# creates from a named snapshot) hash its stream once, not once each.
+_state_verified: set[tuple[int, int, int, int, int, str]] = set()
+
+
+def _state_key(st: os.stat_result, digest: str) -> tuple[int, int, int, int, int, str]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, digest)
+
+
 def _check_state_fd(snapshot_dir: Path, manifest: SnapshotManifest, fd: int) -> None:
+    before = os.fstat(fd)
+    if _state_key(before, manifest.state_digest) in _state_verified:
+        return
     algorithm = manifest.state_digest.partition(":")[0]
     digest, size = fd_digest(fd, algorithm)
+    if size == manifest.state_size and digest == manifest.state_digest:
+        after = os.fstat(fd)
+        if _state_key(after, digest) == _state_key(before, digest):
+            _state_verified.add(_state_key(after, digest))
+        return
     if size != manifest.state_size or digest != manifest.state_digest:
         raise SnapshotError(
             f"snapshot {snapshot_dir}: {STATE_FILE} does not match its recorded checksum "

@@ -14,10 +14,11 @@ the pages land in that file. The helper, never run (no ``cont``), then saves aga
 
 The helper: the snapshot's VM configuration with names and sockets of its own (a fresh
 sandbox id no row owns, so a daemon killed meanwhile has it removed with every other
-leftover at the next start), a throwaway qcow2 overlay on the frozen disk, no tap, its
-own cgroup. ``late-block-activate`` stays off, so QEMU activates the block devices once
-the incoming stream is loaded and the outgoing save can inactivate them again (QEMU 7.2
-aborts a save of a VM whose devices are still inactive).
+leftover at the next start), a throwaway qcow2 overlay on the frozen disk, the frozen
+VM's own tap (see :func:`rebase_memory`), its own cgroup. ``late-block-activate`` stays
+off, so QEMU activates the block devices once the incoming stream is loaded and the
+outgoing save can inactivate them again (QEMU 7.2 aborts a save of a VM whose devices
+are still inactive).
 
 Crash safety: the commit
 ========================
@@ -115,8 +116,9 @@ async def rebase_memory(
 ) -> SnapshotManifest:
     """Rewrite the full-stream snapshot ``snapshot_dir`` (its ``manifest``) as RAM in
     ``memory.ram`` plus a state-only stream, through a helper QEMU of ``helper_cfg``
-    (the snapshot's VM with the helper's own names, sockets and overlay disk; its
-    ``memory_file`` is replaced here). Returns the new manifest, not yet sealed.
+    (the snapshot's VM with the helper's own names, sockets and overlay disk, and the
+    snapshot's VM's tap, which must be free: QEMU opens it; its ``memory_file`` is
+    replaced here). Returns the new manifest, not yet sealed.
 
     Raises SnapshotError (VmError wrapped) when the helper fails; the snapshot is then
     the full stream it was, and what the helper wrote is removed. The helper QEMU is
@@ -129,9 +131,12 @@ async def rebase_memory(
             (snapshot_dir / leftover).unlink()
     new_memory = snapshot_dir / NEW_MEMORY
     new_state = snapshot_dir / NEW_STATE
-    cfg = dataclasses.replace(
-        helper_cfg, memory_file=new_memory, memory_shared=True, incoming=True, tap=None
-    )
+    # The NIC keeps its tap (``helper_cfg.tap``: the frozen VM's own, free while that
+    # VM is stopped): a stream saved over a tap records vnet_hdr, and QEMU refuses to
+    # load it into a NIC on a hub port ("saved image requires vnet_hdr=on"), which is
+    # what made every rebase of a networked sandbox fail. The helper never runs, so
+    # nothing crosses the tap.
+    cfg = dataclasses.replace(helper_cfg, memory_file=new_memory, memory_shared=True, incoming=True)
     timings: dict[str, float] = {}
     t_all = time.perf_counter()
     src = os.open(snapshot_dir / STATE_FILE, os.O_RDONLY | os.O_CLOEXEC)
