@@ -220,14 +220,21 @@ class S3Server:
         }
 
 
-@pytest.fixture(scope="module")
-def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    """One SeaweedFS per test module (restart() in a test keeps the ports and data)."""
+@contextlib.contextmanager
+def running_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """A SeaweedFS in a fresh temp dir, killed on exit: its data is thrown away with it,
+    so there is no clean shutdown to wait for (weed takes its full 15 s grace on SIGTERM,
+    twice a module in each database pass)."""
     server = S3Server(tmp_path_factory.mktemp("s3"))
     server.start()
     try:
         yield server
     finally:
-        # The data is thrown away with the module: no clean shutdown to wait for (weed
-        # takes its full 15 s grace on SIGTERM, twice a module in each database pass).
         server.kill()
+
+
+@pytest.fixture(scope="module")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """One SeaweedFS per test module (restart() in a test keeps the ports and data)."""
+    with running_s3(tmp_path_factory) as server:
+        yield server

@@ -26,7 +26,7 @@ import pytest
 
 from hutch.images.build import ImageArtifacts
 from tests.e2e.cluster_lab import Worker, cluster_of
-from tests.s3server import S3Server
+from tests.s3server import S3Server, running_s3
 
 LABELS = {"w1": "zone=a", "w2": "zone=a", "w3": "zone=b"}
 
@@ -34,12 +34,8 @@ LABELS = {"w1": "zone=a", "w2": "zone=a", "w3": "zone=b"}
 @pytest.fixture(scope="package")
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     """One SeaweedFS for the package (the cluster outlives a module)."""
-    server = S3Server(tmp_path_factory.mktemp("s3"))
-    server.start()
-    try:
+    with running_s3(tmp_path_factory) as server:
         yield server
-    finally:
-        server.kill()
 
 
 @pytest.fixture(scope="package")
