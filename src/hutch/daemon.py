@@ -48,6 +48,7 @@ from hutch.services.snapshots import SnapshotService
 from hutch.services.usage import UsageService
 from hutch.services.volumes import VolumeService
 from hutch.store import Store
+from hutch.store.image_uploads import ImageUploadStore
 from hutch.store.images import ImageStore
 from hutch.store.secrets import SecretStore
 
@@ -153,7 +154,7 @@ def build(settings: Settings) -> tuple[Services, str]:
         ImageStore(store),
         settings.images_dir,
         LocalBootSets(settings.images_dir),
-        ImageBlobs.from_settings(settings),
+        ImageBlobs.from_settings(settings, ImageUploadStore(store)),
     )
     return build_services(settings, store, backend, images, net), key
 

@@ -207,3 +207,12 @@ class SnapshotRecord:
     size_bytes: int
     created_at: float
     project: str = DEFAULT_PROJECT
+
+
+@dataclass(frozen=True)
+class FileSum:
+    """One file of a blob store upload as its uploader sent it (an index entry, and the
+    database's record of it: ``hutch.store.image_uploads``)."""
+
+    size: int
+    sha256: str

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -277,3 +277,47 @@ def test_missing_bucket_and_unreachable_endpoint(s3_server: S3Server, tmp_path: 
     )
     with pytest.raises(BlobError, match=r"cannot reach .*HUTCH_S3_ENDPOINT"):
         gone.check()
+
+
+def test_a_local_store_whose_root_is_a_file_is_a_blob_error_naming_it(tmp_path: Path) -> None:
+    """Every call of the local backend, not a raw ``NotADirectoryError``; and a store
+    (and what it holds) next to it is unchanged."""
+    root = tmp_path / "not-a-dir"
+    root.write_bytes(b"a file, where HUTCH_BLOB_URL points")
+    store = LocalBlobStore(root)
+    src = _file(tmp_path / "src", 10)
+    named = f"{root} is not a directory"
+    calls: list[Callable[[], object]] = [
+        store.check,
+        lambda: store.stat("images/oci/x/index.json"),
+        lambda: store.put("a/b", src),
+        lambda: store.get("a/b", tmp_path / "out", expect=BlobInfo("a/b", 10)),
+        lambda: store.delete("a/b"),
+        lambda: store.list_prefix("images/"),
+        lambda: store.abort_uploads(0),
+    ]
+    for call in calls:
+        with pytest.raises(BlobError, match=named):
+            call()
+    assert root.read_bytes() == b"a file, where HUTCH_BLOB_URL points"
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_local_key_under_a_blob_is_no_such_blob(tmp_path: Path) -> None:
+    """``a`` is a blob, so ``a/b`` cannot be one (a directory cannot be there): stat
+    says none and delete has nothing to do, as S3 would answer for a missing key."""
+    store = LocalBlobStore(tmp_path / "blobs")
+    store.put("a", _file(tmp_path / "src", 5))
+    assert store.stat("a/b") is None
+    store.delete("a/b")
+    assert store.stat("a") == BlobInfo("a", 5)
+
+
+def test_an_unreadable_local_blob_is_a_blob_error(tmp_path: Path) -> None:
+    """A permission refusal (as root: a directory where the blob is) names the blob."""
+    store = LocalBlobStore(tmp_path / "blobs")
+    (tmp_path / "blobs" / "d").mkdir(parents=True)
+    with pytest.raises(BlobError, match=r"reading blob d at file://.* failed: .*directory"):
+        store.get("d", tmp_path / "out", expect=BlobInfo("d", 1))
+    with pytest.raises(BlobError, match=r"deleting blob d at file://.* failed"):
+        store.delete("d")

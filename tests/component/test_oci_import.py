@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from hutch.errors import InvalidImage
+from hutch.images.cache import file_lock
 from hutch.images.oci.archives import LayoutDir, open_archive
 from hutch.images.oci.importer import build_content, discard_partial, find_content, resolve
 from tests.ocikit import (
@@ -203,5 +204,32 @@ def test_partial_work_dirs_are_discarded(tmp_path: Path) -> None:
     work = images / "oci" / (".sha256-" + "0" * 64 + ".abc")
     work.mkdir(parents=True)
     (work / "junk").write_text("x")
-    assert discard_partial(images) == [work.name]
+    assert discard_partial(images) == [f"oci/{work.name}"]
     assert not work.exists()
+
+
+def test_boot_set_leftovers_are_discarded_unless_the_boot_lock_is_held(tmp_path: Path) -> None:
+    """What a daemon killed mid boot-set fetch (or build) leaves in ``oci-boot/`` goes
+    at the next start, as ``oci/``'s does; a boot set in place and ``current`` stay, and
+    nothing goes while another daemon holds ``oci-boot.lock`` (it may be writing it)."""
+    images = tmp_path / "images"
+    boot = images / "oci-boot"
+    kept = boot / "0123456789abcdef"
+    kept.mkdir(parents=True)
+    (kept / "boot.json").write_text("{}")
+    (boot / "current").write_text("0123456789abcdef\n")
+    fetch = boot / ".0123456789abcdef.fetch-x1y2"
+    fetch.mkdir()
+    (fetch / "runtime.ext4").write_bytes(b"half")
+    build = boot / ".fedcba9876543210.k3j4"
+    build.mkdir()
+    current_tmp = boot / ".current.abc"
+    current_tmp.write_text("fedc")
+    with file_lock(images / "oci-boot.lock"):  # another daemon fetching a boot set
+        assert discard_partial(images) == []
+    assert fetch.exists() and build.exists()
+    assert discard_partial(images) == [
+        f"oci-boot/{n}" for n in sorted([fetch.name, build.name, current_tmp.name])
+    ]
+    assert sorted(p.name for p in boot.iterdir()) == ["0123456789abcdef", "current"]
+    assert (kept / "boot.json").read_text() == "{}"

@@ -1,17 +1,21 @@
 """Imported images through the blob store (``services/image_blobs.py``), with the local
 blob backend: an image imported on host A is uploaded by digest, host B (its own
 images directory) fetches it once, verified against the digest before anything sees
-it, into a temporary path renamed in; corrupt, partial and missing uploads are refused
-with errors that name the image and leave nothing behind."""
+it and against the uploader's record in the database (real SQLite and PostgreSQL: the
+``db_target`` pass), into a temporary path renamed in; corrupt, partial, missing and
+unrecorded uploads, and a file swapped in the bucket with its index, are refused with
+errors that name the image and the file and leave nothing behind."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import socket
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,7 +26,9 @@ from hutch.images.oci.importer import content_dir, find_content
 from hutch.services.image_blobs import ImageBlobs, image_prefix
 from hutch.services.images import HostImages, LocalImages, resolve
 from hutch.storage.blobs import BlobInfo, LocalBlobStore, Progress, S3BlobStore, S3Options
+from hutch.storage.blobs.flat import FileSum, file_sums
 from hutch.store.db import Store
+from hutch.store.image_uploads import ImageUploadStore
 from hutch.store.images import ImageRow, ImageStore
 from tests.ocikit import E, Image, Layer, layer_tar
 
@@ -86,15 +92,23 @@ class CountingStore(LocalBlobStore):
 
 
 @pytest.fixture
-def hosts(tmp_path: Path) -> tuple[ImageBlobs, ImageBlobs, CountingStore, str]:
+def records(db_target: Path | str) -> ImageUploadStore:
+    """The cluster's one database (SQLite file, then PostgreSQL)."""
+    return ImageUploadStore(Store(db_target))
+
+
+@pytest.fixture
+def hosts(
+    tmp_path: Path, records: ImageUploadStore
+) -> tuple[ImageBlobs, ImageBlobs, CountingStore, str]:
     """Host A (with an imported image and a boot set, uploaded) and host B (an empty
-    images directory), one store; the digest."""
+    images directory), one store and one database; the digest."""
     store = CountingStore(tmp_path / "blobs")
     a_dir, b_dir = tmp_path / "a-images", tmp_path / "b-images"
     _boot(a_dir)
     digest = _content(a_dir)
-    a = ImageBlobs(store, a_dir, tmp_path / "a-state")
-    b = ImageBlobs(store, b_dir, tmp_path / "b-state")
+    a = ImageBlobs(store, a_dir, tmp_path / "a-state", records)
+    b = ImageBlobs(store, b_dir, tmp_path / "b-state", records)
     sent = a.upload(digest)
     assert sent is not None and sent > 4 << 20
     assert a.upload(digest) is None  # once: the index is there
@@ -160,7 +174,7 @@ def test_two_daemons_sharing_an_images_directory_fetch_once(
 ) -> None:
     _a, b, store, digest = hosts
     # Another daemon on B's images directory: the content's flock serializes them.
-    b2 = ImageBlobs(store, b.images_dir, tmp_path / "b2-state")
+    b2 = ImageBlobs(store, b.images_dir, tmp_path / "b2-state", b.records)
     store.hold = threading.Event()
     errors: list[BaseException] = []
 
@@ -229,26 +243,117 @@ def test_a_partial_upload_is_refused_and_a_truncated_blob_too(
     assert _leftovers(b.images_dir) == []
 
 
+def _swap_in(store: LocalBlobStore, prefix: str, src: Path, scratch: Path) -> dict[str, Any]:
+    """What a writer of the bucket alone can do: ``src``'s files under ``prefix``, and an
+    index that agrees with them (every size and sha256 right). Returns the index."""
+    index = json.loads((store.root / prefix / "index.json").read_text())
+    for name in index["files"]:
+        got = store.put(prefix + name, src / name)
+        index["files"][name] = {"size": got.size, "sha256": got.sha256}
+    (scratch / "index.json").write_text(json.dumps(index))
+    store.put(prefix + "index.json", scratch / "index.json")
+    return dict(index)
+
+
+def test_a_rootfs_swapped_with_its_index_in_the_bucket_is_refused_naming_the_file(
+    hosts: tuple[ImageBlobs, ImageBlobs, CountingStore, str], tmp_path: Path
+) -> None:
+    """The index is no longer the last word: the database's record of what host A sent
+    is, and the bucket cannot write it."""
+    _a, b, store, digest = hosts
+    rel = f"oci/{digest.replace(':', '-')}"
+    forged = tmp_path / "forged"
+    shutil.copytree(
+        content_dir(_a.images_dir, digest), forged, ignore=shutil.ignore_patterns("refs")
+    )
+    (forged / "rootfs.ext4").chmod(0o644)
+    with (forged / "rootfs.ext4").open("r+b") as f:
+        f.write(b"evil")
+    _swap_in(store, image_prefix(rel), forged, tmp_path)
+    with pytest.raises(
+        BlobError,
+        match=rf"image 'app': fetching it .*{rel}/rootfs\.ext4 .*: the index says .* the "
+        "uploader recorded .*; .* is not fetched",
+    ):
+        asyncio.run(b.ensure(digest, "image 'app'", boot=False))
+    assert not content_dir(b.images_dir, digest).exists()
+    assert _leftovers(b.images_dir) == []
+
+
+def test_a_boot_set_swapped_with_its_index_in_the_bucket_is_refused(
+    hosts: tuple[ImageBlobs, ImageBlobs, CountingStore, str], tmp_path: Path
+) -> None:
+    a, b, store, digest = hosts
+    forged = tmp_path / "forged-boot"
+    shutil.copytree(a.images_dir / "oci-boot" / BOOT_KEY, forged)
+    (forged / "runtime.ext4").write_bytes(b"a runtime that runs something else")
+    _swap_in(store, f"images/oci-boot/{BOOT_KEY}/", forged, tmp_path)
+    with pytest.raises(BlobError, match=rf"oci-boot/{BOOT_KEY}/runtime\.ext4 .*the index says"):
+        asyncio.run(b.ensure(digest, "image 'app'", boot=True))
+    assert find_boot_set(b.images_dir) is None
+    assert _leftovers(b.images_dir) == []
+
+
+def test_an_index_naming_a_file_the_record_does_not_is_refused(
+    hosts: tuple[ImageBlobs, ImageBlobs, CountingStore, str], tmp_path: Path
+) -> None:
+    _a, b, store, digest = hosts
+    prefix = image_prefix(f"oci/{digest.replace(':', '-')}")
+    index = json.loads((store.root / prefix / "index.json").read_text())
+    (tmp_path / "extra").write_bytes(b"more")
+    got = store.put(prefix + "extra", tmp_path / "extra")
+    index["files"]["extra"] = {"size": got.size, "sha256": got.sha256}
+    (tmp_path / "index.json").write_text(json.dumps(index))
+    store.put(prefix + "index.json", tmp_path / "index.json")
+    with pytest.raises(BlobError, match=r"extra .*the uploader recorded no such file"):
+        asyncio.run(b.ensure(digest, "image 'app'", boot=False))
+    assert _leftovers(b.images_dir) == []
+
+
+def test_an_upload_without_a_record_is_refused_and_recorded_by_the_next_upload(
+    hosts: tuple[ImageBlobs, ImageBlobs, CountingStore, str],
+) -> None:
+    """An upload made before migration 15 (an index, no record): never fetched on the
+    bucket's word (fail closed); the host holding the content sends it again (the start
+    sweep schedules it: not complete) and records it, and then it is fetched."""
+    a, b, _store, digest = hosts
+    prefix = image_prefix(f"oci/{digest.replace(':', '-')}")
+    assert b.records is not None
+    b.records.delete(prefix)
+    assert not a.uploaded(digest)
+    with pytest.raises(ImageMissing, match="with a record of its upload in the database"):
+        asyncio.run(b.ensure(digest, "image 'app'", boot=False))
+    assert not content_dir(b.images_dir, digest).exists()
+    assert a.upload(digest) is not None
+    assert a.uploaded(digest)
+    asyncio.run(b.ensure(digest, "image 'app'", boot=True))
+    assert find_content(b.images_dir, digest) is not None
+
+
+def test_a_boot_set_without_a_record_is_image_missing(
+    hosts: tuple[ImageBlobs, ImageBlobs, CountingStore, str],
+) -> None:
+    _a, b, _store, digest = hosts
+    assert b.records is not None
+    b.records.delete(f"images/oci-boot/{BOOT_KEY}/")
+    with pytest.raises(ImageMissing, match=f"boot set {BOOT_KEY} .* with a record of its"):
+        asyncio.run(b.ensure(digest, "image 'app'", boot=True))
+    assert find_boot_set(b.images_dir) is None
+
+
 def test_content_that_does_not_match_its_digest_is_refused(
     hosts: tuple[ImageBlobs, ImageBlobs, CountingStore, str], tmp_path: Path
 ) -> None:
-    """An index consistent with its blobs is not enough: the manifest must hash to the
-    digest the image is recorded with (another image's content cannot stand in)."""
+    """Even an upload its uploader recorded (a host that sent the wrong files) must
+    match the digest the image is recorded with: another image's content cannot stand
+    in."""
     _a, b, store, digest = hosts
     other_dir = tmp_path / "other"
     other = _content(other_dir, "two")
-    rel = f"oci/{digest.replace(':', '-')}"
-    # The other image's files under this digest's prefix, with a matching index.
-    src = content_dir(other_dir, other)
-    for f in src.iterdir():
-        if f.is_file():
-            store.put(image_prefix(rel) + f.name, f)
-    index = json.loads((store.root / image_prefix(rel) / "index.json").read_text())
-    for name in index["files"]:
-        got = store.put(image_prefix(rel) + name, src / name)
-        index["files"][name] = {"size": got.size, "sha256": got.sha256}
-    (tmp_path / "index.json").write_text(json.dumps(index))
-    store.put(image_prefix(rel) + "index.json", tmp_path / "index.json")
+    prefix = image_prefix(f"oci/{digest.replace(':', '-')}")
+    index = _swap_in(store, prefix, content_dir(other_dir, other), tmp_path)
+    assert b.records is not None
+    b.records.put(prefix, file_sums(index), index["meta"])
     with pytest.raises(BlobError, match=f"has a manifest.json of digest {other}"):
         asyncio.run(b.ensure(digest, "image 'app'", boot=False))
     assert not content_dir(b.images_dir, digest).exists()
@@ -270,9 +375,11 @@ def test_an_index_naming_a_path_outside_is_refused(
     assert not (b.images_dir.parent / "escape").exists()
 
 
-def test_an_image_in_the_store_nowhere_is_image_missing(tmp_path: Path) -> None:
+def test_an_image_in_the_store_nowhere_is_image_missing(
+    tmp_path: Path, records: ImageUploadStore
+) -> None:
     store = LocalBlobStore(tmp_path / "blobs")
-    b = ImageBlobs(store, tmp_path / "b-images", tmp_path / "b-state")
+    b = ImageBlobs(store, tmp_path / "b-images", tmp_path / "b-state", records)
     digest = "sha256:" + "ab" * 32
     with pytest.raises(ImageMissing, match=r"image 'app' \(sha256:abab.*not in the blob store"):
         asyncio.run(b.ensure(digest, "image 'app'", boot=False))
@@ -280,7 +387,9 @@ def test_an_image_in_the_store_nowhere_is_image_missing(tmp_path: Path) -> None:
     assert status_for(ImageMissing("x")) == 409 and ImageMissing.code == "image_missing"
 
 
-def test_an_unreachable_store_is_a_blob_error_naming_the_image(tmp_path: Path) -> None:
+def test_an_unreachable_store_is_a_blob_error_naming_the_image(
+    tmp_path: Path, records: ImageUploadStore
+) -> None:
     # An S3 endpoint where nothing listens (each request retried for half a second).
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -289,7 +398,8 @@ def test_an_unreachable_store_is_a_blob_error_naming_the_image(tmp_path: Path) -
         endpoint=f"http://127.0.0.1:{port}", retry_s=0.5, access_key="k", secret_key="s"
     )
     store = S3BlobStore("bucket", "hutch", tmp_path / "journal", options)
-    b = ImageBlobs(store, tmp_path / "b", tmp_path / "s")
+    b = ImageBlobs(store, tmp_path / "b", tmp_path / "s", records)
+    records.put(image_prefix("oci/sha256-" + "cd" * 32), {}, {})  # recorded: the store is asked
     with pytest.raises(BlobError, match=r"image 'app': fetching it from the blob store failed"):
         asyncio.run(b.ensure("sha256:" + "cd" * 32, "image 'app'", boot=False))
     assert not content_dir(b.images_dir, "sha256:" + "cd" * 32).exists()
@@ -332,14 +442,16 @@ def test_a_host_without_an_imported_image_fetches_it_and_resolves_it(
     assert not a.uploaded(digest)
 
 
-def test_a_recorded_image_is_uploaded_in_the_background_from_any_thread(tmp_path: Path) -> None:
+def test_a_recorded_image_is_uploaded_in_the_background_from_any_thread(
+    tmp_path: Path, records: ImageUploadStore
+) -> None:
     """``schedule`` from an import's worker thread, and ``start``'s sweep of the rows
     whose content is here but whose upload is not complete (a daemon stopped first)."""
     store = LocalBlobStore(tmp_path / "blobs")
     a_dir = tmp_path / "a-images"
     _boot(a_dir)
     first, second = _content(a_dir, "first"), _content(a_dir, "second")
-    a = ImageBlobs(store, a_dir, tmp_path / "a-state")
+    a = ImageBlobs(store, a_dir, tmp_path / "a-state", records)
     seen: list[tuple[str, str]] = []
     a.on_uploaded = lambda type, data: seen.append((type, data["digest"]))
 
@@ -354,3 +466,19 @@ def test_a_recorded_image_is_uploaded_in_the_background_from_any_thread(tmp_path
     asyncio.run(run())
     assert a.uploaded(first) and a.uploaded(second)
     assert sorted(seen) == sorted([("image.uploaded", first), ("image.uploaded", second)])
+
+
+def test_an_upload_record_round_trips_and_the_last_upload_replaces_it(
+    records: ImageUploadStore,
+) -> None:
+    prefix = "images/oci-boot/" + BOOT_KEY + "/"
+    assert records.get(prefix) is None
+    first = {"vmlinux": FileSum(3, "a" * 64), "boot.json": FileSum(1 << 40, "b" * 64)}
+    records.put(prefix, first, {"key": BOOT_KEY})
+    got = records.get(prefix)
+    assert got is not None and got.files == first and got.meta == {"key": BOOT_KEY}
+    records.put(prefix, {"vmlinux": FileSum(4, "c" * 64)}, {})
+    again = records.get(prefix)
+    assert again is not None and again.files == {"vmlinux": FileSum(4, "c" * 64)}
+    records.delete(prefix)
+    assert records.get(prefix) is None

@@ -11,22 +11,32 @@ Layout in the store (the path under the images directory, which names the conten
 
 Upload: once an image is recorded (``ImageImporter.record``: an import or a Dockerfile
 build), in the background, retried with backoff; the boot set first, the content's
-index last, so an index in the store means everything it names can be fetched. At the
-daemon's start every recorded image whose content is here and whose upload is not
-complete is scheduled again (an S3 upload resumes where it stopped: its journal).
+index last, so an index in the store means everything it names can be fetched. Before
+each index goes, the uploading host records in the database (``image_uploads``,
+``hutch.store.image_uploads``) every file's size and sha256 as it sent them and the
+index's meta: the record, not the bucket, is what a fetch trusts. An upload is complete
+when both the index and the record are there; at the daemon's start every recorded
+image whose content is here and whose upload is not complete is scheduled again (an S3
+upload resumes where it stopped: its journal), which is also how an upload made before
+the record existed (migration 15) gets one: a host holding the content sends it again.
 
 Fetch (a create, a resume or a fork child on a host without the content): one at a
 time per image on this host (an asyncio lock per digest in the daemon, the content's
 ``oci/sha256-<hex>.lock`` flock across daemons sharing the directory, the one imports
 take): downloaded into ``.sha256-<hex>.fetch-*`` beside the final directory (on the
-same file system; ``discard_partial`` removes what a crash left), every file checked
-against the index (size + sha256), then against the digest the image is recorded
-with: ``manifest.json`` must hash to it, ``image.json`` must name it and the config
-the manifest names, and the directory must load as complete content; only then is it
+same file system; ``discard_partial`` removes what a crash left), the index checked
+against the database's record (the same files, each of the recorded size and sha256:
+a bucket writer cannot swap a file and its index) and every file against the record as
+it is written, then against the digest the image is recorded with: ``manifest.json``
+must hash to it, ``image.json`` must name it and the config the manifest names, and
+the directory must load as complete content; only then is it
 renamed into place. A failed check leaves nothing behind and is a ``BlobError``
-naming the image and the blob; no index in the store is ``ImageMissing``. The boot set
-is fetched the same way (into ``oci-boot/.<key>.fetch-*``, its ``boot.json`` naming
-its key) when this host has none, and becomes ``current`` only if there still is none.
+naming the image and the blob; no index in the store, or no record of the upload in
+the database (never uploaded, not complete, or uploaded by a hutch before migration 15:
+refused, never fetched unverified), is ``ImageMissing``. The boot set is fetched the
+same way (into ``oci-boot/.<key>.fetch-*``, its own record, its ``boot.json`` naming its
+key) when this host has none, and becomes ``current`` only if there still is none; its
+key is the one the content's record names, not the bucket's index.
 """
 
 from __future__ import annotations
@@ -51,7 +61,8 @@ from hutch.images.oci.boot import BootSet, find_boot_set, load_boot_set
 from hutch.images.oci.digest import digest_of
 from hutch.images.oci.importer import OciContent, content_dir, find_content, load_content
 from hutch.storage.blobs import BlobStore, open_blob_store
-from hutch.storage.blobs.flat import flat_complete, get_flat, get_flat_index, put_flat
+from hutch.storage.blobs.flat import FileSum, flat_complete, get_flat, put_flat
+from hutch.store.image_uploads import ImageUploadStore, UploadRecord
 
 __all__ = ["CONTENT_FILES", "ImageBlobs", "image_prefix"]
 
@@ -75,8 +86,19 @@ class ImageBlobs:
     """The blob store side of images; ``store`` None: images stay on the host that
     imported them (nothing uploaded, nothing fetched)."""
 
-    def __init__(self, store: BlobStore | None, images_dir: Path, scratch: Path) -> None:
+    def __init__(
+        self,
+        store: BlobStore | None,
+        images_dir: Path,
+        scratch: Path,
+        records: ImageUploadStore | None = None,
+    ) -> None:
+        """``records``: where uploads are recorded and fetches verified (the database);
+        required with a ``store``."""
+        if store is not None and records is None:
+            raise ValueError("ImageBlobs with a blob store needs the upload records")
         self.store = store
+        self.records = records
         self.images_dir = images_dir
         #: Where indexes are written and read before they go on (the state dir).
         self.scratch = scratch
@@ -88,13 +110,13 @@ class ImageBlobs:
         self.on_uploaded: Callable[[str, dict[str, Any]], None] | None = None
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> ImageBlobs:
+    def from_settings(cls, settings: Settings, records: ImageUploadStore) -> ImageBlobs:
         if not settings.blob_url:
             return cls(None, settings.images_dir, settings.state_dir)
         store = open_blob_store(
             settings.blob_url, state_dir=settings.state_dir, s3_endpoint=settings.s3_endpoint
         )
-        return cls(store, settings.images_dir, settings.state_dir)
+        return cls(store, settings.images_dir, settings.state_dir, records)
 
     @property
     def enabled(self) -> bool:
@@ -169,18 +191,22 @@ class ImageBlobs:
                 await asyncio.sleep(delay)
 
     def uploaded(self, digest: str) -> bool:  # blocking (a stat in the store)
-        """The content's upload is complete (its index is in the store)."""
+        """The content's upload is complete (its record and its index are there)."""
         rel = _rel(self.images_dir, content_dir(self.images_dir, digest))
-        return self.store is not None and flat_complete(self.store, image_prefix(rel))
+        return self.store is not None and self._complete(image_prefix(rel))
+
+    def _complete(self, prefix: str) -> bool:
+        assert self.store is not None and self.records is not None
+        return self.records.get(prefix) is not None and flat_complete(self.store, prefix)
 
     def upload(self, digest: str) -> int | None:
         """Upload this host's boot set, then the content ``digest`` naming it; the bytes
-        sent (None: the content's index was there already). Blocking; ``BlobError``."""
+        sent (None: its upload was complete already). Blocking; ``BlobError``."""
         assert self.store is not None
         content = find_content(self.images_dir, digest)
         if content is None:
             raise BlobError(f"image {digest}: its content is not on this host to upload")
-        if flat_complete(self.store, image_prefix(_rel(self.images_dir, content.path))):
+        if self._complete(image_prefix(_rel(self.images_dir, content.path))):
             return None
         boot = find_boot_set(self.images_dir)
         sent = 0
@@ -190,16 +216,28 @@ class ImageBlobs:
         return sent + (self._upload_dir(content.path, meta) or 0)
 
     def _upload_dir(self, d: Path, meta: dict[str, Any]) -> int | None:
-        assert self.store is not None
+        assert self.store is not None and self.records is not None
+        records = self.records
         rel = _rel(self.images_dir, d)
         prefix = image_prefix(rel)
-        if flat_complete(self.store, prefix):
+        if self._complete(prefix):
             return None
         files = {
             f.name: f for f in sorted(d.iterdir()) if f.is_file() and not f.name.startswith(".")
         }
+
+        def record(sent: dict[str, FileSum]) -> None:
+            records.put(prefix, sent, meta)
+
         index = put_flat(
-            self.store, prefix, files, owner=rel, scratch=self.scratch, meta=meta, put=self._put
+            self.store,
+            prefix,
+            files,
+            owner=rel,
+            scratch=self.scratch,
+            meta=meta,
+            put=self._put,
+            before_index=record,
         )
         return sum(int(r["size"]) for r in index["files"].values())
 
@@ -217,13 +255,16 @@ class ImageBlobs:
     def delete(self, digest: str) -> None:
         """Remove the content's blobs (no image record names ``digest`` any more): the
         index first, so it stops counting as uploaded. Boot sets stay (every imported
-        image shares them). Blocking; failures are the caller's to log."""
+        image shares them). The record goes last: one left by a crash is replaced by the
+        next upload. Blocking; failures are the caller's to log."""
         if self.store is None:
             return
+        assert self.records is not None
         prefix = image_prefix(_rel(self.images_dir, content_dir(self.images_dir, digest)))
         self.store.delete(prefix + "index.json")
         for blob in self.store.list_prefix(prefix):
             self.store.delete(blob.key)
+        self.records.delete(prefix)
 
     # -- fetch --------------------------------------------------------------------------
 
@@ -239,13 +280,11 @@ class ImageBlobs:
             await asyncio.to_thread(self._ensure, digest, what, boot)
 
     def _ensure(self, digest: str, what: str, boot: bool) -> None:
-        meta: dict[str, Any] | None = None
         if find_content(self.images_dir, digest) is None:
-            meta = self.fetch_content(digest, what)
+            self.fetch_content(digest, what)
         if boot and find_boot_set(self.images_dir) is None:
-            if meta is None:
-                meta = self._content_meta(digest, what)
-            key = meta.get("boot")
+            # The key the uploader recorded, never the bucket's index's word for it.
+            key = self._record(content_dir(self.images_dir, digest), digest, what).meta.get("boot")
             if not isinstance(key, str) or not key:
                 raise ImageMissing(
                     f"{what}: this host has no boot set for imported images and the "
@@ -253,17 +292,13 @@ class ImageBlobs:
                 )
             self.fetch_boot(key, what)
 
-    def _content_meta(self, digest: str, what: str) -> dict[str, Any]:
-        assert self.store is not None
-        store = self.store
-        rel = _rel(self.images_dir, content_dir(self.images_dir, digest))
-        index = self._wrapped(
-            what, lambda: get_flat_index(store, image_prefix(rel), self.scratch, owner=rel)
-        )
-        if index is None:
+    def _record(self, final: Path, digest: str, what: str) -> UploadRecord:
+        """The database's record of the content's upload; ``ImageMissing`` without."""
+        assert self.records is not None
+        found = self.records.get(image_prefix(_rel(self.images_dir, final)))
+        if found is None:
             raise self._missing(digest, what)
-        meta: dict[str, Any] = index["meta"]
-        return meta
+        return found
 
     def fetch_content(self, digest: str, what: str) -> dict[str, Any] | None:
         """Fetch the content ``digest`` into place (blocking, checked as the module
@@ -277,8 +312,9 @@ class ImageBlobs:
             if load_content(final) is not None:
                 return None
             started = time.monotonic()
+            record = self._record(final, digest, what)
             index = self._stage(
-                rel, final, what, lambda staging: _check_content(staging, digest, what)
+                rel, final, what, record, lambda staging: _check_content(staging, digest, what)
             )
             if index is None:
                 raise self._missing(digest, what)
@@ -297,12 +333,21 @@ class ImageBlobs:
         root.mkdir(parents=True, exist_ok=True)
         with file_lock(self.images_dir / "oci-boot.lock"):
             if load_boot_set(final) is None:
-                index = self._stage(rel, final, what, lambda staging: _check_boot(staging, key))
+                assert self.records is not None
+                record = self.records.get(image_prefix(rel))
+                index = (
+                    None
+                    if record is None
+                    else self._stage(
+                        rel, final, what, record, lambda staging: _check_boot(staging, key)
+                    )
+                )
                 if index is None:
                     raise ImageMissing(
                         f"{what}: the boot set {key} it was imported with is not in the blob "
-                        f"store {self.store.url}, and this host has none; import any image "
-                        "here once to build one"
+                        f"store {self.store.url} with a record of its upload in the "
+                        "database, and this host has none; import any image here once to "
+                        "build one"
                     )
                 log.info("boot set %s fetched from %s", key, self.store.url)
             if find_boot_set(self.images_dir) is None:
@@ -312,16 +357,23 @@ class ImageBlobs:
         return found
 
     def _stage(
-        self, rel: str, final: Path, what: str, check: Callable[[Path], None]
+        self,
+        rel: str,
+        final: Path,
+        what: str,
+        record: UploadRecord,
+        check: Callable[[Path], None],
     ) -> dict[str, Any] | None:
-        """Download ``rel`` beside ``final``, ``check`` it, make it read-only and rename
-        it into place (the caller holds ``final``'s lock). None: not in the store."""
+        """Download ``rel`` beside ``final``, verified against ``record`` (its index and
+        every file), ``check`` it, make it read-only and rename it into place (the
+        caller holds ``final``'s lock). None: not in the store."""
         assert self.store is not None
         store = self.store
         staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.fetch-", dir=final.parent))
         try:
             index = self._wrapped(
-                what, lambda: get_flat(store, image_prefix(rel), staging, owner=rel)
+                what,
+                lambda: get_flat(store, image_prefix(rel), staging, owner=rel, expect=record.files),
             )
             if index is None:
                 shutil.rmtree(staging, ignore_errors=True)
@@ -352,8 +404,10 @@ class ImageBlobs:
         assert self.store is not None
         return ImageMissing(
             f"{what} ({digest}) is not on this host and not in the blob store "
-            f"{self.store.url} (its upload from the host that imported it has not "
-            "completed, or it was never uploaded); retry once it has, or import it again"
+            f"{self.store.url} with a record of its upload in the database (its upload "
+            "from the host that imported it has not completed, it was never uploaded, or "
+            "it was uploaded by a hutch that kept no record: a host holding it uploads it "
+            "again when its daemon starts); retry once it has, or import it again"
         )
 
 

@@ -104,7 +104,7 @@ class ImageImporter:
         boot the one they had, which still works."""
         shutil.rmtree(self.spool_dir, ignore_errors=True)
         for name in discard_partial(self.images.images_dir):
-            log.info("removed the unfinished image import %s", name)
+            log.info("removed what an interrupted image import or fetch left: %s", name)
         rows = self.images.store.list_all()
         if rows:
             threading.Thread(target=self._refresh_boot, name="hutch-oci-boot", daemon=True).start()

@@ -352,6 +352,18 @@ MIGRATIONS: tuple[str, ...] = (
         updated_at  REAL NOT NULL
     );
     """,
+    # 15: image_uploads: what a host uploaded of an image's content or a boot set to the
+    # blob store (each file's size and sha256, the index's meta), written by that host
+    # from the bytes it sent; a host fetching it verifies against this, not against the
+    # index in the same bucket (hutch.services.image_blobs). No row: not fetchable.
+    """
+    CREATE TABLE image_uploads (
+        prefix      TEXT PRIMARY KEY,
+        files_json  TEXT NOT NULL,
+        meta_json   TEXT NOT NULL DEFAULT '{}',
+        uploaded_at REAL NOT NULL
+    );
+    """,
 )
 
 

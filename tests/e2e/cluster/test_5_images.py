@@ -1,11 +1,14 @@
 """Images in the blob store (``services/image_blobs.py``): an image imported through
 one worker is uploaded by digest; a create pinned to a worker without its content
-fetches it from SeaweedFS, verified (a corrupted blob is refused and never booted),
+fetches it from SeaweedFS, verified (a corrupted blob, or one swapped with its index,
+is refused against the uploader's record in the database and never booted),
 and boots and execs; deleting the image removes its blobs."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import secrets
 import shutil
 from pathlib import Path
@@ -76,7 +79,20 @@ def _fetched_and_booted(
             c.create_sandbox(image=tag, memory_mib=MEMORY_MIB, placement={"host": "w2"})
         assert not local.exists()
         assert not [s for s in c.list_sandboxes() if s.image == tag]
-        # The blob as uploaded: the create fetches it, checks it and boots it.
+        # The same blob with an index that agrees with it (all a bucket writer can do):
+        # refused against w1's record of its upload in the database, naming the file.
+        index_key = key.removesuffix("rootfs.ext4") + "index.json"
+        good_index = client.get_object(Bucket=bucket, Key=index_key)["Body"].read()
+        forged = json.loads(good_index)
+        forged["files"]["rootfs.ext4"]["sha256"] = hashlib.sha256(bad).hexdigest()
+        client.put_object(Bucket=bucket, Key=index_key, Body=json.dumps(forged).encode())
+        with pytest.raises(
+            errors.BlobError, match=rf"image '{tag}'.*rootfs\.ext4.*the index says.*recorded"
+        ):
+            c.create_sandbox(image=tag, memory_mib=MEMORY_MIB, placement={"host": "w2"})
+        assert not local.exists()
+        # The blob and index as uploaded: the create fetches it, checks it and boots it.
+        client.put_object(Bucket=bucket, Key=index_key, Body=good_index)
         client.put_object(Bucket=bucket, Key=key, Body=good)
         sb = c.create_sandbox(image=tag, memory_mib=MEMORY_MIB, placement={"host": "w2"})
         assert owners(cluster)[sb.id] == "w2"

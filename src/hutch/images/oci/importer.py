@@ -366,19 +366,33 @@ def _ref_file(ref: str) -> str:
 
 
 def discard_partial(images_dir: Path) -> list[str]:
-    """Remove import work directories nobody is building (their lock is free)."""
-    root = images_dir / "oci"
+    """Remove what a killed daemon left half made (the caller runs it at start): import
+    and fetch work directories in ``oci/`` nobody is building (their content's lock is
+    free), and in ``oci-boot/`` every dot entry (a boot set's fetch or build directory,
+    the initramfs's, a ``current`` being written) when nobody holds ``oci-boot.lock``,
+    under which all of them are made. Returns their paths under ``images_dir``."""
     removed: list[str] = []
-    if not root.is_dir():
-        return removed
-    for entry in root.iterdir():
-        if not entry.name.startswith(".") or not entry.is_dir():
-            continue
-        final_name = entry.name[1:].split(".", 1)[0]
-        with _try_lock(root / f"{final_name}.lock") as free:
+    root = images_dir / "oci"
+    if root.is_dir():
+        for entry in root.iterdir():
+            if not entry.name.startswith(".") or not entry.is_dir():
+                continue
+            final_name = entry.name[1:].split(".", 1)[0]
+            with _try_lock(root / f"{final_name}.lock") as free:
+                if free:
+                    shutil.rmtree(entry, ignore_errors=True)
+                    removed.append(f"oci/{entry.name}")
+    boot = images_dir / "oci-boot"
+    leftovers = sorted(e for e in boot.iterdir() if e.name.startswith(".")) if boot.is_dir() else []
+    if leftovers:
+        with _try_lock(images_dir / "oci-boot.lock") as free:
             if free:
-                shutil.rmtree(entry, ignore_errors=True)
-                removed.append(entry.name)
+                for entry in leftovers:
+                    if entry.is_dir() and not entry.is_symlink():
+                        shutil.rmtree(entry, ignore_errors=True)
+                    else:
+                        entry.unlink(missing_ok=True)
+                    removed.append(f"oci-boot/{entry.name}")
     return removed
 
 

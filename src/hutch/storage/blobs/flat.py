@@ -9,10 +9,13 @@ Index (``<prefix>index.json``; its presence means the upload is complete)::
      "files": {"rootfs.ext4": {"size": n, "sha256": h}, ...},
      "meta":  {...}}                                  # the caller's, as given
 
-An index read back is trusted for nothing but what it says of the files: its names are
-checked (no path can leave the staging directory), its owner must be the one asked for
-(a blob under another prefix cannot stand in), and what the files mean (a manifest's
-digest, say) is the caller's to verify before it uses them.
+An index read back is trusted for nothing on its own: whoever can write the bucket can
+write a file and an index that agree. :func:`get_flat` takes what the caller trusts (the
+uploader's record of each file's size and sha256, kept outside the bucket) and refuses
+an index that differs from it in any file; the names are checked too (no path can leave
+the staging directory), its owner must be the one asked for (a blob under another prefix
+cannot stand in), and what the files mean (a manifest's digest, say) is the caller's to
+verify before it uses them.
 """
 
 from __future__ import annotations
@@ -25,9 +28,19 @@ from pathlib import Path
 from typing import Any
 
 from hutch.errors import BlobError
+from hutch.models import FileSum
 from hutch.storage.blobs.base import BlobInfo, BlobStore
 
-__all__ = ["FLAT_FORMAT", "INDEX", "flat_complete", "get_flat", "get_flat_index", "put_flat"]
+__all__ = [
+    "FLAT_FORMAT",
+    "INDEX",
+    "FileSum",
+    "file_sums",
+    "flat_complete",
+    "get_flat",
+    "get_flat_index",
+    "put_flat",
+]
 
 INDEX = "index.json"
 FLAT_FORMAT = 1
@@ -35,6 +48,11 @@ _FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 Put = Callable[[str, Path], BlobInfo]
+
+
+def file_sums(index: Mapping[str, Any]) -> dict[str, FileSum]:
+    """The files an index (as :func:`put_flat` returns it) names."""
+    return {n: FileSum(int(r["size"]), str(r["sha256"])) for n, r in index["files"].items()}
 
 
 def put_flat(
@@ -46,12 +64,15 @@ def put_flat(
     scratch: Path,
     meta: Mapping[str, Any] | None = None,
     put: Put | None = None,
+    before_index: Callable[[dict[str, FileSum]], None] | None = None,
 ) -> dict[str, Any]:
     """Upload ``files`` (name in the store -> local path), then the index naming their
     sizes and sha256 and ``meta``; return the index. ``put`` (default ``store.put``)
-    lets a caller stop between blobs; ``scratch``: where the index is written before it
-    is sent. The files must not change meanwhile. Raises ``BlobError``; until the index
-    is in the store, nothing of the upload counts as there."""
+    lets a caller stop between blobs; ``before_index`` is called with what was sent
+    before the index goes (to record it where the bucket cannot write); ``scratch``:
+    where the index is written before it is sent. The files must not change meanwhile.
+    Raises ``BlobError``; until the index is in the store, nothing of the upload counts
+    as there."""
     send = put or store.put
     records: dict[str, dict[str, Any]] = {}
     for name, path in sorted(files.items()):
@@ -59,6 +80,8 @@ def put_flat(
             raise BlobError(f"{owner}: {name!r} cannot be stored as a blob name")
         got = send(prefix + name, path)
         records[name] = {"size": got.size, "sha256": got.sha256}
+    if before_index is not None:
+        before_index({n: FileSum(int(r["size"]), str(r["sha256"])) for n, r in records.items()})
     index = {"format": FLAT_FORMAT, "owner": owner, "files": records, "meta": dict(meta or {})}
     tmp = scratch / f".index-{secrets.token_hex(6)}.json"
     try:
@@ -99,19 +122,43 @@ def get_flat_index(
         index_path.unlink(missing_ok=True)
 
 
-def get_flat(store: BlobStore, prefix: str, staging: Path, *, owner: str) -> dict[str, Any] | None:
+def get_flat(
+    store: BlobStore,
+    prefix: str,
+    staging: Path,
+    *,
+    owner: str,
+    expect: Mapping[str, FileSum],
+) -> dict[str, Any] | None:
     """Download what :func:`put_flat` stored under ``prefix`` into ``staging`` (an empty
-    directory), each file checked against the index; return the index, or None when
-    there is no index (never uploaded, or not complete yet). Raises ``BlobError``
-    naming the blob that is missing, truncated or corrupt, or an index that is not
-    valid; the caller removes ``staging`` then."""
+    directory); return the index, or None when there is no index (never uploaded, or
+    not complete yet). ``expect``: the files as the uploader recorded them where the
+    bucket cannot write; the index must name exactly these, each of that size and
+    sha256, and each blob is checked against it as it is written. Raises ``BlobError``
+    naming the file whose index entry differs from the record, the blob that is
+    missing, truncated or corrupt, or an index that is not valid; the caller removes
+    ``staging`` then."""
     index = get_flat_index(store, prefix, staging, owner=owner)
     if index is None:
         return None
-    for name, rec in index["files"].items():
+    listed = file_sums(index)
+    for name in sorted(set(listed) | set(expect)):
+        if listed.get(name) != expect.get(name):
+            raise BlobError(
+                f"blob {prefix}{name} at {store.url}: the index says "
+                f"{_describe(listed.get(name))}, the uploader recorded "
+                f"{_describe(expect.get(name))}; {owner} is not fetched"
+            )
+    for name, want in expect.items():
         key = prefix + name
-        store.get(key, staging / name, expect=BlobInfo(key, int(rec["size"]), str(rec["sha256"])))
+        store.get(key, staging / name, expect=BlobInfo(key, want.size, want.sha256))
     return index
+
+
+def _describe(found: FileSum | None) -> str:
+    if found is None:
+        return "no such file"
+    return f"{found.size} bytes of sha256 {found.sha256}"
 
 
 def _parse(raw: bytes, owner: str) -> dict[str, Any]:
