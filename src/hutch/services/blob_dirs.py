@@ -27,12 +27,12 @@ import os
 import re
 import secrets
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from hutch.errors import BlobError, SnapshotError
 from hutch.storage.blobs import BlobInfo, BlobStore
+from hutch.storage.blobs.flat import FILE_NAME, INDEX, Put
 from hutch.vm.disk_chain import disk_chain
 from hutch.vm.snapshot import MANIFEST_FILE, STATE_FILE
 from hutch.vm.snapshot_dir import load_manifest
@@ -40,13 +40,9 @@ from hutch.vm.snapshot_manifest import FileStamp, fd_digest, write_atomic
 
 __all__ = ["DISK", "INDEX", "INDEX_FORMAT", "fetch_dir", "upload_dir"]
 
-INDEX = "index.json"
 INDEX_FORMAT = 1
 DISK = "disk.qcow2"
-_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _LAYER_NAME = re.compile(r"^layer-[0-9]{1,3}\.qcow2$")
-
-Put = Callable[[str, Path], BlobInfo]
 
 
 def upload_dir(
@@ -217,7 +213,7 @@ def _parse_index(
             if not re.fullmatch(r"[0-9a-f]{64}", str(rec["sha256"])) or int(rec["size"]) < 0:
                 raise ValueError(f"record {rec!r}")
         for name in index["files"]:
-            if not _FILE_NAME.match(name) or name == INDEX:
+            if not FILE_NAME.match(name) or name == INDEX:
                 raise ValueError(f"file name {name!r}")
         for rec in index["layers"]:
             if not _LAYER_NAME.match(str(rec["name"])) or rec["name"] in index["files"]:

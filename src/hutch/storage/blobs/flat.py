@@ -32,9 +32,11 @@ from hutch.models import FileSum
 from hutch.storage.blobs.base import BlobInfo, BlobStore
 
 __all__ = [
+    "FILE_NAME",
     "FLAT_FORMAT",
     "INDEX",
     "FileSum",
+    "Put",
     "file_sums",
     "flat_complete",
     "get_flat",
@@ -44,7 +46,8 @@ __all__ = [
 
 INDEX = "index.json"
 FLAT_FORMAT = 1
-_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+#: A file name a blob directory may hold (no path, no dot first): snapshots and images alike.
+FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 Put = Callable[[str, Path], BlobInfo]
@@ -76,7 +79,7 @@ def put_flat(
     send = put or store.put
     records: dict[str, dict[str, Any]] = {}
     for name, path in sorted(files.items()):
-        if not _FILE_NAME.match(name) or name == INDEX:
+        if not FILE_NAME.match(name) or name == INDEX:
             raise BlobError(f"{owner}: {name!r} cannot be stored as a blob name")
         got = send(prefix + name, path)
         records[name] = {"size": got.size, "sha256": got.sha256}
@@ -169,7 +172,7 @@ def _parse(raw: bytes, owner: str) -> dict[str, Any]:
     if not isinstance(files, dict) or not isinstance(index.get("meta", {}), dict):
         raise ValueError("files and meta must be objects")
     for name, rec in files.items():
-        if not _FILE_NAME.match(name) or name == INDEX:
+        if not FILE_NAME.match(name) or name == INDEX:
             raise ValueError(f"file name {name!r}")
         if not _SHA256.match(str(rec["sha256"])) or int(rec["size"]) < 0:
             raise ValueError(f"record {rec!r}")
