@@ -80,10 +80,11 @@ RECV_BYTES = 65536
 
 
 class NetlinkError(OSError):
-    """The kernel refused a request (or answered one with something unreadable)."""
+    """The kernel refused a request (or answered one with something unreadable);
+    ``str()`` is ``[Errno N] OPERATION: STRERROR``."""
 
     def __init__(self, operation: str, code: int) -> None:
-        super().__init__(code, f"{operation}: {os.strerror(code)} (errno {code})")
+        super().__init__(code, f"{operation}: {os.strerror(code)}")
         self.operation = operation
 
 
