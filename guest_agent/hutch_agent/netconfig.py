@@ -10,10 +10,9 @@ import ipaddress
 import logging
 import os
 import re
-import subprocess
 from typing import Any
 
-from hutch_agent import runtime
+from hutch_agent import rtnl
 
 log = logging.getLogger("hutch-agent")
 
@@ -43,11 +42,8 @@ def apply_network(net: Any) -> None:
         if net is not None:
             log.warning("no network interface to configure")
         return
-    commands = [f"addr flush dev {nic}", f"route flush dev {nic}"]
-    if net is None:
-        commands.append(f"link set {nic} down")
-        dns = None
-    else:
+    dns: ipaddress.IPv4Address | None = None
+    if net is not None:
         try:
             address = ipaddress.IPv4Interface(str(net["address"]))
             gateway = ipaddress.IPv4Address(str(net["gateway"]))
@@ -58,25 +54,13 @@ def apply_network(net: Any) -> None:
         except (KeyError, TypeError, ValueError) as exc:
             log.warning("ignoring bad network settings %r: %s", net, exc)
             return
-        if mac is not None:
-            commands += [f"link set {nic} down", f"link set {nic} address {mac}"]
-        commands += [
-            f"link set {nic} up",
-            f"addr add {address} dev {nic}",
-            f"route replace default via {gateway} dev {nic}",
-        ]
     try:
-        subprocess.run(
-            [*runtime.ip_command(), "-batch", "-"],
-            input="\n".join(commands) + "\n",
-            text=True,
-            check=True,
-            capture_output=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        stderr = getattr(exc, "stderr", "") or ""
-        log.warning("configuring %s failed: %s %s", nic, exc, stderr.strip())
+        if net is None:
+            rtnl.take_down_nic(nic)
+        else:
+            rtnl.configure_nic(nic, address, gateway, None if mac is None else str(mac))
+    except OSError as exc:
+        log.warning("configuring %s failed: %s", nic, exc)
         return
     try:
         with open(RESOLV_CONF, "w") as f:

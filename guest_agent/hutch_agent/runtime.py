@@ -55,12 +55,6 @@ def self_argv() -> tuple[str, list[str]]:
     return argv[0], argv
 
 
-def ip_command() -> list[str]:
-    if RUNTIME is None:
-        return ["ip"]
-    return wrap([f"{RUNTIME}/usr/bin/ip"])
-
-
 def python_command() -> str:
     """The interpreter for code-interpreter kernels: the image's own ``python3`` in
     runtime mode (the user's packages are there, not in hutch's runtime)."""
