@@ -270,21 +270,22 @@ class Rtnl:
         """``ip addr flush dev NIC`` then ``ip route flush dev NIC``. An entry that is
         gone by the time it is deleted (ESRCH, EADDRNOTAVAIL: removing an address takes
         its routes with it) is no error."""
+        addresses = self.dump(f"dump addresses of {nic}", RTM_GETADDR, addr_dump_body(index))
+        on_link = [b for b in addresses if addr_on_link(b, index)]
+        self._delete_gone_ok(f"delete address of {nic}", RTM_DELADDR, on_link)
+        routes = self.dump(f"dump routes of {nic}", RTM_GETROUTE, route_dump_body())
+        to_flush = [b for b in routes if route_to_flush(b, index)]
+        self._delete_gone_ok(f"delete route of {nic}", RTM_DELROUTE, to_flush)
+
+    def _delete_gone_ok(self, what: str, msg_type: int, bodies: list[bytes]) -> None:
+        """Delete each entry; one already gone (ESRCH, EADDRNOTAVAIL, ENOENT) is no error."""
         gone = (errno.ESRCH, errno.EADDRNOTAVAIL, errno.ENOENT)
-        for body in self.dump(f"dump addresses of {nic}", RTM_GETADDR, addr_dump_body(index)):
-            if addr_on_link(body, index):
-                try:
-                    self.request(f"delete address of {nic}", RTM_DELADDR, 0, body)
-                except NetlinkError as exc:
-                    if exc.errno not in gone:
-                        raise
-        for body in self.dump(f"dump routes of {nic}", RTM_GETROUTE, route_dump_body()):
-            if route_to_flush(body, index):
-                try:
-                    self.request(f"delete route of {nic}", RTM_DELROUTE, 0, body)
-                except NetlinkError as exc:
-                    if exc.errno not in gone:
-                        raise
+        for body in bodies:
+            try:
+                self.request(what, msg_type, 0, body)
+            except NetlinkError as exc:
+                if exc.errno not in gone:
+                    raise
 
     def set_link(
         self, nic: str, index: int, *, up: bool | None = None, mac: str | None = None
