@@ -4,6 +4,7 @@ in a bubblewrap sandbox instead of a VM (see fake_backend.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import socket
 from collections.abc import AsyncIterator
@@ -18,8 +19,10 @@ from hutch.api import create_app
 from hutch.config import Limits, Settings
 from hutch.daemon import build_services
 from hutch.images.build import ImageArtifacts
+from hutch.net.dataplane import MemoryDataplane
 from hutch.services.composed import Services
-from hutch.services.images import ImageDefaults, ImageView
+from hutch.services.images import ImageDefaults, ImageSource, ImageView
+from hutch.services.network import NetworkService as NetworkManager
 from hutch.store import Store
 from tests import pgserver
 from tests.component.fake_backend import FakeBackend
@@ -69,10 +72,30 @@ def settings(tmp_path: Path) -> Settings:
     return Settings(state_dir=tmp_path / "state", limits=Limits(max_sandboxes=40))
 
 
-@pytest.fixture
-async def service(settings: Settings, tmp_path: Path) -> AsyncIterator[Services]:
+@contextlib.asynccontextmanager
+async def started_services(
+    settings: Settings,
+    tmp_path: Path,
+    images: ImageSource | None = None,
+    *,
+    networked: bool = False,
+) -> AsyncIterator[Services]:
+    """The real services on the bubblewrap backend, started; at the end every live
+    sandbox is deleted and the backend must hold nothing. ``networked``: with a
+    NetworkManager on the in-memory dataplane (no taps, no nftables) whose resolver
+    forwards nowhere, so the host's resolv.conf is not consulted."""
+    store = Store(settings.database)
+    net: NetworkManager | None = None
+    if networked:
+        settings = replace(settings, dns_upstream=("127.0.0.1", 9))
+
+        def name_of(sandbox_id: str) -> str | None:
+            rec = store.get_sandbox(sandbox_id)
+            return rec.name if rec else None
+
+        net = NetworkManager(settings, store, names=name_of, dataplane=MemoryDataplane())
     backend = FakeBackend(tmp_path / "run")
-    svc = build_services(settings, Store(settings.database), backend, FakeImages(tmp_path))
+    svc = build_services(settings, store, backend, images or FakeImages(tmp_path), net=net)
     await svc.start()
     try:
         yield svc
@@ -82,6 +105,12 @@ async def service(settings: Settings, tmp_path: Path) -> AsyncIterator[Services]
                 await svc.sandboxes.delete(rec.id)
         await svc.close()
         assert backend.leftover_ids() == set(), "a test leaked sandbox resources"
+
+
+@pytest.fixture
+async def service(settings: Settings, tmp_path: Path) -> AsyncIterator[Services]:
+    async with started_services(settings, tmp_path) as svc:
+        yield svc
 
 
 @pytest.fixture

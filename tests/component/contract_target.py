@@ -18,18 +18,12 @@ import pytest
 
 from hutch.api import create_app
 from hutch.config import Settings
-from hutch.daemon import build_services
-from hutch.net.dataplane import MemoryDataplane
 from hutch.sdk import AsyncClient, AsyncSandbox
-from hutch.services.composed import Services
-from hutch.services.network import NetworkService as NetworkManager
-from hutch.store import Store
 from hutch.testing import FakeHutch
-from tests.component.conftest import API_KEY, FakeImages
-from tests.component.fake_backend import FakeBackend
+from tests.component.conftest import API_KEY, started_services
 from tests.component.openapi_check import CheckedTransport
 
-__all__ = ["BASE_URL", "HOST_LABELS", "Target", "error", "real_service", "target"]
+__all__ = ["BASE_URL", "HOST_LABELS", "Target", "error", "target"]
 
 BASE_URL = "http://hutch.test"
 
@@ -52,29 +46,6 @@ class Target:
         return await AsyncSandbox.create(client=self.client, **kw)
 
 
-@contextlib.asynccontextmanager
-async def real_service(settings: Settings, tmp_path: Path) -> AsyncIterator[Services]:
-    settings = replace(settings, dns_upstream=("127.0.0.1", 9))  # forwards nowhere
-    store = Store(settings.database)
-
-    def name_of(sandbox_id: str) -> str | None:
-        rec = store.get_sandbox(sandbox_id)
-        return rec.name if rec else None
-
-    net = NetworkManager(settings, store, names=name_of, dataplane=MemoryDataplane())
-    backend = FakeBackend(tmp_path / "run")
-    svc = build_services(settings, store, backend, FakeImages(tmp_path), net=net)
-    await svc.start()
-    try:
-        yield svc
-    finally:
-        for rec in svc.sandboxes.list_sandboxes():
-            if rec.state.is_live:
-                await svc.sandboxes.delete(rec.id)
-        await svc.close()
-        assert backend.leftover_ids() == set(), "a test leaked sandbox resources"
-
-
 #: The one host's labels (HUTCH_HOST_LABELS) on both targets.
 HOST_LABELS = {"zone": "eu-1", "tier": "gpu"}
 
@@ -92,7 +63,9 @@ async def target(
         else:
             labelled = replace(settings.cluster, labels=tuple(HOST_LABELS.items()))
             settings = replace(settings, cluster=labelled)
-            svc = await stack.enter_async_context(real_service(settings, tmp_path))
+            svc = await stack.enter_async_context(
+                started_services(settings, tmp_path, networked=True)
+            )
             inner = httpx.ASGITransport(app=create_app(svc, API_KEY, manage_service=False))
         checked = CheckedTransport(inner)
         client = AsyncClient(base_url=BASE_URL, api_key=API_KEY, transport=checked)

@@ -12,7 +12,6 @@ import asyncio
 import ipaddress
 import socket
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +20,10 @@ import pytest
 
 from hutch.config import Settings
 from hutch.contract.views import DenialSpike, EgressEvent, Verdict
-from hutch.daemon import build_services
 from hutch.net.dataplane import MemoryDataplane
 from hutch.net.nft_apply import SandboxCounters
 from hutch.services.composed import Services
-from hutch.services.network import NetworkService as NetworkManager
-from hutch.store import Store
-from tests.component.conftest import FakeImages
-from tests.component.fake_backend import FakeBackend
+from tests.component.conftest import started_services
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -36,27 +31,8 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.fixture
 async def service(settings: Settings, tmp_path: Path) -> AsyncIterator[Services]:
     """The conftest's service, plus a NetworkManager on the in-memory dataplane."""
-    # The resolver forwards nowhere in these tests; name a loopback upstream so the
-    # host's resolv.conf is not consulted.
-    settings = replace(settings, dns_upstream=("127.0.0.1", 9))
-    store = Store(settings.database)
-
-    def name_of(sandbox_id: str) -> str | None:
-        rec = store.get_sandbox(sandbox_id)
-        return rec.name if rec else None
-
-    net = NetworkManager(settings, store, names=name_of, dataplane=MemoryDataplane())
-    backend = FakeBackend(tmp_path / "run")
-    svc = build_services(settings, store, backend, FakeImages(tmp_path), net=net)
-    await svc.start()
-    try:
+    async with started_services(settings, tmp_path, networked=True) as svc:
         yield svc
-    finally:
-        for rec in svc.sandboxes.list_sandboxes():
-            if rec.state.is_live:
-                await svc.sandboxes.delete(rec.id)
-        await svc.close()
-        assert backend.leftover_ids() == set(), "a test leaked sandbox resources"
 
 
 async def create(api: httpx.AsyncClient, **body: object) -> dict[str, Any]:

@@ -45,7 +45,7 @@ from hutch.daemon import build_services
 from hutch.images.build import ImageArtifacts
 from hutch.services.images import ImageDefaults, ImageView
 from hutch.store import Store
-from tests.component.conftest import API_KEY, FakeImages
+from tests.component.conftest import API_KEY, FakeImages, started_services
 from tests.component.e2b_face import Face, serve_face
 from tests.component.fake_backend import FakeBackend
 
@@ -79,18 +79,11 @@ class E2bImages(FakeImages):
 
 @pytest.fixture
 async def face(settings: Settings, tmp_path: Path) -> AsyncIterator[Face]:
-    backend = FakeBackend(tmp_path / "run")
-    svc = build_services(settings, Store(settings.database), backend, E2bImages(tmp_path))
-    await svc.start()
-    try:
-        async with serve_face(svc, API_KEY) as f:
-            yield f
-    finally:
-        for rec in svc.sandboxes.list_sandboxes():
-            if rec.state.is_live:
-                await svc.sandboxes.delete(rec.id)
-        await svc.close()
-        assert backend.leftover_ids() == set(), "a test leaked sandbox resources"
+    async with (
+        started_services(settings, tmp_path, E2bImages(tmp_path)) as svc,
+        serve_face(svc, API_KEY) as f,
+    ):
+        yield f
 
 
 async def in_thread(fn: Callable[[], T]) -> T:
