@@ -7,7 +7,6 @@ import logging
 import os
 import re
 import socket
-import threading
 import time
 import traceback
 from typing import Any
@@ -45,6 +44,7 @@ from hutch_agent.ops import Op
 from hutch_agent.streams import Cancelled, Session, Stream
 from hutch_agent.system import add_entropy, reseed_now, set_clock
 from hutch_agent.transport import DeviceTransport, UnixTransport, fill
+from hutch_agent.workers import Workers
 
 log = logging.getLogger("hutch-agent")
 
@@ -55,6 +55,7 @@ class Agent:
         self.vm_mode = vm_mode
         self.decoder = Decoder()
         self.streams = Session()
+        self.workers = Workers()
         self.session_nonce: Any = None
         self.applied_net: Any = False  # never equal to a real setting (None included)
         self.ops: dict[str, Op] = {
@@ -151,12 +152,8 @@ class Agent:
                 if not self.streams.open(st):
                     self.send_error(f.sid, "invalid_argument", f"stream {f.sid} is in use")
                     return
-                threading.Thread(
-                    target=self.serve,
-                    args=(st, self.ops[op], f.header),
-                    name=f"{op}-{f.sid}",
-                    daemon=True,
-                ).start()
+                handler, header = self.ops[op], f.header
+                self.workers.run(lambda: self.serve(st, handler, header), name=f"{op}-{f.sid}")
             return
         cur = self.streams.pop(f.sid) if f.type == CANCEL else self.streams.get(f.sid)
         if cur is None:
