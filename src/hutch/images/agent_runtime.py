@@ -1,6 +1,6 @@
 """The guest agent's own runtime, for images that are not hutch's: a read-only ext4 disk
 with a Python interpreter, the standard library, every shared library they load, their
-dynamic loader, ``tini``, ``ip`` and the agent itself, all taken from the Debian package
+dynamic loader, ``tini`` and the agent itself, all taken from the Debian package
 tree hutch already builds for the ``base`` image (mmdebstrap, cached).
 
 In the guest the initramfs mounts it at :data:`MOUNT` (on the ``/run`` tmpfs: nothing is
@@ -17,7 +17,6 @@ Layout of the disk (``runtime.ext4``)::
     usr/bin/python3                           the interpreter (prefix found from here)
     usr/lib/python3.<n>/                      the standard library (tests, tkinter,
                                               idle, ensurepip, ... left out), compiled
-    usr/bin/ip                                iproute2, for the agent's network setup
     bin/tini                                  tini-static, PID 1
     agent/agent.py, agent/hutch_agent/        the agent, compiled by this very Python
 
@@ -52,7 +51,8 @@ __all__ = [
     "runtime_python_argv",
 ]
 
-_FORMAT = "agent-runtime-v1"
+# v2: no ``ip`` any more (the agent configures its NIC over rtnetlink, hutch_agent.rtnl).
+_FORMAT = "agent-runtime-v2"
 MOUNT = "/run/.hutch/rt"
 #: Written by the agent on an imported image once its boot-time work (growing /) is done
 #: (guest_agent/hutch_agent/runtime.py BOOT_DONE); what the host waits for.
@@ -190,23 +190,12 @@ def _populate(tree: Path, agent_dir: Path, agent_files: list[Path], out: Path) -
     version = _python_version(tree)
     closure = _Closure(tree)
     python = tree / "usr/bin" / f"python{version}"
-    ip = next(
-        (
-            tree / p
-            for p in ("usr/bin/ip", "usr/sbin/ip", "bin/ip", "sbin/ip")
-            if (tree / p).is_file()
-        ),
-        None,
-    )
     tini = tree / "usr/bin/tini-static"
-    for need, what in ((python, "python3"), (ip, "iproute2 (ip)"), (tini, "tini (tini-static)")):
-        if need is None or not need.is_file():
+    for need, what in ((python, "python3"), (tini, "tini (tini-static)")):
+        if not need.is_file():
             raise ImageBuildError(f"the package tree {tree} lacks {what} for the agent runtime")
-    assert ip is not None
     closure.add(python)
-    closure.add(ip)
     _copy_file(python, out / "usr/bin/python3", 0o755)
-    _copy_file(ip, out / "usr/bin/ip", 0o755)
     _copy_file(tini, out / "bin/tini", 0o755)
     stdlib = tree / "usr/lib" / f"python{version}"
     dest = out / "usr/lib" / f"python{version}"
