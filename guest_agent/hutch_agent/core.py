@@ -42,7 +42,7 @@ from hutch_agent.framing import (
 from hutch_agent.netconfig import apply_network
 from hutch_agent.ops import Op
 from hutch_agent.streams import Cancelled, Session, Stream
-from hutch_agent.system import add_entropy, reseed_now, set_clock
+from hutch_agent.system import add_entropy, randomize_addresses, reseed_now, set_clock
 from hutch_agent.transport import DeviceTransport, UnixTransport, fill
 from hutch_agent.workers import Workers
 
@@ -233,6 +233,8 @@ class Agent:
         if seed:
             add_entropy(seed)
             reseed_now()
+        if h.get("aslr") is True:
+            randomize_addresses()
         machine_id = h.get("machine_id")
         if isinstance(machine_id, str) and re.fullmatch(r"[0-9a-f]{32}", machine_id):
             try:

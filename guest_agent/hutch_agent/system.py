@@ -123,6 +123,16 @@ def keep_translations_reusable(
         log.warning("could not fix the address layout for TCG: %s", exc)
 
 
+def randomize_addresses(sysctl: str = RANDOMIZE_VA_SPACE) -> None:
+    """Address-space randomization on (``randomize_va_space`` 2): the operator chose it
+    over faster spawns under TCG (``HUTCH_GUEST_ASLR``; the hello says ``aslr``)."""
+    try:
+        with open(sysctl, "w") as f:
+            f.write("2\n")
+    except OSError as exc:
+        log.warning("could not turn address-space randomization on: %s", exc)
+
+
 #: Signals a terminal, a shell or an operator sends to a command, which the command must
 #: meet with its default action. An agent started with them ignored (under ``nohup``, or
 #: a background job of a non-interactive shell) would pass ``SIG_IGN`` on to every command

@@ -14,7 +14,11 @@ AGENT_DIR = str(Path(__file__).resolve().parents[2] / "guest_agent")
 if AGENT_DIR not in sys.path:
     sys.path.insert(0, AGENT_DIR)
 
-from hutch_agent.system import keep_translations_reusable, under_tcg  # noqa: E402
+from hutch_agent.system import (  # noqa: E402
+    keep_translations_reusable,
+    randomize_addresses,
+    under_tcg,
+)
 
 TCG_CPUINFO = "processor\t: 0\nmodel name\t: QEMU TCG CPU version 2.5+\n"
 KVM_CPUINFO = "processor\t: 0\nmodel name\t: AMD EPYC 7B13\n"
@@ -51,3 +55,10 @@ def test_a_sysctl_that_cannot_be_written_is_logged_not_raised(
     with caplog.at_level(logging.WARNING, logger="hutch-agent"):
         keep_translations_reusable(info, str(tmp_path / "no-such-dir" / "randomize_va_space"))
     assert "could not fix the address layout for TCG" in caplog.text
+
+
+def test_the_operator_can_keep_randomization_on(tmp_path: Path) -> None:
+    sysctl = tmp_path / "randomize_va_space"
+    sysctl.write_text("0\n")
+    randomize_addresses(str(sysctl))
+    assert sysctl.read_text() == "2\n"

@@ -105,6 +105,16 @@ def test_console_log_bytes(tmp_path: Path) -> None:
             load_settings({**env, "HUTCH_CONSOLE_LOG_BYTES": bad})
 
 
+def test_guest_aslr(tmp_path: Path) -> None:
+    env = {"HUTCH_STATE_DIR": str(tmp_path)}
+    assert load_settings(env).guest_aslr is False
+    assert load_settings({**env, "HUTCH_GUEST_ASLR": "1"}).guest_aslr is True
+    (tmp_path / "config.toml").write_text("guest_aslr = true\n")
+    assert load_settings(env).guest_aslr is True
+    with pytest.raises(InvalidArgument, match=r"guest_aslr='sometimes'; accepted: 1/0"):
+        load_settings({**env, "HUTCH_GUEST_ASLR": "sometimes"})
+
+
 def test_lifecycle_wait_s(tmp_path: Path) -> None:
     env = {"HUTCH_STATE_DIR": str(tmp_path)}
     assert load_settings(env).lifecycle_wait_s == 30.0

@@ -28,6 +28,7 @@ _ENV = {
     "HUTCH_TEMPLATES": "templates",
     "HUTCH_TEMPLATE_RAM_IN_FILE": "template_ram_in_file",
     "HUTCH_FORK_RAM_IN_FILE": "fork_ram_in_file",
+    "HUTCH_GUEST_ASLR": "guest_aslr",
     "HUTCH_POOL_SIZE": "pool_size",
     "HUTCH_MAX_SANDBOXES": "max_sandboxes",
     "HUTCH_MAX_MEMORY_MIB": "max_memory_mib",

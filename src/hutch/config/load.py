@@ -80,6 +80,8 @@ def _from_mapping(base: Settings, values: dict[str, Any], source: str) -> Settin
             s = replace(s, template_ram_in_file=_flag(values, "template_ram_in_file", source))
         if "fork_ram_in_file" in values:
             s = replace(s, fork_ram_in_file=_flag(values, "fork_ram_in_file", source))
+        if "guest_aslr" in values:
+            s = replace(s, guest_aslr=_flag(values, "guest_aslr", source))
         if "pool_size" in values:
             s = replace(s, pool_size=int(values["pool_size"]))
             if not 0 <= s.pool_size <= 32:

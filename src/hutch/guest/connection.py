@@ -52,6 +52,20 @@ class GuestIdentity:
     machine_id: str  # 32 lowercase hex digits, as in /etc/machine-id
     #: {"address": "a.b.c.d/30", "gateway": ip, "dns": ip}, or None: no network.
     net: dict[str, str] | None = None
+    #: Address-space randomization kept on even under TCG (``HUTCH_GUEST_ASLR``); False
+    #: sends nothing, leaving the guest as its agent or its user set it.
+    aslr: bool = False
+
+    def header(self) -> dict[str, Any]:
+        """The identity's fields of a ``hello`` or ``identity`` request."""
+        fields: dict[str, Any] = {
+            "hostname": self.hostname,
+            "machine_id": self.machine_id,
+            "net": self.net,
+        }
+        if self.aslr:
+            fields["aslr"] = True
+        return fields
 
 
 class _HandshakeLost(Exception):
@@ -159,9 +173,7 @@ class AgentConnection:
                 "entropy": base64.b64encode(os.urandom(64)).decode(),
             }
             if identity is not None:
-                header["hostname"] = identity.hostname
-                header["machine_id"] = identity.machine_id
-                header["net"] = identity.net
+                header.update(identity.header())
             return encode_frame(Frame(FrameType.REQUEST, 0, header))
 
         while True:
@@ -309,9 +321,7 @@ class AgentConnection:
                 "op": "identity",
                 "time_ns": time.time_ns(),
                 "entropy": base64.b64encode(os.urandom(64)).decode(),
-                "hostname": identity.hostname,
-                "machine_id": identity.machine_id,
-                "net": identity.net,
+                **identity.header(),
             }
         )
         return str(reply.get("hostname", ""))

@@ -67,7 +67,10 @@ Operations (REQUEST ``op``), and what the agent sends back:
   → END ``{entry}``.
 
 - ``hello`` (stream 0) carries the guest's identity: ``hostname``, ``machine_id``,
-  ``entropy``, ``time_ns`` and ``net`` (``{address, gateway, dns}`` or null).
+  ``entropy``, ``time_ns``, ``net`` (``{address, gateway, dns}`` or null) and, only
+  when the operator set ``HUTCH_GUEST_ASLR``, ``aslr: true`` (the agent turns
+  address-space randomization back on, which it turns off under TCG at boot); the
+  ``identity`` op carries the same fields.
 - Background processes ``proc_start / proc_list / proc_get / proc_output / proc_stdin /
   proc_signal / proc_kill / proc_wait`` and terminals ``pty_open / pty_attach /
   pty_resize / pty_signal / pty_close / pty_list``: see

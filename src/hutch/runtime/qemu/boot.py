@@ -37,10 +37,12 @@ ADOPT_AGENT_TIMEOUT_S = 5.0
 GuestNetwork = Callable[[str], "dict[str, str] | None"]
 
 
-def identity_of(sandbox_id: str, hostname: str, net: dict[str, str] | None = None) -> GuestIdentity:
+def identity_of(
+    sandbox_id: str, hostname: str, net: dict[str, str] | None = None, *, aslr: bool = False
+) -> GuestIdentity:
     """A sandbox's guest identity: stable for its lifetime, distinct from every other."""
     machine_id = hashlib.sha256(f"hutch-machine-id:{sandbox_id}".encode()).hexdigest()[:32]
-    return GuestIdentity(hostname=hostname, machine_id=machine_id, net=net)
+    return GuestIdentity(hostname=hostname, machine_id=machine_id, net=net, aslr=aslr)
 
 
 class Booter:
@@ -122,7 +124,9 @@ class Booter:
     def identity(self, vm: QemuVm, hostname: str | None = None) -> GuestIdentity:
         """The identity of ``vm``'s sandbox (hostname defaults to its id)."""
         name = vm.cfg.name
-        return identity_of(name, hostname or name, self.guest_network(name))
+        return identity_of(
+            name, hostname or name, self.guest_network(name), aslr=self.settings.guest_aslr
+        )
 
     async def connect(
         self, vm: QemuVm, p: SandboxPaths, hostname: str | None = None
@@ -160,5 +164,10 @@ class Booter:
         return await AgentClient.connect(
             p.agent_socket,
             timeout_s=ADOPT_AGENT_TIMEOUT_S,
-            identity=identity_of(sandbox_id, hostname, self.guest_network(sandbox_id)),
+            identity=identity_of(
+                sandbox_id,
+                hostname,
+                self.guest_network(sandbox_id),
+                aslr=self.settings.guest_aslr,
+            ),
         )
