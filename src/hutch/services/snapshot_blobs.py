@@ -33,12 +33,13 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from hutch.errors import HutchError, SnapshotError
 from hutch.models import SnapshotRecord
+from hutch.services.background_uploads import RETRY_S, BackgroundUploads
 from hutch.services.blob_dirs import INDEX, fetch_dir, upload_dir
 from hutch.services.registry import SandboxRegistry
 from hutch.storage.blobs import BlobInfo, BlobStore, open_blob_store
@@ -50,7 +51,6 @@ log = logging.getLogger("hutch.services.snapshot_blobs")
 
 #: Uploads in the bucket older than this that no journal of ours names are abandoned.
 ORPHAN_UPLOAD_AGE_S = 24 * 3600.0
-_RETRY_S = (2.0, 5.0, 15.0, 60.0)
 
 
 def _prefix(snapshot_id: str) -> str:
@@ -61,17 +61,33 @@ class SnapshotBlobs:
     """The blob store side of named snapshots; ``store`` None: snapshots stay on this
     host only (nothing is uploaded, nothing evicted)."""
 
-    def __init__(self, core: SandboxRegistry, store: BlobStore | None, cache_bytes: int) -> None:
+    def __init__(
+        self,
+        core: SandboxRegistry,
+        store: BlobStore | None,
+        cache_bytes: int,
+        *,
+        retry_s: Sequence[float] = RETRY_S,
+    ) -> None:
+        """``cache_bytes``: the local copies' budget (0: no eviction); ``retry_s``: the
+        delays between upload attempts."""
         self.core = core
         self.store = store
         self.cache_bytes = cache_bytes
-        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self.uploads: BackgroundUploads[SnapshotRecord] = BackgroundUploads(
+            "snapshot",
+            self._upload_once,
+            lambda snap: self.core.store.get_snapshot(snap.id) is not None,
+            key=lambda snap: snap.id,
+            log=log,
+            task_prefix="hutch-upload-",
+            retry_s=retry_s,
+        )
         self._fetching: dict[str, asyncio.Lock] = {}
         self._evictions: set[asyncio.Task[list[str]]] = set()
         # Snapshots deleted while their upload's thread may still run: it stops at its
         # next file (a thread cannot be cancelled), so no index appears after a delete.
         self._deleted: set[str] = set()
-        self._closed = False
         self._starter: asyncio.Task[None] | None = None
 
     @classmethod
@@ -98,7 +114,7 @@ class SnapshotBlobs:
         nothing else, and is logged."""
         # Fetches a stopped daemon cut short (never renamed into place: never used).
         await asyncio.to_thread(shutil.rmtree, self._staging_root(), True)
-        if self.store is None or self._closed:
+        if self.store is None or self.uploads.closed:
             return
         self._starter = asyncio.create_task(self._resume_uploads(), name="hutch-blob-start")
 
@@ -121,68 +137,51 @@ class SnapshotBlobs:
         return self.core.settings.state_dir / "blob-fetch"
 
     async def close(self) -> None:
-        self._closed = True
-        tasks: list[asyncio.Task[Any]] = [*self._tasks.values(), *self._evictions]
+        tasks: list[asyncio.Task[Any]] = [*self._evictions]
         if self._starter is not None:
             tasks.append(self._starter)
         for task in tasks:
             task.cancel()
+        await self.uploads.close()
         await asyncio.gather(*tasks, return_exceptions=True)
 
     # -- upload -------------------------------------------------------------------------
 
     def schedule(self, snap: SnapshotRecord) -> None:
-        """Upload ``snap`` in the background (no-op without a store or if under way)."""
-        if self.store is None or self._closed or snap.id in self._tasks:
+        """Upload ``snap`` in the background, retried until it succeeds or the snapshot
+        is deleted (no-op without a store or if under way)."""
+        if self.store is None:
             return
-        task = asyncio.create_task(self._upload_until_done(snap), name=f"hutch-upload-{snap.id}")
-        self._tasks[snap.id] = task
-        snap_id = snap.id
-        task.add_done_callback(lambda _t: self._tasks.pop(snap_id, None))
+        self.uploads.schedule(snap)
 
     async def wait_uploaded(self, snapshot_id: str) -> None:
         """Until the snapshot's upload under way (if any) has ended."""
-        task = self._tasks.get(snapshot_id)
-        if task is not None:
-            await asyncio.shield(task)
+        await self.uploads.wait(snapshot_id)
 
     def uploaded(self, snapshot_id: str) -> bool:  # blocking (a stat in the store)
         """The snapshot's index is in the store (its upload completed)."""
         return self.store is not None and self.store.stat(_prefix(snapshot_id) + INDEX) is not None
 
-    async def _upload_until_done(self, snap: SnapshotRecord) -> None:
-        attempt = 0
-        while not self._closed:
-            if self.core.store.get_snapshot(snap.id) is None:
-                return  # deleted meanwhile: its blobs go with the delete
-            try:
-                started = time.monotonic()
-                size = await asyncio.to_thread(self._upload, snap)
-                if size is None:
-                    return  # uploaded before
-                took = time.monotonic() - started
-                log.info(
-                    "snapshot %s uploaded to %s: %d bytes in %.1f s",
-                    snap.id,
-                    self.store.url if self.store else "",
-                    size,
-                    took,
-                )
-                self.core.events.record(
-                    "snapshot.uploaded",
-                    project=snap.project,
-                    sandbox_id=snap.sandbox_id,
-                    data={"snapshot": snap.id, "bytes": size, "seconds": round(took, 3)},
-                )
-                await self.evict()
-                return
-            except (HutchError, OSError) as exc:
-                if self.core.store.get_snapshot(snap.id) is None:
-                    return
-                delay = _RETRY_S[min(attempt, len(_RETRY_S) - 1)]
-                attempt += 1
-                log.warning("snapshot %s: upload failed (retry in %.0f s): %s", snap.id, delay, exc)
-                await asyncio.sleep(delay)
+    async def _upload_once(self, snap: SnapshotRecord) -> None:
+        started = time.monotonic()
+        size = await asyncio.to_thread(self._upload, snap)
+        if size is None:
+            return  # uploaded before
+        took = time.monotonic() - started
+        log.info(
+            "snapshot %s uploaded to %s: %d bytes in %.1f s",
+            snap.id,
+            self.store.url if self.store else "",
+            size,
+            took,
+        )
+        self.core.events.record(
+            "snapshot.uploaded",
+            project=snap.project,
+            sandbox_id=snap.sandbox_id,
+            data={"snapshot": snap.id, "bytes": size, "seconds": round(took, 3)},
+        )
+        await self.evict()
 
     def _upload(self, snap: SnapshotRecord) -> int | None:
         """Upload the snapshot's files and chain, then its index; the bytes sent (None:
@@ -212,7 +211,7 @@ class SnapshotBlobs:
         def still_wanted(_sent: int) -> None:
             if snapshot_id in self._deleted:
                 raise SnapshotError(f"snapshot {snapshot_id} was deleted during its upload")
-            if self._closed:
+            if self.uploads.closed:
                 raise SnapshotError(f"the daemon stopped during the upload of {snapshot_id}")
 
         still_wanted(0)
@@ -243,7 +242,7 @@ class SnapshotBlobs:
 
     def evict_soon(self) -> None:
         """Evict (:meth:`evict`) in a thread, in the background."""
-        if self.store is None or self.cache_bytes <= 0 or self._closed:
+        if self.store is None or self.cache_bytes <= 0 or self.uploads.closed:
             return
         task = asyncio.create_task(self.evict(), name="hutch-blob-evict")
         self._evictions.add(task)
@@ -306,10 +305,7 @@ class SnapshotBlobs:
         if self.store is None:
             return
         self._deleted.add(snapshot_id)
-        task = self._tasks.get(snapshot_id)
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        await self.uploads.cancel(snapshot_id)
         store = self.store
 
         def remove() -> None:
