@@ -37,6 +37,11 @@ refused, never fetched unverified), is ``ImageMissing``. The boot set is fetched
 same way (into ``oci-boot/.<key>.fetch-*``, its own record, its ``boot.json`` naming its
 key) when this host has none, and becomes ``current`` only if there still is none; its
 key is the one the content's record names, not the bucket's index.
+
+Cache: content whose upload is complete is a copy, counted in ``HUTCH_BLOB_CACHE_BYTES``
+and evicted least recently used first when nothing on this host may read it
+(:mod:`hutch.services.blob_cache`); ``ensure`` marks it used (the directory's mtime)
+and calls ``on_cached`` after a fetch or a completed upload (the daemon: eviction).
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ from hutch.images.oci.boot import BootSet, find_boot_set, load_boot_set
 from hutch.images.oci.digest import digest_of
 from hutch.images.oci.importer import OciContent, content_dir, find_content, load_content
 from hutch.services.background_uploads import RETRY_S, BackgroundUploads
+from hutch.services.blob_cache import touch_content
 from hutch.storage.blobs import BlobStore, open_blob_store
 from hutch.storage.blobs.flat import FileSum, flat_complete, get_flat, put_flat
 from hutch.store.image_uploads import ImageUploadStore, UploadRecord
@@ -116,6 +122,9 @@ class ImageBlobs:
         )
         #: Called with (event type, data) after an upload (the daemon's event log).
         self.on_uploaded: Callable[[str, dict[str, Any]], None] | None = None
+        #: Called on the event loop once a copy here became evictable or grew the
+        #: cache (an upload completed, a fetch): the blob cache's eviction.
+        self.on_cached: Callable[[], None] | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings, records: ImageUploadStore) -> ImageBlobs:
@@ -166,11 +175,23 @@ class ImageBlobs:
             if self.on_uploaded is not None:
                 data = {"digest": digest, "bytes": sent, "seconds": round(took, 3)}
                 self.on_uploaded("image.uploaded", data)
+            if self.on_cached is not None:
+                self.on_cached()
 
     def uploaded(self, digest: str) -> bool:  # blocking (a stat in the store)
         """The content's upload is complete (its record and its index are there)."""
         rel = _rel(self.images_dir, content_dir(self.images_dir, digest))
         return self.store is not None and self._complete(image_prefix(rel))
+
+    def recorded(self, digest: str) -> bool:
+        """The database records an upload of the content (no store request)."""
+        prefix = image_prefix(_rel(self.images_dir, content_dir(self.images_dir, digest)))
+        return self.records is not None and self.records.get(prefix) is not None
+
+    def fetching(self, digest: str) -> bool:
+        """A fetch (or the check before one) of ``digest`` runs in this daemon."""
+        lock = self._fetching.get(digest)
+        return lock is not None and lock.locked()
 
     def _complete(self, prefix: str) -> bool:
         assert self.store is not None and self.records is not None
@@ -254,11 +275,16 @@ class ImageBlobs:
             return
         lock = self._fetching.setdefault(digest, asyncio.Lock())
         async with lock:
-            await asyncio.to_thread(self._ensure, digest, what, boot)
+            fetched = await asyncio.to_thread(self._ensure, digest, what, boot)
+        if fetched and self.on_cached is not None:
+            self.on_cached()
 
-    def _ensure(self, digest: str, what: str, boot: bool) -> None:
+    def _ensure(self, digest: str, what: str, boot: bool) -> bool:
+        """True: the content was fetched (it was not here)."""
+        fetched = False
         if find_content(self.images_dir, digest) is None:
-            self.fetch_content(digest, what)
+            fetched = self.fetch_content(digest, what) is not None
+        touch_content(content_dir(self.images_dir, digest))  # the blob cache's LRU
         if boot and find_boot_set(self.images_dir) is None:
             # The key the uploader recorded, never the bucket's index's word for it.
             key = self._record(content_dir(self.images_dir, digest), digest, what).meta.get("boot")
@@ -268,6 +294,7 @@ class ImageBlobs:
                     "image's upload names none; import any image here once to build it"
                 )
             self.fetch_boot(key, what)
+        return fetched
 
     def _record(self, final: Path, digest: str, what: str) -> UploadRecord:
         """The database's record of the content's upload; ``ImageMissing`` without."""

@@ -22,6 +22,8 @@ the create fails with a ``BlobError`` naming it.
 Local copies are a cache: past ``HUTCH_BLOB_CACHE_BYTES`` the least recently used
 uploaded snapshots are removed from this host, except those any sandbox, snapshot or
 clone in progress reaches (collection's own rule: ``SandboxRegistry.collect_snapshots``).
+Uploaded images' content counts in the same budget and the same LRU order
+(:mod:`hutch.services.blob_cache`, :attr:`SnapshotBlobs.images`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from typing import Any
 from hutch.errors import HutchError, SnapshotError
 from hutch.models import SnapshotRecord
 from hutch.services.background_uploads import RETRY_S, BackgroundUploads
+from hutch.services.blob_cache import CachedImage, ImageCache
 from hutch.services.blob_dirs import INDEX, fetch_dir, upload_dir
 from hutch.services.registry import SandboxRegistry
 from hutch.storage.blobs import BlobInfo, BlobStore, open_blob_store
@@ -89,6 +92,9 @@ class SnapshotBlobs:
         # next file (a thread cannot be cancelled), so no index appears after a delete.
         self._deleted: set[str] = set()
         self._starter: asyncio.Task[None] | None = None
+        #: This host's copies of uploaded images, evicted within the same budget
+        #: (``hutch.services.blob_cache``; set where the services are composed).
+        self.images: ImageCache | None = None
 
     @classmethod
     def from_settings(cls, core: SandboxRegistry) -> SnapshotBlobs:
@@ -320,30 +326,42 @@ class SnapshotBlobs:
             log.warning("snapshot %s: its blobs were not all removed: %s", snapshot_id, exc)
 
     async def evict(self) -> list[str]:
-        """Remove the least recently used local copies of uploaded snapshots until they
-        hold at most ``cache_bytes``; never one a sandbox, snapshot or clone in
-        progress reaches (each removal is collection's own synchronous check, on the
-        event loop). Returns the snapshot ids removed."""
+        """Remove the least recently used local copies of uploaded snapshots and
+        uploaded images (:attr:`images`, :mod:`hutch.services.blob_cache`) until they
+        hold at most ``cache_bytes`` together; never a snapshot a sandbox, snapshot or
+        clone in progress reaches (each removal is collection's own synchronous check,
+        on the event loop), never an image anything here may read (checked again under
+        its locks, in a thread). Returns the snapshot ids and image digests removed."""
         if self.store is None or self.cache_bytes <= 0:
             return []
         dirs = {s.id: self.core.backend.fork_dir(s.id) for s in self.core.store.list_snapshots()}
         copies = await asyncio.to_thread(self._local_copies, dirs)
-        total = sum(size for _used, _id, _d, size, _up in copies)
+        cached: list[tuple[float, str, CachedImage | Path, int, bool]] = [*copies]
+        if self.images is not None:
+            found = await asyncio.to_thread(self.images.copies)
+            cached += [(c.last_used, c.digest, c, c.size, True) for c in found]
+        total = sum(size for _used, _id, _d, size, _up in cached)
         removed: list[str] = []
-        for _used, snap_id, d, size, uploaded in sorted(copies):
+        for _used, key, what, size, uploaded in sorted(cached, key=lambda c: (c[0], c[1])):
             if total <= self.cache_bytes:
                 break
             if not uploaded:
                 continue  # the only copy: never evicted
-            if self.core.collect_snapshots(evict=str(d)):
-                removed.append(snap_id)
+            if isinstance(what, CachedImage):
+                assert self.images is not None
+                gone = await asyncio.to_thread(self.images.evict, what)
+            else:
+                gone = self.core.collect_snapshots(evict=str(what))
+                if gone:
+                    log.info(
+                        "snapshot %s: local copy evicted (%d bytes; in %s)",
+                        key,
+                        size,
+                        self.store.url,
+                    )
+            if gone:
+                removed.append(key)
                 total -= size
-                log.info(
-                    "snapshot %s: local copy evicted (%d bytes; in %s)",
-                    snap_id,
-                    size,
-                    self.store.url,
-                )
         return removed
 
     def _local_copies(self, dirs: dict[str, Path]) -> list[tuple[float, str, Path, int, bool]]:
