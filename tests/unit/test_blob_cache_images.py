@@ -249,7 +249,12 @@ def test_an_evicted_image_is_fetched_again_and_verified_on_next_use(host: Host) 
         asyncio.run(host.images.ensure_local("old", "default"))
     assert not host.copy(host.old).exists()
     host.blobs.store.put(rootfs_key, good)
+    cached: list[bool] = []
+    host.blobs.on_cached = lambda: cached.append(True)  # the daemon: evict_soon
     asyncio.run(host.images.ensure_local("old", "default"))
+    assert cached == [True]
+    asyncio.run(host.images.ensure_local("old", "default"))  # here now: no fetch
+    assert cached == [True]
     image = resolve(host.images, "old", "default")
     assert image.rootfs == host.copy(host.old) / "rootfs.ext4"
     assert image.rootfs.read_bytes().startswith(b"ext4-headold")

@@ -195,7 +195,11 @@ class ImageCache:
                 ):
                     return False
                 aside = d.parent / f".{d.name}.evict-{secrets.token_hex(4)}"
-                os.rename(d, aside)
+                try:
+                    os.rename(d, aside)
+                except OSError as exc:  # kept: an eviction never fails what called it
+                    log.warning("image %s: not evicted: %s", copy.digest, exc)
+                    return False
         shutil.rmtree(aside, ignore_errors=True)
         log.info("image %s: local copy evicted (%d bytes; in the blob store)", copy.digest,
                  copy.size)  # fmt: skip
