@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hutch.errors import HutchError
+from hutch.images.cache import try_file_lock
 from hutch.images.oci.importer import content_dir, load_content
 from hutch.store.db import LIVE_STATES
 
@@ -96,20 +97,6 @@ def touch_content(content: Path) -> None:
     """Mark ``content`` used now (the cache's LRU order: the directory's mtime)."""
     with contextlib.suppress(OSError):
         os.utime(content)
-
-
-@contextlib.contextmanager
-def _try_exclusive(path: Path) -> Iterator[bool]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        yield True
-    finally:
-        os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -182,10 +169,10 @@ class ImageCache:
         if self.user(copy.digest) is not None:
             return False
         d = copy.path
-        with _try_exclusive(d.parent / f"{d.name}.lock") as free:
+        with try_file_lock(d.parent / f"{d.name}.lock") as free:
             if not free:
                 return False  # an import, build or fetch of it
-            with _try_exclusive(_use_lock(d)) as unused:
+            with try_file_lock(_use_lock(d)) as unused:
                 if not unused:
                     return False  # a create between its fetch and its row
                 if (
