@@ -24,6 +24,7 @@ from hutch.e2b.keys import load_or_create_secret, write_e2b_key_file
 from hutch.models import NetworkMode
 from hutch.runtime.backend import VmBackend
 from hutch.runtime.qemu.backend import QemuBackend
+from hutch.services.blob_cache import ImageCache
 from hutch.services.cluster import ClusterService
 from hutch.services.composed import Services
 from hutch.services.files_extra import FilesExtraService
@@ -114,6 +115,10 @@ def build_services(
     )
     volumes = VolumeService(core)
     sandboxes = SandboxService(core, networking, snapshots, pool, volumes)
+    if isinstance(images, HostImages) and images.blobs.enabled:
+        # One blob cache budget: imported images' copies are evicted with snapshots'.
+        snapshots.blobs.images = ImageCache(core, images)
+        images.blobs.on_cached = snapshots.blobs.evict_soon
     return Services(
         cluster=ClusterService(core, lifecycle, snapshots.blobs.uploaded),
         core=core,

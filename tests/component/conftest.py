@@ -60,6 +60,9 @@ class FakeImages:
     async def ensure_local(self, name: str, project: str = "default") -> None:
         """Nothing to fetch: ``base`` is here, ``devbox`` is not built anywhere."""
 
+    def using(self, name: str, project: str = "default") -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
     def list(self, project: str | None = None) -> list[ImageView]:
         return [
             ImageView("base", "fake base", True, self.base.digest, 1 << 30, "6.1.0-fake"),

@@ -126,6 +126,9 @@ class FakeTemplates:
     def remove(self, image_name: str) -> list[str]:
         return []
 
+    def of_image(self, image_name: str) -> list[str]:
+        return []
+
 
 class FakeSnapshotFiles:
     def __init__(self, root: Path, clone_of: dict[str, Path]) -> None:

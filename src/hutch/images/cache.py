@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["atomic_write_text", "file_lock", "file_sha256", "short_digest"]
+__all__ = ["atomic_write_text", "file_lock", "file_sha256", "short_digest", "try_file_lock"]
 
 DIGEST_CHARS = 16  # 64 bits: plenty to tell the few builds of one image apart
 
@@ -61,5 +61,21 @@ def file_lock(path: Path) -> Iterator[None]:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def try_file_lock(path: Path) -> Iterator[bool]:
+    """Try an exclusive ``flock`` on ``path`` (created if needed) without waiting: the
+    block gets True while holding it, False when another holder has it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
     finally:
         os.close(fd)

@@ -95,6 +95,10 @@ class Templates(Protocol):
     def remove(self, image_name: str) -> list[str]:
         """Remove every template of image ``image_name``; return what was removed."""
 
+    def of_image(self, image_name: str) -> list[str]:
+        """The templates of image ``image_name`` on this host (their directory names;
+        built or being built): each reads the image's files."""
+
 
 class SnapshotFiles(Protocol):
     """The frozen snapshot directories on the host (forks, named snapshots, pauses)."""

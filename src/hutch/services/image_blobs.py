@@ -37,6 +37,11 @@ refused, never fetched unverified), is ``ImageMissing``. The boot set is fetched
 same way (into ``oci-boot/.<key>.fetch-*``, its own record, its ``boot.json`` naming its
 key) when this host has none, and becomes ``current`` only if there still is none; its
 key is the one the content's record names, not the bucket's index.
+
+Cache: content whose upload is complete is a copy, counted in ``HUTCH_BLOB_CACHE_BYTES``
+and evicted least recently used first when nothing on this host may read it
+(:mod:`hutch.services.blob_cache`); ``ensure`` marks it used (the directory's mtime)
+and calls ``on_cached`` after a fetch or a completed upload (the daemon: eviction).
 """
 
 from __future__ import annotations
@@ -50,16 +55,18 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from hutch.config import Settings
-from hutch.errors import BlobError, HutchError, ImageMissing
+from hutch.errors import BlobError, ImageMissing
 from hutch.images.cache import atomic_write_text, file_lock
 from hutch.images.oci.boot import BootSet, find_boot_set, load_boot_set
 from hutch.images.oci.digest import digest_of
 from hutch.images.oci.importer import OciContent, content_dir, find_content, load_content
+from hutch.services.background_uploads import RETRY_S, BackgroundUploads
+from hutch.services.blob_cache import touch_content
 from hutch.storage.blobs import BlobStore, open_blob_store
 from hutch.storage.blobs.flat import FileSum, flat_complete, get_flat, put_flat
 from hutch.store.image_uploads import ImageUploadStore, UploadRecord
@@ -73,7 +80,6 @@ CONTENT_FILES = frozenset({"rootfs.ext4", "manifest.json", "config.json", "image
 BOOT_FILES = frozenset({"vmlinux", "initrd.img", "runtime.ext4", "boot.json"})
 #: Sparse disk images: holes are punched back into the zeros a download wrote.
 _SPARSE = frozenset({"rootfs.ext4", "runtime.ext4"})
-_RETRY_S = (2.0, 5.0, 15.0, 60.0)
 T = TypeVar("T")
 
 
@@ -92,9 +98,11 @@ class ImageBlobs:
         images_dir: Path,
         scratch: Path,
         records: ImageUploadStore | None = None,
+        *,
+        retry_s: Sequence[float] = RETRY_S,
     ) -> None:
         """``records``: where uploads are recorded and fetches verified (the database);
-        required with a ``store``."""
+        required with a ``store``. ``retry_s``: the delays between upload attempts."""
         if store is not None and records is None:
             raise ValueError("ImageBlobs with a blob store needs the upload records")
         self.store = store
@@ -103,11 +111,20 @@ class ImageBlobs:
         #: Where indexes are written and read before they go on (the state dir).
         self.scratch = scratch
         self._fetching: dict[str, asyncio.Lock] = {}
-        self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._closed = False
+        self.uploads: BackgroundUploads[str] = BackgroundUploads(
+            "image",
+            self._upload_once,
+            lambda digest: find_content(self.images_dir, digest) is not None,
+            key=lambda digest: digest,
+            log=log,
+            task_prefix="hutch-image-",
+            retry_s=retry_s,
+        )
         #: Called with (event type, data) after an upload (the daemon's event log).
         self.on_uploaded: Callable[[str, dict[str, Any]], None] | None = None
+        #: Called on the event loop once a copy here became evictable or grew the
+        #: cache (an upload completed, a fetch): the blob cache's eviction.
+        self.on_cached: Callable[[], None] | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings, records: ImageUploadStore) -> ImageBlobs:
@@ -127,73 +144,54 @@ class ImageBlobs:
     def start(self, digests: list[str]) -> None:
         """On the event loop: remember it (imports record from worker threads) and
         schedule the upload of each recorded digest whose content is here."""
-        self._loop = asyncio.get_running_loop()
+        self.uploads.start()
         for digest in dict.fromkeys(digests):
             if find_content(self.images_dir, digest) is not None:
                 self.schedule(digest)
 
     async def close(self) -> None:
-        self._closed = True
-        tasks = list(self._tasks.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.uploads.close()
 
     # -- upload -------------------------------------------------------------------------
 
     def schedule(self, digest: str) -> None:
-        """Upload the content ``digest`` (and the boot set) in the background; callable
-        from any thread; a no-op without a store, before :meth:`start` or while its
-        upload runs."""
-        if self.store is None or self._closed or self._loop is None:
+        """Upload the content ``digest`` (and the boot set) in the background, retried
+        while its content is here; callable from any thread; a no-op without a store,
+        before :meth:`start` or while its upload runs."""
+        if self.store is None or not self.uploads.started:
             return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is self._loop:
-            self._spawn(digest)
-        else:
-            self._loop.call_soon_threadsafe(self._spawn, digest)
-
-    def _spawn(self, digest: str) -> None:
-        if self._closed or digest in self._tasks:
-            return
-        task = asyncio.create_task(self._upload_until_done(digest), name=f"hutch-image-{digest}")
-        self._tasks[digest] = task
-        task.add_done_callback(lambda _t: self._tasks.pop(digest, None))
+        self.uploads.schedule(digest)
 
     async def wait_uploaded(self, digest: str) -> None:
         """Until the upload of ``digest`` under way (if any) has ended."""
-        task = self._tasks.get(digest)
-        if task is not None:
-            await asyncio.shield(task)
+        await self.uploads.wait(digest)
 
-    async def _upload_until_done(self, digest: str) -> None:
-        attempt = 0
-        while not self._closed:
-            try:
-                started = time.monotonic()
-                sent = await asyncio.to_thread(self.upload, digest)
-                if sent is not None:
-                    took = time.monotonic() - started
-                    log.info("image %s uploaded: %d bytes in %.1f s", digest, sent, took)
-                    if self.on_uploaded is not None:
-                        data = {"digest": digest, "bytes": sent, "seconds": round(took, 3)}
-                        self.on_uploaded("image.uploaded", data)
-                return
-            except (HutchError, OSError) as exc:
-                if find_content(self.images_dir, digest) is None:
-                    return  # deleted meanwhile: nothing to upload
-                delay = _RETRY_S[min(attempt, len(_RETRY_S) - 1)]
-                attempt += 1
-                log.warning("image %s: upload failed (retry in %.0f s): %s", digest, delay, exc)
-                await asyncio.sleep(delay)
+    async def _upload_once(self, digest: str) -> None:
+        started = time.monotonic()
+        sent = await asyncio.to_thread(self.upload, digest)
+        if sent is not None:
+            took = time.monotonic() - started
+            log.info("image %s uploaded: %d bytes in %.1f s", digest, sent, took)
+            if self.on_uploaded is not None:
+                data = {"digest": digest, "bytes": sent, "seconds": round(took, 3)}
+                self.on_uploaded("image.uploaded", data)
+            if self.on_cached is not None:
+                self.on_cached()
 
     def uploaded(self, digest: str) -> bool:  # blocking (a stat in the store)
         """The content's upload is complete (its record and its index are there)."""
         rel = _rel(self.images_dir, content_dir(self.images_dir, digest))
         return self.store is not None and self._complete(image_prefix(rel))
+
+    def recorded(self, digest: str) -> bool:
+        """The database records an upload of the content (no store request)."""
+        prefix = image_prefix(_rel(self.images_dir, content_dir(self.images_dir, digest)))
+        return self.records is not None and self.records.get(prefix) is not None
+
+    def fetching(self, digest: str) -> bool:
+        """A fetch (or the check before one) of ``digest`` runs in this daemon."""
+        lock = self._fetching.get(digest)
+        return lock is not None and lock.locked()
 
     def _complete(self, prefix: str) -> bool:
         assert self.store is not None and self.records is not None
@@ -247,7 +245,7 @@ class ImageBlobs:
         assert self.store is not None
 
         def still_wanted(_sent: int) -> None:
-            if self._closed:
+            if self.uploads.closed:
                 raise BlobError(f"the daemon stopped during the upload of {key}")
 
         return self.store.put(key, path, progress=still_wanted)
@@ -277,11 +275,16 @@ class ImageBlobs:
             return
         lock = self._fetching.setdefault(digest, asyncio.Lock())
         async with lock:
-            await asyncio.to_thread(self._ensure, digest, what, boot)
+            fetched = await asyncio.to_thread(self._ensure, digest, what, boot)
+        if fetched and self.on_cached is not None:
+            self.on_cached()
 
-    def _ensure(self, digest: str, what: str, boot: bool) -> None:
+    def _ensure(self, digest: str, what: str, boot: bool) -> bool:
+        """True: the content was fetched (it was not here)."""
+        fetched = False
         if find_content(self.images_dir, digest) is None:
-            self.fetch_content(digest, what)
+            fetched = self.fetch_content(digest, what) is not None
+        touch_content(content_dir(self.images_dir, digest))  # the blob cache's LRU
         if boot and find_boot_set(self.images_dir) is None:
             # The key the uploader recorded, never the bucket's index's word for it.
             key = self._record(content_dir(self.images_dir, digest), digest, what).meta.get("boot")
@@ -291,6 +294,7 @@ class ImageBlobs:
                     "image's upload names none; import any image here once to build it"
                 )
             self.fetch_boot(key, what)
+        return fetched
 
     def _record(self, final: Path, digest: str, what: str) -> UploadRecord:
         """The database's record of the content's upload; ``ImageMissing`` without."""

@@ -11,6 +11,7 @@ digest and a host without it fetches it before first use
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -20,7 +21,8 @@ from hutch.images.build import ImageArtifacts, find_image, list_images
 from hutch.images.cache import short_digest
 from hutch.images.catalog import IMAGES
 from hutch.images.oci.boot import BootSet, find_boot_set
-from hutch.images.oci.importer import find_content
+from hutch.images.oci.importer import content_dir, find_content
+from hutch.services.blob_cache import touch_content, using_content
 from hutch.services.image_blobs import ImageBlobs
 from hutch.store.images import ImageRow, ImageStore
 
@@ -90,6 +92,11 @@ class ImageSource(Protocol):
         what is missing)."""
         ...
 
+    def using(self, name: str, project: str) -> contextlib.AbstractContextManager[None]:
+        """Keep image ``name``'s files on this host for the block (a create from it:
+        from before :meth:`ensure_local` until its row names the image)."""
+        ...
+
 
 class LocalImages:
     """Images built on this host under ``images_dir`` (see ``hutch image build``)."""
@@ -110,6 +117,11 @@ class LocalImages:
     async def ensure_local(self, name: str, project: str = "") -> None:
         """Built-in images are built on each host (``hutch image build``)."""
         del name, project
+
+    def using(self, name: str, project: str = "") -> contextlib.AbstractContextManager[None]:
+        """Built-in images are never evicted."""
+        del name, project
+        return contextlib.nullcontext()
 
     def list(self, project: str | None = None) -> list[ImageView]:
         views = []
@@ -230,8 +242,20 @@ class HostImages:
             return
         need_boot = self.boot.find() is None
         if not need_boot and find_content(self.images_dir, row.digest) is not None:
+            touch_content(content_dir(self.images_dir, row.digest))  # the cache's LRU
             return
         await self.blobs.ensure(row.digest, f"image {name!r}", boot=need_boot)
+
+    def using(self, name: str, project: str) -> contextlib.AbstractContextManager[None]:
+        """Keep ``project``'s image ``name``'s content from the blob cache's eviction
+        for the block (:func:`hutch.services.blob_cache.using_content`); a built-in, a
+        build step's layer or an unknown name: nothing to keep."""
+        if not self.blobs.enabled or name.startswith(EPHEMERAL_PREFIX):
+            return contextlib.nullcontext()
+        row = self.row(name, project)
+        if row is None:
+            return contextlib.nullcontext()
+        return using_content(content_dir(self.images_dir, row.digest))
 
     def defaults(self, name: str, project: str) -> ImageDefaults:
         row = self.row(name, project)

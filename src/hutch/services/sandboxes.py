@@ -35,6 +35,7 @@ from hutch.models import (
     SnapshotRecord,
     new_sandbox_id,
 )
+from hutch.services.blob_cache import using_image
 from hutch.services.images import ImageView, resolve
 from hutch.services.networking import NetworkingService
 from hutch.services.pool import REFILL_DELAY_S, WarmPool
@@ -100,7 +101,11 @@ class SandboxService:
 
     async def create(self, spec: SandboxSpec) -> SandboxRecord:
         """The volumes named in ``spec`` are those of ``spec.project``."""
-        with self.core.metrics.timed("create"):
+        # Its image's files stay on this host (the blob cache) until its row names it.
+        with (
+            self.core.metrics.timed("create"),
+            self.core.image_source.using(spec.image, spec.project),
+        ):
             return await self._create(spec)
 
     async def _create(self, spec: SandboxSpec) -> SandboxRecord:
@@ -306,7 +311,10 @@ class SandboxService:
         async def build() -> None:
             async with self._template_gate:
                 try:
-                    where = await self.core.backend.templates.build(image, shape)
+                    # An imported image's content stays while its template is built
+                    # (the blob cache; once built, the template keeps it).
+                    with using_image(self.core.settings.images_dir, image):
+                        where = await self.core.backend.templates.build(image, shape)
                     log.info("template ready for %s at %s: %s", image.name, shape, where)
                     self.pool.refill(image)
                 except Exception as exc:

@@ -22,6 +22,8 @@ the create fails with a ``BlobError`` naming it.
 Local copies are a cache: past ``HUTCH_BLOB_CACHE_BYTES`` the least recently used
 uploaded snapshots are removed from this host, except those any sandbox, snapshot or
 clone in progress reaches (collection's own rule: ``SandboxRegistry.collect_snapshots``).
+Uploaded images' content counts in the same budget and the same LRU order
+(:mod:`hutch.services.blob_cache`, :attr:`SnapshotBlobs.images`).
 """
 
 from __future__ import annotations
@@ -33,12 +35,14 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from hutch.errors import HutchError, SnapshotError
 from hutch.models import SnapshotRecord
+from hutch.services.background_uploads import RETRY_S, BackgroundUploads
+from hutch.services.blob_cache import CachedImage, ImageCache
 from hutch.services.blob_dirs import INDEX, fetch_dir, upload_dir
 from hutch.services.registry import SandboxRegistry
 from hutch.storage.blobs import BlobInfo, BlobStore, open_blob_store
@@ -50,7 +54,6 @@ log = logging.getLogger("hutch.services.snapshot_blobs")
 
 #: Uploads in the bucket older than this that no journal of ours names are abandoned.
 ORPHAN_UPLOAD_AGE_S = 24 * 3600.0
-_RETRY_S = (2.0, 5.0, 15.0, 60.0)
 
 
 def _prefix(snapshot_id: str) -> str:
@@ -61,18 +64,37 @@ class SnapshotBlobs:
     """The blob store side of named snapshots; ``store`` None: snapshots stay on this
     host only (nothing is uploaded, nothing evicted)."""
 
-    def __init__(self, core: SandboxRegistry, store: BlobStore | None, cache_bytes: int) -> None:
+    def __init__(
+        self,
+        core: SandboxRegistry,
+        store: BlobStore | None,
+        cache_bytes: int,
+        *,
+        retry_s: Sequence[float] = RETRY_S,
+    ) -> None:
+        """``cache_bytes``: the local copies' budget (0: no eviction); ``retry_s``: the
+        delays between upload attempts."""
         self.core = core
         self.store = store
         self.cache_bytes = cache_bytes
-        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self.uploads: BackgroundUploads[SnapshotRecord] = BackgroundUploads(
+            "snapshot",
+            self._upload_once,
+            lambda snap: self.core.store.get_snapshot(snap.id) is not None,
+            key=lambda snap: snap.id,
+            log=log,
+            task_prefix="hutch-upload-",
+            retry_s=retry_s,
+        )
         self._fetching: dict[str, asyncio.Lock] = {}
         self._evictions: set[asyncio.Task[list[str]]] = set()
         # Snapshots deleted while their upload's thread may still run: it stops at its
         # next file (a thread cannot be cancelled), so no index appears after a delete.
         self._deleted: set[str] = set()
-        self._closed = False
         self._starter: asyncio.Task[None] | None = None
+        #: This host's copies of uploaded images, evicted within the same budget
+        #: (``hutch.services.blob_cache``; set where the services are composed).
+        self.images: ImageCache | None = None
 
     @classmethod
     def from_settings(cls, core: SandboxRegistry) -> SnapshotBlobs:
@@ -98,7 +120,7 @@ class SnapshotBlobs:
         nothing else, and is logged."""
         # Fetches a stopped daemon cut short (never renamed into place: never used).
         await asyncio.to_thread(shutil.rmtree, self._staging_root(), True)
-        if self.store is None or self._closed:
+        if self.store is None or self.uploads.closed:
             return
         self._starter = asyncio.create_task(self._resume_uploads(), name="hutch-blob-start")
 
@@ -121,68 +143,51 @@ class SnapshotBlobs:
         return self.core.settings.state_dir / "blob-fetch"
 
     async def close(self) -> None:
-        self._closed = True
-        tasks: list[asyncio.Task[Any]] = [*self._tasks.values(), *self._evictions]
+        tasks: list[asyncio.Task[Any]] = [*self._evictions]
         if self._starter is not None:
             tasks.append(self._starter)
         for task in tasks:
             task.cancel()
+        await self.uploads.close()
         await asyncio.gather(*tasks, return_exceptions=True)
 
     # -- upload -------------------------------------------------------------------------
 
     def schedule(self, snap: SnapshotRecord) -> None:
-        """Upload ``snap`` in the background (no-op without a store or if under way)."""
-        if self.store is None or self._closed or snap.id in self._tasks:
+        """Upload ``snap`` in the background, retried until it succeeds or the snapshot
+        is deleted (no-op without a store or if under way)."""
+        if self.store is None:
             return
-        task = asyncio.create_task(self._upload_until_done(snap), name=f"hutch-upload-{snap.id}")
-        self._tasks[snap.id] = task
-        snap_id = snap.id
-        task.add_done_callback(lambda _t: self._tasks.pop(snap_id, None))
+        self.uploads.schedule(snap)
 
     async def wait_uploaded(self, snapshot_id: str) -> None:
         """Until the snapshot's upload under way (if any) has ended."""
-        task = self._tasks.get(snapshot_id)
-        if task is not None:
-            await asyncio.shield(task)
+        await self.uploads.wait(snapshot_id)
 
     def uploaded(self, snapshot_id: str) -> bool:  # blocking (a stat in the store)
         """The snapshot's index is in the store (its upload completed)."""
         return self.store is not None and self.store.stat(_prefix(snapshot_id) + INDEX) is not None
 
-    async def _upload_until_done(self, snap: SnapshotRecord) -> None:
-        attempt = 0
-        while not self._closed:
-            if self.core.store.get_snapshot(snap.id) is None:
-                return  # deleted meanwhile: its blobs go with the delete
-            try:
-                started = time.monotonic()
-                size = await asyncio.to_thread(self._upload, snap)
-                if size is None:
-                    return  # uploaded before
-                took = time.monotonic() - started
-                log.info(
-                    "snapshot %s uploaded to %s: %d bytes in %.1f s",
-                    snap.id,
-                    self.store.url if self.store else "",
-                    size,
-                    took,
-                )
-                self.core.events.record(
-                    "snapshot.uploaded",
-                    project=snap.project,
-                    sandbox_id=snap.sandbox_id,
-                    data={"snapshot": snap.id, "bytes": size, "seconds": round(took, 3)},
-                )
-                await self.evict()
-                return
-            except (HutchError, OSError) as exc:
-                if self.core.store.get_snapshot(snap.id) is None:
-                    return
-                delay = _RETRY_S[min(attempt, len(_RETRY_S) - 1)]
-                attempt += 1
-                log.warning("snapshot %s: upload failed (retry in %.0f s): %s", snap.id, delay, exc)
-                await asyncio.sleep(delay)
+    async def _upload_once(self, snap: SnapshotRecord) -> None:
+        started = time.monotonic()
+        size = await asyncio.to_thread(self._upload, snap)
+        if size is None:
+            return  # uploaded before
+        took = time.monotonic() - started
+        log.info(
+            "snapshot %s uploaded to %s: %d bytes in %.1f s",
+            snap.id,
+            self.store.url if self.store else "",
+            size,
+            took,
+        )
+        self.core.events.record(
+            "snapshot.uploaded",
+            project=snap.project,
+            sandbox_id=snap.sandbox_id,
+            data={"snapshot": snap.id, "bytes": size, "seconds": round(took, 3)},
+        )
+        await self.evict()
 
     def _upload(self, snap: SnapshotRecord) -> int | None:
         """Upload the snapshot's files and chain, then its index; the bytes sent (None:
@@ -212,7 +217,7 @@ class SnapshotBlobs:
         def still_wanted(_sent: int) -> None:
             if snapshot_id in self._deleted:
                 raise SnapshotError(f"snapshot {snapshot_id} was deleted during its upload")
-            if self._closed:
+            if self.uploads.closed:
                 raise SnapshotError(f"the daemon stopped during the upload of {snapshot_id}")
 
         still_wanted(0)
@@ -243,7 +248,7 @@ class SnapshotBlobs:
 
     def evict_soon(self) -> None:
         """Evict (:meth:`evict`) in a thread, in the background."""
-        if self.store is None or self.cache_bytes <= 0 or self._closed:
+        if self.store is None or self.cache_bytes <= 0 or self.uploads.closed:
             return
         task = asyncio.create_task(self.evict(), name="hutch-blob-evict")
         self._evictions.add(task)
@@ -306,10 +311,7 @@ class SnapshotBlobs:
         if self.store is None:
             return
         self._deleted.add(snapshot_id)
-        task = self._tasks.get(snapshot_id)
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        await self.uploads.cancel(snapshot_id)
         store = self.store
 
         def remove() -> None:
@@ -324,30 +326,42 @@ class SnapshotBlobs:
             log.warning("snapshot %s: its blobs were not all removed: %s", snapshot_id, exc)
 
     async def evict(self) -> list[str]:
-        """Remove the least recently used local copies of uploaded snapshots until they
-        hold at most ``cache_bytes``; never one a sandbox, snapshot or clone in
-        progress reaches (each removal is collection's own synchronous check, on the
-        event loop). Returns the snapshot ids removed."""
+        """Remove the least recently used local copies of uploaded snapshots and
+        uploaded images (:attr:`images`, :mod:`hutch.services.blob_cache`) until they
+        hold at most ``cache_bytes`` together; never a snapshot a sandbox, snapshot or
+        clone in progress reaches (each removal is collection's own synchronous check,
+        on the event loop), never an image anything here may read (checked again under
+        its locks, in a thread). Returns the snapshot ids and image digests removed."""
         if self.store is None or self.cache_bytes <= 0:
             return []
         dirs = {s.id: self.core.backend.fork_dir(s.id) for s in self.core.store.list_snapshots()}
         copies = await asyncio.to_thread(self._local_copies, dirs)
-        total = sum(size for _used, _id, _d, size, _up in copies)
+        cached: list[tuple[float, str, CachedImage | Path, int, bool]] = [*copies]
+        if self.images is not None:
+            found = await asyncio.to_thread(self.images.copies)
+            cached += [(c.last_used, c.digest, c, c.size, True) for c in found]
+        total = sum(size for _used, _id, _d, size, _up in cached)
         removed: list[str] = []
-        for _used, snap_id, d, size, uploaded in sorted(copies):
+        for _used, key, what, size, uploaded in sorted(cached, key=lambda c: (c[0], c[1])):
             if total <= self.cache_bytes:
                 break
             if not uploaded:
                 continue  # the only copy: never evicted
-            if self.core.collect_snapshots(evict=str(d)):
-                removed.append(snap_id)
+            if isinstance(what, CachedImage):
+                assert self.images is not None
+                gone = await asyncio.to_thread(self.images.evict, what)
+            else:
+                gone = self.core.collect_snapshots(evict=str(what))
+                if gone:
+                    log.info(
+                        "snapshot %s: local copy evicted (%d bytes; in %s)",
+                        key,
+                        size,
+                        self.store.url,
+                    )
+            if gone:
+                removed.append(key)
                 total -= size
-                log.info(
-                    "snapshot %s: local copy evicted (%d bytes; in %s)",
-                    snap_id,
-                    size,
-                    self.store.url,
-                )
         return removed
 
     def _local_copies(self, dirs: dict[str, Path]) -> list[tuple[float, str, Path, int, bool]]:

@@ -24,13 +24,13 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from hutch.errors import InvalidImage
-from hutch.images.cache import atomic_write_text, file_lock
+from hutch.images.cache import atomic_write_text, file_lock, try_file_lock
 from hutch.images.oci.compression import decompressed
 from hutch.images.oci.digest import (
     Readable,
@@ -378,14 +378,14 @@ def discard_partial(images_dir: Path) -> list[str]:
             if not entry.name.startswith(".") or not entry.is_dir():
                 continue
             final_name = entry.name[1:].split(".", 1)[0]
-            with _try_lock(root / f"{final_name}.lock") as free:
+            with try_file_lock(root / f"{final_name}.lock") as free:
                 if free:
                     shutil.rmtree(entry, ignore_errors=True)
                     removed.append(f"oci/{entry.name}")
     boot = images_dir / "oci-boot"
     leftovers = sorted(e for e in boot.iterdir() if e.name.startswith(".")) if boot.is_dir() else []
     if leftovers:
-        with _try_lock(images_dir / "oci-boot.lock") as free:
+        with try_file_lock(images_dir / "oci-boot.lock") as free:
             if free:
                 for entry in leftovers:
                     if entry.is_dir() and not entry.is_symlink():
@@ -394,19 +394,3 @@ def discard_partial(images_dir: Path) -> list[str]:
                         entry.unlink(missing_ok=True)
                     removed.append(f"oci-boot/{entry.name}")
     return removed
-
-
-@contextlib.contextmanager
-def _try_lock(path: Path) -> Iterator[bool]:
-    import fcntl
-
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        yield True
-    finally:
-        os.close(fd)

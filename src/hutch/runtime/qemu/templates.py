@@ -104,14 +104,21 @@ class QemuTemplates:
     def remove(self, image_name: str) -> list[str]:
         """Remove every template of image ``image_name`` (an imported image being
         deleted); return their directory names."""
+        removed = []
+        for name in self.of_image(image_name):
+            if not name.endswith(".build"):
+                shutil.rmtree(self.layout.templates_root / name, ignore_errors=True)
+                removed.append(name)
+        return removed
+
+    def of_image(self, image_name: str) -> list[str]:
+        """The template directories of image ``image_name`` here, builds under way too
+        (``.build``): the blob cache keeps the image's content while any is there."""
         root = self.layout.templates_root
         pattern = re.compile(rf"^{re.escape(image_name)}-[0-9a-f]{{16}}-\d+c-")
-        removed = []
-        for d in root.iterdir() if root.is_dir() else ():
-            if pattern.match(d.name) and not d.name.endswith(".build"):
-                shutil.rmtree(d, ignore_errors=True)
-                removed.append(d.name)
-        return removed
+        return sorted(
+            d.name for d in (root.iterdir() if root.is_dir() else ()) if pattern.match(d.name)
+        )
 
     def discard_unfinished(self) -> None:
         """At start: remove template builds a stop cut short, and seal a published
