@@ -193,6 +193,7 @@ class S3Server:
         *,
         part_size: int = 5 << 20,
         retry_s: float = 30.0,
+        connect_timeout_s: float = 5.0,
         secret_key: str = SECRET_KEY,
     ) -> S3BlobStore:
         return S3BlobStore(
@@ -204,6 +205,7 @@ class S3Server:
                 region="us-east-1",
                 part_size=part_size,
                 retry_s=retry_s,
+                connect_timeout_s=connect_timeout_s,
                 access_key=ACCESS_KEY,
                 secret_key=secret_key,
             ),

@@ -1,4 +1,5 @@
-"""HUTCH_BLOB_URL, HUTCH_S3_ENDPOINT and HUTCH_BLOB_CACHE_BYTES: what is accepted, what
+"""HUTCH_BLOB_URL, HUTCH_S3_ENDPOINT, HUTCH_S3_CONNECT_TIMEOUT_S and
+HUTCH_BLOB_CACHE_BYTES: what is accepted, what
 is refused (with the accepted forms named), and which store each URL opens."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from hutch.storage.blobs import LocalBlobStore, S3BlobStore, open_blob_store
 def test_defaults_keep_blobs_on_this_host(tmp_path: Path) -> None:
     s = load_settings({"HUTCH_STATE_DIR": str(tmp_path)})
     assert (s.blob_url, s.s3_endpoint, s.blob_cache_bytes) == (None, None, 0)
+    assert s.s3_connect_timeout_s == 5.0
     store = open_blob_store(s.blob_url, state_dir=s.state_dir)
     assert isinstance(store, LocalBlobStore) and store.root == s.state_dir / "blobs"
 
@@ -26,11 +28,18 @@ def test_file_and_s3_urls_open_their_stores(tmp_path: Path) -> None:
             "HUTCH_BLOB_URL": "s3://my-bucket/hutch/prod",
             "HUTCH_S3_ENDPOINT": "http://127.0.0.1:9000",
             "HUTCH_BLOB_CACHE_BYTES": str(10 << 30),
+            "HUTCH_S3_CONNECT_TIMEOUT_S": "2.5",
         }
     )
     assert s.blob_cache_bytes == 10 << 30
-    store = open_blob_store(s.blob_url, state_dir=s.state_dir, s3_endpoint=s.s3_endpoint)
+    store = open_blob_store(
+        s.blob_url,
+        state_dir=s.state_dir,
+        s3_endpoint=s.s3_endpoint,
+        connect_timeout_s=s.s3_connect_timeout_s,
+    )
     assert isinstance(store, S3BlobStore)
+    assert store.options.connect_timeout_s == 2.5
     assert (store.bucket, store.prefix) == ("my-bucket", "hutch/prod")
     assert store.journal_dir == s.state_dir / "blob-uploads"
     assert store.url == "s3://my-bucket/hutch/prod at http://127.0.0.1:9000"
@@ -49,6 +58,10 @@ def test_file_and_s3_urls_open_their_stores(tmp_path: Path) -> None:
         ({"HUTCH_S3_ENDPOINT": "127.0.0.1:9000"}, "an http:// or https:// URL"),
         ({"HUTCH_BLOB_CACHE_BYTES": "-1"}, "0 \\(no limit\\) or more"),
         ({"HUTCH_BLOB_CACHE_BYTES": "lots"}, "is not a number"),
+        ({"HUTCH_S3_CONNECT_TIMEOUT_S": "0"}, r"HUTCH_S3_CONNECT_TIMEOUT_S='0'.*0.5 to 300"),
+        ({"HUTCH_S3_CONNECT_TIMEOUT_S": "soon"}, "HUTCH_S3_CONNECT_TIMEOUT_S='soon' is not valid"),
+        ({"HUTCH_S3_CONNECT_TIMEOUT_S": "nan"}, "0.5 to 300 seconds"),
+        ({"HUTCH_S3_CONNECT_TIMEOUT_S": "9999"}, "0.5 to 300 seconds"),
     ],
 )
 def test_bad_settings_name_what_is_accepted(

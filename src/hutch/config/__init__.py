@@ -62,6 +62,7 @@ from hutch.config.stores import (
     ACCEPTED_BLOB_URLS,
     DATABASE_URL_FORMS,
     S3_BUCKET_RE,
+    S3_CONNECT_TIMEOUT_S_RANGE,
     check_blob_url,
     parse_database_url,
 )
@@ -83,6 +84,7 @@ __all__ = [
     "METER_SETTINGS",
     "NET_LIMIT_SETTINGS",
     "S3_BUCKET_RE",
+    "S3_CONNECT_TIMEOUT_S_RANGE",
     "TCG_TB_MIB_RANGE",
     "ClusterSettings",
     "Limits",

@@ -74,6 +74,7 @@ _ENV = {
     "HUTCH_TUNNEL_ADDRESS": "tunnel_address",
     "HUTCH_BLOB_URL": "blob_url",
     "HUTCH_S3_ENDPOINT": "s3_endpoint",
+    "HUTCH_S3_CONNECT_TIMEOUT_S": "s3_connect_timeout_s",
     "HUTCH_BLOB_CACHE_BYTES": "blob_cache_bytes",
 }
 _ENV_OF = {key: name for name, key in _ENV.items()}

@@ -108,6 +108,11 @@ class Settings:
     # The S3 endpoint (MinIO, R2, SeaweedFS, ...); None: AWS. Credentials and region:
     # AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION (boto3's chain).
     s3_endpoint: str | None = None
+    # Seconds a request that needs the S3 store waits, in all, for an endpoint that has
+    # not answered yet (or whose last request failed to connect) before it fails with
+    # blob_error naming the endpoint; once it answers, transfers are retried for a
+    # minute while it is away (hutch.storage.blobs.s3).
+    s3_connect_timeout_s: float = 5.0
     # Bytes the local copies of uploaded named snapshots may hold; past it the least
     # recently used ones that no sandbox uses are removed (fetched again when needed).
     # 0: no limit.

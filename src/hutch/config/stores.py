@@ -62,6 +62,8 @@ def _redacted(url: str) -> str:
 
 #: An S3 bucket name (the rules AWS, MinIO and R2 share).
 S3_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+#: Seconds HUTCH_S3_CONNECT_TIMEOUT_S may be (a first contact's whole wait).
+S3_CONNECT_TIMEOUT_S_RANGE = (0.5, 300.0)
 #: What HUTCH_BLOB_URL may be (hutch.storage.blobs.open_blob_store reads it).
 ACCEPTED_BLOB_URLS = "unset (<state_dir>/blobs), file:///absolute/path, s3://bucket[/prefix]"
 
@@ -108,6 +110,24 @@ def _blob_settings(s: Settings, values: dict[str, Any], source: str) -> Settings
                 "(https://<account>.r2.cloudflarestorage.com, http://127.0.0.1:9000)"
             )
         s = replace(s, s3_endpoint=raw or None)
+    if "s3_connect_timeout_s" in values:
+        shown = (
+            "HUTCH_S3_CONNECT_TIMEOUT_S"
+            if source == "environment"
+            else f"{source}: s3_connect_timeout_s"
+        )
+        try:
+            seconds = float(values["s3_connect_timeout_s"])
+        except (TypeError, ValueError):
+            seconds = float("nan")
+        lo, hi = S3_CONNECT_TIMEOUT_S_RANGE
+        if not lo <= seconds <= hi:  # NaN fails too
+            raise InvalidArgument(
+                f"{shown}={values['s3_connect_timeout_s']!r} is not valid; accepted: "
+                f"{lo:g} to {hi:g} seconds (how long a request waits for an S3 endpoint "
+                "that has not answered yet)"
+            )
+        s = replace(s, s3_connect_timeout_s=seconds)
     if "blob_cache_bytes" in values:
         s = replace(s, blob_cache_bytes=_number(values, "blob_cache_bytes", int, source))
         if s.blob_cache_bytes < 0:

@@ -131,7 +131,10 @@ class ImageBlobs:
         if not settings.blob_url:
             return cls(None, settings.images_dir, settings.state_dir)
         store = open_blob_store(
-            settings.blob_url, state_dir=settings.state_dir, s3_endpoint=settings.s3_endpoint
+            settings.blob_url,
+            state_dir=settings.state_dir,
+            s3_endpoint=settings.s3_endpoint,
+            connect_timeout_s=settings.s3_connect_timeout_s,
         )
         return cls(store, settings.images_dir, settings.state_dir, records)
 

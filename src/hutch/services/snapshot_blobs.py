@@ -104,7 +104,12 @@ class SnapshotBlobs:
         s = core.settings
         if not s.blob_url:
             return cls(core, None, 0)
-        store = open_blob_store(s.blob_url, state_dir=s.state_dir, s3_endpoint=s.s3_endpoint)
+        store = open_blob_store(
+            s.blob_url,
+            state_dir=s.state_dir,
+            s3_endpoint=s.s3_endpoint,
+            connect_timeout_s=s.s3_connect_timeout_s,
+        )
         return cls(core, store, s.blob_cache_bytes)
 
     @property

@@ -46,11 +46,14 @@ def open_blob_store(
     s3_endpoint: str | None = None,
     part_size: int = DEFAULT_PART_SIZE,
     retry_s: float = 60.0,
+    connect_timeout_s: float = 5.0,
 ) -> BlobStore:
     """The store ``url`` names (None or empty: ``<state_dir>/blobs``). S3 upload
     journals go in ``<state_dir>/blob-uploads``. Raises ``InvalidArgument`` for a URL
     it does not accept and ``BlobError`` for an invalid bucket name; it does not
-    contact the store (:meth:`BlobStore.check` does)."""
+    contact the store (:meth:`BlobStore.check` does). ``connect_timeout_s``
+    (``HUTCH_S3_CONNECT_TIMEOUT_S``): how long an S3 operation waits for an endpoint that
+    has not answered yet before it fails; ``retry_s``: its patience once it has."""
     if not url:
         return LocalBlobStore(state_dir / "blobs")
     check_blob_url(url)
@@ -61,5 +64,10 @@ def open_blob_store(
         parts.netloc,
         parts.path.strip("/"),
         state_dir / "blob-uploads",
-        S3Options(endpoint=s3_endpoint or None, part_size=part_size, retry_s=retry_s),
+        S3Options(
+            endpoint=s3_endpoint or None,
+            part_size=part_size,
+            retry_s=retry_s,
+            connect_timeout_s=connect_timeout_s,
+        ),
     )

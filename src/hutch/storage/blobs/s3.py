@@ -19,6 +19,17 @@ Uploads (``put``):
                  retry_s), journal updated
            ─► CompleteMultipartUpload ─► HeadObject: size checked ─► journal removed
 ```
+First contact (``_reach``): while the endpoint has not answered since the store was
+opened or since a request last failed to connect, each operation first sends one HEAD
+of the bucket through a second, impatient client (connect timeout at most 2 s, no
+botocore retries), retried for up to ``connect_timeout_s`` (5 s): a wrong
+``HUTCH_S3_ENDPOINT`` or a server that is down fails a user's request within seconds
+instead of after ``retry_s`` plus botocore's own retries. Any answer (403 and 404
+included) or a slow one (a read timeout: the connection was accepted) ends it, and the
+operation's own requests then get the full patience: a server that restarts during a
+transfer, or answers slowly, is waited for as before. Background uploads retry in their
+own loops (``hutch.services.snapshot_blobs``, ``image_blobs``).
+
 A ``put`` of the same key and unchanged file (size, mtime) after a crash, or after the
 server went away for longer than ``retry_s``, finds the journal and continues the same
 upload: the parts already there are checked against the file (md5 = their ETag) and not
@@ -41,6 +52,7 @@ import hashlib
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -66,18 +78,27 @@ log = logging.getLogger(__name__)
 MIN_PART_SIZE = 5 << 20
 DEFAULT_PART_SIZE = 16 << 20
 MAX_PARTS = 10_000
+#: Seconds one first-contact attempt waits for the TCP connection (at most).
+_PROBE_CONNECT_S = 2.0
+#: botocore's own retries: the requests' (4 attempts), first contact's (1: ours decide).
+_RETRIES: Any = {"max_attempts": 3, "mode": "standard"}
+_PROBE_RETRIES: Any = {"total_max_attempts": 1, "mode": "standard"}
 _T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
 class S3Options:
     """How to reach the bucket. ``endpoint`` None: AWS. ``retry_s``: how long one
-    request is retried while the server cannot be reached or answers 5xx."""
+    request is retried while the server cannot be reached or answers 5xx, once it has
+    answered. ``connect_timeout_s``: how long an operation waits, in all, for an
+    endpoint that has not answered yet (or whose last request failed to connect)
+    before it fails with a ``BlobError`` naming the endpoint."""
 
     endpoint: str | None = None
     region: str | None = None
     part_size: int = DEFAULT_PART_SIZE
     retry_s: float = 60.0
+    connect_timeout_s: float = 5.0
     access_key: str | None = None
     secret_key: str | None = None
 
@@ -133,20 +154,34 @@ class S3BlobStore:
             raise BlobError(
                 f"s3 part size {self.options.part_size} is below S3's minimum {MIN_PART_SIZE}"
             )
+        if not self.options.connect_timeout_s > 0:
+            raise BlobError(
+                f"s3 first-contact timeout {self.options.connect_timeout_s:g} s: it must be "
+                "more than 0 (HUTCH_S3_CONNECT_TIMEOUT_S)"
+            )
         where = f" at {self.options.endpoint}" if self.options.endpoint else ""
         self.url = f"s3://{bucket}/{self.prefix}{where}"
         self._client = self._make_client()
+        #: First contact only (``_reach``): one attempt per request, a short connect.
+        self._probe_connect_s = min(_PROBE_CONNECT_S, self.options.connect_timeout_s)
+        self._probe = self._make_client(probe=True)
+        # Whether the endpoint answered the last request sent to it. Worker threads
+        # share the store (boto3 clients are thread-safe); the flag is theirs too.
+        self._lock = threading.Lock()
+        self._answered = False
 
-    def _make_client(self) -> Any:
+    def _make_client(self, *, probe: bool = False) -> Any:
+        """boto3's client; ``probe``: the impatient one of first contact (one attempt,
+        the connect and the answer each bounded by the first-contact budget)."""
         import boto3  # imported here: the daemon without S3 never loads it (~0.3 s)
         from botocore.config import Config
 
         opts = self.options
         config = Config(
             s3={"addressing_style": "path" if opts.endpoint else "auto"},
-            retries={"max_attempts": 3, "mode": "standard"},
-            connect_timeout=5,
-            read_timeout=60,
+            retries=_PROBE_RETRIES if probe else _RETRIES,
+            connect_timeout=self._probe_connect_s if probe else 5,
+            read_timeout=opts.connect_timeout_s if probe else 60,
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
         )
@@ -178,11 +213,14 @@ class S3BlobStore:
             ReadTimeoutError,
         )
 
-        deadline = time.monotonic() + self.options.retry_s
+        started = time.monotonic()
+        deadline = started + self.options.retry_s
         delay = 0.2
         while True:
             try:
-                return fn()
+                answer = fn()
+                self._set_answered(True)
+                return answer
             except NoCredentialsError as exc:
                 raise BlobError(
                     f"{what}: no S3 credentials; set AWS_ACCESS_KEY_ID and "
@@ -191,21 +229,73 @@ class S3BlobStore:
             except ClientError as exc:
                 code = str(exc.response.get("Error", {}).get("Code", ""))
                 status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+                self._set_answered(True)
                 if status >= 500 and time.monotonic() < deadline:
                     time.sleep(delay)
                     delay = min(delay * 2, 2.0)
                     continue
                 raise BlobError(f"{what}: {self._explain(code, status, exc)}") from exc
             except (ConnectionError, ReadTimeoutError) as exc:
+                if isinstance(exc, ConnectionError):
+                    self._set_answered(False)  # the next operation makes first contact
                 if time.monotonic() < deadline:
                     time.sleep(delay)
                     delay = min(delay * 2, 2.0)
                     continue
-                raise BlobError(
-                    f"{what}: cannot reach {self.url} ({exc}); check HUTCH_S3_ENDPOINT"
-                ) from exc
+                waited = time.monotonic() - started
+                raise BlobError(self._unreachable(what, exc, waited)) from exc
             except BotoCoreError as exc:
                 raise BlobError(f"{what}: {exc}") from exc
+
+    def _set_answered(self, answered: bool) -> None:
+        with self._lock:
+            self._answered = answered
+
+    def _reach(self, what: str) -> None:
+        """First contact: return at once if the endpoint answered the last request;
+        else HEAD the bucket with the impatient client until it answers (any status) or
+        accepts the connection and is slow (a read timeout), retried for up to
+        ``connect_timeout_s`` in all; past that, a ``BlobError`` naming the endpoint.
+        Errors other than not connecting are left to the operation's own requests,
+        which say what to change (credentials, bucket)."""
+        with self._lock:
+            if self._answered:
+                return
+        from botocore.exceptions import (
+            BotoCoreError,
+            ClientError,
+            ConnectionError,
+            HTTPClientError,
+        )
+
+        started = time.monotonic()
+        deadline = started + self.options.connect_timeout_s
+        delay = 0.1
+        while True:
+            try:
+                self._probe.head_bucket(Bucket=self.bucket)
+            except (ClientError, HTTPClientError):
+                pass  # an answer (403, 404, ...) or a connection accepted and then slow
+            except ConnectionError as exc:
+                # Another attempt only if it can end within the budget: the whole wait
+                # is at most connect_timeout_s, whatever the endpoint does.
+                if time.monotonic() + delay + self._probe_connect_s <= deadline:
+                    time.sleep(delay)
+                    delay = min(delay * 2, 1.0)
+                    continue
+                waited = time.monotonic() - started
+                raise BlobError(self._unreachable(what, exc, waited)) from exc
+            except BotoCoreError:
+                return  # no credentials, ...: the operation's own request names it
+            self._set_answered(True)
+            return
+
+    def _unreachable(self, what: str, exc: Exception, waited_s: float) -> str:
+        endpoint = self.options.endpoint or "AWS S3 (HUTCH_S3_ENDPOINT is unset)"
+        return (
+            f"{what}: cannot reach the S3 endpoint {endpoint} (tried for {waited_s:.1f} s: "
+            f"{exc}); check HUTCH_S3_ENDPOINT and that the server is up and listening there"
+        )
 
     def _explain(self, code: str, status: int, exc: Exception) -> str:
         if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied") or status in (
@@ -233,6 +323,7 @@ class S3BlobStore:
     # -- the store ----------------------------------------------------------------------
 
     def check(self) -> None:
+        self._reach(f"checking the blob store {self.url}")
         self._call(
             f"checking the blob store {self.url}",
             lambda: self._client.head_bucket(Bucket=self.bucket),
@@ -244,6 +335,7 @@ class S3BlobStore:
             st = source.stat()
         except OSError as exc:
             raise BlobError(f"storing blob {key}: cannot read {source}: {exc}") from exc
+        self._reach(f"storing blob {key} in {self.url}")
         part_size = self._part_size(st.st_size)
         if st.st_size < part_size:
             return self._put_small(key, full, source, progress)
@@ -362,7 +454,7 @@ class S3BlobStore:
                 MultipartUpload={"Parts": done},
             ),
         )
-        stored = self.stat(key)
+        stored = self._stat(key)  # part of this transfer: no first contact again
         if stored is None or stored.size != st.st_size:
             raise BlobError(
                 f"{what}: the server holds {stored.size if stored else 'no'} bytes after the "
@@ -428,6 +520,8 @@ class S3BlobStore:
         what = f"reading blob {key} from {self.url}"
         from botocore.exceptions import ConnectionError, ReadTimeoutError, ResponseStreamingError
 
+        self._reach(what)
+
         deadline = time.monotonic() + self.options.retry_s
         while True:
             try:
@@ -456,6 +550,11 @@ class S3BlobStore:
                 body.close()
 
     def stat(self, key: str) -> BlobInfo | None:
+        self._key(key)  # a bad key fails before any request
+        self._reach(f"looking up blob {key} in {self.url}")
+        return self._stat(key)
+
+    def _stat(self, key: str) -> BlobInfo | None:
         full = self._key(key)
         try:
             head = self._call(
@@ -470,12 +569,14 @@ class S3BlobStore:
 
     def delete(self, key: str) -> None:
         full = self._key(key)
+        self._reach(f"deleting blob {key} from {self.url}")
         self._call(
             f"deleting blob {key} from {self.url}",
             lambda: self._client.delete_object(Bucket=self.bucket, Key=full),
         )
 
     def list_prefix(self, prefix: str) -> list[BlobInfo]:
+        self._reach(f"listing {prefix!r} in {self.url}")
         base = f"{self.prefix}/" if self.prefix else ""
         out: list[BlobInfo] = []
         token: str | None = None
@@ -501,6 +602,7 @@ class S3BlobStore:
         return [j for j in found if j is not None and j.bucket == self.bucket]
 
     def abort_uploads(self, older_than_s: float) -> list[str]:
+        self._reach(f"listing unfinished uploads in {self.url}")
         aborted: list[str] = []
         ours = {j.upload_id for j in self.pending_uploads()}
         for journal in self.pending_uploads():
