@@ -23,6 +23,9 @@ from tests.privileged.dataplane.tables import NET, blocked, install, reached, sa
 
 pytestmark = pytest.mark.privileged
 
+#: Linux's initial retransmission timeout for a SYN (TCP_TIMEOUT_INIT).
+SYN_RETRANSMIT_S = 1.0
+
 
 # ------------------------------------------------------------------------- lifecycle
 
@@ -51,8 +54,14 @@ async def test_counters_move(lab: Lab, cfg: TableConfig, guests: dict[str, Guest
     await install(lab, cfg, [sandbox(a), sandbox(b, ["198.18.1.1"])])
     before = await read_counters(cfg.tag, netns=lab.host)
     assert before[a.sandbox_id].allowed == 0 and before[a.sandbox_id].denied == 0
-    lab.probe(a.netns, [tcp("198.18.1.1", 80), tcp("198.18.2.1", 80), tcp("198.18.1.1", 25)])
-    lab.probe(b.netns, [tcp("198.18.1.1", 2222), tcp("198.18.3.1", 2222)])
+    # The allow counter counts packets that meet the policy: every SYN of a connection
+    # not yet answered, retransmissions too. Probes that give up before Linux's first SYN
+    # retransmission (1 s) send one SYN each, so the allowed count is exact however slow
+    # a loaded host is to answer (at load 10, a 1.5 s probe counted a retransmitted SYN).
+    once = SYN_RETRANSMIT_S * 0.8
+    probes_a = [tcp("198.18.1.1", 80), tcp("198.18.2.1", 80), tcp("198.18.1.1", 25)]
+    lab.probe(a.netns, probes_a, timeout=once)
+    lab.probe(b.netns, [tcp("198.18.1.1", 2222), tcp("198.18.3.1", 2222)], timeout=once)
     after = await read_counters(cfg.tag, netns=lab.host)
     assert after[a.sandbox_id].allowed == 2 and after[a.sandbox_id].denied >= 1
     assert after[b.sandbox_id].allowed == 1 and after[b.sandbox_id].denied >= 1
