@@ -240,9 +240,16 @@ class FakeBackend:
             )
         try:
             agent = await AgentClient.connect(sock, timeout_s=10.0)
-        except BaseException:
-            proc.kill()
+        except BaseException as exc:
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
             await proc.wait()
+            # What the jailed agent said is the only clue to why it did not answer.
+            tail = log.read_bytes()[-2000:].decode(errors="replace") if log.exists() else ""
+            exc.add_note(
+                f"fake agent of {rec.id}: bwrap ended with {proc.returncode}; log {tail!r}"
+            )
             raise
         runtime = FakeRuntime(rec.id, proc, agent, log, self)
         self.started.append(rec.id)

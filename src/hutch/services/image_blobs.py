@@ -19,6 +19,16 @@ when both the index and the record are there; at the daemon's start every record
 image whose content is here and whose upload is not complete is scheduled again (an S3
 upload resumes where it stopped: its journal), which is also how an upload made before
 the record existed (migration 15) gets one: a host holding the content sends it again.
+The same check runs every ``RESYNC_S`` while the daemon runs, so an upload undone by a
+deletion elsewhere is made again without waiting for a restart.
+
+Delete (the last image record naming a digest went): the index, the files, then the
+record, under the digest's guard, which its upload here holds too, and only if still no
+image names the digest once the guard is held. An import recorded meanwhile on this host
+waits for the guard and then uploads everything again; one recorded on another host
+while the blobs went is found by its host's next resync (its index or its record is
+missing), and until then a fetch of it is refused (``ImageMissing``), never given files
+that are not there.
 
 Fetch (a create, a resume or a fork child on a host without the content): one at a
 time per image on this host (an asyncio lock per digest in the daemon, the content's
@@ -55,12 +65,12 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from hutch.config import Settings
-from hutch.errors import BlobError, ImageMissing
+from hutch.errors import BlobError, HutchError, ImageMissing
 from hutch.images.cache import atomic_write_text, file_lock
 from hutch.images.oci.boot import BootSet, find_boot_set, load_boot_set
 from hutch.images.oci.digest import digest_of
@@ -71,7 +81,7 @@ from hutch.storage.blobs import BlobStore, open_blob_store
 from hutch.storage.blobs.flat import FileSum, flat_complete, get_flat, put_flat
 from hutch.store.image_uploads import ImageUploadStore, UploadRecord
 
-__all__ = ["CONTENT_FILES", "ImageBlobs", "image_prefix"]
+__all__ = ["CONTENT_FILES", "RESYNC_S", "ImageBlobs", "image_prefix"]
 
 log = logging.getLogger("hutch.services.image_blobs")
 
@@ -80,6 +90,8 @@ CONTENT_FILES = frozenset({"rootfs.ext4", "manifest.json", "config.json", "image
 BOOT_FILES = frozenset({"vmlinux", "initrd.img", "runtime.ext4", "boot.json"})
 #: Sparse disk images: holes are punched back into the zeros a download wrote.
 _SPARSE = frozenset({"rootfs.ext4", "runtime.ext4"})
+#: Seconds between two checks that every image whose content is here is uploaded.
+RESYNC_S = 300.0
 T = TypeVar("T")
 
 
@@ -100,9 +112,11 @@ class ImageBlobs:
         records: ImageUploadStore | None = None,
         *,
         retry_s: Sequence[float] = RETRY_S,
+        resync_s: float = RESYNC_S,
     ) -> None:
         """``records``: where uploads are recorded and fetches verified (the database);
-        required with a ``store``. ``retry_s``: the delays between upload attempts."""
+        required with a ``store``. ``retry_s``: the delays between upload attempts;
+        ``resync_s``: between two checks of every image's upload."""
         if store is not None and records is None:
             raise ValueError("ImageBlobs with a blob store needs the upload records")
         self.store = store
@@ -111,6 +125,10 @@ class ImageBlobs:
         #: Where indexes are written and read before they go on (the state dir).
         self.scratch = scratch
         self._fetching: dict[str, asyncio.Lock] = {}
+        #: Per digest: its upload or the deletion of its blobs, never both at once.
+        self._guards: dict[str, asyncio.Lock] = {}
+        self._resync_s = resync_s
+        self._resync_task: asyncio.Task[None] | None = None
         self.uploads: BackgroundUploads[str] = BackgroundUploads(
             "image",
             self._upload_once,
@@ -144,16 +162,48 @@ class ImageBlobs:
 
     # -- start and close ----------------------------------------------------------------
 
-    def start(self, digests: list[str]) -> None:
-        """On the event loop: remember it (imports record from worker threads) and
-        schedule the upload of each recorded digest whose content is here."""
+    def start(self, digests: Callable[[], Iterable[str]]) -> None:
+        """On the event loop: remember it (imports record from worker threads),
+        schedule the upload of each recorded digest (``digests()``: every image
+        record's) whose content is here, and check them again every ``resync_s``."""
         self.uploads.start()
-        for digest in dict.fromkeys(digests):
+        if self.store is None:
+            return
+        for digest in dict.fromkeys(digests()):
             if find_content(self.images_dir, digest) is not None:
                 self.schedule(digest)
+        self._resync_task = asyncio.create_task(
+            self._resync_forever(digests), name="hutch-image-resync"
+        )
 
     async def close(self) -> None:
+        if self._resync_task is not None:
+            self._resync_task.cancel()
+            await asyncio.gather(self._resync_task, return_exceptions=True)
         await self.uploads.close()
+
+    async def _resync_forever(self, digests: Callable[[], Iterable[str]]) -> None:
+        while not self.uploads.closed:
+            await asyncio.sleep(self._resync_s)
+            try:
+                await self.resync(list(digests()))
+            except (HutchError, OSError) as exc:  # the store or the database away
+                log.warning("checking the images' uploads failed (again in %.0f s): %s",
+                            self._resync_s, exc)  # fmt: skip
+
+    async def resync(self, digests: Iterable[str]) -> list[str]:
+        """Schedule the upload of each of ``digests`` whose content is here, whose
+        upload is not under way and not complete (its index or its record is not
+        there); the digests scheduled."""
+        scheduled = []
+        for digest in dict.fromkeys(digests):
+            if self.uploads.running(digest) or find_content(self.images_dir, digest) is None:
+                continue
+            if not await asyncio.to_thread(self.uploaded, digest):
+                log.info("image %s: its upload is not complete; uploading it again", digest)
+                self.schedule(digest)
+                scheduled.append(digest)
+        return scheduled
 
     # -- upload -------------------------------------------------------------------------
 
@@ -169,9 +219,13 @@ class ImageBlobs:
         """Until the upload of ``digest`` under way (if any) has ended."""
         await self.uploads.wait(digest)
 
+    def _guard(self, digest: str) -> asyncio.Lock:
+        return self._guards.setdefault(digest, asyncio.Lock())
+
     async def _upload_once(self, digest: str) -> None:
         started = time.monotonic()
-        sent = await asyncio.to_thread(self.upload, digest)
+        async with self._guard(digest):
+            sent = await asyncio.to_thread(self.upload, digest)
         if sent is not None:
             took = time.monotonic() - started
             log.info("image %s uploaded: %d bytes in %.1f s", digest, sent, took)
@@ -253,11 +307,29 @@ class ImageBlobs:
 
         return self.store.put(key, path, progress=still_wanted)
 
+    async def delete_unused(self, digest: str, unused: Callable[[], bool]) -> bool:
+        """Remove the content's blobs if ``unused()`` (no image record names
+        ``digest``) still holds once no upload of it runs here (see the module
+        docstring); True: they were removed. Failures (``HutchError``) are the
+        caller's to log."""
+        if self.store is None:
+            return False
+        async with self._guard(digest):
+            if not unused():
+                return False
+            await asyncio.to_thread(self.delete, digest)
+        if not unused():
+            # Recorded again while its blobs went (on another host: its resync uploads
+            # it; here: its upload waited for the guard). A copy here goes up now.
+            log.info("image %s was recorded again while its blobs were removed", digest)
+            self.schedule(digest)
+        return True
+
     def delete(self, digest: str) -> None:
-        """Remove the content's blobs (no image record names ``digest`` any more): the
-        index first, so it stops counting as uploaded. Boot sets stay (every imported
-        image shares them). The record goes last: one left by a crash is replaced by the
-        next upload. Blocking; failures are the caller's to log."""
+        """Remove the content's blobs (call :meth:`delete_unused`, which holds the
+        digest's guard): the index first, so it stops counting as uploaded. Boot sets
+        stay (every imported image shares them). The record goes last: one left by a
+        crash is replaced by the next upload. Blocking."""
         if self.store is None:
             return
         assert self.records is not None

@@ -111,7 +111,7 @@ class ImageImporter:
         # Uploads to the blob store a stopped daemon left (or never began) continue.
         blobs = self.images.blobs
         blobs.on_uploaded = self._uploaded
-        blobs.start([r.digest for r in rows])
+        blobs.start(lambda: [r.digest for r in self.images.store.list_all()])
 
     async def close(self) -> None:
         """Stop the uploads under way (an S3 upload resumes at the next start)."""
@@ -354,10 +354,12 @@ class ImageImporter:
         removed = await asyncio.to_thread(
             drop_ref, content_dir(self.images.images_dir, row.digest), self._ref(name, project)
         )
-        if self.images.blobs.enabled and not self.images.store.uses(row.digest):
+        if self.images.blobs.enabled:
             # No image of any project names the content now: its blobs go too.
             try:
-                await asyncio.to_thread(self.images.blobs.delete, row.digest)
+                await self.images.blobs.delete_unused(
+                    row.digest, lambda: not self.images.store.uses(row.digest)
+                )
             except HutchError as exc:
                 log.warning("image %s: its blobs (%s) were not all removed: %s",
                             name, row.digest, exc)  # fmt: skip
