@@ -48,6 +48,7 @@ from hutch.services.snapshot_blobs import SnapshotBlobs
 from hutch.services.snapshots import SnapshotService
 from hutch.services.usage import UsageService
 from hutch.services.volumes import VolumeService
+from hutch.storage.blobs import BlobStore, blob_store_from_settings
 from hutch.store import Store
 from hutch.store.image_uploads import ImageUploadStore
 from hutch.store.images import ImageStore
@@ -91,11 +92,18 @@ def build_services(
     backend: VmBackend,
     images: ImageSource,
     net: NetworkService | None = None,
+    *,
+    blob_store: BlobStore | None = None,
 ) -> Services:
     """The one place the sandbox services are composed (the daemon and the tests).
 
     ``net`` None (no root, or tests without netns): every sandbox gets network "none".
+    ``blob_store``: the store ``HUTCH_BLOB_URL`` names, opened once by the caller whose
+    images share it (the daemon); None: opened here (``blob_store_from_settings``), and
+    none at all when the setting is unset.
     """
+    if blob_store is None:
+        blob_store = blob_store_from_settings(settings)
     secrets = SecretService(SecretStore(store), SecretKey(settings.secrets_key_path))
     secrets.prepare()  # the key file is created on the first start
     if net is not None:
@@ -103,8 +111,8 @@ def build_services(
         # path's thread, from the sandbox's project (the store takes its own lock).
         net.enforcer.proxy.secrets = secrets
     core = SandboxRegistry(settings, store, backend, images, net, secrets)
-    lifecycle = LifecycleService(core, SandboxMoves.from_settings(core))
-    snapshots = SnapshotService(core, lifecycle, SnapshotBlobs.from_settings(core))
+    lifecycle = LifecycleService(core, SandboxMoves(core, blob_store))
+    snapshots = SnapshotService(core, lifecycle, SnapshotBlobs.from_settings(core, blob_store))
     guest = GuestOps(core, lifecycle)
     networking = NetworkingService(core)
     pool = WarmPool(
@@ -154,14 +162,16 @@ def build(settings: Settings) -> tuple[Services, str]:
         # Taps and nftables need root: without it every sandbox gets network "none".
         log.warning("hutchd is not running as root: sandboxes get no network (network none)")
     backend = QemuBackend(settings, guest_network=net.guest_settings if net else None)
+    # One store (one S3 client and connection pool) for images, snapshots and pauses.
+    blob_store = blob_store_from_settings(settings)
     images = HostImages(
         LocalImages(settings.images_dir),
         ImageStore(store),
         settings.images_dir,
         LocalBootSets(settings.images_dir),
-        ImageBlobs.from_settings(settings, ImageUploadStore(store)),
+        ImageBlobs.from_settings(settings, ImageUploadStore(store), blob_store),
     )
-    return build_services(settings, store, backend, images, net), key
+    return build_services(settings, store, backend, images, net, blob_store=blob_store), key
 
 
 class ByListener:

@@ -17,6 +17,7 @@ import pytest
 from hutch.config import Settings
 from hutch.services.composed import Services
 from hutch.services.snapshot_blobs import SnapshotBlobs
+from hutch.storage.blobs import blob_store_from_settings
 from tests.component.test_api_lifecycle import create
 from tests.s3server import BUCKET, SECRET_KEY, S3Server, s3_server
 
@@ -83,7 +84,9 @@ async def test_snapshot_is_uploaded_and_its_blobs_go_with_it(
         assert r.status_code == 200 and r.json()["stdout"] == "serving\n"
         # The next start with credentials that work uploads what this one could not.
         os.environ["AWS_SECRET_ACCESS_KEY"] = SECRET_KEY  # monkeypatch restores it
-        restarted = SnapshotBlobs.from_settings(service.core)
+        # (A store of its own: the credentials are read as it opens.)
+        store = blob_store_from_settings(service.core.settings)
+        restarted = SnapshotBlobs.from_settings(service.core, store)
         await restarted.start()
         assert restarted._starter is not None
         await restarted._starter

@@ -1,7 +1,9 @@
-"""BackgroundUploads, the retry skeleton ImageBlobs and SnapshotBlobs share: one task per
-key, retried after a failure while wanted, cancelled on close, schedulable from a worker
-thread. Attempts are plain coroutines driven by events (no store: the blob services'
-own tests run it against real ones); the retry delays are injected tiny."""
+"""BackgroundUploads, the retry skeleton ImageBlobs, SnapshotBlobs and SandboxMoves share:
+one task per key, retried after a failure while wanted, cancelled on close, stopped at
+its next part (its thread waited for), schedulable from a worker thread. Attempts are
+plain coroutines driven by events, or threads that ask ``stopping`` as a progress
+callback does (no store: the blob services' own tests run it against real ones); the
+retry delays are injected tiny."""
 
 from __future__ import annotations
 
@@ -156,7 +158,10 @@ async def test_cancel_stops_one_key_and_leaves_the_others() -> None:
     up.schedule("b")
     for key in ("a", "b"):
         await asyncio.wait_for(attempt.entered_by[key].wait(), DEADLINE_S)
+    waiter = asyncio.create_task(up.wait("a"))
+    await asyncio.sleep(0)  # the waiter waits
     await up.cancel("a")
+    await asyncio.wait_for(waiter, DEADLINE_S)  # its waiter returns: no CancelledError
     assert not up.running("a") and up.running("b")
     attempt.release.set()
     await up.wait("b")
@@ -198,3 +203,108 @@ def test_the_default_backoff_and_an_empty_one() -> None:
         BackgroundUploads(
             "t", Attempts(), lambda k: True, key=lambda k: k, log=log, task_prefix="t-", retry_s=()
         )
+
+
+class Parts:
+    """An attempt whose blocking part runs in a thread, as the blob services' do: it
+    sends "parts" until ``stopping`` says so (the progress callback's question) or
+    ``finish`` is set, and records which ended it."""
+
+    def __init__(self, failures: int = 0) -> None:
+        self.up: BackgroundUploads[str] | None = None
+        self.failures = failures
+        self.calls = 0
+        self.in_thread = threading.Event()
+        self.finish = threading.Event()
+        self.failed = asyncio.Event()
+        self.ended: list[str] = []
+
+    def _send(self, key: str) -> None:
+        assert self.up is not None
+        self.in_thread.set()
+        while not self.finish.wait(0.001):
+            if self.up.stopping(key):
+                self.ended.append("stopped")
+                raise BlobError(f"the upload of {key} was stopped")
+        self.ended.append("sent")
+
+    async def __call__(self, key: str) -> None:
+        self.calls += 1
+        if self.calls <= self.failures:
+            self.failed.set()
+            raise BlobError(f"store away (call {self.calls})")
+        await asyncio.to_thread(self._send, key)
+
+
+def parts_uploads(
+    attempt: Parts, retry_s: tuple[float, ...] = TINY, **kw: str
+) -> BackgroundUploads[str]:
+    up = BackgroundUploads(
+        "thing",
+        attempt,
+        lambda key: True,
+        key=lambda key: key,
+        log=log,
+        task_prefix="test-upload-",
+        retry_s=retry_s,
+        **kw,
+    )
+    attempt.up = up
+    return up
+
+
+async def test_stop_ends_the_attempt_at_its_next_part_and_waits_for_its_thread() -> None:
+    attempt = Parts()
+    up = parts_uploads(attempt)
+    up.schedule("a")
+    up.schedule("b")
+    await asyncio.to_thread(attempt.in_thread.wait, DEADLINE_S)
+    assert not up.stopping("a")
+    await up.stop("a")
+    # The thread has ended (not merely the task): what it read may change now.
+    assert attempt.ended == ["stopped"] and not up.running("a")
+    assert up.running("b") and not up.stopping("b")  # the others go on
+    # No retry after a stop; a later schedule is a new upload.
+    attempt.finish.set()
+    await up.wait("b")
+    up.schedule("a")
+    await up.wait("a")
+    assert attempt.calls == 3 and sorted(attempt.ended) == ["sent", "sent", "stopped"]
+    await up.stop("gone")  # nothing under way: a no-op
+
+
+async def test_stop_ends_an_upload_waiting_to_retry_at_once() -> None:
+    attempt = Parts(failures=1)
+    up = parts_uploads(attempt, retry_s=(3600.0,))  # the retry would be an hour away
+    up.schedule("a")
+    # Woken once the failed task is in its sleep before the retry (the same step).
+    await asyncio.wait_for(attempt.failed.wait(), DEADLINE_S)
+    await asyncio.wait_for(up.stop("a"), DEADLINE_S)
+    assert not up.running("a") and attempt.calls == 1 and attempt.ended == []
+
+
+async def test_close_is_seen_by_the_attempt_thread_as_stopping() -> None:
+    attempt = Parts()
+    up = parts_uploads(attempt)
+    up.schedule("a")
+    await asyncio.to_thread(attempt.in_thread.wait, DEADLINE_S)
+    await up.close()
+    assert up.stopping("a") and up.stopping("never-scheduled")
+
+
+async def test_wait_with_a_timeout_returns_and_leaves_the_upload_running(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    attempt = Parts(failures=1)
+    up = parts_uploads(attempt, what="pause upload")
+    with caplog.at_level(logging.WARNING, logger=log.name):
+        up.schedule("a")
+        await asyncio.to_thread(attempt.in_thread.wait, DEADLINE_S)
+        await up.wait("a", timeout_s=0.01)
+    assert up.running("a")
+    # ``what`` names the upload in the failure's line.
+    warnings = [r.getMessage() for r in caplog.records if r.name == log.name]
+    assert warnings == ["thing a: pause upload failed (retry in 0 s): store away (call 1)"]
+    attempt.finish.set()
+    await up.wait("a", timeout_s=DEADLINE_S)
+    assert not up.running("a") and attempt.ended == ["sent"]

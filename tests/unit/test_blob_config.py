@@ -10,7 +10,12 @@ import pytest
 
 from hutch.config import load_settings
 from hutch.errors import BlobError, InvalidArgument
-from hutch.storage.blobs import LocalBlobStore, S3BlobStore, open_blob_store
+from hutch.storage.blobs import (
+    LocalBlobStore,
+    S3BlobStore,
+    blob_store_from_settings,
+    open_blob_store,
+)
 
 
 def test_defaults_keep_blobs_on_this_host(tmp_path: Path) -> None:
@@ -19,6 +24,8 @@ def test_defaults_keep_blobs_on_this_host(tmp_path: Path) -> None:
     assert s.s3_connect_timeout_s == 5.0
     store = open_blob_store(s.blob_url, state_dir=s.state_dir)
     assert isinstance(store, LocalBlobStore) and store.root == s.state_dir / "blobs"
+    # The daemon's services: no store at all (nothing mirrored on the same disk).
+    assert blob_store_from_settings(s) is None
 
 
 def test_file_and_s3_urls_open_their_stores(tmp_path: Path) -> None:
@@ -43,6 +50,10 @@ def test_file_and_s3_urls_open_their_stores(tmp_path: Path) -> None:
     assert (store.bucket, store.prefix) == ("my-bucket", "hutch/prod")
     assert store.journal_dir == s.state_dir / "blob-uploads"
     assert store.url == "s3://my-bucket/hutch/prod at http://127.0.0.1:9000"
+    # The daemon's one store: the same, from the settings alone.
+    shared = blob_store_from_settings(s)
+    assert isinstance(shared, S3BlobStore) and shared.url == store.url
+    assert shared.options == store.options and shared.journal_dir == store.journal_dir
     local = open_blob_store(f"file://{tmp_path}/shared", state_dir=s.state_dir)
     assert isinstance(local, LocalBlobStore) and local.root == tmp_path / "shared"
 

@@ -77,7 +77,7 @@ from hutch.images.oci.digest import digest_of
 from hutch.images.oci.importer import OciContent, content_dir, find_content, load_content
 from hutch.services.background_uploads import RETRY_S, BackgroundUploads
 from hutch.services.blob_cache import touch_content
-from hutch.storage.blobs import BlobStore, open_blob_store
+from hutch.storage.blobs import BlobStore
 from hutch.storage.blobs.flat import FileSum, flat_complete, get_flat, put_flat
 from hutch.store.image_uploads import ImageUploadStore, UploadRecord
 
@@ -145,15 +145,13 @@ class ImageBlobs:
         self.on_cached: Callable[[], None] | None = None
 
     @classmethod
-    def from_settings(cls, settings: Settings, records: ImageUploadStore) -> ImageBlobs:
-        if not settings.blob_url:
+    def from_settings(
+        cls, settings: Settings, records: ImageUploadStore, store: BlobStore | None
+    ) -> ImageBlobs:
+        """``store``: the daemon's (``blob_store_from_settings``); None: images stay on
+        the host that imported them."""
+        if store is None:
             return cls(None, settings.images_dir, settings.state_dir)
-        store = open_blob_store(
-            settings.blob_url,
-            state_dir=settings.state_dir,
-            s3_endpoint=settings.s3_endpoint,
-            connect_timeout_s=settings.s3_connect_timeout_s,
-        )
         return cls(store, settings.images_dir, settings.state_dir, records)
 
     @property

@@ -13,6 +13,9 @@ earlier pause (its deletion failed, or a host died before it) is never paired wi
 later disk. Before a pause's upload the blobs of earlier pauses are deleted; after any
 resume the pause's blobs go (in the background: a failure only costs storage).
 
+The upload runs on :class:`~hutch.services.background_uploads.BackgroundUploads` (as
+images' and snapshots' do), retried while the row still records that pause.
+
 Resume on the same host (its files are here): the upload under way is stopped (at its
 next part) and waited for, nothing is downloaded, and the resume is as before. Resume on
 another host (the row names another host: it is down or draining, or the router placed
@@ -33,23 +36,26 @@ import os
 import secrets
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from hutch.errors import Conflict, HutchError, SnapshotError
 from hutch.models import NetworkMode, PauseMode, SandboxRecord, SandboxState
+from hutch.services.background_uploads import RETRY_S, BackgroundUploads
 from hutch.services.blob_dirs import DISK, INDEX, fetch_dir, upload_dir
 from hutch.services.placement import require_labels
 from hutch.services.registry import SandboxRegistry
-from hutch.storage.blobs import BlobInfo, BlobStore, open_blob_store
+from hutch.storage.blobs import BlobInfo, BlobStore
 from hutch.store.hosts import HostStore
 
 __all__ = ["SandboxMoves", "pause_prefix"]
 
 log = logging.getLogger("hutch.services.moves")
 
-_RETRY_S = (2.0, 5.0, 15.0, 60.0)
 VM_JSON = "vm.json"
+#: How often (seconds) an upload's thread asks the row whether the pause is still there.
+_ROW_CHECK_S = 5.0
 
 
 def pause_prefix(rec: SandboxRecord) -> str:
@@ -62,57 +68,54 @@ def pause_prefix(rec: SandboxRecord) -> str:
 class SandboxMoves:
     """See the module docstring; ``store`` None: pauses stay on their host."""
 
-    def __init__(self, core: SandboxRegistry, store: BlobStore | None) -> None:
+    def __init__(
+        self,
+        core: SandboxRegistry,
+        store: BlobStore | None,
+        *,
+        retry_s: Sequence[float] = RETRY_S,
+    ) -> None:
+        """``store``: the daemon's (``blob_store_from_settings``); ``retry_s``: the
+        delays between upload attempts."""
         self.core = core
         self.store = store
         self.hosts = HostStore(core.store)
-        self._uploads: dict[str, asyncio.Task[None]] = {}
-        self._stop: set[str] = set()
-        self._background: set[asyncio.Task[Any]] = set()
-        self._closed = False
-
-    @classmethod
-    def from_settings(cls, core: SandboxRegistry) -> SandboxMoves:
-        s = core.settings
-        if not s.blob_url:
-            return cls(core, None)
-        store = open_blob_store(
-            s.blob_url,
-            state_dir=s.state_dir,
-            s3_endpoint=s.s3_endpoint,
-            connect_timeout_s=s.s3_connect_timeout_s,
+        self.uploads: BackgroundUploads[SandboxRecord] = BackgroundUploads(
+            "sandbox",
+            self._upload_once,
+            lambda rec: self._current(rec) is not None,
+            key=lambda rec: rec.id,
+            log=log,
+            task_prefix="hutch-pause-up-",
+            retry_s=retry_s,
+            what="pause upload",
         )
-        return cls(core, store)
+        self._background: set[asyncio.Task[Any]] = set()
 
     @property
     def enabled(self) -> bool:
         return self.store is not None
 
     async def close(self) -> None:
-        self._closed = True
-        tasks = [*self._uploads.values(), *self._background]
+        tasks = list(self._background)
         for task in tasks:
             task.cancel()
+        await self.uploads.close()
         await asyncio.gather(*tasks, return_exceptions=True)
 
     # -- upload after a pause -------------------------------------------------------------
 
     def paused(self, rec: SandboxRecord) -> None:
-        """``rec`` was just paused on this host: upload it in the background."""
-        if self.store is None or self._closed or rec.id in self._uploads:
+        """``rec`` was just paused on this host: upload it in the background (on the
+        event loop; a no-op while an upload of the sandbox is under way)."""
+        if self.store is None:
             return
-        self._stop.discard(rec.id)
-        task = asyncio.create_task(self._upload_until_done(rec), name=f"hutch-pause-up-{rec.id}")
-        self._uploads[rec.id] = task
-        sandbox_id = rec.id
-        task.add_done_callback(lambda _t: self._uploads.pop(sandbox_id, None))
+        self.uploads.schedule(rec)
 
     async def wait_uploaded(self, sandbox_id: str, timeout_s: float = 600.0) -> None:
         """Until the upload of the sandbox's pause under way (if any) has ended, or
         ``timeout_s`` (a store away that long: the upload goes on retrying)."""
-        task = self._uploads.get(sandbox_id)
-        if task is not None:
-            await asyncio.wait({task}, timeout=timeout_s)
+        await self.uploads.wait(sandbox_id, timeout_s)
 
     def uploaded(self, rec: SandboxRecord) -> bool:
         """The upload of the pause ``rec`` records is complete."""
@@ -120,33 +123,21 @@ class SandboxMoves:
             rec.paused_at is not None and self.store.stat(pause_prefix(rec) + INDEX) is not None
         )
 
-    async def _upload_until_done(self, rec: SandboxRecord) -> None:
-        attempt = 0
-        while not self._closed and rec.id not in self._stop:
-            try:
-                started = time.monotonic()
-                size = await asyncio.to_thread(self._upload, rec)
-                log.info(
-                    "sandbox %s: pause uploaded (%d bytes in %.1f s)",
-                    rec.id,
-                    size,
-                    time.monotonic() - started,
-                )
-                return
-            except (HutchError, OSError) as exc:
-                if rec.id in self._stop or self._current(rec) is None:
-                    if (
-                        self.core.store.get_sandbox(rec.id) is None
-                        or not (self.core.store.get_sandbox(rec.id) or rec).state.is_live
-                    ):
-                        self.forget_soon(rec.id)  # deleted while paused: its blobs go
-                    return
-                delay = _RETRY_S[min(attempt, len(_RETRY_S) - 1)]
-                attempt += 1
-                log.warning(
-                    "sandbox %s: pause upload failed (retry in %.0f s): %s", rec.id, delay, exc
-                )
-                await asyncio.sleep(delay)
+    async def _upload_once(self, rec: SandboxRecord) -> None:
+        """One attempt (``BackgroundUploads`` retries it while the row records the
+        pause and no resume here stopped it)."""
+        started = time.monotonic()
+        try:
+            size = await asyncio.to_thread(self._upload, rec)
+        except (HutchError, OSError):
+            # Deleted (or ended) during the attempt: what it wrote after the delete's
+            # own removal goes too. The failure is the retry loop's to judge.
+            now = self.core.store.get_sandbox(rec.id)
+            if now is None or not now.state.is_live:
+                self.forget_soon(rec.id)
+            raise
+        took = time.monotonic() - started
+        log.info("sandbox %s: pause uploaded (%d bytes in %.1f s)", rec.id, size, took)
 
     def _current(self, rec: SandboxRecord) -> SandboxRecord | None:
         """The row, while it still records the pause ``rec`` on this host."""
@@ -184,12 +175,11 @@ class SandboxMoves:
 
         def still_wanted(_sent: int) -> None:
             nonlocal checked
-            if rec.id in self._stop or self._closed:
+            if self.uploads.stopping(rec.id):
                 raise SnapshotError(f"the upload of sandbox {rec.id}'s pause was stopped")
-            if time.monotonic() - checked > 5.0:  # the row, now and then (one query)
+            if time.monotonic() - checked > _ROW_CHECK_S:  # the row, now and then (a query)
                 checked = time.monotonic()
-                if self._current(rec) is None:
-                    self._stop.add(rec.id)
+                if self._current(rec) is None:  # no retry either: it is not wanted
                     raise SnapshotError(f"sandbox {rec.id} is no longer paused there")
 
         still_wanted(0)
@@ -197,18 +187,14 @@ class SandboxMoves:
 
     async def stop_upload(self, sandbox_id: str) -> None:
         """The sandbox resumes here: its files change from now on, so the upload under
-        way stops (at its next part) and is waited for."""
-        task = self._uploads.get(sandbox_id)
-        if task is None:
-            return
-        self._stop.add(sandbox_id)
-        await asyncio.gather(task, return_exceptions=True)
+        way stops (at its next part) and is waited for, its thread included."""
+        await self.uploads.stop(sandbox_id)
 
     def forget_soon(self, sandbox_id: str, rec: SandboxRecord | None = None) -> None:
         """The blobs of the pause ``rec`` records (it was resumed: it can never be
         restored again) go, in the background; ``rec`` None: every pause of the sandbox
         (it was deleted). Only that prefix: a pause taken since has its own."""
-        if self.store is None or self._closed:
+        if self.store is None or self.uploads.closed:
             return
         if rec is not None and rec.paused_at is None:
             return

@@ -45,7 +45,7 @@ from hutch.services.background_uploads import RETRY_S, BackgroundUploads
 from hutch.services.blob_cache import CachedImage, ImageCache
 from hutch.services.blob_dirs import INDEX, fetch_dir, upload_dir
 from hutch.services.registry import SandboxRegistry
-from hutch.storage.blobs import BlobInfo, BlobStore, open_blob_store
+from hutch.storage.blobs import BlobInfo, BlobStore
 from hutch.vm.snapshot_dir import FROZEN_MARKER
 
 __all__ = ["INDEX", "SnapshotBlobs"]
@@ -97,20 +97,13 @@ class SnapshotBlobs:
         self.images: ImageCache | None = None
 
     @classmethod
-    def from_settings(cls, core: SandboxRegistry) -> SnapshotBlobs:
-        """The store ``HUTCH_BLOB_URL`` names; unset: none (snapshots stay on this host,
-        whose snapshots/ directory already is their copy: mirroring it to
-        ``<state>/blobs`` on the same disk would only double it)."""
-        s = core.settings
-        if not s.blob_url:
+    def from_settings(cls, core: SandboxRegistry, store: BlobStore | None) -> SnapshotBlobs:
+        """``store``: the daemon's (``blob_store_from_settings``: none when
+        ``HUTCH_BLOB_URL`` is unset, and snapshots stay on this host, whose snapshots/
+        directory already is their copy); the cache budget from the settings."""
+        if store is None:
             return cls(core, None, 0)
-        store = open_blob_store(
-            s.blob_url,
-            state_dir=s.state_dir,
-            s3_endpoint=s.s3_endpoint,
-            connect_timeout_s=s.s3_connect_timeout_s,
-        )
-        return cls(core, store, s.blob_cache_bytes)
+        return cls(core, store, core.settings.blob_cache_bytes)
 
     @property
     def enabled(self) -> bool:

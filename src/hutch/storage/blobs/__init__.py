@@ -1,6 +1,7 @@
 """Blob stores: immutable files by key in a local directory or an S3-compatible bucket.
 
-``HUTCH_BLOB_URL`` picks one (:func:`open_blob_store`):
+``HUTCH_BLOB_URL`` picks one (:func:`open_blob_store`; the daemon's services share the
+one :func:`blob_store_from_settings` opens):
 
 - unset: ``<state_dir>/blobs`` (a directory on this host);
 - ``file:///absolute/path``: a directory (several daemons on one machine may share it);
@@ -18,7 +19,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from hutch.config import ACCEPTED_BLOB_URLS as ACCEPTED_URLS
-from hutch.config import check_blob_url
+from hutch.config import Settings, check_blob_url
 from hutch.storage.blobs.base import BlobInfo, BlobStore, Progress, check_key, file_sha256
 from hutch.storage.blobs.local import LocalBlobStore
 from hutch.storage.blobs.s3 import DEFAULT_PART_SIZE, S3BlobStore, S3Options
@@ -32,6 +33,7 @@ __all__ = [
     "Progress",
     "S3BlobStore",
     "S3Options",
+    "blob_store_from_settings",
     "check_blob_url",
     "check_key",
     "file_sha256",
@@ -70,4 +72,19 @@ def open_blob_store(
             retry_s=retry_s,
             connect_timeout_s=connect_timeout_s,
         ),
+    )
+
+
+def blob_store_from_settings(settings: Settings) -> BlobStore | None:
+    """The store ``HUTCH_BLOB_URL`` names, with ``HUTCH_S3_ENDPOINT`` and
+    ``HUTCH_S3_CONNECT_TIMEOUT_S``; None when it is unset: images, snapshots and pauses
+    then stay on their host (not mirrored to ``<state_dir>/blobs`` on the same disk,
+    which would only double them). Raises as :func:`open_blob_store`."""
+    if not settings.blob_url:
+        return None
+    return open_blob_store(
+        settings.blob_url,
+        state_dir=settings.state_dir,
+        s3_endpoint=settings.s3_endpoint,
+        connect_timeout_s=settings.s3_connect_timeout_s,
     )
