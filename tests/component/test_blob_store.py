@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -172,8 +173,10 @@ class _Crash(Exception):
 def test_upload_cut_by_a_crash_continues_from_its_journal(
     s3_server: S3Server, tmp_path: Path
 ) -> None:
-    """The uploading process dies after part 3 of 5: a new store (a restarted daemon)
-    finds the journal, lists the parts the server holds, sends only parts 4 and 5."""
+    """The uploading process dies once part 3 of 5 is journaled (the parts sent side
+    by side beside it may have reached the server too): a new store (a restarted
+    daemon) finds the journal, lists the parts the server holds and sends only the
+    others."""
     journal = tmp_path / "j"
     src = _file(tmp_path / "f", 24 * MiB + 5, seed=3)
     first = s3_server.blob_store(journal, prefix="crash")
@@ -187,6 +190,8 @@ def test_upload_cut_by_a_crash_continues_from_its_journal(
     [pending] = first.pending_uploads()
     assert sorted(pending.parts) == [1, 2, 3]
     assert first.stat("snap/disk.qcow2") is None  # nothing visible under the key yet
+    on_server = set(first._list_parts(first._key("snap/disk.qcow2"), pending.upload_id, "t"))
+    assert {1, 2, 3} <= on_server
 
     second = s3_server.blob_store(journal, prefix="crash")
     uploads: list[int] = []
@@ -198,12 +203,33 @@ def test_upload_cut_by_a_crash_continues_from_its_journal(
 
     second._client.upload_part = counting
     info = second.put("snap/disk.qcow2", src)
-    assert uploads == [4, 5]
+    assert sorted(uploads) == sorted({1, 2, 3, 4, 5} - on_server)
     assert info.sha256 == _sha(src)
     out = tmp_path / "out"
     second.get("snap/disk.qcow2", out, expect=info)
     assert _sha(out) == _sha(src)
     assert second.pending_uploads() == []
+
+
+def test_the_parts_of_an_upload_go_up_side_by_side(s3_server: S3Server, tmp_path: Path) -> None:
+    """Two parts are on the wire at once (each waits here until the other has begun),
+    and the object is whole and in order."""
+    src = _file(tmp_path / "f", 24 * MiB + 5, seed=7)
+    store = s3_server.blob_store(tmp_path / "j", prefix="parallel")
+    both = threading.Barrier(2, timeout=20)
+    real = store._client.upload_part
+
+    def meeting(**kw: object) -> object:
+        if int(kw["PartNumber"]) in (1, 2):  # type: ignore[call-overload]
+            both.wait()  # BrokenBarrierError if the parts went one after the other
+        return real(**kw)
+
+    store._client.upload_part = meeting
+    info = store.put("snap/disk.qcow2", src)
+    assert info.sha256 == _sha(src)
+    out = tmp_path / "out"
+    store.get("snap/disk.qcow2", out, expect=info)
+    assert _sha(out) == _sha(src)
 
 
 def test_a_changed_file_starts_its_upload_again(s3_server: S3Server, tmp_path: Path) -> None:

@@ -13,7 +13,8 @@ Uploads (``put``):
       else ─► journal <journal_dir>/<hash(bucket/key)>.json {upload_id, source, size,
               mtime_ns, part_size, parts}: written (fsync) before the first part
            ─► for each part (read from the file, part_size bytes at a time, hashed
-              into the object's sha256 as read):
+              into the object's sha256 as read; up to parallel_parts (4) in flight,
+              the journal and progress updated as they complete, in order):
                  the server lists it (ListParts) with this size and ETag = md5 of our
                  bytes? skip it : UploadPart (retried while the server is away, up to
                  retry_s), journal updated
@@ -54,7 +55,9 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -77,6 +80,7 @@ log = logging.getLogger(__name__)
 #: S3's smallest part (all but the last); its largest part count is 10,000.
 MIN_PART_SIZE = 5 << 20
 DEFAULT_PART_SIZE = 16 << 20
+DEFAULT_PARALLEL_PARTS = 4
 MAX_PARTS = 10_000
 #: Seconds one first-contact attempt waits for the TCP connection (at most).
 _PROBE_CONNECT_S = 2.0
@@ -97,6 +101,8 @@ class S3Options:
     endpoint: str | None = None
     region: str | None = None
     part_size: int = DEFAULT_PART_SIZE
+    #: Parts of one multipart upload sent at the same time (each holds one part in memory).
+    parallel_parts: int = DEFAULT_PARALLEL_PARTS
     retry_s: float = 60.0
     connect_timeout_s: float = 5.0
     access_key: str | None = None
@@ -426,24 +432,52 @@ class S3BlobStore:
         digest = hashlib.sha256()
         done: list[dict[str, Any]] = []
         sent = 0
-        with source.open("rb") as f:
-            number = 0
-            while True:
-                body = f.read(part_size)
-                if not body and number > 0:
-                    break
-                number += 1
-                digest.update(body)
-                etag = self._part(full, journal, number, body, server_parts.get(number), what)
-                if etag != journal.parts.get(number):
-                    journal.parts[number] = etag
-                    journal.save(jpath)
-                done.append({"PartNumber": number, "ETag": etag})
-                sent += len(body)
-                if progress is not None:
-                    progress(sent)
-                if len(body) < part_size:
-                    break
+        # Parts go up side by side (one request leaves the server and the network idle
+        # between parts); they are read and hashed in order here, and the journal and
+        # ``progress`` see them complete in order, so a crash or a stop resumes as before.
+        in_flight: deque[tuple[int, int, Future[str]]] = deque()
+        ahead = max(1, self.options.parallel_parts)
+
+        def finish_oldest() -> None:
+            nonlocal sent
+            number, size, future = in_flight.popleft()
+            etag = future.result()
+            if etag != journal.parts.get(number):
+                journal.parts[number] = etag
+                journal.save(jpath)
+            done.append({"PartNumber": number, "ETag": etag})
+            sent += size
+            if progress is not None:
+                progress(sent)
+
+        pool = ThreadPoolExecutor(ahead, thread_name_prefix="hutch-s3-part")
+        try:
+            with source.open("rb") as f:
+                number = 0
+                while True:
+                    body = f.read(part_size)
+                    if not body and number > 0:
+                        break
+                    number += 1
+                    digest.update(body)
+                    on_server = server_parts.get(number)
+                    in_flight.append(
+                        (
+                            number,
+                            len(body),
+                            pool.submit(self._part, full, journal, number, body, on_server, what),
+                        )
+                    )
+                    while len(in_flight) >= ahead:
+                        finish_oldest()
+                    if len(body) < part_size:
+                        break
+            while in_flight:
+                finish_oldest()
+        finally:
+            # A failed part (or a stop) ends the upload: parts not begun are dropped, the
+            # ones under way are waited for (their thread cannot be cut).
+            pool.shutdown(wait=True, cancel_futures=True)
         upload_id = journal.upload_id
         self._call(
             what,
