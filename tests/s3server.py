@@ -9,8 +9,11 @@ a dev dependency) on 127.0.0.1, its data in a temp dir, stopped after.
 
 `weed server -s3` runs a master, a volume server, a filer and the S3 gateway in one
 process; every port is a free loopback port picked at start (the Iceberg and Lance
-listeners are off), so several test runs on one machine never collide. `restart()`
-keeps the ports and the data: an upload in progress can be cut and continued.
+listeners are off), so several test runs on one machine never collide. A port picked
+free can still be taken by another process before weed binds it: the first start then
+picks new ports and tries again. `restart()` keeps the ports and the data: an upload in
+progress can be cut and continued. Telemetry is off (weed's master would otherwise report
+to telemetry.seaweedfs.com; tests send nothing off this machine).
 """
 
 from __future__ import annotations
@@ -37,7 +40,12 @@ __all__ = ["ACCESS_KEY", "BUCKET", "SECRET_KEY", "S3Server", "s3_server", "weed_
 ACCESS_KEY = "hutch-test-key"
 SECRET_KEY = "hutch-test-secret-0123456789"
 BUCKET = "hutch-test"
+_START_ATTEMPTS = 3
 _PORTS = ("master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc", "s3", "s3_grpc")
+
+
+class _PortTaken(RuntimeError):
+    """weed exited because one of its ports was bound by someone else first."""
 
 
 def weed_binary() -> Path:
@@ -68,9 +76,14 @@ class S3Server:
                 }
             )
         )
-        self.ports = {name: free_port() for name in _PORTS}
+        self.ports = self._pick_ports()
         self.log = root / "weed.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self._started_once = False
+
+    @staticmethod
+    def _pick_ports() -> dict[str, int]:
+        return {name: free_port() for name in _PORTS}
 
     @property
     def endpoint(self) -> str:
@@ -98,11 +111,29 @@ class S3Server:
             "-s3.port.lance=0",
             f"-s3.config={self.config}",
             "-master.volumeSizeLimitMB=64",
+            "-master.telemetry=false",
             "-volume.max=0",
         ]
 
     def start(self, timeout_s: float = 90.0) -> None:
+        """Start weed and wait until the bucket takes a write. The first start retries on
+        fresh ports when a port it picked was taken meanwhile; a restart keeps its ports
+        (the data and the clients' endpoint depend on them)."""
         assert self.proc is None, "already running"
+        attempts = 1 if self._started_once else _START_ATTEMPTS
+        for attempt in range(attempts):
+            try:
+                self._spawn(timeout_s)
+            except _PortTaken:
+                if attempt + 1 == attempts:
+                    raise
+                self.ports = self._pick_ports()
+                continue
+            self._started_once = True
+            return
+
+    def _spawn(self, timeout_s: float) -> None:
+        log_start = self.log.stat().st_size if self.log.exists() else 0
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
                 self.argv(),
@@ -111,9 +142,13 @@ class S3Server:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        self._wait_ready(timeout_s)
+        try:
+            self._wait_ready(timeout_s, log_start)
+        except BaseException:
+            self.kill()
+            raise
 
-    def _wait_ready(self, timeout_s: float) -> None:
+    def _wait_ready(self, timeout_s: float, log_start: int) -> None:
         """Until the gateway answers and the bucket takes a write (the volume server
         has registered with the master)."""
         client = self.client(retries=0)
@@ -122,7 +157,9 @@ class S3Server:
         while time.monotonic() < deadline:
             assert self.proc is not None
             if self.proc.poll() is not None:
-                raise RuntimeError(f"weed exited with {self.proc.returncode}:\n{self.log_tail()}")
+                this_run = self.log.read_bytes()[log_start:].decode(errors="replace")
+                error = _PortTaken if "address already in use" in this_run else RuntimeError
+                raise error(f"weed exited with {self.proc.returncode}:\n{this_run[-4000:]}")
             try:
                 with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
                     client.create_bucket(Bucket=BUCKET)
