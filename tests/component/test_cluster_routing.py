@@ -311,3 +311,57 @@ async def test_the_e2b_face_of_either_host_serves_the_other_hosts_sandbox(
     async with httpx.AsyncClient(base_url=h2.url) as bare:
         r = await bare.get("/v1/hosts/h2/e2b/v2/sandboxes", headers=forged)
         assert r.status_code == 401 and "signature" in r.text
+
+
+async def test_a_resume_goes_where_its_placement_puts_it_and_refuses_what_it_cannot(
+    hosts: dict[str, Host],
+) -> None:
+    """Issue 14: ``POST /resume {"placement": ...}``. Without a blob store a paused
+    sandbox can resume only on the host holding its pause: placed there it does, placed
+    elsewhere the answer names HUTCH_BLOB_URL; selectors no host meets, labels that
+    contradict the ones it was created with and oversized bodies are refused; a running
+    sandbox is answered as it is. Nothing refused changes the sandbox."""
+    h1, h2 = hosts["h1"], hosts["h2"]
+    sb = await _create(h2, host="h1")
+    labelled = await _create(h2, labels={"name": "h1"})
+    for paused in (sb, labelled):
+        r = await h2.client.post(f"/v1/sandboxes/{paused}/pause", json={"mode": "memory"})
+        assert r.status_code == 200, r.text
+
+    async def resume(via: Host, sandbox: str, placement: object) -> httpx.Response:
+        return await via.client.post(
+            f"/v1/sandboxes/{sandbox}/resume", json={"placement": placement}
+        )
+
+    refusals = [
+        (sb, {"host": "nope"}, 400, "placement.host 'nope' is not a host of this cluster"),
+        (sb, {"labels": {"zone": "x"}}, 400, "no host has the labels zone=x"),
+        (sb, {"host": "h2", "labels": {"name": "h1"}}, 400, "host h2 lacks the labels name=h1"),
+        (sb, {"host": "h2"}, 409, "HUTCH_BLOB_URL"),
+        (labelled, {"labels": {"name": "h2"}}, 400, "contradict the labels"),
+        (labelled, {"host": "h2"}, 409, "placement.labels name=h1"),
+        (sb, {"strategy": "nearest"}, 400, "placement.strategy"),
+    ]
+    for via in (h1, h2):
+        for sandbox, placement, status, words in refusals:
+            r = await resume(via, sandbox, placement)
+            assert r.status_code == status and words in r.text, (via.id, placement, r.text)
+    huge = await h2.client.post(
+        f"/v1/sandboxes/{sb}/resume",
+        content=b" " * (2 << 20),
+        headers={"Content-Type": "application/json"},
+    )
+    assert huge.status_code == 400 and "at most" in huge.text, huge.text
+    for sandbox in (sb, labelled):
+        assert (await h2.client.get(f"/v1/sandboxes/{sandbox}")).json()["state"] == "paused"
+    assert set(h1.svc.core.runtimes) == set()
+    # Placed on the host that holds its pause: resumed there, through either host.
+    r = await resume(h2, sb, {"host": "h1"})
+    assert r.status_code == 200 and r.json()["state"] == "running", r.text
+    r = await resume(h1, labelled, {"labels": {"name": "h1"}})
+    assert r.status_code == 200 and r.json()["state"] == "running", r.text
+    assert set(h1.svc.core.runtimes) == {sb, labelled}
+    # Running: its host answers as it is, wherever the placement points.
+    r = await resume(h2, sb, {"host": "h2"})
+    assert r.status_code == 200 and r.json()["state"] == "running", r.text
+    assert sb in h1.svc.core.runtimes and sb not in h2.svc.core.runtimes

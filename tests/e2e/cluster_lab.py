@@ -22,6 +22,7 @@ import secrets
 import shutil
 import socket
 from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 
 from hutch.config import load_settings
@@ -91,9 +92,17 @@ class Worker(Daemon):
         listed = s3.client().list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/{under}")
         return sorted(o["Key"][len(prefix) + 1 :] for o in listed.get("Contents", []))
 
-    def pause_uploaded(self, s3: S3Server, sandbox_id: str) -> bool:
-        """The upload of the sandbox's latest pause is complete (its index is there)."""
-        return any(k.endswith("/index.json") for k in self.blob_keys(s3, f"pauses/{sandbox_id}/"))
+    def pause_uploaded(
+        self, s3: S3Server, sandbox_id: str, paused_at: datetime | None = None
+    ) -> bool:
+        """The upload of a pause of the sandbox is complete (its index is there); with
+        ``paused_at`` (its view's), of that pause (an earlier one's blobs may linger
+        a moment after its resume: they are removed in the background)."""
+        since = -1 if paused_at is None else int(paused_at.timestamp() * 1000) - 1
+        return any(
+            k.endswith("/index.json") and int(k.split("/")[2]) >= since
+            for k in self.blob_keys(s3, f"pauses/{sandbox_id}/")
+        )
 
 
 @contextlib.contextmanager

@@ -43,15 +43,16 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketExce
 
 from hutch.api.auth import PROJECT_HEADER, Authenticator, bearer_token, requested_project
 from hutch.api.errors import error_response, status_for
-from hutch.api.schemas import CreateSandbox
+from hutch.api.schemas import CreateSandbox, ResumeRequest
 from hutch.contract.auth import Principal
 from hutch.contract.placement import parse_placement
-from hutch.errors import HutchError, Unavailable
+from hutch.errors import HutchError, InvalidArgument, Unavailable
 from hutch.services.cluster import ClusterService, HostRow
 from hutch.services.cluster_auth import FORWARD_HEADERS, ClusterSigner
 
 __all__ = [
-    "E2B_FORWARD", "FORWARDED_PATH", "ClusterRouter", "Forwarder", "relay_http", "stream_body",
+    "E2B_FORWARD", "FORWARDED_PATH", "MAX_CREATE_BODY", "ClusterRouter", "Forwarder",
+    "body_once", "read_body", "relay_http", "replay_body", "stream_body",
 ]  # fmt: skip
 
 log = logging.getLogger("hutch.api.cluster")
@@ -124,12 +125,12 @@ class ClusterRouter:
         if method == "POST" and path == "/v1/sandboxes":
             await self._create(cluster, scope, receive, send, headers)
             return
+        if method == "POST" and (found := _RESUME.match(path)):
+            await self._resume(cluster, found.group(1), scope, receive, send, headers)
+            return
         target: HostRow | None = None
         try:
-            if method == "POST" and (found := _RESUME.match(path)):
-                # A paused sandbox whose host is draining or down resumes elsewhere.
-                target = cluster.resume_host(found.group(1))
-            elif found := _SANDBOX.match(path):
+            if found := _SANDBOX.match(path):
                 target = cluster.owner(found.group(1))
             elif method == "POST" and (found := _HOST_ACTION.match(path)):
                 target = cluster.live_other(found.group(1))
@@ -155,8 +156,8 @@ class ClusterRouter:
     async def _create(
         self, cluster: ClusterService, scope: Scope, receive: Receive, send: Send, headers: Headers
     ) -> None:
-        body, complete = await _read_body(receive, MAX_CREATE_BODY)
-        replay = _replay(body, receive)
+        body, complete = await read_body(receive, MAX_CREATE_BODY)
+        replay = replay_body(body, receive)
         who = _edge_principal(scope, headers)
         if who is None or not complete:
             await self.app(scope, replay, send)  # the REST app refuses the key or the size
@@ -183,7 +184,48 @@ class ClusterRouter:
             return
         log.info("create placed on host %s (%s)", host.id, placement.strategy)
         forwarder: Forwarder = scope["app"].state.forwarder
-        await relay_http(forwarder, cluster, host, who, scope, _once(body), send)
+        await relay_http(forwarder, cluster, host, who, scope, body_once(body), send)
+
+    async def _resume(
+        self,
+        cluster: ClusterService,
+        sandbox_id: str,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        headers: Headers,
+    ) -> None:
+        """A resume goes where its ``placement`` puts it; without one, to the sandbox's
+        host, or where placement puts it when that host is draining or down."""
+        body, complete = await read_body(receive, MAX_CREATE_BODY)
+        replay = replay_body(body, receive)
+        if not complete:
+            too_big = InvalidArgument(
+                f"a resume body is at most {MAX_CREATE_BODY} bytes: "
+                '{"placement": {"host": ID, "labels": {K: V}}}'
+            )
+            await _error(too_big, scope, replay, send)
+            return
+        try:
+            asked = ResumeRequest.model_validate_json(body) if body.strip() else ResumeRequest()
+        except ValueError:
+            await self.app(scope, replay, send)  # the REST app explains the bad body
+            return
+        who = _edge_principal(scope, headers)
+        if who is None:
+            await self.app(scope, replay, send)  # the REST app answers the key's error
+            return
+        try:
+            placement = parse_placement(asked.placement.model_dump()) if asked.placement else None
+            target = cluster.resume_host(sandbox_id, placement)
+        except HutchError as exc:
+            await _error(exc, scope, replay, send)
+            return
+        if target is None:
+            await self.app(scope, replay, send)
+            return
+        forwarder: Forwarder = scope["app"].state.forwarder
+        await relay_http(forwarder, cluster, target, who, scope, body_once(body), send)
 
 
 async def _to_e2b(scope: Scope, receive: Receive, send: Send, path: str) -> None:
@@ -228,7 +270,7 @@ async def _error(exc: HutchError, scope: Scope, receive: Receive, send: Send) ->
     await response(scope, receive, send)
 
 
-async def _read_body(receive: Receive, limit: int) -> tuple[bytes, bool]:
+async def read_body(receive: Receive, limit: int) -> tuple[bytes, bool]:
     """The request body up to ``limit`` bytes; complete False when it is longer (what
     was read is replayed, then the rest follows from ``receive``)."""
     chunks: list[bytes] = []
@@ -246,7 +288,7 @@ async def _read_body(receive: Receive, limit: int) -> tuple[bytes, bool]:
             return b"".join(chunks), False
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
+def replay_body(body: bytes, receive: Receive) -> Receive:
     done = False
 
     async def replay() -> Message:
@@ -259,7 +301,7 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-async def _once(body: bytes) -> AsyncIterator[bytes]:
+async def body_once(body: bytes) -> AsyncIterator[bytes]:
     yield body
 
 

@@ -254,6 +254,17 @@ class PauseRequest(Strict):
     mode: PauseMode = DEFAULT_PAUSE_MODE
 
 
+class ResumeRequest(Strict):
+    placement: PlacementBody | None = Field(
+        default=None,
+        description="Where in a cluster a paused sandbox resumes (GET /v1/hosts): `host` "
+        "pins one host, `labels` the hosts with all of them (the labels it was created "
+        "with still bind it). Another host than the one it paused on fetches its pause "
+        "from the blob store (HUTCH_BLOB_URL). Without it: its own host, or another when "
+        "that one is draining or down. A running sandbox is answered as it is.",
+    )
+
+
 class ForkRequest(Strict):
     count: Annotated[int, Field(ge=FORK_COUNT_RANGE[0], le=FORK_COUNT_RANGE[1], strict=True)] = (
         DEFAULT_FORK_COUNT

@@ -11,6 +11,7 @@ import click
 
 from hutch.cli._env import get_env, spinner
 from hutch.cli._output import print_json
+from hutch.cli._placement import placement_body, placement_options
 from hutch.contract.enums import DEFAULT_PAUSE_MODE, PauseMode
 from hutch.contract.limits import DEFAULT_FORK_COUNT, FORK_COUNT_RANGE
 from hutch.sdk import SandboxInfo
@@ -45,12 +46,18 @@ def pause(sandbox_id: str, mode: str, as_json: bool) -> None:
 
 @click.command()
 @click.argument("sandbox_id", metavar="ID")
+@placement_options(strategy=False)
 @click.option("--json", "as_json", is_flag=True, help="Print the resumed sandbox as JSON.")
-def resume(sandbox_id: str, as_json: bool) -> None:
-    """Resume paused sandbox ID and print its id (a running one is left as it is)."""
+def resume(sandbox_id: str, host: str | None, labels: tuple[str, ...], as_json: bool) -> None:
+    """Resume paused sandbox ID and print its id (a running one is left as it is).
+
+    In a cluster, --host/--label resume it on another host than the one it paused on
+    (its pause comes through the blob store)."""
+    placement = placement_body(host, labels)
     client = get_env().client()
-    with spinner(f"resuming {sandbox_id}..."):
-        info = client.resume_sandbox(sandbox_id)
+    where = f" on {host}" if host else ""
+    with spinner(f"resuming {sandbox_id}{where}..."):
+        info = client.resume_sandbox(sandbox_id, placement)
     _report(info, as_json)
 
 

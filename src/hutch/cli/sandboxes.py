@@ -7,6 +7,7 @@ from rich.table import Table
 
 from hutch.cli._env import get_env, print_table, spinner
 from hutch.cli._output import parse_pairs, print_json, when
+from hutch.cli._placement import placement_body, placement_options
 from hutch.cli.net import network_create_kwargs, network_create_options, network_rows
 from hutch.cli.volumes import parse_volume_flags, volume_option
 from hutch.contract.limits import (
@@ -113,6 +114,7 @@ def _refuse_shape_with_snapshot(ctx: click.Context) -> None:
 )
 @network_create_options
 @volume_option
+@placement_options(strategy=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the sandbox as JSON.")
 @click.pass_context
 def create(
@@ -135,6 +137,9 @@ def create(
     egress_policy: str | None,
     join: tuple[str, ...],
     volumes: tuple[str, ...],
+    host: str | None,
+    labels: tuple[str, ...],
+    strategy: str | None,
     as_json: bool,
 ) -> None:
     """Boot a sandbox and print its id."""
@@ -163,6 +168,7 @@ def create(
             auto_delete_s=auto_delete_s,
             **network_create_kwargs(network, egress, join, egress_policy),
             volumes=mounts or None,
+            placement=placement_body(host, labels, strategy),
         )
     if as_json:
         print_json(info.to_dict())

@@ -478,11 +478,19 @@ class SandboxCalls:
         )
         return Call(req, one(SandboxInfo.from_dict))
 
-    def resume(self, sandbox_id: str) -> Call[SandboxInfo]:
-        """Resume a paused sandbox; a running one is left as it is."""
+    def resume(
+        self, sandbox_id: str, placement: Mapping[str, Any] | None = None
+    ) -> Call[SandboxInfo]:
+        """Resume a paused sandbox; a running one is left as it is. ``placement``
+        (``{"host": ID}``, ``{"labels": {K: V}}``): where in a cluster it resumes."""
+        body: dict[str, Any] | None = None
+        if placement is not None:
+            parse_placement(placement)  # a bad selector is refused before sending
+            body = {"placement": dict(placement)}
         req = self.core.request(
             "POST",
             self.core.sandbox_path(sandbox_id, "/resume"),
+            json_body=body,
             read_timeout=self.core.config.timeouts.lifecycle,
         )
         return Call(req, one(SandboxInfo.from_dict))

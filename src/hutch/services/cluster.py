@@ -32,12 +32,12 @@ import httpx
 from hutch.config import Settings
 from hutch.contract.auth import Principal
 from hutch.contract.placement import Placement
-from hutch.errors import Conflict, HutchError, NotFound, Unavailable
+from hutch.errors import Conflict, HutchError, InvalidArgument, NotFound, Unavailable
 from hutch.models import PauseMode, SandboxRecord, SandboxState
 from hutch.services.cluster_auth import ClusterSigner, load_or_create_secret
 from hutch.services.events import because, internal, project_of
 from hutch.services.lifecycle import LifecycleService
-from hutch.services.placement import choose_host, keep_labels
+from hutch.services.placement import choose_host, keep_labels, require_known, shown_labels
 from hutch.services.registry import SandboxRegistry
 from hutch.store.db import RUNNING_STATES
 from hutch.store.hosts import HostRow, HostStore, HostUse
@@ -256,13 +256,20 @@ class ClusterService:
                 log.warning("snapshot %s: upload state unknown: %s", snapshot, exc)
         return self.place(placement, memory_mib, snapshot, snapshot_anywhere=anywhere)
 
-    def resume_host(self, sandbox_id: str) -> HostRow | None:
-        """Where a resume of ``sandbox_id`` runs; None: here. Its own host while that
-        host is up; a paused sandbox whose host is draining or down moves: placement
-        picks a host (this one, maybe), which fetches its pause from the blob store."""
+    def resume_host(self, sandbox_id: str, placement: Placement | None = None) -> HostRow | None:
+        """Where a resume of ``sandbox_id`` runs; None: here. Without ``placement``: its
+        own host while that host is up; a paused sandbox whose host is draining or down
+        moves: placement picks a host (this one, maybe), which fetches its pause from
+        the blob store. With one, a paused sandbox resumes where it puts it
+        (:meth:`place_resume`); a sandbox that is not paused is its host's to answer."""
         host = self.hosts.host_of(sandbox_id)
         if host is None:
             return None
+        if placement is not None and (placement.host is not None or placement.labels):
+            rec = self.core.store.get_sandbox(sandbox_id)
+            if rec is not None and rec.state is SandboxState.PAUSED:
+                return self.place_resume(rec, host, placement)
+            return self.live_other(host)
         row = self.hosts.get(host)
         if row is not None and row.state == "up" and row.lease_until >= self.clock():
             return self.live_other(host)
@@ -272,6 +279,45 @@ class ClusterService:
         chosen = self.place_move(rec, exclude=host)
         log.info("resume of %s (host %s is %s) placed on %s", sandbox_id, host,
                  row.state if row else "gone", chosen.id)  # fmt: skip
+        return None if chosen.id == self.host_id else chosen
+
+    def place_resume(self, rec: SandboxRecord, host: str, placement: Placement) -> HostRow | None:
+        """The host a resume of paused ``rec`` (paused on ``host``) asked to go where
+        ``placement`` says runs on; None: here. The labels it was created with still
+        bind it (a placement naming other values for them is refused, InvalidArgument);
+        another host than its own needs the blob store (Conflict naming
+        ``HUTCH_BLOB_URL``)."""
+        require_known(self.hosts.all(), placement)
+        clash = {
+            k: v
+            for k, v in placement.labels.items()
+            if k in rec.placement_labels and rec.placement_labels[k] != v
+        }
+        if clash:
+            raise InvalidArgument(
+                f"placement.labels {shown_labels(clash)} contradict the labels sandbox {rec.id} "
+                f"was created with ({shown_labels(rec.placement_labels)}); it runs only on hosts "
+                "carrying those: leave them out or give the same values"
+            )
+        labels = {**rec.placement_labels, **placement.labels}
+        chosen = keep_labels(
+            rec.id,
+            rec.placement_labels,
+            "the resume",
+            lambda: self.place(
+                Placement(host=placement.host, labels=labels, strategy=placement.strategy),
+                rec.shape.memory_mib,
+                None,
+            ),
+        )
+        if chosen.id != host and not self.lifecycle.moves.enabled:
+            raise Conflict(
+                f"sandbox {rec.id} is paused on host {host}; resuming it on host {chosen.id} "
+                "moves its pause through the blob store, and none is configured "
+                "(HUTCH_BLOB_URL); resume it without a placement, or set HUTCH_BLOB_URL on "
+                "every host"
+            )
+        log.info("resume of %s (paused on %s) placed on %s", rec.id, host, chosen.id)
         return None if chosen.id == self.host_id else chosen
 
     def place_move(self, rec: SandboxRecord, exclude: str) -> HostRow:

@@ -19,7 +19,35 @@ from hutch.contract.placement import Placement
 from hutch.errors import Capacity, Conflict, InvalidArgument
 from hutch.store.hosts import HostRow, HostUse
 
-__all__ = ["choose_host", "keep_labels", "require_labels"]
+__all__ = ["choose_host", "keep_labels", "require_known", "require_labels", "shown_labels"]
+
+
+def require_known(hosts: Sequence[HostRow], placement: Placement) -> list[HostRow]:
+    """The hosts ``placement`` selects, whatever their state or room now;
+    InvalidArgument when no host of the cluster could ever meet it (an unknown host,
+    labels no host carries, a pinned host without the labels asked for)."""
+    known = {h.id: h for h in hosts}
+    if placement.host is not None and placement.host not in known:
+        raise InvalidArgument(
+            f"placement.host {placement.host!r} is not a host of this cluster; hosts: "
+            f"{', '.join(sorted(known)) or 'none'}"
+        )
+    candidates = [h for h in hosts if placement.host in (None, h.id)]
+    wanted = dict(placement.labels)
+    if not wanted:
+        return candidates
+    selected = [h for h in candidates if all(h.labels.get(k) == v for k, v in wanted.items())]
+    if selected:
+        return selected
+    if placement.host is not None:
+        raise InvalidArgument(
+            f"host {placement.host} lacks the labels {shown_labels(wanted)} asked for "
+            f"(its labels: {_labels(known[placement.host])})"
+        )
+    raise InvalidArgument(
+        f"no host has the labels {shown_labels(wanted)}; the hosts' labels: "
+        + "; ".join(f"{h.id}: {_labels(h)}" for h in hosts)
+    )
 
 
 def choose_host(
@@ -42,21 +70,7 @@ def choose_host(
     blob store is complete, so any such host may fetch it, else only that host holds
     its files. ``exclude``: a host never picked (the one a sandbox moves off)."""
     known = {h.id: h for h in hosts}
-    if placement.host is not None and placement.host not in known:
-        raise InvalidArgument(
-            f"placement.host {placement.host!r} is not a host of this cluster; hosts: "
-            f"{', '.join(sorted(known)) or 'none'}"
-        )
-    candidates = [h for h in hosts if placement.host in (None, h.id)]
-    wanted = dict(placement.labels)
-    if wanted:
-        candidates = [h for h in candidates if all(h.labels.get(k) == v for k, v in wanted.items())]
-        if not candidates:
-            shown = ", ".join(f"{k}={v}" for k, v in sorted(wanted.items()))
-            raise InvalidArgument(
-                f"no host has the labels {shown}; the hosts' labels: "
-                + "; ".join(f"{h.id}: {_labels(h)}" for h in hosts)
-            )
+    candidates = require_known(hosts, placement)
     reasons: list[str] = []
     fitting: list[tuple[HostRow, int]] = []
     source = known.get(snapshot_host) if snapshot_host else None
@@ -90,7 +104,7 @@ def choose_host(
     return min(fitting, key=key)[0]
 
 
-def _shown(labels: Mapping[str, str]) -> str:
+def shown_labels(labels: Mapping[str, str]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(labels.items()))
 
 
@@ -109,7 +123,7 @@ def keep_labels(
             raise
         why = (
             f"{what} of {sandbox_id}: it was created with placement.labels "
-            f"{_shown(labels)}, so it runs only on hosts carrying them, and none can take "
+            f"{shown_labels(labels)}, so it runs only on hosts carrying them, and none can take "
             f"it now: {exc.message}"
         )
         raise (Capacity(why) if isinstance(exc, Capacity) else Conflict(why)) from exc
@@ -124,8 +138,8 @@ def require_labels(
     if missing:
         raise Conflict(
             f"{what} of {sandbox_id} refused on host {host}: the sandbox was created with "
-            f"placement.labels {_shown(labels)} and this host lacks {_shown(missing)} "
-            f"(its labels: {_shown(have) or '(none)'}); run it on a host carrying them"
+            f"placement.labels {shown_labels(labels)} and this host lacks {shown_labels(missing)} "
+            f"(its labels: {shown_labels(have) or '(none)'}); run it on a host carrying them"
         )
 
 

@@ -1,5 +1,6 @@
 """Fork children on other workers, a named snapshot created from on a worker that
-never had it, a memory pause on one worker resumed on another with its processes, a
+never had it, a memory pause on one worker resumed on another with its processes (where
+placement puts it, and where a resume asks for: there and back), a
 drain that moves every running sandbox off its host, and a worker SIGKILLed (its
 running sandboxes reported lost within the lease, nothing else touched, its paused
 ones resumed elsewhere)."""
@@ -104,8 +105,23 @@ def _paused_on_one_resumed_on_another(
         assert "pause fetched" not in w1.log_path.read_text()
         _kept_state(c, sb, before)
         before = _counter(c, sb.id)
-        c.pause_sandbox(sb.id)
-        assert wait_for(lambda: w1.pause_uploaded(s3_server, sb.id), 120)
+        at = c.pause_sandbox(sb.id).paused_at
+        assert wait_for(lambda: w1.pause_uploaded(s3_server, sb.id, at), 120)
+        # Asked for another host while its own is up: resumed on w2 from the upload,
+        # its processes kept; then asked back to w1, which fetches it again.
+        assert c.resume_sandbox(sb.id, {"host": "w2"}).state == "running"
+        assert _owners(cluster)[sb.id] == "w2"
+        assert "pause fetched" in w2.log_path.read_text()
+        _kept_state(c, sb, before)
+        before = _counter(c, sb.id)
+        at = c.pause_sandbox(sb.id).paused_at
+        assert wait_for(lambda: w2.pause_uploaded(s3_server, sb.id, at), 120)
+        assert c.resume_sandbox(sb.id, {"host": "w1"}).state == "running"
+        assert _owners(cluster)[sb.id] == "w1"
+        _kept_state(c, sb, before)
+        before = _counter(c, sb.id)
+        at = c.pause_sandbox(sb.id).paused_at
+        assert wait_for(lambda: w1.pause_uploaded(s3_server, sb.id, at), 120)
         running = {s.id for s in c.list_sandboxes() if s.state == "running"}
         running_on_w1 = [s for s, h in _owners(cluster).items() if h == "w1" and s in running]
         assert extra.id in running_on_w1

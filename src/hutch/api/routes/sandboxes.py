@@ -10,6 +10,7 @@ from hutch.api.schemas import (
     CreateSandbox,
     ForkRequest,
     PauseRequest,
+    ResumeRequest,
     Sandbox,
     SandboxList,
     Snapshot,
@@ -142,7 +143,12 @@ async def pause_sandbox(
 
 
 @router.post("/{sandbox_id}/resume", response_model=Sandbox)
-async def resume_sandbox(sandbox_id: str, svc: Lifecycle, net: Net) -> Sandbox:
+async def resume_sandbox(
+    sandbox_id: str, svc: Lifecycle, net: Net, body: ResumeRequest | None = None
+) -> Sandbox:
+    """Resume a paused sandbox (a running one is answered as it is). `placement` is
+    where in a cluster: the API host routes the call there before it reaches this."""
+    del body  # placement was applied by the cluster router (api/cluster_router.py)
     return _view(net, await svc.resume(sandbox_id))
 
 

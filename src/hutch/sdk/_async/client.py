@@ -169,8 +169,10 @@ class AsyncClient(AsyncClosesOnExit):
     async def grow_disk(self, sandbox_id: str, disk_gib: int) -> SandboxInfo:
         return await self.call(self._sandboxes.grow_disk(sandbox_id, disk_gib))
 
-    async def resume_sandbox(self, sandbox_id: str) -> SandboxInfo:
-        return await self.call(self._sandboxes.resume(sandbox_id))
+    async def resume_sandbox(
+        self, sandbox_id: str, placement: Mapping[str, Any] | None = None
+    ) -> SandboxInfo:
+        return await self.call(self._sandboxes.resume(sandbox_id, placement))
 
     async def fork_sandbox(
         self, sandbox_id: str, count: int = DEFAULT_FORK_COUNT

@@ -170,8 +170,10 @@ class Client(ClosesOnExit):
     def grow_disk(self, sandbox_id: str, disk_gib: int) -> SandboxInfo:
         return self.call(self._sandboxes.grow_disk(sandbox_id, disk_gib))
 
-    def resume_sandbox(self, sandbox_id: str) -> SandboxInfo:
-        return self.call(self._sandboxes.resume(sandbox_id))
+    def resume_sandbox(
+        self, sandbox_id: str, placement: Mapping[str, Any] | None = None
+    ) -> SandboxInfo:
+        return self.call(self._sandboxes.resume(sandbox_id, placement))
 
     def fork_sandbox(
         self, sandbox_id: str, count: int = DEFAULT_FORK_COUNT

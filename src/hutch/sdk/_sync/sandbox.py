@@ -312,10 +312,12 @@ class Sandbox:
         self._info = self._client.pause_sandbox(self.id, mode)
         return self._info
 
-    def resume(self) -> SandboxInfo:
+    def resume(self, placement: Mapping[str, Any] | None = None) -> SandboxInfo:
         """Start a paused sandbox again and update :attr:`info` (state ``running``).
-        Resuming a running sandbox does nothing."""
-        self._info = self._client.resume_sandbox(self.id)
+        Resuming a running sandbox does nothing. ``placement`` (``{"host": ID}`` or
+        ``{"labels": {K: V}}``): where in a cluster; another host than the one it
+        paused on fetches its pause from the blob store."""
+        self._info = self._client.resume_sandbox(self.id, placement)
         return self._info
 
     def fork(self, count: int = DEFAULT_FORK_COUNT) -> builtins.list[Sandbox]:
