@@ -365,3 +365,41 @@ async def test_a_resume_goes_where_its_placement_puts_it_and_refuses_what_it_can
     r = await resume(h2, sb, {"host": "h2"})
     assert r.status_code == 200 and r.json()["state"] == "running", r.text
     assert sb in h1.svc.core.runtimes and sb not in h2.svc.core.runtimes
+
+
+async def test_e2b_creates_spread_over_the_hosts_and_bad_ones_are_answered_where_they_came(
+    hosts: dict[str, Host],
+) -> None:
+    """Issue 14: an E2B ``Sandbox.create`` through one host's face lands where
+    placement puts it (spread), as a REST create does, and the sandbox it returns works
+    through either face; a bad key, a bad body or an unknown template is answered by
+    the face it came to, in E2B's shape, and creates nothing."""
+    h1, h2 = hosts["h1"], hosts["h2"]
+    key = {"X-API-KEY": e2b_form(API_KEY)}
+    made: list[str] = []
+    async with httpx.AsyncClient(base_url=h1.e2b_url, timeout=60) as e2b:
+        for path in ("/sandboxes", "/v2/sandboxes", "/sandboxes", "/sandboxes"):
+            r = await e2b.post(path, headers=key, json={"templateID": "base", "timeout": 300})
+            assert r.status_code == 201, r.text
+            made.append(r.json()["sandboxID"])
+        refused = [
+            ({"X-API-KEY": "e2b_00"}, {"templateID": "base"}, 401),
+            (key, {"templateID": "no-such-template"}, 404),
+            (key, {"timeout": 300}, 400),
+        ]
+        for headers, body, status in refused:
+            r = await e2b.post("/sandboxes", headers=headers, json=body)
+            assert r.status_code == status and "message" in r.json(), (body, r.text)
+        r = await e2b.post("/sandboxes", headers={**key, "Content-Type": "application/json"},
+                           content=b"{not json")  # fmt: skip
+        assert r.status_code == 400, r.text
+    assert set(h1.svc.core.runtimes) | set(h2.svc.core.runtimes) == set(made)
+    assert len(h1.svc.core.runtimes) == 2 and len(h2.svc.core.runtimes) == 2
+    on_h2 = next(s for s in made if s in h2.svc.core.runtimes)
+    async with httpx.AsyncClient(base_url=h2.e2b_url, timeout=60) as e2b:
+        got = await e2b.get(f"/sandboxes/{on_h2}", headers=key)
+        assert got.status_code == 200 and got.json()["templateID"] == "base", got.text
+    async with httpx.AsyncClient(base_url=h1.e2b_url, timeout=60) as e2b:
+        for sandbox_id in made:
+            assert (await e2b.delete(f"/sandboxes/{sandbox_id}", headers=key)).status_code == 204
+    assert not h1.svc.core.runtimes and not h2.svc.core.runtimes

@@ -16,7 +16,11 @@ through the REST API's one forwarding path (:func:`hutch.api.cluster_router.rela
        REST API's forwards; data plane: the token travels, the owner checks it again
    owner's API port: ClusterRouter hands /v1/hosts/<me>/e2b/... to its E2B app, with
      the E2B path (the signature checked against the path it was signed for)
- everything else (create, lists, snapshots): here, from the shared database
+ POST /sandboxes (a create), X-API-KEY checked here:
+     placement (spread, the template's snapshot's hosts for snap-...) picks the host;
+     another host ─► relay_http to <host>/v1/hosts/<host>/e2b/sandboxes, signed
+     (one host alone, a bad key, body or template: this host's face answers)
+ everything else (lists, snapshots): here, from the shared database
 ```
 The access tokens are HMACs under ``<state>/e2b-token-secret``, which every host of a
 cluster holds the same copy of (as the admin key and the cluster secret), so a token
@@ -25,6 +29,7 @@ handed out by one host is good on all of them and after a move.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Callable
@@ -32,11 +37,23 @@ from collections.abc import Callable
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from hutch.api.cluster_router import FORWARDED_PATH, Forwarder, relay_http, stream_body
+from hutch.api.cluster_router import (
+    FORWARDED_PATH,
+    MAX_CREATE_BODY,
+    Forwarder,
+    body_once,
+    read_body,
+    relay_http,
+    replay_body,
+    stream_body,
+)
 from hutch.contract.auth import Principal
+from hutch.contract.limits import DEFAULT_MEMORY_MIB
+from hutch.contract.placement import Placement
 from hutch.e2b.errors import E2bError, e2b_error_for, error_response
 from hutch.e2b.face import Face, presented_key
 from hutch.e2b.keys import verify_api_key
+from hutch.e2b.templates import template_snapshot
 from hutch.errors import HutchError
 from hutch.services.cluster import ClusterService, HostRow
 
@@ -49,6 +66,7 @@ SANDBOX_HEADER = "e2b-sandbox-id"
 _CONTROL = re.compile(r"^(?:/v2)?/sandboxes/([^/]+)(?:/([a-z]+))?$")
 #: Those that resume a paused sandbox (placed like a REST resume).
 _RESUMING = {"connect", "resume"}
+_CREATES = {"/sandboxes", "/v2/sandboxes"}
 
 
 async def _answer(exc: HutchError, scope: Scope, receive: Receive, send: Send) -> None:
@@ -78,6 +96,9 @@ class E2bRouter:
         if scope["type"] != "http" or FORWARDED_PATH in scope:
             await self.app(scope, receive, send)  # forwarded here: this host's to serve
             return
+        if scope["method"] == "POST" and scope["path"] in _CREATES:
+            await self._create(scope, receive, send)
+            return
         try:
             routed = self._route(scope)
         except HutchError as exc:
@@ -98,6 +119,60 @@ class E2bRouter:
             path=f"/v1/hosts/{target.id}/e2b{scope['path']}",
             error=_answer,
         )
+
+    async def _create(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A create lands where placement puts it (spread over the hosts that are up,
+        as a REST create without a placement); this host's face answers what it would
+        refuse (the key, the body, the template) and every create of a lone host."""
+        body, complete = await read_body(receive, MAX_CREATE_BODY)
+        replay = replay_body(body, receive)
+        who = self._caller(Request(scope))
+        template_id: object = None
+        if complete:
+            try:
+                doc = json.loads(body or b"{}")
+            except ValueError:
+                doc = None
+            template_id = doc.get("templateID") if isinstance(doc, dict) else None
+        if who is None or not isinstance(template_id, str) or not template_id:
+            await self.app(scope, replay, send)
+            return
+        try:
+            if self.cluster.alone():
+                await self.app(scope, replay, send)
+                return
+            host = await self.cluster.place_create(
+                Placement(), DEFAULT_MEMORY_MIB, template_snapshot(template_id)
+            )
+        except HutchError as exc:
+            await _answer(exc, scope, replay, send)
+            return
+        if host.id == self.cluster.host_id:
+            await self.app(scope, replay, send)
+            return
+        log.info("E2B create placed on host %s", host.id)
+        await relay_http(
+            self.forwarder,
+            self.cluster,
+            host,
+            who,
+            scope,
+            body_once(body),
+            send,
+            path=f"/v1/hosts/{host.id}/e2b{scope['path']}",
+            error=_answer,
+        )
+
+    def _caller(self, request: Request) -> Principal | None:
+        """The caller by its E2B API key, checked here; None when it fails (this
+        host's face answers the 401, as on one host)."""
+        client = request.client
+        try:
+            return verify_api_key(
+                presented_key(request.headers), self.face.auth, client.host if client else ""
+            )
+        except HutchError:
+            return None
 
     def _route(self, scope: Scope) -> tuple[HostRow, Principal | None] | None:
         """The other host and the signed caller (None on the data plane) of a request
@@ -126,12 +201,8 @@ class E2bRouter:
         if found is None:
             return None
         sandbox_id, action = found.group(1), found.group(2)
-        client = request.client
-        try:
-            who = verify_api_key(
-                presented_key(headers), self.face.auth, client.host if client else ""
-            )
-        except HutchError:
+        who = self._caller(request)
+        if who is None:
             return None
         if request.method == "POST" and action in _RESUMING:
             target = self.cluster.resume_host(sandbox_id)

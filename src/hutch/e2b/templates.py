@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from hutch.contract.names import SNAPSHOT_ID_RE
 from hutch.e2b.errors import E2bError
 
-__all__ = ["ALIASES", "Template", "resolve_template"]
+__all__ = ["ALIASES", "Template", "resolve_template", "template_snapshot"]
 
 #: E2B template → hutch image.
 ALIASES: dict[str, str] = {
@@ -36,11 +36,22 @@ class Template:
     snapshot_id: str | None = None
 
 
-def resolve_template(template_id: str, images: list[str]) -> Template:
-    """``images``: the hutch image names this daemon has."""
+def _untagged(template_id: str) -> str:
     name = template_id
     for tag in _TAGS:
         name = name.removesuffix(tag)
+    return name
+
+
+def template_snapshot(template_id: str) -> str | None:
+    """The hutch snapshot a template names (``snap-...``), else None (an image)."""
+    name = _untagged(template_id)
+    return name if SNAPSHOT_ID_RE.match(name) else None
+
+
+def resolve_template(template_id: str, images: list[str]) -> Template:
+    """``images``: the hutch image names this daemon has."""
+    name = _untagged(template_id)
     if SNAPSHOT_ID_RE.match(name):
         return Template(name=template_id, snapshot_id=name)
     image = ALIASES.get(name, name)
