@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 
@@ -50,7 +51,8 @@ async def two_hosts(tmp_path: Path) -> AsyncIterator[dict[str, NetworkService]]:
             now = time.time()
             HostStore(store).register(
                 HostRow(host, settings.host_address, "worker", "up", 1, 1024, 1, 10, "tcg",
-                        "7.2", "max", started_at=now, renewed_at=now, lease_until=now + 60)
+                        "7.2", "max", started_at=now, renewed_at=now, lease_until=now + 60,
+                        net_pool=POOLS[host])
             )  # fmt: skip
             net = NetworkService(
                 settings, store, names=lambda sid: None, dataplane=MemoryDataplane()
@@ -118,3 +120,30 @@ async def test_members_on_two_hosts_learn_each_other_and_the_tunnel_follows(
     await _until(lambda: _dataplane(w1).tunnel.empty)
     await w1.detach("sb-aaaaaaaaaaaa")
     await w2.detach("sb-cccccccccccc")
+
+
+async def test_any_host_shows_the_guest_address_another_host_leased(
+    two_hosts: dict[str, NetworkService], tmp_path: Path
+) -> None:
+    """Issue 14: a sandbox's view shows its guest address through every host (the
+    lease is the other host's, in that host's pool); gone with the lease; a host whose
+    pool is unknown (registered before migration 16) shows none rather than a wrong one."""
+    w1, w2 = two_hosts["w1"], two_hosts["w2"]
+    await w1.attach("sb-aaaaaaaaaaaa", EgressPolicy.open())
+    await w2.attach("sb-bbbbbbbbbbbb", EgressPolicy.open())
+    a, b = w1.address_of("sb-aaaaaaaaaaaa"), w2.address_of("sb-bbbbbbbbbbbb")
+    assert a is not None and b is not None
+    assert a in IPv4Network(POOLS["w1"]) and b in IPv4Network(POOLS["w2"])
+    assert w2.address_of("sb-aaaaaaaaaaaa") is None  # not attached on w2
+    assert w2.shown_address("sb-aaaaaaaaaaaa") == a
+    assert w1.shown_address("sb-bbbbbbbbbbbb") == b
+    assert w1.shown_address("sb-aaaaaaaaaaaa") == a  # its own lease
+    assert w1.shown_address("sb-000000000000") is None
+    hosts = HostStore(Store(tmp_path / "cluster.db"))  # the hosts' shared database
+    row = hosts.get("w2")
+    assert row is not None and row.net_pool == POOLS["w2"]
+    hosts.register(replace(row, net_pool=""))
+    assert w1.shown_address("sb-bbbbbbbbbbbb") is None
+    hosts.register(row)
+    await w2.detach("sb-bbbbbbbbbbbb")
+    assert w1.shown_address("sb-bbbbbbbbbbbb") is None

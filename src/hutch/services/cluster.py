@@ -100,6 +100,7 @@ async def host_facts(settings: Settings, accel: str, now: float) -> HostRow:
         started_at=now,
         renewed_at=now,
         lease_until=now + lease,
+        net_pool=str(settings.net_pool),
     )
 
 

@@ -242,6 +242,23 @@ class NetworkService:
         att = self._attached.get(sandbox_id)
         return att.block.guest if att else None
 
+    def shown_address(self, sandbox_id: str) -> IPv4Address | None:
+        """The guest address a view shows: this host's lease, else the lease another
+        host of the cluster holds, in that host's pool."""
+        mine = self.address_of(sandbox_id)
+        if mine is not None:
+            return mine
+        found = self.db.other_host_lease(sandbox_id)
+        if found is None:
+            return None
+        block, pool = found
+        try:
+            return AddressPool(pool).block(block).guest
+        except InvalidArgument as exc:  # a pool or block this host cannot read
+            log.warning("sandbox %s: lease %s of pool %r unreadable: %s", sandbox_id, block,
+                        pool, exc)  # fmt: skip
+            return None
+
     # -- sandboxes -----------------------------------------------------------------------
 
     def check_networks(self, ids_or_names: list[str], project: str) -> list[str]:

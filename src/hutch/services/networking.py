@@ -214,7 +214,7 @@ class NetworkingService:
         sandbox is still being checked after a restart)."""
         if self.net is None or rec.network is NetworkMode.NONE:
             return SandboxNetView(rec.network, None, [])
-        address = self.net.address_of(rec.id)
+        address = self.net.shown_address(rec.id)
         return SandboxNetView(
             rec.network, str(address) if address else None, self.net.networks_of(rec.id)
         )

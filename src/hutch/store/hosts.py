@@ -27,7 +27,7 @@ HOST_STATES = ("up", "draining", "down")
 _COLUMNS = (
     "id", "address", "role", "state", "vcpus", "memory_mib", "disk_gib", "max_sandboxes",
     "accel", "qemu_version", "cpu_model", "labels_json", "started_at", "renewed_at",
-    "lease_until", "down_at", "down_reason",
+    "lease_until", "down_at", "down_reason", "net_pool",
 )  # fmt: skip
 
 
@@ -53,6 +53,8 @@ class HostRow:
     lease_until: float = 0.0
     down_at: float | None = None
     down_reason: str | None = None
+    #: Its sandbox address pool (HUTCH_NET_POOL, a CIDR; "" before migration 16).
+    net_pool: str = ""
 
 
 @dataclass(frozen=True)
@@ -230,7 +232,7 @@ def _to_row(row: HostRow) -> tuple[Any, ...]:
         row.id, row.address, row.role, row.state, row.vcpus, row.memory_mib, row.disk_gib,
         row.max_sandboxes, row.accel, row.qemu_version, row.cpu_model,
         json.dumps(row.labels, sort_keys=True), row.started_at, row.renewed_at,
-        row.lease_until, row.down_at, row.down_reason,
+        row.lease_until, row.down_at, row.down_reason, row.net_pool,
     )  # fmt: skip
 
 
@@ -243,5 +245,5 @@ def _from_row(row: tuple[Any, ...]) -> HostRow:
         qemu_version=str(v["qemu_version"]), cpu_model=str(v["cpu_model"]),
         labels=dict(json.loads(v["labels_json"])), started_at=float(v["started_at"]),
         renewed_at=float(v["renewed_at"]), lease_until=float(v["lease_until"]),
-        down_at=v["down_at"], down_reason=v["down_reason"],
+        down_at=v["down_at"], down_reason=v["down_reason"], net_pool=str(v["net_pool"]),
     )  # fmt: skip

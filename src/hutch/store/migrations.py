@@ -364,6 +364,11 @@ MIGRATIONS: tuple[str, ...] = (
         uploaded_at REAL NOT NULL
     );
     """,
+    # 16: each host's sandbox address pool (HUTCH_NET_POOL), so that any host shows the
+    # guest address of a sandbox another host leased (its lease names a block of it).
+    """
+    ALTER TABLE hosts ADD COLUMN net_pool TEXT NOT NULL DEFAULT '';
+    """,
 )
 
 

@@ -81,6 +81,18 @@ class NetStore:
         rows = self._rows("SELECT sandbox_id, block, tap FROM net_leases WHERE host = ?", self.host)
         return {str(r[0]): Lease(str(r[0]), int(str(r[1])), str(r[2])) for r in rows}
 
+    def other_host_lease(self, sandbox_id: str) -> tuple[int, str] | None:
+        """The block and the pool (its host's ``HUTCH_NET_POOL``) of ``sandbox_id``'s
+        lease when another host holds it; None when none does (or its pool is unknown:
+        a host registered before migration 16)."""
+        rows = self._rows(
+            "SELECT l.block, h.net_pool FROM net_leases l JOIN hosts h ON h.id = l.host "
+            "WHERE l.sandbox_id = ? AND l.host != ? AND h.net_pool != ''",
+            sandbox_id,
+            self.host,
+        )
+        return (int(str(rows[0][0])), str(rows[0][1])) if rows else None
+
     # -- egress rules --------------------------------------------------------------------
 
     def set_rules(self, sandbox_id: str, rules: list[str] | dict[str, Any]) -> None:

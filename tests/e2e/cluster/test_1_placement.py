@@ -8,7 +8,7 @@ import json
 import pytest
 
 from hutch import errors
-from hutch.sdk import Sandbox
+from hutch.sdk import Sandbox, SandboxInfo
 from tests.e2e.cluster_lab import MEMORY_MIB, Worker, create_on, owners
 from tests.e2e.conftest import wait_for
 
@@ -74,9 +74,26 @@ def test_twenty_creates_spread_and_any_worker_reaches_the_right_vm(
             c.delete_sandbox(sandbox_id)
     assert wait_for(lambda: not set(ids[3:]) & set(_owners(cluster)), 20)
     assert set(kept) <= set(_owners(cluster))
-    for w in cluster:  # every worker lists the whole cluster
+    with cluster[0].client() as c:  # the address each guest has on its eth0
+        guest = {s: _eth0(c.exec(s, ["ip", "-4", "-o", "addr", "show", "eth0"]).stdout)
+                 for s in kept}  # fmt: skip
+    for w in cluster:  # every worker lists the whole cluster, with each guest's address
         with w.client() as c:
-            assert {s.id for s in c.list_sandboxes() if s.state == "running"} >= set(kept)
+            listed = {s.id: s for s in c.list_sandboxes() if s.state == "running"}
+            assert set(listed) >= set(kept)
+            for s in kept:
+                assert _address(listed[s]) == guest[s], (w.host_id, s)
+                assert _address(c.get_sandbox(s)) == guest[s], (w.host_id, s)
+
+
+def _address(info: SandboxInfo) -> str | None:
+    return info.network.address if info.network is not None else None
+
+
+def _eth0(out: str) -> str:
+    """The address in ``ip -4 -o addr show eth0`` (``... inet 10.x.y.z/30 ...``)."""
+    words = out.split()
+    return words[words.index("inet") + 1].split("/")[0]
 
 
 def test_placement_pins_by_host_and_label_and_refuses_bad_selectors(
