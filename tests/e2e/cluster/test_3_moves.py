@@ -13,7 +13,7 @@ import time
 import pytest
 
 from hutch import errors
-from hutch.sdk import Sandbox, SandboxInfo
+from hutch.sdk import Client, Sandbox, SandboxInfo
 from tests.e2e.cluster.guest_state import counter, kept_state, with_state
 from tests.e2e.cluster_lab import LEASE_S, MEMORY_MIB, Worker, create_on, owners
 from tests.e2e.conftest import pid_alive, wait_for
@@ -104,22 +104,11 @@ def _paused_on_one_resumed_on_another(
         assert _owners(cluster)[sb.id] == "w1"
         assert "pause fetched" not in w1.log_path.read_text()
         _kept_state(c, sb, before)
-        before = _counter(c, sb.id)
-        at = c.pause_sandbox(sb.id).paused_at
-        assert wait_for(lambda: w1.pause_uploaded(s3_server, sb.id, at), 120)
         # Asked for another host while its own is up: resumed on w2 from the upload,
         # its processes kept; then asked back to w1, which fetches it again.
-        assert c.resume_sandbox(sb.id, {"host": "w2"}).state == "running"
-        assert _owners(cluster)[sb.id] == "w2"
+        before = _resumed_where_asked(c, cluster, s3_server, sb, before, w1, w2)
         assert "pause fetched" in w2.log_path.read_text()
-        _kept_state(c, sb, before)
-        before = _counter(c, sb.id)
-        at = c.pause_sandbox(sb.id).paused_at
-        assert wait_for(lambda: w2.pause_uploaded(s3_server, sb.id, at), 120)
-        assert c.resume_sandbox(sb.id, {"host": "w1"}).state == "running"
-        assert _owners(cluster)[sb.id] == "w1"
-        _kept_state(c, sb, before)
-        before = _counter(c, sb.id)
+        before = _resumed_where_asked(c, cluster, s3_server, sb, before, w2, w1)
         at = c.pause_sandbox(sb.id).paused_at
         assert wait_for(lambda: w1.pause_uploaded(s3_server, sb.id, at), 120)
         running = {s.id for s in c.list_sandboxes() if s.state == "running"}
@@ -150,6 +139,21 @@ def _paused_on_one_resumed_on_another(
             c.delete_sandbox(sandbox_id)
     undrained = w2.cli("host", "undrain", "w1")
     assert undrained.returncode == 0, undrained.stderr
+
+
+def _resumed_where_asked(
+    c: Client, cluster: list[Worker], s3: S3Server, sb: Sandbox, before: int,
+    paused_on: Worker, to: Worker,
+) -> int:  # fmt: skip
+    """Pause ``sb`` (running on ``paused_on``), wait for its upload, resume it with
+    ``placement={"host": to}``: it runs there with its state kept. The counter then."""
+    before = _counter(c, sb.id)
+    at = c.pause_sandbox(sb.id).paused_at
+    assert wait_for(lambda: paused_on.pause_uploaded(s3, sb.id, at), 120)
+    assert c.resume_sandbox(sb.id, {"host": to.host_id}).state == "running"
+    assert _owners(cluster)[sb.id] == to.host_id
+    _kept_state(c, sb, before)
+    return _counter(c, sb.id)
 
 
 def test_a_killed_worker_reports_its_running_sandboxes_lost_and_its_paused_resume_elsewhere(
