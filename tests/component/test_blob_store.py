@@ -166,6 +166,73 @@ def test_upload_survives_a_server_restart_mid_upload(s3_server: S3Server, tmp_pa
     assert store.pending_uploads() == []
 
 
+def test_a_large_download_goes_in_ranges_and_survives_a_server_restart(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    """A blob larger than a range comes down in ranged GETs side by side; the server
+    SIGKILLed after the second range and started again: the same get goes on and the
+    file is whole and verified."""
+    store = s3_server.blob_store(tmp_path / "j", prefix="ranges", range_size=4 * MiB, retry_s=90)
+    src = _file(tmp_path / "f", 30 * MiB + 5, seed=11)
+    info = store.put("big/memory", src)
+    ranges: list[str] = []
+    in_flight = 0
+    most = 0
+    lock = threading.Lock()
+    real = store._client.get_object
+
+    def counting(**kw: object) -> object:
+        nonlocal in_flight, most
+        with lock:
+            ranges.append(str(kw.get("Range")))
+            in_flight += 1
+            most = max(most, in_flight)
+        try:
+            return real(**kw)
+        finally:
+            with lock:
+                in_flight -= 1
+
+    store._client.get_object = counting
+    got: list[int] = []
+
+    def progress(done: int) -> None:
+        got.append(done)
+        if len(got) == 2:
+            s3_server.kill()
+            s3_server.start()
+
+    out = tmp_path / "out"
+    assert store.get("big/memory", out, expect=info, progress=progress) == info
+    assert _sha(out) == info.sha256 and got[-1] == info.size
+    assert "bytes=0-4194303" in ranges and f"bytes=29360128-{info.size - 1}" in ranges
+    assert len(set(ranges)) == 8 and most >= 2  # eight ranges, side by side
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f", "j", "out"]
+
+
+def test_a_large_blob_replaced_in_the_bucket_is_refused(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    """Someone with write access to the bucket puts other bytes under a recorded key:
+    shorter, longer or as long; none is ever written to the destination."""
+    store = s3_server.blob_store(tmp_path / "j", prefix="swap", range_size=4 * MiB)
+    src = _file(tmp_path / "f", 12 * MiB, seed=3)
+    info = store.put("snap/memory", src)
+    client = s3_server.client()
+    dest = tmp_path / "out"
+    for size, words in (
+        (9 * MiB, "is truncated: the server states 9437184 bytes, 12582912 recorded"),
+        (13 * MiB, "is too long"),
+        (12 * MiB, "is corrupt"),
+    ):
+        other = _file(tmp_path / "other", size, seed=size)
+        client.put_object(Bucket=BUCKET, Key="swap/snap/memory", Body=other.read_bytes())
+        with pytest.raises(BlobError, match=words):
+            store.get("snap/memory", dest, expect=info)
+        assert not dest.exists()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["f", "j", "other"]
+
+
 class _Crash(Exception):
     pass
 

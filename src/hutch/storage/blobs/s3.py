@@ -20,6 +20,10 @@ Uploads (``put``):
                  retry_s), journal updated
            ─► CompleteMultipartUpload ─► HeadObject: size checked ─► journal removed
 ```
+Downloads (``get``): one streamed GET up to ``range_size`` (8 MiB); larger objects in
+ranged GETs side by side (``parallel_parts`` at a time), hashed in order and verified
+before the rename (:mod:`hutch.storage.blobs.s3_ranges`).
+
 First contact (``_reach``): while the endpoint has not answered since the store was
 opened or since a request last failed to connect, each operation first sends one HEAD
 of the bucket through a second, impatient client (connect timeout at most 2 s, no
@@ -70,6 +74,7 @@ from hutch.storage.blobs.base import (
     verified_write,
 )
 from hutch.storage.blobs.s3_multipart import UploadJournal, put_multipart
+from hutch.storage.blobs.s3_ranges import DEFAULT_RANGE_SIZE, content_range_total, ranged_get
 
 __all__ = ["DEFAULT_PART_SIZE", "MIN_PART_SIZE", "S3BlobStore", "S3Options", "UploadJournal"]
 
@@ -99,8 +104,11 @@ class S3Options:
     endpoint: str | None = None
     region: str | None = None
     part_size: int = DEFAULT_PART_SIZE
-    #: Parts of one multipart upload sent at the same time (each holds one part in memory).
+    #: Parts of one multipart upload sent at the same time (each holds one part in
+    #: memory), and byte ranges of one large download fetched at the same time.
     parallel_parts: int = DEFAULT_PARALLEL_PARTS
+    #: Bytes per ranged GET of a download larger than this (``s3_ranges``).
+    range_size: int = DEFAULT_RANGE_SIZE
     retry_s: float = 60.0
     connect_timeout_s: float = 5.0
     access_key: str | None = None
@@ -384,6 +392,17 @@ class S3BlobStore:
 
         self._reach(what)
 
+        if expect.size > self.options.range_size and self.options.parallel_parts > 1:
+            return ranged_get(
+                lambda first, last: self._range(key, first, last),
+                dest,
+                key=key,
+                where=self.url,
+                expect=expect,
+                range_size=self.options.range_size,
+                parallel=self.options.parallel_parts,
+                progress=progress,
+            )
         deadline = time.monotonic() + self.options.retry_s
         while True:
             try:
@@ -410,6 +429,57 @@ class S3BlobStore:
                 time.sleep(0.5)
             finally:
                 body.close()
+
+    def _range(self, key: str, first: int, last: int) -> tuple[bytes, int | None]:
+        """Bytes ``first..last`` of blob ``key`` and its size as the server states it
+        (:func:`ranged_get`'s fetch); a stream that breaks off is asked for again, for
+        up to ``retry_s``."""
+        from botocore.exceptions import ConnectionError, ReadTimeoutError, ResponseStreamingError
+
+        full = self._key(key)
+        what = f"reading bytes {first}-{last} of blob {key} from {self.url}"
+        deadline = time.monotonic() + self.options.retry_s
+        while True:
+            try:
+                answer = self._call(
+                    what,
+                    lambda: self._client.get_object(
+                        Bucket=self.bucket, Key=full, Range=f"bytes={first}-{last}"
+                    ),
+                )
+            except BlobError as exc:
+                if self._missing(exc):
+                    raise BlobError(f"blob {key} is missing from {self.url}") from exc
+                if self._status(exc) == 416:
+                    raise BlobError(
+                        f"blob {key} at {self.url} is truncated: it ends before byte {first}; "
+                        "it is not used"
+                    ) from exc
+                raise
+            body = answer["Body"]
+            try:
+                data: bytes = body.read()
+            except (ConnectionError, ReadTimeoutError, ResponseStreamingError) as exc:
+                if time.monotonic() >= deadline:
+                    raise BlobError(f"{what}: the download broke off: {exc}") from exc
+                time.sleep(0.5)
+                continue
+            finally:
+                body.close()
+            total = content_range_total(answer.get("ContentRange"))
+            if total is None and "ContentRange" not in answer:
+                raise BlobError(
+                    f"{what}: the server answered without a Content-Range (it ignored the "
+                    "Range request); hutch needs an S3 server that serves byte ranges"
+                )
+            return data, total
+
+    @staticmethod
+    def _status(exc: BaseException) -> int:
+        response = getattr(exc.__cause__, "response", None)
+        if not isinstance(response, dict):
+            return 0
+        return int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
 
     def stat(self, key: str) -> BlobInfo | None:
         self._key(key)  # a bad key fails before any request
