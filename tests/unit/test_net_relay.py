@@ -252,3 +252,20 @@ async def test_an_endpoint_holds_until_the_limit_then_stops_reading(wire: Wire) 
     c_writer.close()
     s_writer.close()
     assert await done is None
+
+
+async def test_a_connection_handed_over_to_streams_keeps_its_bytes_and_eof(wire: Wire) -> None:
+    (c_reader, c_writer), _ = wire.client, wire.server
+    c_writer.write(b"client hello")
+    await until(lambda: len(wire.guest.buffer) == 12)
+    held, reader, writer = wire.guest.to_streams()
+    assert held == b"client hello" and wire.guest.buffer == b""
+    c_writer.write(b" and more")
+    assert await reader.readexactly(9) == b" and more"  # what came after, through the reader
+    c_writer.write_eof()
+    assert await reader.read() == b""
+    writer.write(b"answer")  # the other direction still works
+    writer.close()
+    await writer.wait_closed()
+    assert await c_reader.read() == b"answer"
+    assert wire.guest.streams is writer
