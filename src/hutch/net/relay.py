@@ -172,6 +172,10 @@ class Endpoint(asyncio.Protocol):
 
     async def wait_closed(self) -> None:
         """Until the connection is gone (after :meth:`close` or :meth:`abort`)."""
+        if self.streams is not None:  # handed over: the streams' protocol hears the end
+            with contextlib.suppress(OSError, ConnectionError):
+                await self.streams.wait_closed()
+            return
         if self.lost or self.transport is None:
             return
         if self._closed is None:
