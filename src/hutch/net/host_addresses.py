@@ -7,6 +7,9 @@ list read at start goes stale. Two mechanisms keep "the host" current:
   ``ip route get ADDR`` does) each time the resolver or the proxy checks an answer: a
   route of type ``local``, ``broadcast``, ``anycast`` or ``multicast`` means a packet
   to it would stay on this host. A failed lookup counts as "the host" (fail closed).
+  Each thread keeps one netlink socket for its lookups (two syscalls a question instead
+  of five: socket, bind, send, recv, close); nothing is cached, every question is
+  answered by the kernel's table as it is at that moment.
 - :class:`HostAddressWatcher` listens to the kernel's IPv4 address events
   (``RTMGRP_IPV4_IFADDR``) and, after any of them, re-reads the addresses and hands the
   new set to a callback (the enforcer rewrites nft's ``host_addrs`` set with it).
@@ -21,8 +24,10 @@ import asyncio
 import contextlib
 import errno
 import logging
+import os
 import socket
 import struct
+import threading
 from collections.abc import Awaitable, Callable
 from ipaddress import IPv4Address
 
@@ -70,6 +75,16 @@ def parse_route_reply(data: bytes, seq: int = 1) -> int:
 
     Raises ``NoRoute`` when there is no route, ``NetworkError`` for any other error
     answer or one that does not parse."""
+    found = _find_reply(data, seq)
+    if found is None:
+        raise NetworkError("route lookup: no answer from the kernel")
+    return found
+
+
+def _find_reply(data: bytes, seq: int) -> int | None:
+    """The route type answering ``seq`` in ``data``; None when no message of ``data``
+    answers it (a late answer to an earlier question on a kept socket). Raises as
+    :func:`parse_route_reply`."""
     offset = 0
     while offset + _NLMSGHDR.size <= len(data):
         length, kind, _flags, got_seq, _pid = _NLMSGHDR.unpack_from(data, offset)
@@ -85,19 +100,72 @@ def parse_route_reply(data: bytes, seq: int = 1) -> int:
                 raise NetworkError(f"route lookup failed: {name}")
             if kind == RTM_NEWROUTE and len(payload) >= _RTMSG.size:
                 return int(_RTMSG.unpack_from(payload, 0)[7])
+            raise NetworkError(f"route lookup: unexpected answer (type {kind})")
         offset += (length + 3) & ~3
-    raise NetworkError("route lookup: no answer from the kernel")
+    return None
+
+
+class _RouteSocket:
+    """One thread's kept netlink socket for route lookups. Each question carries a new
+    sequence number and only the answer with that number counts, so an answer left over
+    from a question that timed out is skipped, never taken for the next one's. A socket
+    that failed is closed and a new one opened at the next question. The kernel answers
+    in the namespace the socket was opened in: the thread's when it first asked (hutch
+    does not move threads between namespaces)."""
+
+    def __init__(self) -> None:
+        self._sock: socket.socket | None = None
+        self._pid = 0
+        self._seq = 0
+
+    def ask(self, addr: IPv4Address) -> int:
+        if self._sock is None or self._pid != os.getpid():  # a fork's child opens its own
+            self._sock = None
+            sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+            try:
+                # The kernel answers within send(); the timeout only guards against a bug.
+                sock.settimeout(1.0)
+                sock.bind((0, 0))
+            except OSError:
+                sock.close()
+                raise
+            self._sock, self._pid = sock, os.getpid()
+        self._seq = self._seq % 0xFFFFFFFF + 1
+        seq = self._seq
+        try:
+            self._sock.send(route_request(addr, seq))
+            while True:
+                found = _find_reply(self._sock.recv(65536), seq)
+                if found is not None:
+                    return found
+        except OSError:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def __del__(self) -> None:  # the thread ended: its socket goes with it
+        self.close()
+
+
+class _PerThread(threading.local):
+    route: _RouteSocket | None = None
+
+
+_local = _PerThread()
 
 
 def route_type(addr: IPv4Address) -> int:
-    """The kernel's route type for ``addr``. Raises ``NetworkError``."""
+    """The kernel's route type for ``addr``, asked now over this thread's kept netlink
+    socket. Raises ``NetworkError``."""
+    route = _local.route
+    if route is None:
+        route = _local.route = _RouteSocket()
     try:
-        with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as sock:
-            sock.settimeout(1.0)
-            sock.bind((0, 0))
-            sock.send(route_request(addr))
-            # The kernel answers within send(); the timeout only guards against a bug.
-            return parse_route_reply(sock.recv(65536))
+        return route.ask(addr)
     except OSError as exc:
         raise NetworkError(f"route lookup for {addr} failed: {exc}") from exc
 

@@ -16,7 +16,9 @@ covers the destination) here. Per connection:
    kernel now, private ranges unless an ip/cidr rule covers them: DNS rebinding, see
    :mod:`hutch.net.destinations`), connects to the first good address on the original
    port, and relays with backpressure: TLS both ways as is; HTTP exactly the one
-   checked request, then only the answer (:mod:`hutch.net.http_relay`).
+   checked request, then only the answer (:mod:`hutch.net.http_relay`). Both run in
+   protocol callbacks (:mod:`hutch.net.relay`), one task per connection for its
+   decision, no streams.
 
 Under ``inspection: full`` (and ``learn``), and under ``partial`` for a destination
 whose first matching rule needs the request, TLS is terminated instead
@@ -58,7 +60,7 @@ from hutch.net.destinations import ForbiddenCheck, opened_by_ip_rule
 from hutch.net.dns import SandboxDirectory, SandboxNet
 from hutch.net.egress_log import EgressLog
 from hutch.net.http_head import RequestHead
-from hutch.net.http_relay import relay_one_request
+from hutch.net.http_relay import OneRequest
 from hutch.net.proxy_decide import (
     Allowed,
     Denied,
@@ -72,8 +74,9 @@ from hutch.net.proxy_decide import (
 )
 from hutch.net.proxy_inspect import inspect_tls
 from hutch.net.ratelimit import KeyedLimiter, Rate
+from hutch.net.relay import Endpoint, Relay
 from hutch.net.rules import EgressPolicy, normalize_name
-from hutch.net.sniff import Sniffed, sniff
+from hutch.net.sniff import MAX_PEEK, Sniffed, sniff
 from hutch.net.tls_ca import ProjectCAs
 
 __all__ = [
@@ -113,7 +116,7 @@ class _Relay:
     name: str
     port: int
     protocol: str
-    writers: tuple[asyncio.StreamWriter, asyncio.StreamWriter]
+    transports: tuple[asyncio.WriteTransport, ...]
 
 
 class EgressProxy:
@@ -148,7 +151,7 @@ class EgressProxy:
         self._connect_timeout_s = connect_timeout_s
         self._peek_timeout_s = peek_timeout_s
         self._original_port = original_port
-        self._server: asyncio.Server | None = None
+        self._server: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._relays: set[_Relay] = set()
         self.limiter = KeyedLimiter(limit) if limit is not None else None
@@ -156,7 +159,8 @@ class EgressProxy:
 
     async def start(self, host: str = "0.0.0.0", port: int = 0) -> int:
         try:
-            self._server = await asyncio.start_server(self._on_client, host, port)
+            loop = asyncio.get_running_loop()
+            self._server = await loop.create_server(lambda: Endpoint(self._on_client), host, port)
         except OSError as exc:
             raise NetworkError(f"egress proxy cannot listen on {host}:{port}: {exc}") from exc
         self.port = int(self._server.sockets[0].getsockname()[1])
@@ -184,8 +188,8 @@ class EgressProxy:
             if why is None:
                 continue
             self._relays.discard(relay)
-            for writer in relay.writers:
-                writer.transport.abort()
+            for transport in relay.transports:
+                transport.abort()
             cut += 1
             self.event(
                 relay.sandbox, relay.name, relay.port, relay.protocol, relay.name,
@@ -193,36 +197,53 @@ class EgressProxy:
             )  # fmt: skip
         return cut
 
-    async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._tasks.add(task)
-        try:
-            await self._serve(reader, writer)
-        except (ConnectionError, OSError) as exc:
-            log.debug("proxied connection ended: %s", exc)
-        finally:
-            if task is not None:
-                self._tasks.discard(task)
-            await close_writer(writer)
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer = writer.get_extra_info("peername")
+    def _on_client(self, guest: Endpoint) -> None:
+        """A guest connected (called as its transport is made): checks that need no
+        bytes, then one task for the rest. A refused connection costs no task."""
+        assert guest.transport is not None
+        peer = guest.transport.get_extra_info("peername")
         if self.limiter is not None and peer and not self.limiter.allow(str(peer[0])):
-            return  # over the sender's rate: closed at once (counted by the limiter)
+            guest.close()  # over the sender's rate: closed at once (counted by the limiter)
+            return
         try:
             src = ip_address(peer[0])
         except (TypeError, ValueError, IndexError):
+            guest.close()
             return
         sandbox = self.current(src)
         if sandbox is None:
-            return  # not a sandbox: nothing to log against, just close
+            guest.close()  # not a sandbox: nothing to log against, just close
+            return
+        task = asyncio.get_running_loop().create_task(self._run(guest, src, sandbox))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(
+        self, guest: Endpoint, src: IPv4Address | IPv6Address, sandbox: SandboxNet
+    ) -> None:
         try:
-            port = self._original_port(writer.get_extra_info("socket"))
+            await self._serve(guest, src, sandbox)
+        except (ConnectionError, OSError) as exc:
+            log.debug("proxied connection ended: %s", exc)
+        finally:
+            if guest.streams is not None:  # handed over to TLS inspection
+                await close_writer(guest.streams)
+            else:
+                guest.close()
+                with contextlib.suppress(OSError, ConnectionError):
+                    await guest.wait_closed()
+
+    async def _serve(
+        self, guest: Endpoint, src: IPv4Address | IPv6Address, sandbox: SandboxNet
+    ) -> None:
+        """One guest connection, decided and relayed."""
+        assert guest.transport is not None
+        try:
+            port = self._original_port(guest.transport.get_extra_info("socket"))
         except (OSError, AttributeError) as exc:  # no conntrack entry: not redirected by nft
             self.event(sandbox, "-", None, "tcp", None, "deny", None, f"no original port: {exc}")
             return
-        seen, raw = await self._peek(reader)
+        seen = await self._peek(guest)
         http = HttpFacts.of(seen.request)
         if seen.error is not None or seen.name is None:
             reason = seen.error or "no name"
@@ -230,9 +251,10 @@ class EgressProxy:
                 sandbox, seen.name or "-", port, seen.protocol, seen.name, "deny", None, reason,
                 http=http,
             )  # fmt: skip
-            await self._refuse(writer, seen, port, reason)
+            self._refuse(guest, seen, port, reason)
             return
         if seen.protocol == "tls" and terminates_tls(sandbox.policy, seen.name, port):
+            raw, reader, writer = guest.to_streams()
             await inspect_tls(
                 self, sandbox, src, seen.name, port, raw, reader, writer,
                 handshake_timeout_s=self._peek_timeout_s,
@@ -248,44 +270,49 @@ class EgressProxy:
                 return allowed
 
             allowed = observed(decide, sandbox.policy)
-            upstream, addr = await self.connect(sandbox.policy, seen.name, port, allowed.rule)
+            upstream, addr = await self._connect_plain(sandbox.policy, name, port, allowed.rule)
         except Denied as denied:
             self.event(
-                sandbox, seen.name, port, seen.protocol, seen.name, "deny", denied.rule,
+                sandbox, name, port, seen.protocol, name, "deny", denied.rule,
                 denied.reason, http=http, index=denied.index,
             )  # fmt: skip
-            await self._refuse(writer, seen, port, denied.reason)
+            self._refuse(guest, seen, port, denied.reason)
             return
         rule, index = allowed.rule, allowed.index
         self.event(
-            sandbox, str(addr), port, seen.protocol, seen.name, "allow", rule,
+            sandbox, str(addr), port, seen.protocol, name, "allow", rule,
             allowed.note or ("allowed by rule" if rule else "open egress"), http=http,
             index=index,
         )  # fmt: skip
-        up_reader, up_writer = upstream
+        assert upstream.transport is not None
         release = self.open_relay(
-            sandbox, src, seen.name, port, seen.protocol, (writer, up_writer), str(addr)
-        )
+            sandbox, src, name, port, seen.protocol, (guest.transport, upstream.transport),
+            str(addr),
+        )  # fmt: skip
         if release is None:
-            up_writer.transport.abort()
+            upstream.abort()
             return
         sent = self.counter(sandbox.sandbox_id)
         try:
             if seen.request is not None:
-                body = raw[seen.request.consumed :]
+                # Exactly the checked request (its head as the rules rewrote it, then the
+                # body as framed), never a byte after it; the server's answer ends it.
                 request = allowed.head or seen.request
-                cut = await relay_one_request(
-                    reader, writer, up_reader, up_writer, request, body, sent=sent
-                )
+                skip = seen.request.consumed  # the guest's own head, replaced by ``request``
+                guest.buffer[:skip] = b""
+                relay = Relay(guest, upstream, sent=sent, upload=OneRequest(request),
+                              answer_ends=True)  # fmt: skip
+                relay.start(request.head)
+                cut = await relay.wait()
                 if cut is not None:
-                    self.event(sandbox, str(addr), port, "http", seen.name, "deny", rule, cut)
+                    self.event(sandbox, str(addr), port, "http", name, "deny", rule, cut)
             else:
-                up_writer.write(raw)
-                sent(len(raw))
-                await pipe_both(reader, writer, up_reader, up_writer, sent=sent)
+                relay = Relay(guest, upstream, sent=sent)
+                relay.start()
+                await relay.wait()
         finally:
             release()
-            await close_writer(up_writer)
+            upstream.close()
 
     def open_relay(
         self,
@@ -294,14 +321,14 @@ class EgressProxy:
         name: str,
         port: int,
         protocol: str,
-        writers: tuple[asyncio.StreamWriter, asyncio.StreamWriter],
+        transports: tuple[asyncio.WriteTransport, ...],
         address: str,
     ) -> Callable[[], None] | None:
         """Register a relay for :meth:`revalidate` and return what unregisters it; None
         (logged) when the rules changed while it was decided and no longer allow it
         (revalidate() cut what was registered then; this one meets the rules in force
         now)."""
-        relay = _Relay(sandbox, name, port, protocol, writers)
+        relay = _Relay(sandbox, name, port, protocol, transports)
         self._relays.add(relay)
         now = self.current(src)
         why = "the sandbox is gone" if now is None else still_allowed(now.policy, name, port)
@@ -355,21 +382,27 @@ class EgressProxy:
         project = sandbox.project
         return lambda name: secrets.reveal(name, project)
 
-    async def _peek(self, reader: asyncio.StreamReader) -> tuple[Sniffed, bytes]:
-        buf = b""
+    async def _peek(self, guest: Endpoint) -> Sniffed:
+        """Sniff what the guest holds until it names its destination (or fails to).
+        The bytes stay held in ``guest.buffer`` for the relay."""
         try:
             async with asyncio.timeout(self._peek_timeout_s):
                 while True:
-                    seen = sniff(buf)
+                    # The head or ClientHello is looked for in the first MAX_PEEK bytes:
+                    # one read may bring a request's body with its head (it stays held),
+                    # and the sniffer refuses anything longer than that as too long.
+                    buf = guest.buffer
+                    seen = sniff(bytes(buf[:MAX_PEEK]))
+                    if seen is None and len(buf) > MAX_PEEK:
+                        seen = sniff(bytes(buf))
                     if seen is not None:
-                        return seen, buf
-                    chunk = await reader.read(4096)
-                    if not chunk:
-                        return Sniffed("unknown", None, "closed before a request"), buf
-                    buf += chunk
+                        return seen
+                    if guest.eof or guest.lost:
+                        return Sniffed("unknown", None, "closed before a request")
+                    await guest.wait_data()
         except TimeoutError:
             why = f"no TLS ClientHello or HTTP request within {self._peek_timeout_s:g}s"
-            return Sniffed("unknown", None, why), buf
+            return Sniffed("unknown", None, why)
 
     async def connect(
         self,
@@ -380,8 +413,51 @@ class EgressProxy:
         tls: ssl.SSLContext | None = None,
     ) -> tuple[tuple[asyncio.StreamReader, asyncio.StreamWriter], IPv4Address]:
         """Resolve ``name`` here, drop forbidden answers and connect to the first good
-        address (over TLS verified for ``name`` when ``tls`` is given). Failures after
-        the rule allowed carry no rule index: they are not the rule's decision."""
+        address (over TLS verified for ``name`` when ``tls`` is given), as streams.
+        Failures after the rule allowed carry no rule index: they are not the rule's
+        decision."""
+        good = await self._destinations(policy, name, port, rule_text)
+        errors: list[str] = []
+        for addr in good:
+            try:
+                async with asyncio.timeout(self._connect_timeout_s):
+                    if tls is None:
+                        conn = await asyncio.open_connection(str(addr), port)
+                    else:
+                        conn = await asyncio.open_connection(
+                            str(addr), port, ssl=tls, server_hostname=name
+                        )
+                return conn, addr
+            except ssl.SSLCertVerificationError as exc:
+                raise Denied(
+                    f"the server {name}:{port} failed TLS verification: {exc.verify_message}",
+                    rule_text,
+                ) from exc
+            except (OSError, TimeoutError) as exc:
+                errors.append(f"{addr}: {exc or 'timed out'}")
+        raise Denied(f"cannot connect to {name}:{port} ({'; '.join(errors)})", rule_text)
+
+    async def _connect_plain(
+        self, policy: EgressPolicy, name: str, port: int, rule_text: str | None
+    ) -> tuple[Endpoint, IPv4Address]:
+        """As :meth:`connect`, for the plain relay: the connection's :class:`Endpoint`."""
+        good = await self._destinations(policy, name, port, rule_text)
+        loop = asyncio.get_running_loop()
+        errors: list[str] = []
+        for addr in good:
+            try:
+                async with asyncio.timeout(self._connect_timeout_s):
+                    _, upstream = await loop.create_connection(Endpoint, str(addr), port)
+                return upstream, addr
+            except (OSError, TimeoutError) as exc:
+                errors.append(f"{addr}: {exc or 'timed out'}")
+        raise Denied(f"cannot connect to {name}:{port} ({'; '.join(errors)})", rule_text)
+
+    async def _destinations(
+        self, policy: EgressPolicy, name: str, port: int, rule_text: str | None
+    ) -> list[IPv4Address]:
+        """The addresses ``name`` may lead to on ``port``, resolved here, in the
+        resolver's order; raises Denied when there is none."""
         try:
             addrs = [a for a, _ in await self._resolver.resolve_a(name)]
         except NetworkError as exc:
@@ -416,41 +492,20 @@ class EgressProxy:
             bad = ", ".join(str(a) for a in addrs)
             whys = "; ".join(f"{a} is {why.why}" for a, why in verdicts if why is not None)
             raise Denied(f"{name} resolves only to forbidden addresses ({bad}): {whys}", rule_text)
-        errors: list[str] = []
-        for addr in good:
-            try:
-                async with asyncio.timeout(self._connect_timeout_s):
-                    if tls is None:
-                        conn = await asyncio.open_connection(str(addr), port)
-                    else:
-                        conn = await asyncio.open_connection(
-                            str(addr), port, ssl=tls, server_hostname=name
-                        )
-                return conn, addr
-            except ssl.SSLCertVerificationError as exc:
-                raise Denied(
-                    f"the server {name}:{port} failed TLS verification: {exc.verify_message}",
-                    rule_text,
-                ) from exc
-            except (OSError, TimeoutError) as exc:
-                errors.append(f"{addr}: {exc or 'timed out'}")
-        raise Denied(f"cannot connect to {name}:{port} ({'; '.join(errors)})", rule_text)
+        return good
 
-    async def _refuse(
-        self, writer: asyncio.StreamWriter, seen: Sniffed, port: int, reason: str
-    ) -> None:
-        if seen.protocol != "http":
+    def _refuse(self, guest: Endpoint, seen: Sniffed, port: int, reason: str) -> None:
+        """Plain HTTP: a 403 saying why (sent before the close that follows)."""
+        if seen.protocol != "http" or guest.transport is None:
             return  # TLS (or garbage): just close; there is no way to explain in plain text
         what = f"{seen.name}:{port}" if seen.name else f"this request on port {port}"
         body = f"hutch egress denied {what}: {reason}\n".encode()
-        writer.write(
+        guest.transport.write(
             b"HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain; charset=utf-8\r\n"
             + f"Content-Length: {len(body)}\r\n".encode()
             + b"Connection: close\r\nX-Hutch-Egress: denied\r\n\r\n"
             + body
         )
-        with contextlib.suppress(ConnectionError, OSError):
-            await writer.drain()
 
     def event(
         self,

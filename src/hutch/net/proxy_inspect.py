@@ -80,7 +80,7 @@ class InspectingProxy(Protocol):
         name: str,
         port: int,
         protocol: str,
-        writers: tuple[asyncio.StreamWriter, asyncio.StreamWriter],
+        transports: tuple[asyncio.WriteTransport, ...],
         address: str,
     ) -> Callable[[], None] | None:
         """Register a relayed connection for revalidation; returns what ends that (None,
@@ -150,7 +150,7 @@ async def inspect_tls(
             f"pinned certificates cannot be inspected): {exc or 'timed out'}"
         )
         return
-    release = proxy.open_relay(sandbox, src, name, port, "https", (writer, writer), name)
+    release = proxy.open_relay(sandbox, src, name, port, "https", (writer.transport,), name)
     if release is None:
         return
 
