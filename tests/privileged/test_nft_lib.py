@@ -99,3 +99,67 @@ def test_scripts_apply_atomically_through_one_library_context(lab: Lab) -> None:
         _out, err = applier.communicate(timeout=30)  # closes stdin: the applier ends
         sh("ip", "netns", "exec", lab.host, "nft", "delete", "table", "inet", table, check=False)
     assert applier.returncode == 0, err
+
+
+#: Run in the lab's host namespace: makes a table with named counters through the
+#: library, then lists them through the same context (twice: the output buffer is
+#: reused) and a table that is not there; prints what it got as one JSON object.
+LISTER = r"""
+import asyncio, json, sys
+from hutch.net import nft_apply, nft_lib
+
+async def main():
+    table = sys.argv[1]
+    await nft_apply.apply(
+        f"table inet {table} {{\n"
+        "  counter c1 { packets 7 bytes 700 }\n"
+        "  counter c2 { packets 1 bytes 60 }\n"
+        "}\n"
+    )
+    answers = [await nft_lib.list_json(f"list counters table inet {table}") for _ in range(2)]
+    missing = await nft_lib.list_json(f"list counters table inet {table}_gone")
+    assert all(a is not None for a in (*answers, missing)), "libnftables is missing"
+    print(json.dumps({
+        "codes": [a[0] for a in answers],
+        "lists": [json.loads(a[1])["nftables"] for a in answers],
+        "missing": [missing[0], missing[1], missing[2]],
+    }))
+
+asyncio.run(main())
+"""
+
+
+def _counters(items: list[dict[str, object]]) -> dict[str, tuple[object, object]]:
+    found = [i["counter"] for i in items if "counter" in i]
+    return {str(c["name"]): (c["packets"], c["bytes"]) for c in found}  # type: ignore[index]
+
+
+def test_listings_come_through_the_same_context_as_the_nft_program_prints_them(
+    lab: Lab,
+) -> None:
+    """``nft_lib.list_json`` (what the counters are read with every couple of seconds)
+    gives what ``nft -j`` prints, again on a second call through the same context, and
+    a listing of a table that is not there is nft's error, not an empty answer."""
+    table = f"libtest_{secrets.token_hex(3)}"
+    try:
+        ran = subprocess.run(
+            ["ip", "netns", "exec", lab.host, sys.executable, "-c", LISTER, table],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+            timeout=60,
+            check=False,
+        )
+        assert ran.returncode == 0, ran.stderr
+        got = json.loads(ran.stdout)
+        program = sh("ip", "netns", "exec", lab.host, "nft", "-j", "list", "counters", "table",
+                     "inet", table)  # fmt: skip
+        expected = _counters(json.loads(program.stdout)["nftables"])
+        assert expected == {"c1": (7, 700), "c2": (1, 60)}
+        assert got["codes"] == [0, 0]
+        assert [_counters(items) for items in got["lists"]] == [expected, expected]
+        code, out, err = got["missing"]
+        assert code != 0 and not out.strip() and "No such file or directory" in err
+    finally:
+        sh("ip", "netns", "exec", lab.host, "nft", "delete", "table", "inet", table, check=False)

@@ -77,7 +77,13 @@ async def apply(script: str, netns: str | None = None) -> None:
 
 
 async def _nft_json(args: list[str], netns: str | None) -> list[dict[str, Any]]:
-    code, out, err = await run_command(["nft", "-j", *args], netns=netns)
+    """``nft -j ARGS``: through the daemon's libnftables context on the host, the
+    ``nft`` program in a netns or where the library is missing."""
+    ran = await nft_lib.list_json(" ".join(args)) if netns is None else None
+    if ran is not None:
+        code, out, err = ran
+    else:
+        code, out, err = await run_command(["nft", "-j", *args], netns=netns)
     if code != 0:
         raise NetworkError(f"`nft -j {' '.join(args)}` failed: {err.strip()}")
     try:

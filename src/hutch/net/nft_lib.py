@@ -7,6 +7,10 @@ library context), 0.3 ms through a context kept open. A warm-pool hand-out swaps
 pooled VM's ``deny-all`` for the caller's rules on the create's critical path, and
 every DNS answer a guest gets adds its addresses the same way.
 
+The same context lists in JSON (:func:`list_json`: ``nft -j list ...``), so reading the
+sandboxes' counters every couple of seconds spawns no ``nft`` process either (a fresh
+one per read competed with proxied connections and guests for the two cores).
+
 A script still commits as one transaction (``nft_run_cmd_from_buffer`` is what ``nft
 -f`` runs), so a refused script changes nothing. The context is not thread-safe: calls
 are serialized by a lock and run in a worker thread (:func:`run`), never on an event
@@ -20,9 +24,11 @@ import asyncio
 import ctypes
 import threading
 
-__all__ = ["run"]
+__all__ = ["list_json", "run"]
 
 _LIBRARY = "libnftables.so.1"
+#: nftables.h: NFT_CTX_OUTPUT_JSON, the output flag behind ``nft -j``.
+_OUTPUT_JSON = 1 << 4
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -50,6 +56,12 @@ def _load() -> bool:
     lib.nft_ctx_get_error_buffer.restype = ctypes.c_char_p
     lib.nft_run_cmd_from_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
     lib.nft_run_cmd_from_buffer.restype = ctypes.c_int
+    lib.nft_ctx_get_output_buffer.argtypes = [ctypes.c_void_p]
+    lib.nft_ctx_get_output_buffer.restype = ctypes.c_char_p
+    lib.nft_ctx_output_get_flags.argtypes = [ctypes.c_void_p]
+    lib.nft_ctx_output_get_flags.restype = ctypes.c_uint
+    lib.nft_ctx_output_set_flags.argtypes = [ctypes.c_void_p, ctypes.c_uint]
+    lib.nft_ctx_output_set_flags.restype = None
     ctx = lib.nft_ctx_new(0)  # NFT_CTX_DEFAULT
     if not ctx:
         _missing = True
@@ -69,6 +81,30 @@ def _run_locked(script: str) -> tuple[int, str] | None:
         code = _lib.nft_run_cmd_from_buffer(_ctx, script.encode())
         err = _lib.nft_ctx_get_error_buffer(_ctx) or b""
     return code, err.decode(errors="replace")
+
+
+def _list_locked(command: str) -> tuple[int, str, str] | None:
+    with _lock:
+        if not _load():
+            return None
+        assert _lib is not None and _ctx is not None
+        _lib.nft_ctx_get_output_buffer(_ctx)  # drop what earlier commands printed
+        flags = _lib.nft_ctx_output_get_flags(_ctx)
+        _lib.nft_ctx_output_set_flags(_ctx, flags | _OUTPUT_JSON)
+        try:
+            code = _lib.nft_run_cmd_from_buffer(_ctx, command.encode())
+        finally:
+            _lib.nft_ctx_output_set_flags(_ctx, flags)
+        out = _lib.nft_ctx_get_output_buffer(_ctx) or b""
+        err = _lib.nft_ctx_get_error_buffer(_ctx) or b""
+    return code, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+async def list_json(command: str) -> tuple[int, str, str] | None:
+    """Run a listing ``command`` (``list counters table inet X``) as ``nft -j`` would, in
+    a worker thread; return (code, its JSON output, its error text), or None when this
+    host has no libnftables (nothing was run)."""
+    return await asyncio.to_thread(_list_locked, command)
 
 
 async def run(script: str) -> tuple[int, str] | None:
