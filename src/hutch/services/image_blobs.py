@@ -442,6 +442,8 @@ class ImageBlobs:
         for blob in self.store.list_prefix(prefix):
             self.store.delete(blob.key)
         self.records.delete(prefix)
+        # An upload of it cut short here leaves no claim to hold another host off.
+        self.records.release(prefix, self.host)
 
     # -- fetch --------------------------------------------------------------------------
 
