@@ -264,8 +264,9 @@ def _same(path: Path, recorded: str, owner: str, images_dir: Path, image: str) -
     what = f"image {image!r}" if image else f"the image of {rel}"
     if rel.startswith(("oci/", "oci-boot/")):
         fix = (
-            "import it from the blob store: delete the image here and let this host fetch "
-            "the uploaded copy (or import it again; hutch adopts the uploaded bytes)"
+            "import it from the blob store (a host whose copy differs from the image's "
+            "upload there replaces it by the uploaded bytes once nothing on it uses the "
+            "image, at the latest when its daemon starts)"
         )
     else:
         fix = "a built-in image is built per host: copy its directory from the saving host"
