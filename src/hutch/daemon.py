@@ -125,8 +125,11 @@ def build_services(
     sandboxes = SandboxService(core, networking, snapshots, pool, volumes)
     if isinstance(images, HostImages) and images.blobs.enabled:
         # One blob cache budget: imported images' copies are evicted with snapshots'.
-        snapshots.blobs.images = ImageCache(core, images)
+        cache = ImageCache(core, images)
+        snapshots.blobs.images = cache
         images.blobs.on_cached = snapshots.blobs.evict_soon
+        # An adoption (a copy here unlike the bucket's) waits while this host uses it.
+        images.blobs.in_use = lambda digest: cache.user(digest, here=True)
     return Services(
         cluster=ClusterService(core, lifecycle, snapshots.blobs.uploaded),
         core=core,

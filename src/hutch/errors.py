@@ -17,8 +17,10 @@ what they can do about it::
     ├── Conflict             the resource is in the wrong state     (409 conflict)
     │   ├── StateError       ... with the state it is in and the states required
     │   ├── Busy             calls in flight kept a pause/snapshot/fork waiting (409 busy)
-    │   └── ImageMissing     an image's content is on no host: not here and not in
-    │                        the blob store (or its upload is not complete) (409 image_missing)
+    │   ├── ImageMissing     an image's content is on no host: not here and not in
+    │   │                    the blob store (or its upload is not complete) (409 image_missing)
+    │   └── ImageMismatch    a frozen state (pause, snapshot, fork) was taken over other
+    │                        bytes of its image than this host holds       (409 image_mismatch)
     ├── Capacity             the host is full                       (429/507 capacity)
     │   └── QuotaExceeded    a project's quota would be exceeded    (429 quota_exceeded)
     ├── Unavailable          not ready yet; retry after a moment    (503 unavailable)
@@ -118,6 +120,17 @@ class ImageMissing(Conflict):
     upload from the host that imported it."""
 
     code = "image_missing"
+
+
+class ImageMismatch(Conflict):
+    """A frozen VM state (a pause, a named snapshot, a fork's parent) fetched from the
+    blob store was taken over other bytes of its image (its ``rootfs.ext4``, or the
+    agent runtime disk) than this host holds under the same name: opened here its disk
+    would be silently corrupt, so it is refused and nothing is changed. The message
+    names the image, both identities' prefixes and what to do (the same image bytes on
+    every host: import it from the blob store)."""
+
+    code = "image_mismatch"
 
 
 class StateError(Conflict):
@@ -243,6 +256,7 @@ ALL_ERRORS: tuple[type[HutchError], ...] = (
     StateError,
     Busy,
     ImageMissing,
+    ImageMismatch,
     Capacity,
     QuotaExceeded,
     Unavailable,

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from hutch.errors import InvalidImage
+from hutch.images import identity
 from hutch.images.cache import file_lock
 from hutch.images.oci.archives import LayoutDir, open_archive
 from hutch.images.oci.importer import build_content, discard_partial, find_content, resolve
@@ -79,6 +80,9 @@ def test_each_format_imports_the_same_tree(tmp_path: Path, fmt: str) -> None:
         assert content.digest == img.digest  # type: ignore[attr-defined]
     meta = json.loads((content.path / "image.json").read_text())  # type: ignore[attr-defined]
     assert meta["layers"] == 3
+    # Its content identity (issue 14), hashed once at import and kept beside the rootfs.
+    rootfs = content.rootfs  # type: ignore[attr-defined]
+    assert meta["rootfs_sha256"] == identity.compute(rootfs) == identity.known(rootfs)
     assert leftovers(images) == [content.path.name]  # type: ignore[attr-defined]
     assert find_content(images, content.digest) == content  # type: ignore[attr-defined]
 

@@ -59,6 +59,9 @@ def test_a_base_outside_the_images_directory_is_refused(tmp_path: Path) -> None:
         {"owner": "snap-2"},
         {"format": 99},
         {"layers": "nope"},
+        {"base_sha256": "not-a-sha256"},
+        {"depends": ["/images/oci-boot/k/runtime.ext4"]},
+        {"depends": {"/images/oci-boot/k/runtime.ext4": "short"}},
     ],
 )
 def test_a_malformed_index_is_refused(tmp_path: Path, changes: dict[str, object]) -> None:
@@ -66,6 +69,15 @@ def test_a_malformed_index_is_refused(tmp_path: Path, changes: dict[str, object]
     with pytest.raises(BlobError, match="is not a valid index"):
         _fetch(tmp_path, store)
     assert not (tmp_path / "staging" / "disk.qcow2").exists()  # refused before any blob
+
+
+def test_a_dependency_outside_the_images_directory_is_refused(tmp_path: Path) -> None:
+    """``depends`` (the runtime disk's identity) names a path this host checks: one
+    outside its images directory is refused before any blob, as a base would be."""
+    store = _stored(tmp_path, depends={"/etc/passwd": "0" * 64})
+    with pytest.raises(BlobError, match="not in this host's images directory"):
+        _fetch(tmp_path, store)
+    assert not (tmp_path / "staging" / "disk.qcow2").exists()
 
 
 def test_an_unfinished_upload_is_named(tmp_path: Path) -> None:

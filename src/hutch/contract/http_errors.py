@@ -33,6 +33,7 @@ STATUS_BY_ERROR: tuple[tuple[type[e.HutchError], int], ...] = (
     (e.StateError, 409),
     (e.Busy, 409),
     (e.ImageMissing, 409),
+    (e.ImageMismatch, 409),
     (e.Conflict, 409),
     (e.QuotaExceeded, 429),
     (e.Capacity, 429),

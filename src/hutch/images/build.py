@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hutch.errors import ImageBuildError
-from hutch.images import _proc
+from hutch.images import _proc, identity
 from hutch.images.cache import atomic_write_text, file_lock, file_sha256, short_digest
 from hutch.images.catalog import IMAGES, get_recipe
 from hutch.images.initramfs import build_initramfs
@@ -248,6 +248,9 @@ def _assemble(
         make_ext4(staging, rootfs, size, ROOTFS_LABEL, uuid.UUID(hex=(digest * 2)[:32]))
         shutil.rmtree(staging)
         rootfs.chmod(0o444)
+        # The content identity (issue 14): hashed once here, kept beside the rootfs
+        # (.rootfs.ext4.sha256: it moves with the directory's rename below).
+        rootfs_sha256 = identity.record(rootfs)
         shutil.copyfile(initrd_src, work / "initrd.img")
         (work / "initrd.img").chmod(0o444)
         try:
@@ -265,6 +268,7 @@ def _assemble(
             "tree_key": tree.key,
             "tree_digest": tree.digest,
             "agent_sha256": agent_sha256(agent),
+            "rootfs_sha256": rootfs_sha256,
             "built_at": time.time(),
         }
         # Last: a directory with a manifest is complete.

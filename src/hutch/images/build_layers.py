@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from hutch.errors import ImageBuildError
-from hutch.images import _proc
+from hutch.images import _proc, identity
 from hutch.images.cache import atomic_write_text, file_lock
 from hutch.images.catalog import get_recipe
 from hutch.images.oci.importer import (
@@ -139,6 +139,8 @@ def _write_content(work: Path, digest: str, config_bytes: bytes, extra: dict[str
         "layers": 0,
         "added": [],
         "built_at": time.time(),
+        # The content identity (issue 14), hashed once where the bytes were made.
+        "rootfs_sha256": identity.record(rootfs),
         **extra,
     }
     atomic_write_text(work / "image.json", json.dumps(meta, indent=2) + "\n")

@@ -58,7 +58,14 @@ if TYPE_CHECKING:
     from hutch.services.images import HostImages
     from hutch.services.registry import SandboxRegistry
 
-__all__ = ["CachedImage", "ImageCache", "touch_content", "using_content", "using_image"]
+__all__ = [
+    "CachedImage",
+    "ImageCache",
+    "touch_content",
+    "unused_content",
+    "using_content",
+    "using_image",
+]
 
 log = logging.getLogger("hutch.services.blob_cache")
 
@@ -82,6 +89,13 @@ def using_content(content: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def unused_content(content: Path) -> contextlib.AbstractContextManager[bool]:
+    """The ``.use`` lock of ``content`` held exclusively for the block if no create
+    holds it (True), without waiting (False: a create between its fetch and its row);
+    what an eviction or an adoption of the content (``ImageBlobs.adopt``) takes."""
+    return try_file_lock(_use_lock(content))
 
 
 def using_image(images_dir: Path, image: ImageArtifacts) -> contextlib.AbstractContextManager[None]:
@@ -141,15 +155,21 @@ class ImageCache:
             out.append(CachedImage(used, digest, d, size))
         return out
 
-    def user(self, digest: str) -> str | None:
-        """What on this host may read the content ``digest`` now (None: nothing)."""
+    def user(self, digest: str, *, here: bool = False) -> str | None:
+        """What may read the content ``digest`` now (None: nothing). ``here`` False (an
+        eviction): any host's live sandbox or any snapshot row naming it counts, as a
+        resume or fork may come here; True (an adoption, ``ImageBlobs.adopt``): only the
+        sandboxes of this host and the snapshots whose files are here."""
         rows = [r for r in self.images.store.list_all() if r.digest == digest]
         named = {(r.project, r.name) for r in rows}
+        mine = self.core.hosts.ids_on(self.core.host_id) if here else set()
         for rec in self.core.store.list_sandboxes(states=LIVE_STATES):
-            if (rec.project, rec.image) in named:
+            if (rec.project, rec.image) in named and (not here or rec.id in mine):
                 return f"sandbox {rec.id}"
         for snap in self.core.store.list_snapshots(ready=None):
-            if (snap.project, snap.image) in named:
+            if (snap.project, snap.image) in named and (
+                not here or self._snapshot_here(snap.path, snap.id)
+            ):
                 return f"snapshot {snap.id}"
         for name in sorted({r.name for r in rows}):
             if templates := self.core.backend.templates.of_image(name):
@@ -162,6 +182,13 @@ class ImageCache:
         if self.images.blobs.fetching(digest):
             return "a fetch"
         return None
+
+    def _snapshot_here(self, path: str, snapshot_id: str) -> bool:
+        """The snapshot's files (its own or a fetched copy) are on this host."""
+        own = self.core.backend.fork_dir(snapshot_id)
+        saved = Path(path)
+        state = self.core.settings.state_dir.resolve()
+        return own.exists() or (saved.resolve().is_relative_to(state) and saved.exists())
 
     def evict(self, copy: CachedImage) -> bool:
         """Remove ``copy`` from this host unless something may read it (checked before

@@ -10,13 +10,23 @@ Index (``<prefix>index.json``, written last: its presence = the upload is comple
     {"format": 1, "owner": "<id>",
      "files":  {"state.mig": {"size": n, "sha256": h}, "disk.qcow2": {...}, ...},
      "layers": [{"name": "layer-1.qcow2", "size": n, "sha256": h}, ...],  # under the disk
-     "base": "<the raw image at the chain's bottom>", "base_size": n}
+     "base": "<the raw image at the chain's bottom>", "base_size": n,
+     "base_sha256": "<its content identity>",                     # hutch.images.identity
+     "depends": {"<another image file the guest reads>": "<its sha256>"}}  # runtime disk
+
+``base_sha256`` and ``depends`` (issue 14): images are not byte-reproducible across
+hosts, so the same image name (or OCI digest) can be other bytes on another host, and a
+frozen disk opened over other bytes than it was taken on is silently corrupt. A fetch
+compares each with this host's file before it downloads anything and refuses a
+difference with ``ImageMismatch`` (nothing is downloaded, renamed or changed). An index
+written before these fields existed has neither and is fetched as before (unchecked).
 
 A fetch trusts nothing it reads from the store: every blob is checked against the
 index (size + sha256) as it is written; names are checked (no path can leave the
 staging directory); the raw image the chain is rebased onto must be inside this host's
 images directory (an index naming ``/etc/shadow`` as base would otherwise give a guest
-a host file as its disk); the migration stream must match the manifest's own digest.
+a host file as its disk), and so must every file ``depends`` names; the migration
+stream must match the manifest's own digest.
 """
 
 from __future__ import annotations
@@ -30,7 +40,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from hutch.errors import BlobError, SnapshotError
+from hutch.errors import BlobError, ImageMismatch, SnapshotError
+from hutch.images import identity
 from hutch.storage.blobs import BlobInfo, BlobStore
 from hutch.storage.blobs.flat import FILE_NAME, INDEX, Put
 from hutch.vm.disk_chain import disk_chain
@@ -43,6 +54,10 @@ __all__ = ["DISK", "INDEX", "INDEX_FORMAT", "fetch_dir", "upload_dir"]
 INDEX_FORMAT = 1
 DISK = "disk.qcow2"
 _LAYER_NAME = re.compile(r"^layer-[0-9]{1,3}\.qcow2$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+#: The VM configuration a frozen directory carries (``runtime.qemu.host``): where the
+#: runtime disk it depends on is named.
+_VM_JSON = "vm.json"
 
 
 def upload_dir(
@@ -75,6 +90,8 @@ def upload_dir(
     if disk is not None:
         files[DISK] = _rec(send(prefix + DISK, disk))
     layers, base = disk_chain(top)
+    vm_json = (extra or {}).get(_VM_JSON) or (d / _VM_JSON if d is not None else None)
+    depends = _depends(vm_json)
     chain = []
     for i, layer in enumerate(layers[1:], start=1):
         name = f"layer-{i}.qcow2"
@@ -86,6 +103,10 @@ def upload_dir(
         "layers": chain,
         "base": str(base) if base is not None else None,
         "base_size": base.stat().st_size if base is not None else None,
+        # Recorded once beside the image when it was built, imported or fetched
+        # (hutch.images.identity); hashed here only for an image made before that.
+        "base_sha256": identity.identity(base) if base is not None else None,
+        "depends": depends,
     }
     tmp = scratch / f".index-{owner}-{secrets.token_hex(4)}.json"
     try:
@@ -105,13 +126,17 @@ def fetch_dir(
     owner: str,
     images_dir: Path,
     memory: bool = True,
+    image: str = "",
 ) -> dict[str, Any]:
     """Download what :func:`upload_dir` stored under ``prefix`` into ``staging`` (an
     empty directory), made ready to be renamed to ``final``: the chain rebased onto
     itself at ``final`` and onto the raw image (inside ``images_dir``), the manifest's
     disk stamp renewed for ``final``, every file read-only. ``memory`` False: a
-    disk-only state (a disk-mode pause: no manifest nor stream to check). Returns the
-    index. Raises ``BlobError`` naming what failed; the caller removes ``staging`` then."""
+    disk-only state (a disk-mode pause: no manifest nor stream to check). ``image``:
+    the image's name, for messages. Returns the index. Raises ``ImageMismatch`` before
+    anything but the index is downloaded when the index records other image bytes than
+    this host holds, ``BlobError`` naming what failed otherwise; the caller removes
+    ``staging`` then."""
     found = store.stat(prefix + INDEX)
     if found is None:
         raise BlobError(
@@ -122,6 +147,7 @@ def fetch_dir(
     store.get(prefix + INDEX, index_path, expect=found)
     index = _parse_index(index_path, owner, prefix, store.url, memory=memory)
     index_path.unlink()
+    _check_images(index, owner, images_dir, image)
     for name, rec in index["files"].items():
         store.get(prefix + name, staging / name, expect=_expect(prefix + name, rec))
     for rec in index["layers"]:
@@ -146,18 +172,6 @@ def _relink(
     against the manifest's digest, renew the manifest's disk (and memory) stamp."""
     final = final.parent.resolve() / final.name
     base = index["base"]
-    if base is not None:
-        path = Path(base).resolve()
-        if not path.is_relative_to(images_dir.resolve()):
-            raise BlobError(
-                f"{owner}: its index names {base} as the image under its disk, which is "
-                f"not in this host's images directory {images_dir}; it is not used"
-            )
-        if not path.is_file() or path.stat().st_size != index["base_size"]:
-            raise BlobError(
-                f"{owner} is built on the image {base}, which this host does not have "
-                "(build or import that image here first)"
-            )
     names = [DISK, *(rec["name"] for rec in index["layers"])]
     for i, name in enumerate(names):
         if i + 1 < len(names):
@@ -194,6 +208,77 @@ def _relink(
     write_atomic(manifest_path, renewed.to_json(), fsync=True)
 
 
+def _depends(vm_json: Path | None) -> dict[str, str]:
+    """The image files besides the base that the frozen guest read, by path, with their
+    identity: the runtime disk ``vm.json`` names (imported images), if it is here."""
+    if vm_json is None:
+        return {}
+    try:
+        runtime = json.loads(vm_json.read_text()).get("runtime_disk")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    if not isinstance(runtime, str) or not Path(runtime).is_file():
+        return {}
+    return {runtime: identity.identity(Path(runtime))}
+
+
+def _check_images(index: dict[str, Any], owner: str, images_dir: Path, image: str) -> None:
+    """The image files the index depends on are this host's, inside its images
+    directory, and (where the index records their identity) the same bytes."""
+    base = index["base"]
+    if base is not None:
+        path = _inside(base, owner, images_dir, "the image under its disk")
+        if not path.is_file() or path.stat().st_size != index["base_size"]:
+            raise BlobError(
+                f"{owner} is built on the image {base}, which this host does not have "
+                "(build or import that image here first)"
+            )
+        if index.get("base_sha256") is not None:
+            _same(path, str(index["base_sha256"]), owner, images_dir, image)
+    for name, sha in sorted(index.get("depends", {}).items()):
+        path = _inside(name, owner, images_dir, "an image file its guest reads")
+        if not path.is_file():
+            raise BlobError(
+                f"{owner} depends on the image file {name}, which this host does not have "
+                "(import that image here first)"
+            )
+        _same(path, sha, owner, images_dir, image)
+
+
+def _inside(name: str, owner: str, images_dir: Path, what: str) -> Path:
+    path = Path(name).resolve()
+    if not path.is_relative_to(images_dir.resolve()):
+        raise BlobError(
+            f"{owner}: its index names {name} as {what}, which is not in this host's "
+            f"images directory {images_dir}; it is not used"
+        )
+    return path
+
+
+def _same(path: Path, recorded: str, owner: str, images_dir: Path, image: str) -> None:
+    """``ImageMismatch`` unless ``path`` (this host's) holds the bytes ``recorded``."""
+    here = identity.identity(path)
+    if here == recorded:
+        return
+    rel = path.relative_to(images_dir.resolve()).as_posix()
+    what = f"image {image!r}" if image else f"the image of {rel}"
+    if rel.startswith(("oci/", "oci-boot/")):
+        fix = (
+            "import it from the blob store (a host whose copy differs from the image's "
+            "upload there replaces it by the uploaded bytes once nothing on it uses the "
+            "image, at the latest when its daemon starts)"
+        )
+    else:
+        fix = "a built-in image is built per host: copy its directory from the saving host"
+    raise ImageMismatch(
+        f"{owner} was frozen over other bytes of {what} than this host holds: {rel} is "
+        f"sha256 {identity.short(here)}... here and was {identity.short(recorded)}... on the "
+        "host that saved it, so opening it here would corrupt its disk; it is not fetched "
+        "and nothing here changed. Use the same image bytes on every host: "
+        f"{fix}; or resume/open it on the host that saved it"
+    )
+
+
 def _rec(info: BlobInfo) -> dict[str, Any]:
     return {"size": info.size, "sha256": info.sha256}
 
@@ -223,6 +308,14 @@ def _parse_index(
             raise ValueError(f"no {' or '.join(sorted(required))}")
         if index["base"] is not None:
             str(index["base"]), int(index["base_size"])
+        sha = index.get("base_sha256")
+        if sha is not None and not _SHA256.match(str(sha)):
+            raise ValueError(f"base_sha256 {sha!r}")
+        depends = index.setdefault("depends", {})  # none recorded: an older index
+        if not isinstance(depends, dict) or not all(
+            isinstance(k, str) and _SHA256.match(str(v)) for k, v in depends.items()
+        ):
+            raise ValueError(f"depends {depends!r}")
         return index
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise BlobError(

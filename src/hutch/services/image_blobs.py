@@ -48,6 +48,27 @@ same way (into ``oci-boot/.<key>.fetch-*``, its own record, its ``boot.json`` na
 key) when this host has none, and becomes ``current`` only if there still is none; its
 key is the one the content's record names, not the bucket's index.
 
+Two hosts, one digest (issue 14): the rootfs an import derives is not byte-identical
+from host to host (mkfs), and a frozen VM state opens only over the exact bytes it was
+taken on. So one upload per prefix wins and every host ends up holding it:
+
+- before it sends anything under a prefix, a host claims it in the database
+  (``ImageUploadStore.claim``: one statement, one winner; renewed while it sends,
+  released once the upload is complete). Another host's claim means "wait": the attempt
+  fails (retried with the usual backoff) until that upload completes, or until the claim
+  is stale (``CLAIM_STALE_S``, an hour without renewal: its host died), when it is taken
+  over;
+- an upload attempt that finds the prefix's upload complete compares the record's
+  ``rootfs.ext4`` sha256 with this host's copy's identity (``hutch.images.identity``:
+  recorded at import, never re-hashed); if they differ, this host **adopts** the
+  bucket's content (:meth:`ImageBlobs.adopt`): fetched and checked as any fetch, then
+  swapped in for the local copy (its ``refs/`` kept) under the content's lock and its
+  ``.use`` lock, and only while nothing on this host uses the copy (``in_use``: a live
+  sandbox here, a snapshot whose files are here, a template, a build cache); while
+  something does, the attempt fails and is retried, so it is adopted once it is free.
+  Boot sets are claimed the same way but never adopted (every imported image shares
+  one; a frozen guest that read another host's runtime disk is refused, not healed).
+
 Cache: content whose upload is complete is a copy, counted in ``HUTCH_BLOB_CACHE_BYTES``
 and evicted least recently used first when nothing on this host may read it
 (:mod:`hutch.services.blob_cache`); ``ensure`` marks it used (the directory's mtime)
@@ -61,6 +82,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import shutil
 import subprocess
 import tempfile
@@ -70,16 +92,17 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from hutch.config import Settings
-from hutch.errors import BlobError, HutchError, ImageMissing
+from hutch.errors import BlobError, Conflict, HutchError, ImageMissing
+from hutch.images import identity
 from hutch.images.cache import atomic_write_text, file_lock
 from hutch.images.oci.boot import BootSet, find_boot_set, load_boot_set
 from hutch.images.oci.digest import digest_of
 from hutch.images.oci.importer import OciContent, content_dir, find_content, load_content
 from hutch.services.background_uploads import RETRY_S, BackgroundUploads
-from hutch.services.blob_cache import touch_content
+from hutch.services.blob_cache import touch_content, unused_content
 from hutch.storage.blobs import BlobStore
 from hutch.storage.blobs.flat import FileSum, flat_complete, get_flat, put_flat
-from hutch.store.image_uploads import ImageUploadStore, UploadRecord
+from hutch.store.image_uploads import CLAIM_STALE_S, ImageUploadStore, UploadRecord
 
 __all__ = ["CONTENT_FILES", "RESYNC_S", "ImageBlobs", "image_prefix"]
 
@@ -92,6 +115,8 @@ BOOT_FILES = frozenset({"vmlinux", "initrd.img", "runtime.ext4", "boot.json"})
 _SPARSE = frozenset({"rootfs.ext4", "runtime.ext4"})
 #: Seconds between two checks that every image whose content is here is uploaded.
 RESYNC_S = 300.0
+#: Seconds between two renewals of this host's claim on a prefix while it sends a file.
+CLAIM_RENEW_S = 300.0
 T = TypeVar("T")
 
 
@@ -113,15 +138,21 @@ class ImageBlobs:
         *,
         retry_s: Sequence[float] = RETRY_S,
         resync_s: float = RESYNC_S,
+        host: str = "local",
     ) -> None:
         """``records``: where uploads are recorded and fetches verified (the database);
         required with a ``store``. ``retry_s``: the delays between upload attempts;
-        ``resync_s``: between two checks of every image's upload."""
+        ``resync_s``: between two checks of every image's upload; ``host``: this
+        host's id, under which it claims the prefixes it uploads."""
         if store is not None and records is None:
             raise ValueError("ImageBlobs with a blob store needs the upload records")
         self.store = store
         self.records = records
         self.images_dir = images_dir
+        self.host = host
+        #: What on this host uses a digest's content (None: nothing), asked before an
+        #: adoption replaces it; unset: nothing is known to (a test, one host's images).
+        self.in_use: Callable[[str], str | None] | None = None
         #: Where indexes are written and read before they go on (the state dir).
         self.scratch = scratch
         self._fetching: dict[str, asyncio.Lock] = {}
@@ -152,7 +183,7 @@ class ImageBlobs:
         the host that imported them."""
         if store is None:
             return cls(None, settings.images_dir, settings.state_dir)
-        return cls(store, settings.images_dir, settings.state_dir, records)
+        return cls(store, settings.images_dir, settings.state_dir, records, host=settings.host_id)
 
     @property
     def enabled(self) -> bool:
@@ -254,12 +285,17 @@ class ImageBlobs:
 
     def upload(self, digest: str) -> int | None:
         """Upload this host's boot set, then the content ``digest`` naming it; the bytes
-        sent (None: its upload was complete already). Blocking; ``BlobError``."""
+        sent (None: its upload was complete already: this host's copy is the uploaded
+        one, or is replaced by it, :meth:`adopt`). Blocking; ``BlobError``, and
+        ``Conflict`` while another host's claim or a user of a copy to adopt holds it
+        (the caller retries)."""
         assert self.store is not None
         content = find_content(self.images_dir, digest)
         if content is None:
             raise BlobError(f"image {digest}: its content is not on this host to upload")
         if self._complete(image_prefix(_rel(self.images_dir, content.path))):
+            if not self.same_as_uploaded(digest):
+                self.adopt(digest, f"image {digest}")
             return None
         boot = find_boot_set(self.images_dir)
         sent = 0
@@ -275,11 +311,14 @@ class ImageBlobs:
         prefix = image_prefix(rel)
         if self._complete(prefix):
             return None
+        self._claim(prefix, rel)
         files = {
             f.name: f for f in sorted(d.iterdir()) if f.is_file() and not f.name.startswith(".")
         }
 
         def record(sent: dict[str, FileSum]) -> None:
+            # Still ours (renewed): a claim taken over as stale is another's upload now.
+            self._claim(prefix, rel)
             records.put(prefix, sent, meta)
 
         index = put_flat(
@@ -289,21 +328,88 @@ class ImageBlobs:
             owner=rel,
             scratch=self.scratch,
             meta=meta,
-            put=self._put,
+            put=lambda key, path: self._put(key, path, prefix, rel),
             before_index=record,
         )
+        records.release(prefix, self.host)  # complete: the record and index are the truth
         return sum(int(r["size"]) for r in index["files"].values())
 
-    def _put(self, key: str, path: Path) -> Any:
+    def _claim(self, prefix: str, rel: str) -> None:
+        """Claim (or renew) the upload under ``prefix`` for this host; ``Conflict``
+        naming the host whose claim holds it."""
+        assert self.records is not None
+        if self.records.claim(prefix, self.host):
+            return
+        other = self.records.claimant(prefix)
+        who = f"host {other.host}" if other is not None else "another host"
+        age = f" {time.time() - other.claimed_at:.0f} s ago" if other is not None else ""
+        raise Conflict(
+            f"{rel}: {who} claimed its upload{age}; this host waits for that upload to "
+            f"complete (then holds the same bytes) or for the claim to go stale "
+            f"({CLAIM_STALE_S:.0f} s without renewal)"
+        )
+
+    def _put(self, key: str, path: Path, prefix: str, rel: str) -> Any:
         """One blob; stops between parts once the daemon closes (a thread cannot be
-        cancelled)."""
+        cancelled); renews the claim on ``prefix`` now and then (a large file)."""
         assert self.store is not None
+        self._claim(prefix, rel)
+        renewed = time.monotonic()
 
         def still_wanted(_sent: int) -> None:
+            nonlocal renewed
             if self.uploads.closed:
                 raise BlobError(f"the daemon stopped during the upload of {key}")
+            if time.monotonic() - renewed > CLAIM_RENEW_S:
+                renewed = time.monotonic()
+                self._claim(prefix, rel)
 
         return self.store.put(key, path, progress=still_wanted)
+
+    # -- one content on every host --------------------------------------------------------
+
+    def same_as_uploaded(self, digest: str) -> bool:
+        """This host's copy of ``digest`` holds the bytes of the complete upload
+        recorded in the database (its ``rootfs.ext4``'s identity: recorded when it was
+        made, so no re-hash), or there is no record to compare with. Blocking."""
+        assert self.records is not None
+        final = content_dir(self.images_dir, digest)
+        found = self.records.get(image_prefix(_rel(self.images_dir, final)))
+        theirs = found.files.get("rootfs.ext4") if found is not None else None
+        if theirs is None or load_content(final) is None:
+            return True
+        return identity.identity(final / "rootfs.ext4") == theirs.sha256
+
+    def adopt(self, digest: str, what: str) -> bool:
+        """Replace this host's copy of ``digest`` by the complete upload in the blob
+        store (fetched and checked as :meth:`fetch_content` does), keeping its
+        ``refs/``; True if replaced, False if it is that upload already. Blocking.
+        ``Conflict`` while something on this host uses the copy (``in_use``, or a create
+        holding its ``.use`` lock): nothing is changed then; ``ImageMissing`` /
+        ``BlobError`` as a fetch, the copy kept."""
+        assert self.store is not None
+        final = content_dir(self.images_dir, digest)
+        rel = _rel(self.images_dir, final)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        with file_lock(final.parent / f"{final.name}.lock"), unused_content(final) as free:
+            if self.same_as_uploaded(digest):
+                return False
+            user = "a create" if not free else (self.in_use(digest) if self.in_use else None)
+            if user is not None:
+                raise Conflict(
+                    f"{what}: this host's copy holds other bytes than its upload in the "
+                    f"blob store {self.store.url}, and {user} here uses it; it is replaced "
+                    "by the uploaded copy once nothing here does"
+                )
+            record = self._record(final, digest, what)
+            index = self._stage(
+                rel, final, what, record, lambda staging: _check_content(staging, digest, what)
+            )
+            if index is None:
+                raise self._missing(digest, what)
+        log.info("%s (%s): this host's copy replaced by the upload in %s (the same bytes "
+                 "on every host)", what, digest, self.store.url)  # fmt: skip
+        return True
 
     async def delete_unused(self, digest: str, unused: Callable[[], bool]) -> bool:
         """Remove the content's blobs if ``unused()`` (no image record names
@@ -336,6 +442,8 @@ class ImageBlobs:
         for blob in self.store.list_prefix(prefix):
             self.store.delete(blob.key)
         self.records.delete(prefix)
+        # An upload of it cut short here leaves no claim to hold another host off.
+        self.records.release(prefix, self.host)
 
     # -- fetch --------------------------------------------------------------------------
 
@@ -455,15 +563,28 @@ class ImageBlobs:
             if index is None:
                 shutil.rmtree(staging, ignore_errors=True)
                 return None
-            check(staging)
             for f in staging.iterdir():
                 if f.name in _SPARSE:
                     _dig_holes(f)
-                os.chmod(f, 0o444)
+                    # Its identity, from the record it was checked against: no re-hash.
+                    identity.record(f, record.files[f.name].sha256)
+            check(staging)
+            for f in staging.iterdir():
+                if not f.name.startswith("."):
+                    os.chmod(f, 0o444)
             staging.chmod(0o755)
             if final.exists():
-                shutil.rmtree(final)  # incomplete (no image.json / boot.json): never used
-            os.rename(staging, final)
+                # Incomplete (never used), or a copy being adopted: its refs/ (this
+                # host's image rows on it) stay with the content that replaces it.
+                refs = final / "refs"
+                if refs.is_dir():
+                    os.rename(refs, staging / "refs")
+                aside = final.parent / f".{final.name}.evict-{secrets.token_hex(4)}"
+                os.rename(final, aside)
+                os.rename(staging, final)
+                shutil.rmtree(aside, ignore_errors=True)
+            else:
+                os.rename(staging, final)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
@@ -513,6 +634,9 @@ def _check_content(staging: Path, digest: str, what: str) -> None:
         raise refuse(f"has an image.json or manifest.json that does not parse ({exc})") from exc
     if meta.get("digest") != digest:
         raise refuse(f"has an image.json naming {meta.get('digest')!r}")
+    declared = meta.get("rootfs_sha256")  # absent: imported before issue 14
+    if declared is not None and declared != identity.known(staging / "rootfs.ext4"):
+        raise refuse(f"has an image.json naming the rootfs sha256 {declared!r}, not its own")
     config = digest_of((staging / "config.json").read_bytes())
     if not (config == config_named == meta.get("config_digest")):
         raise refuse(

@@ -286,6 +286,7 @@ class SandboxMoves:
                 owner=rec.id,
                 images_dir=self.core.settings.images_dir,
                 memory=memory,
+                image=rec.image,
             )
             # The sandbox's own disk and config are written from here on; the layers
             # under it (templates, forks) stay read-only.

@@ -231,7 +231,7 @@ class RemoteClones:
         # The image the fork's chain ends in, fetched first if this host lacks it.
         await self.core.image_source.ensure_local(parent.image, parent.project)
         with self.core.holding(str(target)):
-            await self.blobs.local_frozen(_prefix(fork), fork, target)
+            await self.blobs.local_frozen(_prefix(fork), fork, target, image=parent.image)
             gate = asyncio.Semaphore(REMOTE_PARALLEL)
 
             async def one(child: SandboxRecord) -> None:

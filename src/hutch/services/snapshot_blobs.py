@@ -263,11 +263,13 @@ class SnapshotBlobs:
             yield saved
 
     def _fetch(self, snap: SnapshotRecord, target: Path) -> None:
-        self.fetch_frozen(_prefix(snap.id), snap.id, target)
+        self.fetch_frozen(_prefix(snap.id), snap.id, target, image=snap.image)
 
-    def fetch_frozen(self, prefix: str, owner: str, target: Path) -> None:
+    def fetch_frozen(self, prefix: str, owner: str, target: Path, *, image: str = "") -> None:
         """Fetch the frozen directory :func:`upload_dir` stored under ``prefix`` (a named
-        snapshot's, a fork's) into ``target`` (blocking; checked as described above)."""
+        snapshot's, a fork's) into ``target`` (blocking; checked as described above).
+        ``ImageMismatch`` (nothing fetched) when it was frozen over other bytes of its
+        ``image`` than this host holds."""
         assert self.store is not None
         store = self.store
         # Staged outside snapshots/ (collection removes what no row names there), on
@@ -282,6 +284,7 @@ class SnapshotBlobs:
                 target,
                 owner=owner,
                 images_dir=self.core.settings.images_dir,
+                image=image,
             )
             if target.exists():
                 shutil.rmtree(target)  # an incomplete copy (evicted or fetched half way)
@@ -292,13 +295,13 @@ class SnapshotBlobs:
             raise
         log.info("%s fetched from %s into %s", owner, store.url, target)
 
-    async def local_frozen(self, prefix: str, owner: str, target: Path) -> Path:
+    async def local_frozen(self, prefix: str, owner: str, target: Path, *, image: str = "") -> Path:
         """``target`` complete on this host: as it is, or fetched (one fetch at a time
         per owner; the caller holds ``target`` from collection)."""
         lock = self._fetching.setdefault(owner, asyncio.Lock())
         async with lock:
             if not self.core.backend.snapshots.complete(target):
-                await asyncio.to_thread(self.fetch_frozen, prefix, owner, target)
+                await asyncio.to_thread(self.fetch_frozen, prefix, owner, target, image=image)
         return target
 
     # -- delete and the cache -----------------------------------------------------------

@@ -369,6 +369,18 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE hosts ADD COLUMN net_pool TEXT NOT NULL DEFAULT '';
     """,
+    # 17: image_upload_claims (issue 14): which host uploads a prefix of the blob store
+    # now. Two hosts importing one digest derive other bytes (mkfs is not
+    # reproducible); the claim makes one of them the uploader, and the first complete
+    # upload is what every host then holds (the others adopt it). A claim older than
+    # an hour without renewal is stale: its host died mid-upload, another may take it.
+    """
+    CREATE TABLE image_upload_claims (
+        prefix      TEXT PRIMARY KEY,
+        host        TEXT NOT NULL,
+        claimed_at  REAL NOT NULL
+    );
+    """,
 )
 
 

@@ -7,6 +7,7 @@ ones resumed elsewhere)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 
@@ -75,9 +76,33 @@ def test_a_named_snapshot_is_created_from_on_a_worker_without_its_files(
         shutil.rmtree(w3.state_dir / "snapshots" / snap.id)
         again = c.create_sandbox(snapshot=snap.id, placement={"host": "w3"})
         assert c.read_file(again.id, "/root/made-on") == b"w2"
-        for sandbox_id in (again.id, source.id):
-            c.delete_sandbox(sandbox_id)
+        c.delete_sandbox(again.id)
+        assert wait_for(lambda: not (w3.sandboxes_dir / again.id).exists(), 20)
+        _refused_over_other_image_bytes(c, w3, s3_server, snap.id)
+        c.delete_sandbox(source.id)
         c.delete_snapshot(snap.id)
+
+
+def _refused_over_other_image_bytes(c: Client, w3: Worker, s3: S3Server, snap_id: str) -> None:
+    """The snapshot as a host with its own build of the image would have uploaded it
+    (the index records another identity of the base: these workers share one images
+    directory, so the bucket's index stands in for the other bytes): w3 refuses it
+    with 409 image_mismatch before downloading anything and keeps nothing."""
+    shutil.rmtree(w3.state_dir / "snapshots" / snap_id, ignore_errors=True)
+    bucket, _, prefix = w3.daemon_env["HUTCH_BLOB_URL"].removeprefix("s3://").partition("/")
+    key = f"{prefix}/snapshots/{snap_id}/index.json"
+    client = s3.client()
+    good = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+    index = json.loads(good)
+    assert len(index["base_sha256"]) == 64  # recorded at its upload
+    other = {**index, "base_sha256": "0" * 64}
+    client.put_object(Bucket=bucket, Key=key, Body=json.dumps(other).encode())
+    try:
+        with pytest.raises(errors.ImageMismatch, match="was frozen over other bytes of image"):
+            c.create_sandbox(snapshot=snap_id, placement={"host": "w3"})
+        assert not (w3.state_dir / "snapshots" / snap_id).exists()
+    finally:
+        client.put_object(Bucket=bucket, Key=key, Body=good)
 
 
 def test_pause_on_one_worker_resumes_on_another_and_drain_moves_all_off(

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hutch.errors import ImageBuildError
-from hutch.images import _proc
+from hutch.images import _proc, identity
 from hutch.images.agent_runtime import prepare_runtime
 from hutch.images.build import (
     DEFAULT_AGENT_PATH,
@@ -131,6 +131,9 @@ def prepare_boot_set(
                     (work / "initrd.img").chmod(0o444)
                     _link_or_copy(kernel.vmlinux, work / "vmlinux")
                     _link_or_copy(runtime.path, work / "runtime.ext4")
+                    # Its identity (issue 14): a frozen guest that read this runtime
+                    # opens only over the same bytes on another host.
+                    identity.record(work / "runtime.ext4")
                     meta = {
                         "key": key,
                         "kernel_release": kernel.release,

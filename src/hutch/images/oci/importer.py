@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from hutch.errors import InvalidImage
+from hutch.images import identity
 from hutch.images.cache import atomic_write_text, file_lock, try_file_lock
 from hutch.images.oci.compression import decompressed
 from hutch.images.oci.digest import (
@@ -287,6 +288,9 @@ def _build(
         "layers": len(layers),
         "added": added,
         "built_at": time.time(),
+        # The content identity (issue 14): hashed once here, where the bytes were just
+        # written; a frozen disk made on this rootfs opens only over these bytes.
+        "rootfs_sha256": identity.record(rootfs),
     }
     atomic_write_text(work / "image.json", json.dumps(meta, indent=2) + "\n")
     work.chmod(0o755)
