@@ -7,7 +7,6 @@ original chain; a stream that fails the manifest's digest is refused."""
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,21 +16,10 @@ from hutch.runtime.qemu.templates import template_complete
 from hutch.services.blob_dirs import fetch_dir, upload_dir
 from hutch.storage.blobs import LocalBlobStore
 from hutch.vm.disk_chain import disk_chain
-from hutch.vm.snapshot_dir import FROZEN_MARKER, load_manifest
-from hutch.vm.snapshot_manifest import (
-    MANIFEST_FORMAT,
-    CompatFields,
-    FileStamp,
-    SnapshotManifest,
-    fd_digest,
-    write_atomic,
-)
+from hutch.vm.snapshot_dir import load_manifest
+from tests.component.frozen_kit import qemu_tool, seal_frozen
 
 MiB = 1 << 20
-
-
-def _run(*argv: str) -> None:
-    subprocess.run(argv, check=True, capture_output=True)
 
 
 def _snapshot(tmp_path: Path) -> tuple[Path, Path]:
@@ -45,36 +33,17 @@ def _snapshot(tmp_path: Path) -> tuple[Path, Path]:
         out.truncate(64 * MiB)
     middle = tmp_path / "templates" / "t" / "disk.qcow2"
     middle.parent.mkdir(parents=True)
-    _run("qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", str(base), str(middle))
-    _run("qemu-io", "-f", "qcow2", "-c", "write -P 0xab 4M 1M", str(middle))
+    qemu_tool("qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", str(base), str(middle))
+    qemu_tool("qemu-io", "-f", "qcow2", "-c", "write -P 0xab 4M 1M", str(middle))
     snap = tmp_path / "snapshots" / "snap-0123456789ab"
     snap.mkdir(parents=True)
     disk = snap / "disk.qcow2"
-    _run("qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(middle), str(disk))
-    _run("qemu-io", "-f", "qcow2", "-c", "write -P 0xcd 8M 1M", str(disk))
-    state = snap / "state.mig"
-    state.write_bytes(os.urandom(3 * MiB))
-    with state.open("rb") as stream:
-        digest, size = fd_digest(stream.fileno())
-    (snap / "vm.json").write_text("{}")
-    (snap / FROZEN_MARKER).write_text("")
-    manifest = SnapshotManifest(
-        format=MANIFEST_FORMAT,
-        name="snap-0123456789ab",
-        created_ns=1,
-        qemu_version="7.2.0",
-        compat=CompatFields("microvm", "max", "tcg", 256, 1, "ram", "0" * 64, None),
-        cmdline="",
-        initrd_sha256="0" * 64,
-        state_size=size,
-        state_digest=digest,
-        ram_in_file=False,
-        memory=None,
-        disk=FileStamp.of(disk.resolve()),
+    qemu_tool(
+        "qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(middle), str(disk)
     )
-    write_atomic(snap / "manifest.json", manifest.to_json(), fsync=False)
-    for path in snap.iterdir():
-        os.chmod(path, 0o444)
+    qemu_tool("qemu-io", "-f", "qcow2", "-c", "write -P 0xcd 8M 1M", str(disk))
+    (snap / "vm.json").write_text("{}")
+    seal_frozen(snap, 3 * MiB)
     assert template_complete(snap)
     return snap, images
 
@@ -104,7 +73,7 @@ def test_a_chain_round_trips_and_lands_complete(tmp_path: Path) -> None:
     assert layers == [final.resolve() / "disk.qcow2", final.resolve() / "layer-1.qcow2"]
     assert base == (images / "base" / "rootfs.ext4").resolve()
     # The same guest-visible bytes as the original chain.
-    _run(
+    qemu_tool(
         "qemu-img",
         "compare",
         "-f",
@@ -170,7 +139,7 @@ def test_a_disk_only_state_round_trips_with_its_extra_files(tmp_path: Path) -> N
     layers, base = disk_chain(final / "disk.qcow2")
     assert layers == [final.resolve() / "disk.qcow2", final.resolve() / "layer-1.qcow2"]
     assert base == (images / "base" / "rootfs.ext4").resolve()
-    _run(
+    qemu_tool(
         "qemu-img", "compare", "-f", "qcow2", "-F", "qcow2",
         str(snap / "disk.qcow2"), str(final / "disk.qcow2"),
     )  # fmt: skip

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,15 +28,7 @@ from hutch.storage.blobs import BlobStore
 from hutch.store.db import Store
 from hutch.store.image_uploads import ImageUploadStore
 from hutch.vm.disk_chain import disk_chain
-from hutch.vm.snapshot_dir import FROZEN_MARKER
-from hutch.vm.snapshot_manifest import (
-    MANIFEST_FORMAT,
-    CompatFields,
-    FileStamp,
-    SnapshotManifest,
-    fd_digest,
-    write_atomic,
-)
+from tests.component.frozen_kit import qemu_tool, seal_frozen
 from tests.ocikit import E, Image, Layer, layer_tar
 from tests.s3server import S3Server, s3_server
 
@@ -45,10 +36,6 @@ __all__ = ["s3_server"]
 
 MiB = 1 << 20
 RUNTIME = "oci-boot/0123456789abcdef/runtime.ext4"
-
-
-def _run(*argv: str) -> None:
-    subprocess.run(argv, check=True, capture_output=True)
 
 
 class Machines:
@@ -89,31 +76,11 @@ def _frozen(state: Path, base: Path, runtime: Path | None = None) -> Path:
     snap = state / "snapshots" / "snap-0123456789ab"
     snap.mkdir(parents=True)
     disk = snap / "disk.qcow2"
-    _run("qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", str(base), str(disk))
-    _run("qemu-io", "-f", "qcow2", "-c", "write -P 0xcd 1M 64k", str(disk))
-    (snap / "state.mig").write_bytes(os.urandom(MiB))
-    with (snap / "state.mig").open("rb") as stream:
-        digest, size = fd_digest(stream.fileno())
+    qemu_tool("qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", str(base), str(disk))
+    qemu_tool("qemu-io", "-f", "qcow2", "-c", "write -P 0xcd 1M 64k", str(disk))
     vm = {"runtime_disk": str(runtime)} if runtime is not None else {}
     (snap / "vm.json").write_text(json.dumps(vm))
-    (snap / FROZEN_MARKER).write_text("")
-    manifest = SnapshotManifest(
-        format=MANIFEST_FORMAT,
-        name=snap.name,
-        created_ns=1,
-        qemu_version="7.2.0",
-        compat=CompatFields("microvm", "max", "tcg", 256, 1, "ram", "0" * 64, None),
-        cmdline="",
-        initrd_sha256="0" * 64,
-        state_size=size,
-        state_digest=digest,
-        ram_in_file=False,
-        memory=None,
-        disk=FileStamp.of(disk.resolve()),
-    )
-    write_atomic(snap / "manifest.json", manifest.to_json(), fsync=False)
-    for f in snap.iterdir():
-        os.chmod(f, 0o444)
+    seal_frozen(snap, MiB)
     return snap
 
 
@@ -181,7 +148,7 @@ def test_the_same_base_bytes_open_on_the_other_host(tmp_path: Path, store: BlobS
     _layers, got = disk_chain(final / "disk.qcow2")
     assert got == (images / "base" / "d1" / "rootfs.ext4").resolve()
     assert identity.known(got) == identity.compute(got)  # hashed once, kept
-    _run("qemu-img", "compare", "-f", "qcow2", "-F", "qcow2",
+    qemu_tool("qemu-img", "compare", "-f", "qcow2", "-F", "qcow2",
          str(snap / "disk.qcow2"), str(final / "disk.qcow2"))  # fmt: skip
 
 
@@ -334,7 +301,7 @@ def test_two_hosts_importing_one_digest_end_with_the_same_bytes_and_a_snapshot_m
     assert not [p for p in (images / "oci").iterdir() if ".evict-" in p.name or ".fetch-" in p.name]
     # Now the snapshot opens on B over the very bytes it was taken on.
     final = _fetch_on(images, store, tmp_path)
-    _run("qemu-img", "compare", "-f", "qcow2", "-F", "qcow2",
+    qemu_tool("qemu-img", "compare", "-f", "qcow2", "-F", "qcow2",
          str(snap / "disk.qcow2"), str(final / "disk.qcow2"))  # fmt: skip
 
 

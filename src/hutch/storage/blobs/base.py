@@ -29,9 +29,11 @@ __all__ = [
     "BlobInfo",
     "BlobStore",
     "Progress",
+    "check_digest",
     "check_key",
     "file_sha256",
     "iter_chunks",
+    "part_path",
     "verified_write",
 ]
 
@@ -134,7 +136,7 @@ def verified_write(
     to ``dest`` only if size and sha256 are ``expect``'s, else remove it and raise
     ``BlobError`` naming ``key`` (a stream that breaks off raises too)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.part-{os.getpid()}")
+    tmp = part_path(dest)
     digest = hashlib.sha256()
     size = 0
     try:
@@ -155,16 +157,27 @@ def verified_write(
                 f"{size} bytes read, {expect.size} recorded; it is not used"
             )
         got = digest.hexdigest()
-        if expect.sha256 is not None and got != expect.sha256:
-            raise BlobError(
-                f"blob {key} at {where} is corrupt: sha256 {got}, {expect.sha256} recorded; "
-                "it is not used"
-            )
+        check_digest(got, key=key, where=where, expect=expect)
         os.rename(tmp, dest)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     return BlobInfo(key, size, got)
+
+
+def part_path(dest: Path) -> Path:
+    """The temp file a download to ``dest`` is written to before its rename."""
+    return dest.with_name(f".{dest.name}.part-{os.getpid()}")
+
+
+def check_digest(got: str, *, key: str, where: str, expect: BlobInfo) -> None:
+    """Refuse (``BlobError`` naming ``key``) a download whose sha256 ``got`` is not the
+    recorded one (``expect.sha256`` None: nothing recorded, nothing to check)."""
+    if expect.sha256 is not None and got != expect.sha256:
+        raise BlobError(
+            f"blob {key} at {where} is corrupt: sha256 {got}, {expect.sha256} recorded; "
+            "it is not used"
+        )
 
 
 def iter_chunks(f: BinaryIO | Any) -> Iterator[bytes]:

@@ -31,7 +31,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from hutch.errors import BlobError
-from hutch.storage.blobs.base import BlobInfo, Progress
+from hutch.storage.blobs.base import BlobInfo, Progress, check_digest, part_path
 
 __all__ = ["DEFAULT_RANGE_SIZE", "FetchRange", "byte_ranges", "content_range_total", "ranged_get"]
 
@@ -77,7 +77,7 @@ def ranged_get(
     whatever ``fetch`` raised); ``dest`` is then untouched and no temp file is left."""
     size = expect.size
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.part-{os.getpid()}")
+    tmp = part_path(dest)
     digest = hashlib.sha256()
     try:
         with tmp.open("wb") as f:
@@ -128,11 +128,7 @@ def ranged_get(
             f.flush()
             os.fsync(fd)
         got = digest.hexdigest()
-        if expect.sha256 is not None and got != expect.sha256:
-            raise BlobError(
-                f"blob {key} at {where} is corrupt: sha256 {got}, {expect.sha256} recorded; "
-                "it is not used"
-            )
+        check_digest(got, key=key, where=where, expect=expect)
         os.rename(tmp, dest)
     except BaseException:
         tmp.unlink(missing_ok=True)
