@@ -79,7 +79,9 @@ def test_a_lane_takes_ports_of_its_own_range_in_turn(monkeypatch: pytest.MonkeyP
         busy.listen()
         second = leases.free_port()
     assert first in ports and second in ports
-    assert second == first + 2
+    # In turn, the busy one skipped (first + 2 unless another run on this machine, in
+    # the same lane, holds that one too: then a later one).
+    assert second > first + 1
     assert not set(leases.LANE_PORTS["a"]) & set(leases.LANE_PORTS["b"])
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     assert max(leases.LANE_PORTS["b"]) < low  # never one the kernel hands out itself
