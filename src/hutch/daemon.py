@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hutch.api import create_app
 from hutch.api.auth import load_or_create_key
+from hutch.api.cluster_router import SERVER_KEEP_ALIVE_S
 from hutch.api.redact import RedactingFormatter
 from hutch.config import Settings
 from hutch.e2b import create_e2b_app
@@ -215,6 +216,18 @@ def listen_socket(host: str, port: int, what: str) -> socket.socket:
     return sock
 
 
+def server_config(app: ASGIApp) -> uvicorn.Config:
+    """The HTTP server of hutchd: idle connections kept SERVER_KEEP_ALIVE_S, longer than
+    any hutch client keeps one pooled (api/cluster_router.py)."""
+    return uvicorn.Config(
+        app,
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=5,
+        timeout_keep_alive=SERVER_KEEP_ALIVE_S,
+    )
+
+
 async def serve(settings: Settings) -> None:
     services, key = build(settings)
     app = create_app(services, key)
@@ -229,12 +242,7 @@ async def serve(settings: Settings) -> None:
         )
         app.state.e2b = e2b  # E2B requests other hosts forward here (their sandbox's host)
         routed = ByListener(app, {port: e2b})
-    config = uvicorn.Config(
-        routed,
-        log_config=None,
-        access_log=False,
-        timeout_graceful_shutdown=5,
-    )
+    config = server_config(routed)
     server = uvicorn.Server(config)
     e2b_line = ""
     if settings.e2b_listen is not None:

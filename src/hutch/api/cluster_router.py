@@ -51,7 +51,8 @@ from hutch.services.cluster import ClusterService, HostRow
 from hutch.services.cluster_auth import FORWARD_HEADERS, ClusterSigner
 
 __all__ = [
-    "E2B_FORWARD", "FORWARDED_PATH", "MAX_CREATE_BODY", "ClusterRouter", "Forwarder",
+    "E2B_FORWARD", "FORWARDED_PATH", "FORWARD_KEEP_ALIVE_S", "MAX_CREATE_BODY",
+    "SERVER_KEEP_ALIVE_S", "ClusterRouter", "Forwarder",
     "body_once", "read_body", "relay_http", "replay_body", "stream_body",
 ]  # fmt: skip
 
@@ -86,12 +87,22 @@ _WS_DROP = _DROP_REQUEST | {
 }  # fmt: skip
 
 
+#: How long hutchd keeps an idle client connection open (uvicorn's default is 5 s), and
+#: how long the forwarder keeps one in its pool: well under it. Equal, a forward sent on
+#: a pooled connection just as the other host closed it met "Server disconnected without
+#: sending a response" (a drain failed so in CI); SDK clients (httpx, 5 s) stay under too.
+SERVER_KEEP_ALIVE_S = 30
+FORWARD_KEEP_ALIVE_S = 10.0
+
+
 class Forwarder:
     """The HTTP client of host-to-host calls (one connection pool, closed with the app)."""
 
     def __init__(self) -> None:
         self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(None, connect=5.0), follow_redirects=False
+            timeout=httpx.Timeout(None, connect=5.0),
+            limits=httpx.Limits(keepalive_expiry=FORWARD_KEEP_ALIVE_S),
+            follow_redirects=False,
         )
 
     async def close(self) -> None:
