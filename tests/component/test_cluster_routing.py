@@ -319,7 +319,8 @@ async def test_a_resume_goes_where_its_placement_puts_it_and_refuses_what_it_can
     """Issue 14: ``POST /resume {"placement": ...}``. Without a blob store a paused
     sandbox can resume only on the host holding its pause: placed there it does, placed
     elsewhere the answer names HUTCH_BLOB_URL; selectors no host meets, labels that
-    contradict the ones it was created with and oversized bodies are refused; a running
+    contradict the ones it was created with, a host that cannot restore the pause (another
+    QEMU build) and oversized bodies are refused; a running
     sandbox is answered as it is. Nothing refused changes the sandbox."""
     h1, h2 = hosts["h1"], hosts["h2"]
     sb = await _create(h2, host="h1")
@@ -346,6 +347,18 @@ async def test_a_resume_goes_where_its_placement_puts_it_and_refuses_what_it_can
         for sandbox, placement, status, words in refusals:
             r = await resume(via, sandbox, placement)
             assert r.status_code == status and words in r.text, (via.id, placement, r.text)
+    # A host on another QEMU build cannot restore the pause: placement says so (429,
+    # naming both builds), before anything is fetched or changed.
+    h2_row = h2.svc.cluster.hosts.get("h2")
+    assert h2_row is not None
+    h2.svc.cluster.hosts.register(replace(h2_row, qemu_version="0.0-other"))
+    try:
+        for via in (h1, h2):
+            r = await resume(via, sb, {"host": "h2"})
+            assert r.status_code == 429, (via.id, r.text)
+            assert f"h2 cannot restore the pause of {sb}: it runs QEMU 0.0-other" in r.text
+    finally:
+        h2.svc.cluster.hosts.register(h2_row)
     huge = await h2.client.post(
         f"/v1/sandboxes/{sb}/resume",
         content=b" " * (2 << 20),

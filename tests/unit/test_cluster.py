@@ -14,7 +14,7 @@ from hutch.contract.auth import Principal, Role
 from hutch.contract.placement import Placement, parse_placement
 from hutch.errors import Capacity, Conflict, InvalidArgument, Unauthorized
 from hutch.services.cluster_auth import ClusterSigner
-from hutch.services.placement import choose_host, keep_labels, require_labels
+from hutch.services.placement import Frozen, choose_host, keep_labels, require_labels
 from hutch.store import Store
 from hutch.store.hosts import HostRow, HostStore, HostUse
 
@@ -96,26 +96,49 @@ def test_pinning_by_host_and_labels_and_bad_selectors() -> None:
 
 def test_a_create_from_a_snapshot_goes_to_its_host_with_the_same_qemu() -> None:
     hosts = [_host("w1"), _host("w2")]
-    chosen = choose_host(hosts, {}, Placement(), memory_mib=128, now=NOW, snapshot_host="w2")
+    frozen = Frozen("w2")
+    chosen = choose_host(hosts, {}, Placement(), memory_mib=128, now=NOW, frozen=frozen)
     assert chosen.id == "w2"
     with pytest.raises(Capacity, match="w1 does not hold the snapshot's files"):
-        choose_host(hosts, {}, Placement(host="w1"), memory_mib=128, now=NOW, snapshot_host="w2")
+        choose_host(hosts, {}, Placement(host="w1"), memory_mib=128, now=NOW, frozen=frozen)
 
 
 def test_an_uploaded_snapshot_may_land_on_any_host_with_its_qemu_and_cpu() -> None:
     hosts = [_host("w1"), _host("w2", 2048), _host("w3", qemu_version="8.0.0")]
     use = {"w1": HostUse(sandboxes=1, running=1, vcpus=1, memory_mib=1024)}
     # Uploaded: w1 (most free memory, same QEMU and CPU) though w2 saved it.
-    chosen = choose_host(
-        hosts, use, Placement(), memory_mib=128, now=NOW, snapshot_host="w2",
-        snapshot_anywhere=True,
-    )  # fmt: skip
+    frozen = Frozen("w2", anywhere=True)
+    chosen = choose_host(hosts, use, Placement(), memory_mib=128, now=NOW, frozen=frozen)
     assert chosen.id == "w1"
-    with pytest.raises(Capacity, match="w3 runs another QEMU or CPU than the snapshot's"):
-        choose_host(
-            hosts, use, Placement(host="w3"), memory_mib=128, now=NOW, snapshot_host="w2",
-            snapshot_anywhere=True,
-        )  # fmt: skip
+    with pytest.raises(
+        Capacity, match=r"w3 cannot restore the snapshot: it runs QEMU 8\.0\.0, w2 .* 7\.2\.0"
+    ):
+        choose_host(hosts, use, Placement(host="w3"), memory_mib=128, now=NOW, frozen=frozen)
+
+
+def test_a_pause_moves_only_to_a_host_that_can_restore_it() -> None:
+    """A resume elsewhere or a move off a draining or down host restores the pause's
+    memory: only on the QEMU build and CPU model of the host that paused it."""
+    hosts = [
+        _host("w1"),
+        _host("w2", 8192, qemu_version="8.2.0"),
+        _host("w3", 8192, cpu_model="other cpu"),
+        _host("w4"),
+    ]
+    pause = Frozen("w1", anywhere=True, what="the pause of sb-1")
+    # w2 and w3 have the most room but cannot restore it; w4 can.
+    assert (
+        choose_host(hosts, {}, Placement(), memory_mib=128, now=NOW, frozen=pause, exclude="w1").id
+        == "w4"
+    )
+    # Nowhere else: each refusal says why.
+    with pytest.raises(Capacity) as refused:
+        choose_host(hosts[:3], {}, Placement(), memory_mib=128, now=NOW, frozen=pause, exclude="w1")
+    assert refused.value.message == (
+        "no host has room for this sandbox: w1 is the host it moves off; "
+        "w2 cannot restore the pause of sb-1: it runs QEMU 8.2.0, w1 (which froze it) 7.2.0; "
+        "w3 cannot restore the pause of sb-1: its CPU is 'other cpu', w1's is 'cpu'"
+    )
 
 
 def test_a_move_never_lands_on_the_host_it_leaves() -> None:

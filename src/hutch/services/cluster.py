@@ -37,7 +37,13 @@ from hutch.models import PauseMode, SandboxRecord, SandboxState
 from hutch.services.cluster_auth import ClusterSigner, load_or_create_secret
 from hutch.services.events import because, internal, project_of
 from hutch.services.lifecycle import LifecycleService
-from hutch.services.placement import choose_host, keep_labels, require_known, shown_labels
+from hutch.services.placement import (
+    Frozen,
+    choose_host,
+    keep_labels,
+    require_known,
+    shown_labels,
+)
 from hutch.services.registry import SandboxRegistry
 from hutch.store.db import RUNNING_STATES
 from hutch.store.hosts import HostRow, HostStore, HostUse
@@ -226,21 +232,19 @@ class ClusterService:
         self,
         placement: Placement,
         memory_mib: int,
-        snapshot: str | None,
+        frozen: Frozen | None = None,
         *,
-        snapshot_anywhere: bool = False,
         exclude: str | None = None,
     ) -> HostRow:
-        """The host a create of ``memory_mib`` (from ``snapshot``; uploaded: any
-        compatible host may fetch it) lands on; ``exclude``: never that host."""
+        """The host a sandbox of ``memory_mib`` (restored from ``frozen``, if any) lands
+        on; ``exclude``: never that host."""
         return choose_host(
             self.hosts.all(),
             self.hosts.usage(),
             placement,
             memory_mib=memory_mib,
             now=self.clock(),
-            snapshot_host=self.hosts.host_of_snapshot(snapshot) if snapshot else None,
-            snapshot_anywhere=snapshot_anywhere,
+            frozen=frozen,
             exclude=exclude,
         )
 
@@ -249,13 +253,17 @@ class ClusterService:
     ) -> HostRow:
         """:meth:`place` for a create: a snapshot uploaded to the blob store may be
         created from on any compatible host (it fetches the files)."""
-        anywhere = False
+        frozen = None
         if snapshot is not None:
+            anywhere = False
             try:
                 anywhere = await asyncio.to_thread(self.snapshot_uploaded, snapshot)
             except HutchError as exc:  # the store away: the saving host still has it
                 log.warning("snapshot %s: upload state unknown: %s", snapshot, exc)
-        return self.place(placement, memory_mib, snapshot, snapshot_anywhere=anywhere)
+            host = self.hosts.host_of_snapshot(snapshot)
+            if host is not None:
+                frozen = Frozen(host, anywhere, f"snapshot {snapshot}")
+        return self.place(placement, memory_mib, frozen)
 
     def resume_host(self, sandbox_id: str, placement: Placement | None = None) -> HostRow | None:
         """Where a resume of ``sandbox_id`` runs; None: here. Without ``placement``: its
@@ -308,7 +316,9 @@ class ClusterService:
             lambda: self.place(
                 Placement(host=placement.host, labels=labels, strategy=placement.strategy),
                 rec.shape.memory_mib,
-                None,
+                # Anywhere: another host than its own fetches the pause from the blob
+                # store (without one the refusal below names HUTCH_BLOB_URL).
+                Frozen(host, True, f"the pause of {rec.id}"),
             ),
         )
         if chosen.id != host and not self.lifecycle.moves.enabled:
@@ -322,14 +332,19 @@ class ClusterService:
         return None if chosen.id == self.host_id else chosen
 
     def place_move(self, rec: SandboxRecord, exclude: str) -> HostRow:
-        """The host a paused ``rec`` moves to off host ``exclude``: placement with the
-        labels it was created with (fails naming them when no such host can take it)."""
+        """The host a paused ``rec`` moves to off host ``exclude`` (where it paused):
+        placement with the labels it was created with (fails naming them when no such
+        host can take it), on a host that can restore its pause (that host's QEMU and
+        CPU)."""
         return keep_labels(
             rec.id,
             rec.placement_labels,
             "the move",
             lambda: self.place(
-                Placement(labels=rec.placement_labels), rec.shape.memory_mib, None, exclude=exclude
+                Placement(labels=rec.placement_labels),
+                rec.shape.memory_mib,
+                Frozen(exclude, True, f"the pause of {rec.id}"),
+                exclude=exclude,
             ),
         )
 

@@ -2,24 +2,46 @@
 
 A host fits when it is ``up`` (not draining, not down), its lease is current, it
 carries every label asked for, it has room for one more sandbox of the asked memory
-(its ``memory_mib`` budget and ``max_sandboxes``), and, for a create from a snapshot,
-when it runs the same QEMU and CPU model as the host that saved it (a memory snapshot
-restores only into the build and CPU that took it) and can read its files: any host
-once the snapshot's upload to the blob store is complete, else only the saving host.
-Among the
-fitting hosts, ``spread`` takes the one with the most memory free, ``pack`` the one
+(its ``memory_mib`` budget and ``max_sandboxes``), and, for a sandbox that starts from a
+frozen VM state (:class:`Frozen`: a named snapshot, a pause it resumes from, its fork
+parent), when it runs the same QEMU version and CPU model as the host that froze it (a
+memory snapshot restores only into the build and CPU that took it) and can read its
+files: any host once they are in the blob store, else only the host that froze it.
+Among the fitting hosts, ``spread`` takes the one with the most memory free, ``pack`` the one
 with the least; ties go to the fewest sandboxes, then the host id (deterministic).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from hutch.contract.placement import Placement
 from hutch.errors import Capacity, Conflict, InvalidArgument
 from hutch.store.hosts import HostRow, HostUse
 
-__all__ = ["choose_host", "keep_labels", "require_known", "require_labels", "shown_labels"]
+__all__ = [
+    "Frozen",
+    "choose_host",
+    "keep_labels",
+    "require_known",
+    "require_labels",
+    "shown_labels",
+]
+
+
+@dataclass(frozen=True)
+class Frozen:
+    """The frozen VM state a sandbox starts from, as placement needs it."""
+
+    #: The host that froze it: a host taking the sandbox must run its QEMU version and
+    #: CPU model (the state restores only into the build and CPU that saved it).
+    host: str
+    #: Its files are in the blob store, so any such host may fetch them; else only
+    #: ``host`` holds them.
+    anywhere: bool = False
+    #: What it is, for the reasons a refusal gives ("the snapshot", "the pause").
+    what: str = "the snapshot"
 
 
 def require_known(hosts: Sequence[HostRow], placement: Placement) -> list[HostRow]:
@@ -57,23 +79,21 @@ def choose_host(
     *,
     memory_mib: int,
     now: float,
-    snapshot_host: str | None = None,
-    snapshot_anywhere: bool = False,
+    frozen: Frozen | None = None,
     exclude: str | None = None,
 ) -> HostRow:
     """The host for a sandbox of ``memory_mib``. InvalidArgument for a selector no host
     could ever meet (unknown host, labels no host has); Capacity when hosts match but
     none has room now (the message names each and why).
 
-    ``snapshot_host``: the host that saved the snapshot the sandbox starts from (its
-    QEMU and CPU are the ones a host must run); ``snapshot_anywhere``: its upload to the
-    blob store is complete, so any such host may fetch it, else only that host holds
-    its files. ``exclude``: a host never picked (the one a sandbox moves off)."""
+    ``frozen``: the state the sandbox restores from (its host's QEMU and CPU are the
+    ones a host must run; only that host unless its files are in the blob store).
+    ``exclude``: a host never picked (the one a sandbox moves off)."""
     known = {h.id: h for h in hosts}
     candidates = require_known(hosts, placement)
     reasons: list[str] = []
     fitting: list[tuple[HostRow, int]] = []
-    source = known.get(snapshot_host) if snapshot_host else None
+    source = known.get(frozen.host) if frozen is not None else None
     for h in candidates:
         held = use.get(h.id, HostUse())
         free = h.memory_mib - held.memory_mib
@@ -81,12 +101,10 @@ def choose_host(
             reasons.append(f"{h.id} is {h.state if h.state != 'up' else 'not renewing its lease'}")
         elif h.id == exclude:
             reasons.append(f"{h.id} is the host it moves off")
-        elif snapshot_host is not None and not snapshot_anywhere and h.id != snapshot_host:
-            reasons.append(f"{h.id} does not hold the snapshot's files ({snapshot_host} does)")
-        elif source is not None and (
-            h.qemu_version != source.qemu_version or h.cpu_model != source.cpu_model
-        ):
-            reasons.append(f"{h.id} runs another QEMU or CPU than the snapshot's")
+        elif frozen is not None and not frozen.anywhere and h.id != frozen.host:
+            reasons.append(f"{h.id} does not hold {frozen.what}'s files ({frozen.host} does)")
+        elif frozen is not None and source is not None and (why := _restores(h, source)):
+            reasons.append(f"{h.id} cannot restore {frozen.what}: {why}")
         elif held.sandboxes + 1 > h.max_sandboxes:
             reasons.append(f"{h.id} holds {held.sandboxes}/{h.max_sandboxes} sandboxes")
         elif free < memory_mib:
@@ -102,6 +120,15 @@ def choose_host(
         return (-free if placement.strategy == "spread" else free, count, h.id)
 
     return min(fitting, key=key)[0]
+
+
+def _restores(h: HostRow, source: HostRow) -> str | None:
+    """Why host ``h`` cannot restore a state ``source`` froze; None: it can."""
+    if h.qemu_version != source.qemu_version:
+        return f"it runs QEMU {h.qemu_version}, {source.id} (which froze it) {source.qemu_version}"
+    if h.cpu_model != source.cpu_model:
+        return f"its CPU is {h.cpu_model!r}, {source.id}'s is {source.cpu_model!r}"
+    return None
 
 
 def shown_labels(labels: Mapping[str, str]) -> str:

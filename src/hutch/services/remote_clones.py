@@ -38,7 +38,7 @@ from hutch.models import NetworkMode, SandboxRecord, SandboxState
 from hutch.services.blob_dirs import upload_dir
 from hutch.services.cluster_auth import ClusterSigner, load_or_create_secret
 from hutch.services.events import project_of
-from hutch.services.placement import choose_host, require_labels
+from hutch.services.placement import Frozen, choose_host, require_labels
 from hutch.services.registry import SandboxRegistry
 from hutch.services.snapshot_blobs import SnapshotBlobs
 from hutch.store.hosts import HostStore, HostUse
@@ -102,8 +102,7 @@ class RemoteClones:
                     Placement(labels=labels),
                     memory_mib=shape.memory_mib,
                     now=time.time(),
-                    snapshot_host=me,
-                    snapshot_anywhere=True,
+                    frozen=Frozen(me, True, f"the fork of {parent.id}"),
                 )
             except (Capacity, InvalidArgument):
                 # This host's own check then says why (room, quota), or, for a parent
