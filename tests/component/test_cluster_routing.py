@@ -1,6 +1,7 @@
 """Two hosts in one process sharing one database (an SQLite file, and a PostgreSQL
 database of the suite's server: ``db_target``), each its own REST app on a real
-uvicorn: placement, forwarding (collected and streamed exec, files), the signature
+uvicorn: placement, forwarding (collected and streamed exec, files), volumes (where
+their files are), the signature
 check, a host whose lease expired (its sandboxes lost, its own VMs fenced), and each
 host's E2B face serving the other's sandboxes (the same server, its own port)."""
 
@@ -19,9 +20,11 @@ import uvicorn
 
 from hutch.api import create_app
 from hutch.config import ClusterSettings, Limits, Settings
+from hutch.contract.volumes import VolumeMount
 from hutch.daemon import ByListener, build_services
 from hutch.e2b import create_e2b_app
 from hutch.e2b.keys import e2b_form
+from hutch.errors import Conflict, Unavailable
 from hutch.services.composed import Services
 from hutch.store import Store
 from tests.component.conftest import API_KEY, FakeImages
@@ -217,6 +220,72 @@ async def test_an_expired_host_is_marked_down_its_sandboxes_lost_and_fenced(
 def test_settings_replace_keeps_cluster(tmp_path: Path) -> None:
     s = Settings(state_dir=tmp_path, cluster=ClusterSettings(role="worker", host_id="x"))
     assert replace(s, listen_port=1).host_id == "x"
+
+
+async def test_volumes_live_on_one_host_and_their_sandboxes_and_calls_go_there(
+    hosts: dict[str, Host],
+) -> None:
+    """Issue 14: a volume's file is on the host that made it. A create mounting it,
+    through either host, runs there; inspect, grow and delete through either host act
+    on that file; a create that would need two hosts' volumes, or pins another host, is
+    refused naming them, and nothing of it is made."""
+    h1, h2 = hosts["h1"], hosts["h2"]
+    mib = 1 << 20
+    r = await h2.client.post("/v1/volumes", json={"name": "data", "size": 64 * mib})
+    assert r.status_code == 201 and r.json()["host"] == "h2", r.text
+    vol = r.json()["id"]
+    assert h2.svc.core.volume_files.path(vol).is_file()
+    assert not h1.svc.core.volume_files.path(vol).exists()
+    # Inspect through h1: forwarded to h2, which reads the file's use.
+    seen = (await h1.client.get("/v1/volumes/data")).json()
+    assert (seen["host"], seen["id"]) == ("h2", vol) and 0 < seen["used"] < 64 * mib, seen
+    listed = (await h1.client.get("/v1/volumes")).json()["volumes"]
+    assert [(v["name"], v["host"]) for v in listed] == [("data", "h2")]
+    r = await h1.client.post("/v1/volumes", json={"name": "mine", "size": 64 * mib})
+    assert r.status_code == 201 and r.json()["host"] == "h1", r.text
+
+    async def create(via: Host, body: dict[str, object]) -> httpx.Response:
+        return await via.client.post("/v1/sandboxes", json=body)
+
+    data_at = [{"volume": "data", "path": "/data"}]
+    refusals = [
+        (
+            {"volumes": [*data_at, {"volume": "mine", "path": "/mine"}]},
+            409,
+            "are on different hosts (mine on h1; data on h2)",
+        ),
+        (
+            {"volumes": data_at, "placement": {"host": "h1"}},
+            400,
+            "placement.host 'h1': the volumes this create mounts are on host h2",
+        ),
+    ]
+    for via in (h1, h2):
+        for body, status, words in refusals:
+            r = await create(via, body)
+            assert r.status_code == status and words in r.text, (via.id, body, r.text)
+    assert not h1.svc.core.runtimes and not h2.svc.core.runtimes
+    # A create through h1 (spread would pick either) runs on h2, the volume's host.
+    r = await create(h1, {"volumes": data_at})
+    assert r.status_code == 201, r.text
+    sb = r.json()["id"]
+    assert sb in h2.svc.core.runtimes and sb not in h1.svc.core.runtimes
+    # A service asked directly on the wrong host refuses before anything is made.
+    with pytest.raises(Conflict, match=f"volume 'data' \\({vol}\\) is on host h2, not on host h1"):
+        h1.svc.volumes.plan("sb-000000000099", [VolumeMount("data", "/d")])
+    with pytest.raises(Unavailable, match="forwards it there"):
+        await h1.svc.volumes.grow("data", 128 * mib)
+    # Grow and delete through h1 act on h2's file.
+    r = await h1.client.patch("/v1/volumes/data", json={"size": 128 * mib})
+    assert r.status_code == 200 and r.json()["size"] == 128 * mib, r.text
+    assert h2.backend.grown == [(sb, "vol0", "/data", 128 * mib)]  # live, in h2's VM
+    assert h1.backend.grown == []
+    r = await h1.client.delete("/v1/volumes/data")
+    assert r.status_code == 409 and sb in r.text, r.text
+    assert (await h1.client.delete(f"/v1/sandboxes/{sb}")).status_code == 204
+    assert (await h1.client.delete("/v1/volumes/data")).status_code == 204
+    assert not h2.svc.core.volume_files.path(vol).exists()
+    assert (await h2.client.get("/v1/volumes/data")).status_code == 404
 
 
 async def test_a_drain_reaches_its_host_pauses_its_sandboxes_and_stops_placement(

@@ -240,7 +240,7 @@ def test_an_exclusive_volume_attach_locks_the_volume_row() -> None:
         def other() -> None:
             started.set()
             try:
-                VolumeStore(b).attach("sb-000000000002", [mount])
+                VolumeStore(b).attach("sb-000000000002", [mount], "local")
                 outcome.append(None)
             except BaseException as exc:
                 outcome.append(exc)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -106,10 +107,12 @@ def test_store_rows_mounts_and_refusals(tmp_path: Path) -> None:
     assert [r.id for r in store.list_volumes("default")] == ["vol-00000000000a"]
 
     mount = MountRow("vol-00000000000a", "sb-00000000000a", "/data", False, 0)
-    store.attach("sb-00000000000a", [mount])
+    store.attach("sb-00000000000a", [mount], "local")
     with pytest.raises(Conflict, match="mounted by sandbox sb-00000000000a"):
         store.attach(
-            "sb-00000000000b", [MountRow("vol-00000000000a", "sb-00000000000b", "/d", False, 0)]
+            "sb-00000000000b",
+            [MountRow("vol-00000000000a", "sb-00000000000b", "/d", False, 0)],
+            "local",
         )
     assert store.mounts_of_sandbox("sb-00000000000b") == []  # rolled back whole
     with pytest.raises(Conflict, match="sb-00000000000a; delete them first"):
@@ -119,7 +122,29 @@ def test_store_rows_mounts_and_refusals(tmp_path: Path) -> None:
     store.delete("vol-00000000000a")
     assert store.get_by_id("vol-00000000000a") is None
     with pytest.raises(Conflict, match="deleted meanwhile"):
-        store.attach("sb-00000000000c", [mount])
+        store.attach("sb-00000000000c", [mount], "local")
+
+
+def test_a_volume_is_mounted_only_on_its_host_and_old_rows_are_claimed(tmp_path: Path) -> None:
+    """Several hosts share the rows: a volume's file is on one of them (``host``), a
+    sandbox on another cannot mount it (in the attach's own transaction), and a row
+    from before hosts were recorded belongs to the first host claiming its file."""
+    store = VolumeStore(Store(tmp_path / "hutch.db"))
+    store.insert(replace(_row("vol-00000000000a", "a"), host="w1"))
+    store.insert(_row("vol-00000000000b", "b"))  # host None: an old row
+    assert store.get("default", "a").host == "w1"  # type: ignore[union-attr]
+    mount = MountRow("vol-00000000000a", "sb-00000000000a", "/data", False, 0)
+    with pytest.raises(Conflict, match="volume vol-00000000000a is on host w1, not on host w2"):
+        store.attach("sb-00000000000a", [mount], "w2")
+    assert store.mounts_of_sandbox("sb-00000000000a") == []
+    store.attach("sb-00000000000a", [mount], "w1")
+    # Claims: only unclaimed rows, only the files named, one winner.
+    assert store.claim_unhomed("w2", {"vol-00000000000a", "vol-00000000000b"}) == [
+        "vol-00000000000b"
+    ]
+    assert store.claim_unhomed("w3", {"vol-00000000000b"}) == []
+    assert store.get("default", "b").host == "w2"  # type: ignore[union-attr]
+    assert store.get("default", "a").host == "w1"  # type: ignore[union-attr]
 
 
 def test_a_volume_file_is_whole_or_absent(tmp_path: Path) -> None:

@@ -10,7 +10,9 @@ forward from another host):
   host fetches the pause from the blob store: :mod:`hutch.services.moves`).
 - ``POST /v1/sandboxes``: the create's ``placement`` picks the host
   (:func:`hutch.services.placement.choose_host`); another host's create goes there, and
-  that host creates it (each host manages only its own VMs and address pool).
+  that host creates it (each host manages only its own VMs and address pool). A create
+  that mounts volumes runs on the host holding their files.
+- ``/v1/volumes/{id or name}`` (inspect, grow, delete): to the host holding the file.
 - ``POST /v1/hosts/{id}/drain|undrain``: to that host.
 - ``/v1/hosts/{this host}/e2b/...``: an E2B request another host forwarded (its
   sandbox runs here) goes to this host's E2B app; the E2B face forwards through
@@ -34,6 +36,7 @@ import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
+from urllib.parse import unquote
 
 import httpx
 from starlette.datastructures import Headers
@@ -61,6 +64,8 @@ log = logging.getLogger("hutch.api.cluster")
 _SANDBOX = re.compile(r"^/v1/sandboxes/(sb-[0-9a-f]{12})(?:/.*)?$")
 _RESUME = re.compile(r"^/v1/sandboxes/(sb-[0-9a-f]{12})/resume$")
 _HOST_ACTION = re.compile(r"^/v1/hosts/([^/]+)/(?:drain|undrain)$")
+#: One volume (inspect, grow, delete): its file is on its host, so they go there.
+_VOLUME = re.compile(r"^/v1/volumes/([^/]+)$")
 #: A request of the E2B face forwarded to the host that runs its sandbox arrives on that
 #: host's API port under this prefix (``/v1/hosts/{host}/e2b`` + the E2B path), and goes
 #: to its E2B app (:mod:`hutch.e2b.cluster`). Not in the public schema.
@@ -145,6 +150,10 @@ class ClusterRouter:
                 target = cluster.owner(found.group(1))
             elif method == "POST" and (found := _HOST_ACTION.match(path)):
                 target = cluster.live_other(found.group(1))
+            elif method in ("GET", "PATCH", "DELETE") and (found := _VOLUME.match(path)):
+                caller = _edge_principal(scope, headers)
+                if caller is not None:
+                    target = cluster.volume_owner(caller.project, unquote(found.group(1)))
         except HutchError as exc:
             await _error(exc, scope, receive, send)
             return
@@ -182,11 +191,20 @@ class ClusterRouter:
             placement = parse_placement(
                 create.placement.model_dump() if create.placement is not None else None
             )
-            if cluster.alone() and placement.host is None and not placement.labels:
+            # A sandbox runs where the volumes it mounts are (their files are there).
+            home = cluster.volumes_home(who.project, [m.volume for m in create.volumes])
+            if (
+                home in (None, cluster.host_id)
+                and cluster.alone()
+                and placement.host is None
+                and not placement.labels
+            ):
                 # One host: its own admission answers (HUTCH_MAX_SANDBOXES, quotas, ...).
                 await self.app(scope, replay, send)
                 return
-            host = await cluster.place_create(placement, create.memory_mib, create.snapshot)
+            host = await cluster.place_create(
+                placement, create.memory_mib, create.snapshot, volumes_home=home
+            )
         except HutchError as exc:
             await _error(exc, scope, replay, send)
             return

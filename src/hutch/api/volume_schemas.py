@@ -100,6 +100,11 @@ class Volume(BaseModel):
     )
     created_at: dt.datetime
     mounted_by: list[VolumeUser]
+    host: str | None = Field(
+        default=None,
+        description="The host whose disk holds the volume's file: sandboxes that mount it "
+        "run there (null: not recorded yet).",
+    )
 
     @classmethod
     def of(cls, info: VolumeInfo) -> Volume:
@@ -114,6 +119,7 @@ class Volume(BaseModel):
             created_at=dt.datetime.fromtimestamp(v.created_at, dt.UTC),
             mounted_by=[VolumeUser(sandbox_id=m.sandbox_id, path=m.path, read_only=m.read_only)
                         for m in info.mounts],
+            host=v.host,
         )  # fmt: skip
 
 

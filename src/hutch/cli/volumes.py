@@ -80,13 +80,14 @@ def volume_ls(as_json: bool) -> None:
         print_json([v.to_dict() for v in found])
         return
     table = Table(box=None, pad_edge=False, show_edge=False)
-    for column in ("ID", "NAME", "KIND", "SIZE", "USED", "MOUNTED_BY", "CREATED"):
+    for column in ("ID", "NAME", "KIND", "SIZE", "USED", "MOUNTED_BY", "HOST", "CREATED"):
         table.add_column(column, no_wrap=True)
     for v in found:
         users = ",".join(u.sandbox_id for u in v.mounted_by) or "-"
         table.add_row(
-            v.id, v.name, v.kind, _human(v.size), _human(v.used), users, when(v.created_at)
-        )
+            v.id, v.name, v.kind, _human(v.size), _human(v.used), users, v.host or "-",
+            when(v.created_at),
+        )  # fmt: skip
     print_table(table)
 
 
@@ -100,6 +101,7 @@ def _rows(info: VolumeInfo) -> list[tuple[str, str]]:
         ("size", f"{info.size} ({_human(info.size)})"),
         ("used", "-" if info.used is None else f"{info.used} ({_human(info.used)})"),
         ("mounted by", ",".join(users) or "-"),
+        ("host", info.host or "-"),
         ("created", when(info.created_at)),
     ]
 

@@ -63,7 +63,8 @@ class VolumeUser:
 @dataclass(frozen=True)
 class VolumeInfo:
     """A volume: ``size`` (bytes, the device the guest sees), ``used`` (bytes its file
-    takes on the host, None if unknown) and the sandboxes that mount it."""
+    takes on the host, None if unknown), the sandboxes that mount it and ``host``, the
+    host whose disk holds its file (sandboxes that mount it run there)."""
 
     id: str
     name: str
@@ -73,6 +74,7 @@ class VolumeInfo:
     used: int | None
     created_at: datetime | None
     mounted_by: list[VolumeUser]
+    host: str | None = None
 
     @classmethod
     def from_dict(cls, obj: Any) -> VolumeInfo:
@@ -94,6 +96,7 @@ class VolumeInfo:
                 )
                 for u in users
             ],
+            host=maybe(obj, "host", str, w),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -109,6 +112,7 @@ class VolumeInfo:
                 {"sandbox_id": u.sandbox_id, "path": u.path, "read_only": u.read_only}
                 for u in self.mounted_by
             ],
+            "host": self.host,
         }
 
 

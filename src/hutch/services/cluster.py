@@ -23,7 +23,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -249,10 +249,17 @@ class ClusterService:
         )
 
     async def place_create(
-        self, placement: Placement, memory_mib: int, snapshot: str | None
+        self,
+        placement: Placement,
+        memory_mib: int,
+        snapshot: str | None,
+        volumes_home: str | None = None,
     ) -> HostRow:
         """:meth:`place` for a create: a snapshot uploaded to the blob store may be
-        created from on any compatible host (it fetches the files)."""
+        created from on any compatible host (it fetches the files); one that mounts
+        volumes runs on their host (``volumes_home``, :meth:`volumes_home`)."""
+        if volumes_home is not None:
+            placement = self._pinned_to_volumes(placement, volumes_home)
         frozen = None
         if snapshot is not None:
             anywhere = False
@@ -264,6 +271,52 @@ class ClusterService:
             if host is not None:
                 frozen = Frozen(host, anywhere, f"snapshot {snapshot}")
         return self.place(placement, memory_mib, frozen)
+
+    def volumes_home(self, project: str, refs: Sequence[str]) -> str | None:
+        """The host whose disk holds the volumes ``refs`` (ids or names in ``project``)
+        that a create mounts: it runs there. None: no volume, only unknown ones (the
+        create's own checks answer), or volumes no host has claimed yet. Conflict when
+        they are on different hosts (a sandbox mounts the volumes of its own host)."""
+        homes: dict[str, list[str]] = {}
+        for ref in refs:
+            row = self.core.volumes.get(project, ref)
+            if row is not None and row.host is not None:
+                homes.setdefault(row.host, []).append(row.name)
+        if len(homes) > 1:
+            where = "; ".join(f"{', '.join(names)} on {h}" for h, names in sorted(homes.items()))
+            raise Conflict(
+                f"the volumes this create mounts are on different hosts ({where}); a sandbox "
+                "mounts volumes of the host it runs on: use volumes of one host"
+            )
+        return next(iter(homes), None)
+
+    def _pinned_to_volumes(self, placement: Placement, home: str) -> Placement:
+        """``placement`` bound to ``home``, the host holding the create's volumes;
+        InvalidArgument when it asks for another host, Unavailable while ``home`` is
+        down (the volumes' files are there)."""
+        if placement.host not in (None, home):
+            raise InvalidArgument(
+                f"placement.host {placement.host!r}: the volumes this create mounts are on "
+                f"host {home}, and a sandbox runs where its volumes are; leave "
+                f"placement.host out or set it to {home!r}"
+            )
+        row = self.hosts.get(home)
+        if row is None or row.state == "down" or row.lease_until < self.clock():
+            raise Unavailable(
+                f"the volumes this create mounts are on host {home}, which is "
+                f"{row.state if row is not None else 'gone'}; a sandbox runs where its volumes "
+                "are: retry once it is up",
+                retry_after_s=15,
+            )
+        return replace(placement, host=home)
+
+    def volume_owner(self, project: str, ref: str) -> HostRow | None:
+        """The other live host a request on volume ``ref`` of ``project`` goes to (its
+        file is there); None: served here (this host's, unknown, or its host is down)."""
+        row = self.core.volumes.get(project, ref)
+        if row is None or row.host is None:
+            return None
+        return self.live_other(row.host)
 
     def resume_host(self, sandbox_id: str, placement: Placement | None = None) -> HostRow | None:
         """Where a resume of ``sandbox_id`` runs; None: here. Without ``placement``: its

@@ -72,6 +72,10 @@ class Reconciler:
         live_ids = {rec.id for rec in self.core.store.list_sandboxes(states=LIVE_STATES)}
         for sandbox_id in sorted(self.core.volumes.mounting_sandboxes() - live_ids):
             await self.core.release_volumes(sandbox_id)
+        # Volumes made before hosts were recorded belong to the host holding the file.
+        claimed = self.core.volumes.claim_unhomed(self.core.host_id, self.core.volume_files.ids())
+        if claimed:
+            log.info("volumes %s: their files are here, recorded as this host's", claimed)
         for name in self.core.volume_files.sweep(self.core.volumes.all_ids()):
             log.info("removed the volume file %s: no volume row names it", name)
         # Shared volumes: serve the live sandboxes again (a running guest's FUSE waits

@@ -160,7 +160,7 @@ class SnapshotService:
                     # (their guests have them mounted already, in the memory they share).
                     self.core.own_volumes(child.id)
                     self.core.volumes.attach(
-                        child.id, [replace(m, sandbox_id=child.id) for m in shared]
+                        child.id, [replace(m, sandbox_id=child.id) for m in shared], me
                     )
                 children.append(child)
         crash_point("fork.rows")

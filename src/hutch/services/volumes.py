@@ -22,7 +22,7 @@ from hutch.contract.auth import DEFAULT_PROJECT
 from hutch.contract.limits import DISK_GIB_RANGE
 from hutch.contract.names import validate_name
 from hutch.contract.volumes import VolumeKind, VolumeMount, validate_size
-from hutch.errors import Conflict, InvalidArgument, NotFound, StateError
+from hutch.errors import Conflict, InvalidArgument, NotFound, StateError, Unavailable
 from hutch.models import PauseMode, SandboxRecord, SandboxState
 from hutch.runtime.backend import Runtime
 from hutch.services.registry import SandboxRegistry
@@ -80,8 +80,32 @@ class VolumeService:
     def _info(self, row: VolumeRow) -> VolumeInfo:
         return VolumeInfo(
             volume=row,
-            used_bytes=self.core.volume_files.used_bytes(row.id),
+            # Only the host holding the file can tell (a lookup through any host is
+            # forwarded there; a list shows None for other hosts' volumes).
+            used_bytes=self.core.volume_files.used_bytes(row.id) if self._here(row) else None,
             mounts=self.core.volumes.mounts_of_volume(row.id),
+        )
+
+    def _here(self, row: VolumeRow) -> bool:
+        return row.host in (None, self.core.host_id)
+
+    def _require_here(self, row: VolumeRow, action: str) -> None:
+        """``Unavailable`` unless the volume's file is on this host: ``action`` changes
+        the file (requests through any host are forwarded to the volume's host; this is
+        the guard for one that was not, or whose host is down)."""
+        if self._here(row):
+            return
+        host = self.core.hosts.get(str(row.host))
+        state = host.state if host is not None else "gone"
+        then = (
+            "send it through the cluster's API, which forwards it there"
+            if state in ("up", "draining")
+            else "retry once it is up"
+        )
+        raise Unavailable(
+            f"volume {row.name!r} ({row.id}) is on host {row.host}, which is {state}; "
+            f"{action} needs that host: {then}",
+            retry_after_s=15,
         )
 
     def get(self, ref: str, project: str = DEFAULT_PROJECT) -> VolumeInfo:
@@ -111,7 +135,9 @@ class VolumeService:
                     "delete it first or pick another name"
                 )
             self._check_quota(project, extra_count=1, extra_bytes=size_bytes)
-            row = VolumeRow(new_volume_id(), project, name, kind, size_bytes, time.time())
+            row = VolumeRow(
+                new_volume_id(), project, name, kind, size_bytes, time.time(), self.core.host_id
+            )
             await asyncio.to_thread(self.core.volume_files.create, row.id, size_bytes)
             try:
                 self.core.volumes.insert(row)
@@ -123,11 +149,18 @@ class VolumeService:
 
     async def delete(self, ref: str, project: str = DEFAULT_PROJECT) -> None:
         """Row first (refused while mounted, naming the sandboxes), then the file: a crash
-        between leaves a file the next start removes."""
+        between leaves a file the next start removes. A volume of a host that is down
+        loses its row here; that host removes the file at its next start."""
         row = self._row(project, ref)
+        here = self._here(row)
+        if not here:
+            host = self.core.hosts.get(str(row.host))
+            if host is not None and host.state != "down":
+                self._require_here(row, "deleting it")
         async with self._lock(row.id):
             self.core.volumes.delete(row.id)
-            await asyncio.to_thread(self.core.volume_files.remove, row.id)
+            if here:
+                await asyncio.to_thread(self.core.volume_files.remove, row.id)
 
     def _check_quota(self, project: str, *, extra_count: int, extra_bytes: int) -> None:
         if self.quota is None:
@@ -146,6 +179,12 @@ class VolumeService:
         planned = []
         for slot, m in enumerate(mounts):
             row = self._row(project, m.volume)
+            if not self._here(row):
+                raise Conflict(
+                    f"volume {row.name!r} ({row.id}) is on host {row.host}, not on host "
+                    f"{self.core.host_id}; a sandbox mounts volumes of the host it runs on "
+                    "(a create through the cluster's API is placed on the volume's host)"
+                )
             if row.kind is VolumeKind.EXCLUSIVE:
                 users = [u.sandbox_id for u in self.core.volumes.mounts_of_volume(row.id)]
                 if users:
@@ -164,7 +203,7 @@ class VolumeService:
         if not planned:
             return
         self.core.own_volumes(sandbox_id)
-        self.core.volumes.attach(sandbox_id, [p.mount for p in planned])
+        self.core.volumes.attach(sandbox_id, [p.mount for p in planned], self.core.host_id)
 
     def drives(self, planned: Sequence[PlannedMount]) -> list[VolumeDrive]:
         """The exclusive volumes' block devices, each at its mount slot."""
@@ -208,6 +247,7 @@ class VolumeService:
                 "in this version (its size is fixed at create); create a larger one and "
                 "copy the data"
             )
+        self._require_here(row, "growing it")
         async with self._lock(row.id):
             self._check_quota(project, extra_count=0, extra_bytes=size_bytes - row.size_bytes)
             mounts = self.core.volumes.mounts_of_volume(row.id)

@@ -100,6 +100,16 @@ class VolumeFiles:
             return
         os.truncate(path, size_bytes)
 
+    def ids(self) -> set[str]:
+        """The volumes whose complete file is here."""
+        if not self.root.is_dir():
+            return set()
+        return {
+            e.name[: -len(".img")]
+            for e in self.root.iterdir()
+            if e.name.endswith(".img") and not e.name.startswith(".")
+        }
+
     def sweep(self, known_ids: set[str]) -> list[str]:
         """Remove unfinished creates and files of volumes no row names (a crash between a
         delete's row and its file, or between a create's rename and its row)."""

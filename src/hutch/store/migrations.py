@@ -381,6 +381,12 @@ MIGRATIONS: tuple[str, ...] = (
         claimed_at  REAL NOT NULL
     );
     """,
+    # 18: the host whose disk holds each volume's file (issue 14: a sandbox mounting it
+    # runs there; its file operations go there). NULL: made before hosts were recorded;
+    # the host whose state directory holds the file claims it at its start.
+    """
+    ALTER TABLE volumes ADD COLUMN host TEXT;
+    """,
 )
 
 

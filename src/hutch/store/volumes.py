@@ -1,7 +1,8 @@
 """The volumes table and the mounts that hold them. Same database as ``hutch.store.db``.
 
 A volume row exists only once its file is complete (the file is made under a temporary
-name and renamed first; ``hutch.storage.volumes``). A mount row says sandbox S uses
+name and renamed first; ``hutch.storage.volumes``), and names the host whose disk holds
+that file (``host``; several hosts share the database). A mount row says sandbox S uses
 volume V at a path; it is written with S's create and removed by S's teardown, and a
 volume with a mount row cannot be deleted (checked in the delete's own transaction).
 """
@@ -19,7 +20,7 @@ from hutch.store.db import Store
 
 __all__ = ["MountRow", "VolumeRow", "VolumeStore", "new_volume_id"]
 
-_COLUMNS = "id, project, name, kind, size_bytes, created_at"
+_COLUMNS = "id, project, name, kind, size_bytes, created_at, host"
 
 
 def new_volume_id() -> str:
@@ -34,6 +35,9 @@ class VolumeRow:
     kind: VolumeKind
     size_bytes: int
     created_at: float
+    #: The host whose disk holds the file; None: a volume made before hosts were
+    #: recorded that no host has claimed yet (:meth:`VolumeStore.claim_unhomed`).
+    host: str | None = None
 
 
 @dataclass(frozen=True)
@@ -47,8 +51,8 @@ class MountRow:
 
 
 def _volume(r: tuple[Any, ...]) -> VolumeRow:
-    vid, project, name, kind, size, created = r
-    return VolumeRow(vid, project, name, VolumeKind(kind), int(size), float(created))
+    vid, project, name, kind, size, created, host = r
+    return VolumeRow(vid, project, name, VolumeKind(kind), int(size), float(created), host)
 
 
 def _mount(r: tuple[Any, ...]) -> MountRow:
@@ -65,9 +69,9 @@ class VolumeStore:
         try:
             with self._store.transaction() as db:
                 db.execute(
-                    f"INSERT INTO volumes ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+                    f"INSERT INTO volumes ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
                     (row.id, row.project, row.name, row.kind.value, row.size_bytes,
-                     row.created_at),
+                     row.created_at, row.host),
                 )  # fmt: skip
         except Conflict:
             raise Conflict(
@@ -104,6 +108,20 @@ class VolumeStore:
         with self._store.transaction() as db:
             return {r[0] for r in db.execute("SELECT id FROM volumes").fetchall()}
 
+    def claim_unhomed(self, host: str, volume_ids: set[str]) -> list[str]:
+        """Record ``host`` as the home of those of ``volume_ids`` (the files in its state
+        directory) that no host has claimed yet (rows from before hosts were recorded);
+        the ids claimed."""
+        claimed: list[str] = []
+        with self._store.transaction() as db:
+            for vid in sorted(volume_ids):
+                cur = db.execute(
+                    "UPDATE volumes SET host = ? WHERE id = ? AND host IS NULL", (host, vid)
+                )
+                if cur.rowcount:
+                    claimed.append(vid)
+        return claimed
+
     def set_size(self, volume_id: str, size_bytes: int) -> None:
         with self._store.transaction() as db:
             db.execute("UPDATE volumes SET size_bytes = ? WHERE id = ?", (size_bytes, volume_id))
@@ -129,20 +147,27 @@ class VolumeStore:
 
     # -- mounts -------------------------------------------------------------------------
 
-    def attach(self, sandbox_id: str, mounts: Sequence[MountRow]) -> None:
-        """Record ``mounts`` of ``sandbox_id`` in one transaction; ``Conflict`` if an
-        exclusive volume among them is mounted by another sandbox already."""
+    def attach(self, sandbox_id: str, mounts: Sequence[MountRow], host: str) -> None:
+        """Record ``mounts`` of ``sandbox_id``, which runs on ``host``, in one
+        transaction; ``Conflict`` if an exclusive volume among them is mounted by
+        another sandbox already, or if a volume's file is on another host."""
         with self._store.transaction() as db:
             for m in mounts:
                 # The volume's row stays locked until the commit: two sandboxes taking
                 # one exclusive volume at once (two hosts) check one after the other.
-                kind = db.execute(
-                    "SELECT kind FROM volumes WHERE id = ?" + db.dialect.for_update,
+                found = db.execute(
+                    "SELECT kind, host FROM volumes WHERE id = ?" + db.dialect.for_update,
                     (m.volume_id,),
                 ).fetchone()
-                if kind is None:
+                if found is None:
                     raise Conflict(f"volume {m.volume_id} was deleted meanwhile")
-                if kind[0] == VolumeKind.EXCLUSIVE.value:
+                if found[1] not in (None, host):
+                    raise Conflict(
+                        f"volume {m.volume_id} is on host {found[1]}, not on host {host}; a "
+                        "sandbox mounts volumes of the host it runs on (create it again: "
+                        "it is placed on the volume's host)"
+                    )
+                if found[0] == VolumeKind.EXCLUSIVE.value:
                     other = db.execute(
                         "SELECT sandbox_id FROM volume_mounts WHERE volume_id = ? "
                         "AND sandbox_id != ?",
