@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -27,6 +27,7 @@ from hutch.e2b.keys import e2b_form
 from hutch.errors import Conflict, Unavailable
 from hutch.services.composed import Services
 from hutch.store import Store
+from hutch.store.hosts import HostRow
 from tests.component.conftest import API_KEY, FakeImages
 from tests.component.fake_backend import FakeBackend
 
@@ -286,6 +287,37 @@ async def test_volumes_live_on_one_host_and_their_sandboxes_and_calls_go_there(
     assert (await h1.client.delete("/v1/volumes/data")).status_code == 204
     assert not h2.svc.core.volume_files.path(vol).exists()
     assert (await h2.client.get("/v1/volumes/data")).status_code == 404
+
+
+async def test_while_a_volumes_host_is_down_it_is_not_mounted_and_a_delete_leaves_the_file(
+    hosts: dict[str, Host], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """h2 seen down from h1 (its rows answered as down, nothing else changed: marking it
+    down for real would have h1 sweep it): a create mounting h2's volume is a 503 naming
+    h2, growing it too; a delete removes the row and h2's next start removes the file."""
+    h1, h2 = hosts["h1"], hosts["h2"]
+    r = await h2.client.post("/v1/volumes", json={"name": "far", "size": 64 << 20})
+    assert r.status_code == 201, r.text
+    vol = r.json()["id"]
+    for store in (h1.svc.cluster.hosts, h1.svc.core.hosts):
+        real = store.get
+
+        def seen_down(host_id: str, real: Callable[[str], HostRow | None] = real) -> HostRow | None:
+            row = real(host_id)
+            return replace(row, state="down") if row is not None and host_id == "h2" else row
+
+        monkeypatch.setattr(store, "get", seen_down)
+    r = await h1.client.post("/v1/sandboxes", json={"volumes": [{"volume": "far", "path": "/f"}]})
+    assert r.status_code == 503 and "on host h2, which is down" in r.text, r.text
+    assert r.headers["Retry-After"] == "15"
+    r = await h1.client.patch("/v1/volumes/far", json={"size": 128 << 20})
+    assert r.status_code == 503 and "retry once it is up" in r.text, r.text
+    assert not h1.svc.core.runtimes and not h2.svc.core.runtimes
+    assert (await h1.client.delete("/v1/volumes/far")).status_code == 204
+    assert (await h2.client.get("/v1/volumes/far")).status_code == 404
+    assert h2.svc.core.volume_files.path(vol).is_file()  # h2 was "down": not touched
+    swept = h2.svc.core.volume_files.sweep(h2.svc.core.volumes.all_ids())  # h2's next start
+    assert swept == [f"{vol}.img"] and not h2.svc.core.volume_files.path(vol).exists()
 
 
 async def test_a_drain_reaches_its_host_pauses_its_sandboxes_and_stops_placement(

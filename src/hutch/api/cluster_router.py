@@ -45,7 +45,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
 from hutch.api.auth import PROJECT_HEADER, Authenticator, bearer_token, requested_project
-from hutch.api.errors import error_response, status_for
+from hutch.api.errors import response_for
 from hutch.api.schemas import CreateSandbox, ResumeRequest
 from hutch.contract.auth import Principal
 from hutch.contract.placement import parse_placement
@@ -295,8 +295,7 @@ def _edge_principal(scope: Scope, headers: Headers) -> Principal | None:
 
 
 async def _error(exc: HutchError, scope: Scope, receive: Receive, send: Send) -> None:
-    response = error_response(exc.code, exc.message, status_for(exc))
-    await response(scope, receive, send)
+    await response_for(exc)(scope, receive, send)
 
 
 async def read_body(receive: Receive, limit: int) -> tuple[bytes, bool]:

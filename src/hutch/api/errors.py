@@ -23,6 +23,7 @@ __all__ = [
     "handle_hutch_error",
     "handle_unexpected",
     "handle_validation_error",
+    "response_for",
     "status_for",
 ]
 
@@ -33,16 +34,21 @@ def error_response(code: str, message: str, status: int) -> JSONResponse:
     return JSONResponse(error_body(code, message), status_code=status)
 
 
+def response_for(exc: e.HutchError) -> JSONResponse:
+    """The answer to ``exc``: its status and code from the one table, and Retry-After
+    for ``Unavailable`` (also where the cluster router answers before the REST app)."""
+    status = status_for(exc)
+    response = error_response(exc.code, exc.message, status)
+    if isinstance(exc, e.Unavailable):
+        response.headers["Retry-After"] = str(exc.retry_after_s)
+    elif status >= 500:
+        log.error("%s: %s", type(exc).__name__, exc.message)
+    return response
+
+
 async def handle_hutch_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, e.HutchError)
-    status = status_for(exc)
-    if isinstance(exc, e.Unavailable):
-        response = error_response(exc.code, exc.message, status)
-        response.headers["Retry-After"] = str(exc.retry_after_s)
-        return response
-    if status >= 500:
-        log.error("%s: %s", type(exc).__name__, exc.message)
-    return error_response(exc.code, exc.message, status)
+    return response_for(exc)
 
 
 async def handle_validation_error(_: Request, exc: Exception) -> JSONResponse:
