@@ -16,6 +16,7 @@ keeps one sandbox per worker; the killed worker comes back before the E2B tests)
     test_3_moves.py        fork children, named snapshots, pause/resume, drain, a kill
     test_4_e2b_labels.py   the E2B face through any worker, placement labels kept
     test_5_images.py       an imported image fetched from the bucket by another worker
+    test_6_volumes.py      a volume's sandboxes and calls go to the worker holding it
 """
 
 from __future__ import annotations
