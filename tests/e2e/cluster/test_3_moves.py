@@ -16,6 +16,14 @@ import pytest
 from hutch import errors
 from hutch.sdk import Client, Sandbox, SandboxInfo
 from tests.e2e.cluster.guest_state import counter, kept_state, with_state
+from tests.e2e.cluster.net_probe import (
+    HTTP_PORT,
+    LEARN_S,
+    device,
+    ip_rules_of,
+    probe,
+    tunnel_routes,
+)
 from tests.e2e.cluster_lab import LEASE_S, MEMORY_MIB, Worker, create_on, owners
 from tests.e2e.conftest import pid_alive, wait_for
 from tests.s3server import S3Server
@@ -202,6 +210,11 @@ def _killed_worker(
     w1, w2, w3 = cluster
     on_disk = _create(w2, placement={"host": "w3"})
     with w1.client(timeout=300.0) as c:
+        # A private network with a member on w3 and its peer on w1, through the tunnel.
+        net = c.networks.create("survives").id
+        peer = _member(c, net, "peer", "w1")
+        doomed = _member(c, net, "doomed", "w3")
+        assert wait_for(lambda: _reaches(c, peer, "doomed", doomed), LEARN_S, interval_s=1.0)
         c.write_file(on_disk.id, "/root/kept", b"on disk")
         c.exec(on_disk.id, ["sync"])
         c.pause_sandbox(paused.id)
@@ -226,9 +239,13 @@ def _killed_worker(
     assert wait_for(lost, LEASE_S * 2.5)
     assert time.monotonic() - killed_at <= LEASE_S * 2.5
     with w1.client() as c:
-        for s in on_w3:
+        for s in [*on_w3, doomed]:
             info = c.get_sandbox(s.id)
             assert info.error is not None and info.error.startswith("lost: host w3 is down")
+        # w1's tunnel forgets the down host's member (route, then device: none left).
+        assert doomed.network is not None
+        assert wait_for(lambda: device(w1.tunnel) is None, LEARN_S), tunnel_routes(w1)
+        assert probe(c, peer.id, "doomed")["doomed"]["body"].startswith("ERR")
         assert c.get_sandbox(paused.id).state == "paused"  # nothing of it was lost
         hosts = {h.id: h for h in c.hosts.list()}
         assert hosts["w3"].state == "down" and "lease expired" in (hosts["w3"].down_reason or "")
@@ -259,3 +276,31 @@ def _killed_worker(
         assert {h.id: h.state for h in c.hosts.list()}["w3"] == "up"
         assert c.get_sandbox(paused.id).state == "running"
         assert c.exec(paused.id, ["true"]).exit_code == 0  # through w3, to its new host
+        # The restarted w3 rebuilds its end of the tunnel (the SIGKILL left its device and
+        # rule): a new member there and w1's peer reach each other by name, both ways,
+        # and w3 holds one device and one rule.
+        back = _member(c, net, "back", "w3")
+        assert wait_for(lambda: _reaches(c, peer, "back", back), LEARN_S, interval_s=1.0)
+        assert _reaches(c, back, "peer", peer)
+        assert device(w3.tunnel) is not None and ip_rules_of(w3) == 1
+        for sb in (peer, back, doomed):
+            c.delete_sandbox(sb.id)
+        assert wait_for(lambda: device(w1.tunnel) is None and device(w3.tunnel) is None, 20)
+        c.networks.delete(net)
+
+
+def _member(c: Client, net: str, name: str, host: str) -> SandboxInfo:
+    """A sandbox on ``host`` in network ``net`` serving its id at :HTTP_PORT/marker."""
+    sb = c.create_sandbox(
+        memory_mib=MEMORY_MIB, name=name, networks=[net], placement={"host": host}
+    )
+    c.exec(sb.id, ["sh", "-c", f"echo {sb.id} > /tmp/marker"])
+    serve = f"python3 -m http.server {HTTP_PORT} --directory /tmp"
+    c.exec(sb.id, ["sh", "-c", f"setsid -f {serve} >/dev/null 2>&1"])
+    return sb
+
+
+def _reaches(c: Client, source: SandboxInfo, name: str, target: SandboxInfo) -> bool:
+    assert target.network is not None
+    seen = probe(c, source.id, name)[name]
+    return seen == {"ip": target.network.address, "body": target.id}
