@@ -249,7 +249,7 @@ async def test_volumes_live_on_one_host_and_their_sandboxes_and_calls_go_there(
         return await via.client.post("/v1/sandboxes", json=body)
 
     data_at = [{"volume": "data", "path": "/data"}]
-    refusals = [
+    refusals: list[tuple[dict[str, object], int, str]] = [
         (
             {"volumes": [*data_at, {"volume": "mine", "path": "/mine"}]},
             409,
