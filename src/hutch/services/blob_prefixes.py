@@ -75,20 +75,24 @@ class PrefixBlobs:
         scratch: Path,
         host: str,
         *,
+        under: str = "",
         closed: Callable[[], bool] = lambda: False,
     ) -> None:
-        """``scratch``: where indexes are written before they go; ``closed()``: the
-        daemon stops (an upload under way ends between two parts)."""
+        """``scratch``: where indexes are written before they go; ``under``: what the
+        store's names put before a directory's path (``builtin/`` for built-in
+        images); ``closed()``: the daemon stops (an upload ends between two parts)."""
         self.store = store
         self.records = records
         self.images_dir = images_dir
         self.scratch = scratch
         self.host = host
+        self._under = under
         self._closed = closed
 
     def rel(self, d: Path) -> str:
-        """``d``'s path under the images directory (what names it in the store)."""
-        return d.relative_to(self.images_dir).as_posix()
+        """What names ``d`` in the store: its path under the images directory (after
+        ``under``)."""
+        return self._under + d.relative_to(self.images_dir).as_posix()
 
     def prefix(self, d: Path) -> str:
         return image_prefix(self.rel(d))
