@@ -136,7 +136,9 @@ def build_services(
         images.blobs.in_use = lambda digest: cache.user(digest, here=True)
         # Built-in images: one content per digest on every host, fetched by digest
         # under a frozen state that needs one this host lacks.
-        builtins = BuiltinBlobs.beside(images.blobs, core.hosts)
+        builtins = BuiltinBlobs.beside(
+            images.blobs, core.hosts, converge=settings.blob_builtin_images
+        )
         if builtins is not None:
             builtins.users = HostBuiltinUsers(core, pool, snapshots.blobs.frozen_base)
             lifecycle.moves.base_images = builtins

@@ -98,6 +98,13 @@ def _host(name: str, images: Path, tmp: Path, bucket: Bucket, db: Store) -> Buil
     )
 
 
+def _uploaded_by_a(images: Path, tmp: Path, bucket: Bucket, db: Store) -> Path:
+    """Host A's build of ``base`` in ``images``, its upload complete (the first: it wins)."""
+    a_dir = built(images, b"A-build ")
+    asyncio.run(_host("a", images, tmp, bucket, db)._attempt(f"base/{DIGEST}"))
+    return a_dir
+
+
 def _sha(d: Path) -> str:
     return identity.identity(d / "rootfs.ext4")
 
@@ -250,8 +257,7 @@ def _overlay(disk: Path, base: Path) -> None:
 def test_a_copy_in_use_here_is_kept_and_replaced_once_nothing_uses_it(
     tmp_path: Path, bucket: Bucket, db: Store, caplog: pytest.LogCaptureFixture
 ) -> None:
-    a_dir = built(tmp_path / "a-images", b"A-build ")
-    asyncio.run(_host("a", tmp_path / "a-images", tmp_path, bucket, db)._attempt(f"base/{DIGEST}"))
+    a_dir = _uploaded_by_a(tmp_path / "a-images", tmp_path, bucket, db)
     b_images = tmp_path / "b-images"
     b_dir = differing_copy(a_dir, b_images, b"B-build ")
     b_bytes = files_of(b_dir)
@@ -289,8 +295,7 @@ def test_a_snapshot_of_this_host_frozen_over_the_copy_keeps_it_even_when_evicted
 ) -> None:
     """Its files went (the blob cache); its upload says it was frozen over this copy's
     bytes: replacing them would leave it nowhere to open."""
-    a_dir = built(tmp_path / "a-images", b"A-build ")
-    asyncio.run(_host("a", tmp_path / "a-images", tmp_path, bucket, db)._attempt(f"base/{DIGEST}"))
+    a_dir = _uploaded_by_a(tmp_path / "a-images", tmp_path, bucket, db)
     b_images = tmp_path / "b-images"
     b_dir = differing_copy(a_dir, b_images, b"B-build ")
     b = _host("b", b_images, tmp_path, bucket, db)
@@ -316,8 +321,7 @@ def test_a_shared_images_directory_is_not_replaced(
 ) -> None:
     """Another hutchd on this machine uses the same directory: its sandboxes are not
     this daemon's to see, so the copy stays."""
-    a_dir = built(tmp_path / "a-images", b"A-build ")
-    asyncio.run(_host("a", tmp_path / "a-images", tmp_path, bucket, db)._attempt(f"base/{DIGEST}"))
+    a_dir = _uploaded_by_a(tmp_path / "a-images", tmp_path, bucket, db)
     b_images = tmp_path / "b-images"
     b_dir = differing_copy(a_dir, b_images, b"B-build ")
     b = _host("b", b_images, tmp_path, bucket, db)
@@ -341,8 +345,7 @@ def test_a_shared_images_directory_is_not_replaced(
 def test_a_kill_at_any_step_of_an_adoption_leaves_a_complete_directory(
     tmp_path: Path, bucket: Bucket, db: Store, point: str, replaced: bool
 ) -> None:
-    a_dir = built(tmp_path / "a-images", b"A-build ")
-    asyncio.run(_host("a", tmp_path / "a-images", tmp_path, bucket, db)._attempt(f"base/{DIGEST}"))
+    a_dir = _uploaded_by_a(tmp_path / "a-images", tmp_path, bucket, db)
     b_images = tmp_path / "b-images"
     b_dir = differing_copy(a_dir, b_images, b"B-build ")
     b_files = files_of(b_dir)
@@ -375,10 +378,7 @@ def test_a_digest_this_host_lacks_is_fetched_under_a_frozen_dir_and_current_stay
     tmp_path: Path, bucket: Bucket, db: Store
 ) -> None:
     hosts = Machines(tmp_path)
-    images = hosts.be("a")
-    a_dir = built(images, b"A-build ")
-    a = _host("a", images, tmp_path, bucket, db)
-    asyncio.run(a._attempt(f"base/{DIGEST}"))
+    a_dir = _uploaded_by_a(hosts.be("a"), tmp_path, bucket, db)
     snap = _frozen(tmp_path / "a-state", a_dir / "rootfs.ext4")
     upload_dir(bucket.store, "snapshots/s/", snap, owner="s", scratch=tmp_path)
     a_files = files_of(a_dir)
@@ -423,8 +423,7 @@ def test_a_digest_nobody_uploaded_is_refused_naming_it_and_what_to_do(
 def test_a_swapped_or_truncated_bucket_object_is_refused_and_nothing_is_kept(
     tmp_path: Path, bucket: Bucket, db: Store, tamper: str, how: str
 ) -> None:
-    a_dir = built(tmp_path / "a-images", b"A-build ")
-    asyncio.run(_host("a", tmp_path / "a-images", tmp_path, bucket, db)._attempt(f"base/{DIGEST}"))
+    a_dir = _uploaded_by_a(tmp_path / "a-images", tmp_path, bucket, db)
     key = builtin_prefix("base", DIGEST) + "rootfs.ext4"
     bad = tmp_path / "bad.ext4"
     with bad.open("wb") as f:  # the same size and head, one byte else: or cut short
@@ -470,3 +469,28 @@ def test_a_resync_uploads_again_what_the_bucket_lost(
 
     assert asyncio.run(run()) == [f"base/{DIGEST}"]
     assert a.prefixes.complete(a_dir)
+
+
+def test_with_built_in_uploads_off_a_start_publishes_and_changes_nothing(
+    tmp_path: Path, bucket: Bucket, db: Store
+) -> None:
+    """``HUTCH_BLOB_BUILTIN_IMAGES=0`` (hosts sharing one images directory): nothing
+    uploaded, no copy replaced; what the host holds is published all the same."""
+    a_dir = _uploaded_by_a(tmp_path / "a-images", tmp_path, bucket, db)
+    b_images = tmp_path / "b-images"
+    b_dir = differing_copy(a_dir, b_images, b"B-build ")
+    built(b_images, b"B-other ", digest=OTHER, current=False)
+    b_files = files_of(b_dir)
+    b = _host("b", b_images, tmp_path, bucket, db)
+    b.converging = False
+
+    async def run() -> None:
+        await b.start()
+        await b.close()
+
+    asyncio.run(run())
+    assert files_of(b_dir) == b_files
+    assert ImageUploadStore(db).get(builtin_prefix("base", OTHER)) is None
+    row = HostStore(db).get("b")
+    assert row is not None and row.images["base"][DIGEST] == _sha(b_dir)
+    assert set(row.images["base"]) == {DIGEST, OTHER}

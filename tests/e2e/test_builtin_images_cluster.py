@@ -169,12 +169,14 @@ def test_a_pause_resumes_on_a_worker_whose_base_held_other_bytes_once_it_converg
     index = f"images/builtin/base/{lab.digest}/index.json"
     assert wait_for(lambda: index in w1.blob_keys(s3, "images/builtin/base/"), 300)
     shutil.copy(w1.state_dir / "secrets.key", w2.state_dir / "secrets.key")
-    with _a_create_holds(lab.rootfs(w2).parent):
-        w2.start()
-        # Its start finds its copy unlike the upload and keeps it while it is held.
-        assert wait_for(lambda: "kept while a create" in w2.log_path.read_text(), 300)
-        assert identity.compute(lab.rootfs(w2)) == w2_sha
-        with w1.client(timeout=300.0) as c:
+    # One client through w1 for the whole test (any worker's API reaches the VM; the
+    # handle keeps the context that holds the Python variable).
+    with w1.client(timeout=300.0) as c:
+        with _a_create_holds(lab.rootfs(w2).parent):
+            w2.start()
+            # Its start finds its copy unlike the upload and keeps it while it is held.
+            assert wait_for(lambda: "kept while a create" in w2.log_path.read_text(), 300)
+            assert identity.compute(lab.rootfs(w2)) == w2_sha
             sb, before = with_state(c, placement={"host": "w1"})
             assert owners([w1, w2])[sb.id] == "w1"
             at = c.pause_sandbox(sb.id).paused_at
@@ -185,15 +187,14 @@ def test_a_pause_resumes_on_a_worker_whose_base_held_other_bytes_once_it_converg
             assert c.get_sandbox(sb.id).state == "paused"
             assert sb.id not in w2.sandbox_dirs()
 
-    # Nothing holds it now: w2's next start replaces its copy before anything else.
-    w2.stop()
-    w2.start()
-    assert wait_for(lambda: identity.known(lab.rootfs(w2)) == w1_sha, 300)
-    assert identity.compute(lab.rootfs(w2)) == w1_sha  # the bytes w1 uploaded
-    published = HostStore(Store(lab.database)).get("w2")
-    assert published is not None and published.images == {"base": {lab.digest: w1_sha}}
+        # Nothing holds it now: w2's next start replaces its copy before anything else.
+        w2.stop()
+        w2.start()
+        assert wait_for(lambda: identity.known(lab.rootfs(w2)) == w1_sha, 300)
+        assert identity.compute(lab.rootfs(w2)) == w1_sha  # the bytes w1 uploaded
+        published = HostStore(Store(lab.database)).get("w2")
+        assert published is not None and published.images == {"base": {lab.digest: w1_sha}}
 
-    with w2.client(timeout=300.0) as c:
         assert c.resume_sandbox(sb.id, {"host": "w2"}).state == "running"
         assert owners([w1, w2])[sb.id] == "w2"
         kept_state(c, sb, before)

@@ -53,7 +53,7 @@ from hutch.errors import BlobError, ImageMismatch, ImageMissing, SnapshotError
 from hutch.images import identity
 from hutch.images.catalog import IMAGES
 from hutch.storage.blobs import BlobInfo, BlobStore
-from hutch.storage.blobs.flat import FILE_NAME, INDEX, Put
+from hutch.storage.blobs.flat import FILE_NAME, INDEX, Put, read_small
 from hutch.vm.disk_chain import disk_chain
 from hutch.vm.snapshot import MANIFEST_FILE, STATE_FILE
 from hutch.vm.snapshot_dir import load_manifest
@@ -220,21 +220,16 @@ def frozen_base(store: BlobStore, prefix: str, scratch: Path) -> tuple[str, str 
     the identity recorded for it (None when the index records none), or None when there
     is no index or it names no base. Blocking; ``BlobError`` when the store fails or
     the index is not one."""
-    found = store.stat(prefix + INDEX)
-    if found is None:
+    raw = read_small(store, prefix + INDEX, scratch)
+    if raw is None:
         return None
-    scratch.mkdir(parents=True, exist_ok=True)
-    path = scratch / f".frozen-index-{secrets.token_hex(4)}.json"
     try:
-        store.get(prefix + INDEX, path, expect=found)
-        index = json.loads(path.read_text())
+        index = json.loads(raw)
         base, sha = index.get("base"), index.get("base_sha256")
     except (ValueError, AttributeError) as exc:
         raise BlobError(
             f"blob {prefix}{INDEX} at {store.url} is not a valid index ({exc})"
         ) from exc
-    finally:
-        path.unlink(missing_ok=True)
     if not isinstance(base, str):
         return None
     return base, sha if isinstance(sha, str) else None

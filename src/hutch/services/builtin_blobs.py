@@ -154,13 +154,17 @@ class BuiltinBlobs:
         hosts: HostStore | None = None,
         retry_s: Sequence[float] = RETRY_S,
         resync_s: float = RESYNC_S,
+        converge: bool = True,
     ) -> None:
         """``records``: the database's upload records; ``scratch``: where indexes are
         written and read (the state dir); ``host``: this host's id (its claims and its
-        ``hosts`` row, where ``hosts`` publishes what it holds; None: nothing is)."""
+        ``hosts`` row, where ``hosts`` publishes what it holds; None: nothing is);
+        ``converge`` False (``HUTCH_BLOB_BUILTIN_IMAGES=0``): :meth:`start` neither
+        uploads nor replaces anything (publication and fetches by digest stay)."""
         self.images_dir = images_dir
         self.host = host
         self.hosts = hosts
+        self.converging = converge
         #: What uses a directory here (None: nothing is known to: a test).
         self.users: BuiltinUsers | None = None
         self.uploads: BackgroundUploads[str] = BackgroundUploads(
@@ -185,13 +189,15 @@ class BuiltinBlobs:
         self._presence: int | None = None
 
     @classmethod
-    def beside(cls, blobs: ImageBlobs, hosts: HostStore | None) -> BuiltinBlobs | None:
+    def beside(
+        cls, blobs: ImageBlobs, hosts: HostStore | None, *, converge: bool = True
+    ) -> BuiltinBlobs | None:
         """Sharing the imported images' store, records and host (None without a store)."""
         if blobs.store is None or blobs.records is None:
             return None
         return cls(
             blobs.store, blobs.records, blobs.images_dir, blobs.scratch,
-            host=blobs.host, hosts=hosts,
+            host=blobs.host, hosts=hosts, converge=converge,
         )  # fmt: skip
 
     @property
@@ -212,7 +218,8 @@ class BuiltinBlobs:
         directory on its upload (before the caller makes templates or a pool), then
         upload in the background what is not uploaded and check again every
         ``resync_s``. Failures are logged (the store or the database away: the
-        resync tries again)."""
+        resync tries again). Without ``converge``: the crash's leftovers and the
+        publication only."""
         self.uploads.start()
         await asyncio.to_thread(self._open)
         local = await asyncio.to_thread(self.local)
@@ -220,6 +227,8 @@ class BuiltinBlobs:
             await asyncio.to_thread(self.publish)
         except HutchError as exc:
             log.warning("publishing this host's built-in images failed: %s", exc)
+        if not self.converging:
+            return
         for name, digest in local:
             try:
                 await self.converge(name, digest)
@@ -422,18 +431,21 @@ class BuiltinBlobs:
                      self.store.url, why)  # fmt: skip
         self._waiting[key] = why
 
-    def _stage(self, name: str, digest: str, record: UploadRecord) -> Staged:
-        final = self._dir(name, digest)
+    def _stage(self, name: str, digest: str, record: UploadRecord, what: str = "") -> Staged:
+        """The upload of ``<name>/<digest>/`` fetched beside it and checked (what
+        ``record`` says, and ``check_builtin``); ``ImageMissing`` when its index is gone.
+        ``what``: what it is fetched for, in messages."""
+        named = f"built-in image {name!r} ({digest})"
         staged = self.prefixes.stage(
-            final,
-            f"built-in image {name!r} ({digest})",
+            self._dir(name, digest),
+            f"{named}, which {what} was frozen over" if what else named,
             record,
             lambda d: check_builtin(d, name, digest),
         )
         if staged is None:
             raise ImageMissing(
                 f"built-in image {name!r} ({digest}): its upload to {self.store.url} is "
-                "no longer complete; this host keeps its copy"
+                "no longer complete; this host keeps what it has"
             )
         return staged
 
@@ -503,14 +515,10 @@ class BuiltinBlobs:
             if record is None:
                 return False
             started = time.monotonic()
-            staged = self.prefixes.stage(
-                final,
-                f"built-in image {name!r} ({digest}), which {what} was frozen over",
-                record,
-                lambda d: check_builtin(d, name, digest),
-            )
-            if staged is None:
-                return False
+            try:
+                staged = self._stage(name, digest, record, what)
+            except ImageMissing:
+                return False  # not complete: the check that follows refuses it
             self.prefixes.install(staged, final)
         log.info("built-in image %s %s fetched from %s in %.1f s (for %s)", name, digest,
                  self.store.url, time.monotonic() - started, what)  # fmt: skip
