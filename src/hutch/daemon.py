@@ -140,6 +140,7 @@ def build_services(
             images.blobs, core.hosts, converge=settings.blob_builtin_images
         )
         if builtins is not None:
+            images.hold_builtins = builtins.converging
             builtins.users = HostBuiltinUsers(core, pool, snapshots.blobs.frozen_base)
             lifecycle.moves.base_images = builtins
             snapshots.blobs.base_images = builtins

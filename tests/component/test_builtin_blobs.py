@@ -38,13 +38,16 @@ from hutch.models import SandboxRecord, SandboxState, Shape, SnapshotRecord
 from hutch.services.blob_dirs import fetch_dir, upload_dir
 from hutch.services.builtin_blobs import BuiltinBlobs, builtin_prefix, uploaded_identity
 from hutch.services.builtin_users import HostBuiltinUsers
+from hutch.services.image_blobs import ImageBlobs
 from hutch.services.image_compat import compatible_image, frozen_identity
+from hutch.services.images import HostImages, LocalBootSets, LocalImages
 from hutch.services.pool import WarmPool
 from hutch.services.registry import SandboxRegistry
 from hutch.storage.blobs import BlobStore, LocalBlobStore
 from hutch.store.db import Store
 from hutch.store.hosts import HostRow, HostStore, place_in
 from hutch.store.image_uploads import ImageUploadStore
+from hutch.store.images import ImageStore
 from tests.component.builtin_kit import DIGEST, built, differing_copy, files_of
 from tests.component.frozen_kit import qemu_tool
 from tests.component.test_image_identity_hosts import Machines, _frozen
@@ -494,3 +497,24 @@ def test_with_built_in_uploads_off_a_start_publishes_and_changes_nothing(
     row = HostStore(db).get("b")
     assert row is not None and row.images["base"][DIGEST] == _sha(b_dir)
     assert set(row.images["base"]) == {DIGEST, OTHER}
+
+
+def test_a_create_of_the_image_holds_its_copy_from_an_adoption(
+    tmp_path: Path, bucket: Bucket, db: Store
+) -> None:
+    """From before its image is resolved to its end, a create of ``base`` holds the
+    directory (``HostImages.using``): an adoption waits for it, then goes ahead."""
+    a_dir = _uploaded_by_a(tmp_path / "a-images", tmp_path, bucket, db)
+    b_images = tmp_path / "b-images"
+    b_dir = differing_copy(a_dir, b_images, b"B-build ")
+    records = ImageUploadStore(db)
+    blobs = ImageBlobs(bucket.store, b_images, tmp_path / "b-state", records, host="b")
+    images = HostImages(LocalImages(b_images), ImageStore(db), b_images,
+                        LocalBootSets(b_images), blobs)  # fmt: skip
+    images.hold_builtins = True
+    b = _host("b", b_images, tmp_path, bucket, db)
+    with images.using("base", "default"):
+        assert not asyncio.run(b.converge("base", DIGEST))
+        assert b._waiting[f"base/{DIGEST}"] == "a create or a fetch of a frozen state"
+    assert asyncio.run(b.converge("base", DIGEST))
+    assert files_of(b_dir) == files_of(a_dir)

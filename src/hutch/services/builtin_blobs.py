@@ -500,7 +500,8 @@ class BuiltinBlobs:
         final = self._dir(name, digest)
         if image_at(final) is None:
             self.fetch(name, digest, what)
-        return using_content(final)
+        # Held from this daemon's adoptions (another daemon's wait for the presence lock).
+        return using_content(final) if self.converging else contextlib.nullcontext()
 
     def fetch(self, name: str, digest: str, what: str) -> bool:
         """Fetch ``<name>/<digest>/`` into place, verified (``<name>/current`` stays);

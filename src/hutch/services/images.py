@@ -198,6 +198,9 @@ class HostImages:
         self.blobs = blobs if blobs is not None else ImageBlobs(None, images_dir, images_dir)
         # Step layers of Dockerfile builds a build sandbox boots from: found, not listed.
         self._ephemeral: dict[str, ImageArtifacts] = {}
+        #: A built-in image's directory may be replaced by the blob store's bytes here
+        #: (``builtin_blobs``, set where the services are composed): a create holds it.
+        self.hold_builtins = False
 
     def add_ephemeral(self, image: ImageArtifacts) -> None:
         """Let a sandbox be created from ``image`` (``ephemeral``, named ``.build-*``)
@@ -254,7 +257,7 @@ class HostImages:
         if not self.blobs.enabled or name.startswith(EPHEMERAL_PREFIX):
             return contextlib.nullcontext()
         if name in self.builtin.names(project):
-            built = self.builtin.find(name, project)
+            built = self.builtin.find(name, project) if self.hold_builtins else None
             return using_content(built.rootfs.parent) if built else contextlib.nullcontext()
         row = self.row(name, project)
         if row is None:

@@ -315,8 +315,8 @@ class SandboxService:
                     # (the blob cache; once built, the template keeps it).
                     # A built-in one's bytes stay too (no adoption under the build).
                     settings = self.core.settings
-                    blobs = settings.blob_url is not None
-                    with using_image(settings.images_dir, image, builtin=blobs):
+                    adopts = settings.blob_url is not None and settings.blob_builtin_images
+                    with using_image(settings.images_dir, image, builtin=adopts):
                         where = await self.core.backend.templates.build(image, shape)
                     log.info("template ready for %s at %s: %s", image.name, shape, where)
                     self.pool.refill(image)
