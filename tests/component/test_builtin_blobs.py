@@ -518,3 +518,29 @@ def test_a_create_of_the_image_holds_its_copy_from_an_adoption(
         assert b._waiting[f"base/{DIGEST}"] == "a create or a fetch of a frozen state"
     assert asyncio.run(b.converge("base", DIGEST))
     assert files_of(b_dir) == files_of(a_dir)
+
+
+def test_an_identity_that_cannot_be_recorded_is_hashed_once_for_publication(
+    tmp_path: Path, bucket: Bucket, db: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read-only images directory keeps no record beside the rootfs: the host's
+    publications (at each resync) hash it once, not every time."""
+    d = built(tmp_path / "images", b"A ")
+    (d / ".rootfs.ext4.sha256").unlink()
+    hashed: list[Path] = []
+    compute = identity.compute
+
+    def counted(path: Path) -> str:
+        hashed.append(path)
+        return compute(path)
+
+    monkeypatch.setattr(identity, "compute", counted)
+    monkeypatch.setattr(identity, "atomic_write_text", _refuse_write)
+    a = _host("a", tmp_path / "images", tmp_path, bucket, db)
+    first = a.publish()
+    assert a.publish(changed_only=True) == first == {"base": {DIGEST: compute(d / "rootfs.ext4")}}
+    assert hashed == [d / "rootfs.ext4"]
+
+
+def _refuse_write(path: Path, text: str, mode: int = 0o644) -> None:
+    raise PermissionError(13, "Read-only file system", str(path))

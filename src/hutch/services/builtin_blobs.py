@@ -184,6 +184,8 @@ class BuiltinBlobs:
         #: Per directory: why its adoption waits, as last logged (logged once).
         self._waiting: dict[str, str] = {}
         self._published: BuiltinIdentities | None = None
+        #: Identities hashed here that could not be recorded beside their file.
+        self._hashed: dict[Path, tuple[tuple[int, int], str]] = {}
         self._resync_s = resync_s
         self._resync_task: asyncio.Task[None] | None = None
         self._presence: int | None = None
@@ -533,12 +535,22 @@ class BuiltinBlobs:
 
     def identities(self) -> BuiltinIdentities:
         """name -> digest -> rootfs sha256 of every built-in image here. Blocking (a
-        rootfs without a recorded identity is hashed once)."""
+        rootfs without a recorded identity is hashed once: where the images directory
+        cannot be written, the hash is kept here, by the file's size and mtime)."""
         found: BuiltinIdentities = {}
         for name, digest in self.local():
             with contextlib.suppress(OSError):  # removed meanwhile
                 rootfs = self._dir(name, digest) / "rootfs.ext4"
-                found.setdefault(name, {})[digest] = identity.identity(rootfs)
+                st = rootfs.stat()
+                stamp = (st.st_size, st.st_mtime_ns)
+                cached = self._hashed.get(rootfs)
+                sha = identity.known(rootfs)
+                if sha is None and cached is not None and cached[0] == stamp:
+                    sha = cached[1]
+                if sha is None:
+                    sha = identity.identity(rootfs)
+                    self._hashed[rootfs] = (stamp, sha)
+                found.setdefault(name, {})[digest] = sha
         return found
 
     def publish(self, *, changed_only: bool = False) -> BuiltinIdentities:
