@@ -36,7 +36,7 @@ from hutch.store import Store
 from hutch.store.hosts import HostStore
 from tests import pgserver
 from tests.e2e.cluster.guest_state import counter, kept_state, with_state
-from tests.e2e.cluster_lab import Worker, owners
+from tests.e2e.cluster_lab import LEASE_S, Worker, owners
 from tests.e2e.conftest import _LIVE, finalize_daemon, wait_for
 from tests.s3server import S3Server, running_s3
 
@@ -199,4 +199,6 @@ def test_a_pause_resumes_on_a_worker_whose_base_held_other_bytes_once_it_converg
         assert owners([w1, w2])[sb.id] == "w2"
         kept_state(c, sb, before)
         assert counter(c, sb.id) > before
+        # w1 drops the files and tap of the sandbox that left (at a lease renewal).
+        assert wait_for(lambda: sb.id not in w1.sandbox_dirs(), LEASE_S * 4)
         c.delete_sandbox(sb.id)
