@@ -152,6 +152,9 @@ def up(root: Path, workers: int, images: Path | None, db: str, tunnel_port: int)
             env["HUTCH_SHARED_DB"] = str(shared / "cluster.db")
         if images is not None:
             env["HUTCH_IMAGES_DIR"] = str(images)
+            # One images directory for every worker: their built-in images are the same
+            # bytes, nothing to upload or converge (hutch.services.builtin_blobs).
+            env.setdefault("HUTCH_BLOB_BUILTIN_IMAGES", "0")
         # The workers' blob store, through which paused sandboxes, forks and named
         # snapshots move between them: a directory they share on this machine, unless
         # HUTCH_BLOB_URL names another (an S3 bucket).

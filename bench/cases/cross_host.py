@@ -84,6 +84,9 @@ def run_cross_host(ctx: BenchContext) -> BenchResult:
             "HUTCH_ROLE": "worker",
             "HUTCH_SHARED_DB": str(root / "cluster.db"),
             "HUTCH_CLUSTER_SECRET_FILE": str(secret),
+            # One images directory for both: no built-in image to converge (uploading
+            # ~3 GB of them would run beside what is measured).
+            "HUTCH_BLOB_BUILTIN_IMAGES": "0",
         }
         workers = {
             h: ctx.side_daemon(f"xhost-{h}", {**common, "HUTCH_HOST_ID": h}) for h in ("a", "b")

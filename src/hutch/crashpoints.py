@@ -55,6 +55,10 @@ POINTS: dict[str, str] = {
     "clone.disk": "a clone's overlay and vm.json written, QEMU not started",
     "fork.parent": "parent running again on its clone, children not started",
     "snapshot.frozen": "parent running again, the snapshot's row not yet ready",
+    # a built-in image's copy replaced by the blob store's (services/builtin_blobs.py)
+    "adopt.staged": "the upload fetched and verified beside this host's copy, nothing swapped",
+    "adopt.retired": "the copy's templates retired, the copy not yet swapped",
+    "adopt.swapped": "the upload exchanged in for the copy, the old copy not yet removed",
 }
 
 _hits: dict[str, int] = {}

@@ -26,6 +26,8 @@ from hutch.models import NetworkMode
 from hutch.runtime.backend import VmBackend
 from hutch.runtime.qemu.backend import QemuBackend
 from hutch.services.blob_cache import ImageCache
+from hutch.services.builtin_blobs import BuiltinBlobs
+from hutch.services.builtin_users import HostBuiltinUsers
 from hutch.services.cluster import ClusterService
 from hutch.services.composed import Services
 from hutch.services.files_extra import FilesExtraService
@@ -124,6 +126,7 @@ def build_services(
     )
     volumes = VolumeService(core)
     sandboxes = SandboxService(core, networking, snapshots, pool, volumes)
+    builtins = None
     if isinstance(images, HostImages) and images.blobs.enabled:
         # One blob cache budget: imported images' copies are evicted with snapshots'.
         cache = ImageCache(core, images)
@@ -131,6 +134,16 @@ def build_services(
         images.blobs.on_cached = snapshots.blobs.evict_soon
         # An adoption (a copy here unlike the bucket's) waits while this host uses it.
         images.blobs.in_use = lambda digest: cache.user(digest, here=True)
+        # Built-in images: one content per digest on every host, fetched by digest
+        # under a frozen state that needs one this host lacks.
+        builtins = BuiltinBlobs.beside(
+            images.blobs, core.hosts, converge=settings.blob_builtin_images
+        )
+        if builtins is not None:
+            images.hold_builtins = builtins.converging
+            builtins.users = HostBuiltinUsers(core, pool, snapshots.blobs.frozen_base)
+            lifecycle.moves.base_images = builtins
+            snapshots.blobs.base_images = builtins
     return Services(
         cluster=ClusterService(core, lifecycle, snapshots.blobs.uploaded),
         core=core,
@@ -148,6 +161,7 @@ def build_services(
         usage=UsageService(core),
         volumes=volumes,
         secrets=secrets,
+        builtins=builtins,
     )
 
 

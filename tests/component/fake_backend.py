@@ -129,6 +129,9 @@ class FakeTemplates:
     def of_image(self, image_name: str) -> list[str]:
         return []
 
+    def retire(self, image_name: str, digest: str) -> list[str]:
+        return []
+
 
 class FakeSnapshotFiles:
     def __init__(self, root: Path, clone_of: dict[str, Path]) -> None:

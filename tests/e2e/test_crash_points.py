@@ -61,6 +61,9 @@ _FREEZE = ["freeze.config", "freeze.disk_moved", "freeze.done", "clone.disk"]
 #: this lab does not turn on: the commit's crash window is checked by the unit tests of
 #: hutch.vm.snapshot_rebase (tests/unit/test_vm_snapshot.py).
 NOT_DRIVEN = {"rebase.staged", "rebase.swapped"}
+#: Points of a built-in image's adoption (services/builtin_blobs.py), which this lab's
+#: single daemon never makes: killed at in tests/component/test_builtin_blobs.py.
+NOT_DRIVEN |= {"adopt.staged", "adopt.retired", "adopt.swapped"}
 _RESTORE = ["restore.launched", "restore.loaded", "restore.running"]
 CASES: list[tuple[str, str]] = [
     *(("pause", p) for p in ["pause.row", *_SAVE]),

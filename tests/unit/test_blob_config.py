@@ -22,6 +22,7 @@ def test_defaults_keep_blobs_on_this_host(tmp_path: Path) -> None:
     s = load_settings({"HUTCH_STATE_DIR": str(tmp_path)})
     assert (s.blob_url, s.s3_endpoint, s.blob_cache_bytes) == (None, None, 0)
     assert s.s3_connect_timeout_s == 5.0
+    assert s.blob_builtin_images  # with a store, built-in images converge by default
     store = open_blob_store(s.blob_url, state_dir=s.state_dir)
     assert isinstance(store, LocalBlobStore) and store.root == s.state_dir / "blobs"
     # The daemon's services: no store at all (nothing mirrored on the same disk).
@@ -36,9 +37,11 @@ def test_file_and_s3_urls_open_their_stores(tmp_path: Path) -> None:
             "HUTCH_S3_ENDPOINT": "http://127.0.0.1:9000",
             "HUTCH_BLOB_CACHE_BYTES": str(10 << 30),
             "HUTCH_S3_CONNECT_TIMEOUT_S": "2.5",
+            "HUTCH_BLOB_BUILTIN_IMAGES": "0",
         }
     )
     assert s.blob_cache_bytes == 10 << 30
+    assert not s.blob_builtin_images
     store = open_blob_store(
         s.blob_url,
         state_dir=s.state_dir,
@@ -73,6 +76,7 @@ def test_file_and_s3_urls_open_their_stores(tmp_path: Path) -> None:
         ({"HUTCH_S3_CONNECT_TIMEOUT_S": "soon"}, "HUTCH_S3_CONNECT_TIMEOUT_S='soon' is not valid"),
         ({"HUTCH_S3_CONNECT_TIMEOUT_S": "nan"}, "0.5 to 300 seconds"),
         ({"HUTCH_S3_CONNECT_TIMEOUT_S": "9999"}, "0.5 to 300 seconds"),
+        ({"HUTCH_BLOB_BUILTIN_IMAGES": "maybe"}, "blob_builtin_images=.maybe.; accepted: 1/0"),
     ],
 )
 def test_bad_settings_name_what_is_accepted(

@@ -107,3 +107,29 @@ async def test_a_delayed_refill_starts_nothing_before_its_delay() -> None:
     assert backend.clones == [] and not task.done()
     await pool.close()
     assert task.cancelled()
+
+
+async def test_a_held_off_pool_destroys_its_ready_vms_and_refills_only_after() -> None:
+    """An adoption of the image's bytes (services/builtin_blobs.py): no pooled VM of
+    it may live on, and none may start, while its files change."""
+    backend = FakeBackend()
+    core = FakeCore(backend)
+    torn: list[str] = []
+
+    async def teardown(sandbox_id: str, deleted: bool = True) -> None:
+        torn.append(sandbox_id)
+
+    core.teardown = teardown  # type: ignore[method-assign]
+    pool = WarmPool(core, 2)  # type: ignore[arg-type]
+    pool.refill(IMAGE)
+    await pool._refills[(IMAGE.name, IMAGE.digest)]
+    assert len(backend.clones) == 2
+    async with pool.held_off(IMAGE.name, IMAGE.digest):
+        assert len(torn) == 2 and pool.take(IMAGE, WarmPool.SHAPE) is None
+        pool.refill(IMAGE)  # e.g. a create's hand-out: nothing starts
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert len(backend.clones) == 2
+    pool.refill(IMAGE)
+    await pool._refills[(IMAGE.name, IMAGE.digest)]
+    assert len(backend.clones) == 4 and pool.take(IMAGE, WarmPool.SHAPE) is not None

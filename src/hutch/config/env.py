@@ -76,5 +76,6 @@ _ENV = {
     "HUTCH_S3_ENDPOINT": "s3_endpoint",
     "HUTCH_S3_CONNECT_TIMEOUT_S": "s3_connect_timeout_s",
     "HUTCH_BLOB_CACHE_BYTES": "blob_cache_bytes",
+    "HUTCH_BLOB_BUILTIN_IMAGES": "blob_builtin_images",
 }
 _ENV_OF = {key: name for name, key in _ENV.items()}

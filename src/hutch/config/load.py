@@ -76,6 +76,9 @@ def _from_mapping(base: Settings, values: dict[str, Any], source: str) -> Settin
             s = replace(s, images_dir_override=Path(str(values["images_dir"])).resolve())
         if "templates" in values:
             s = replace(s, templates=_flag(values, "templates", source))
+        if "blob_builtin_images" in values:
+            flag = _flag(values, "blob_builtin_images", source)
+            s = replace(s, blob_builtin_images=flag)
         if "template_ram_in_file" in values:
             s = replace(s, template_ram_in_file=_flag(values, "template_ram_in_file", source))
         if "fork_ram_in_file" in values:

@@ -117,6 +117,11 @@ class Settings:
     # recently used ones that no sandbox uses are removed (fetched again when needed).
     # 0: no limit.
     blob_cache_bytes: int = 0
+    # With a blob store: upload this host's built-in images and replace a copy unlike
+    # the bucket's (hutch.services.builtin_blobs). Off where every host shares one
+    # images directory (one machine, a network file system): nothing to converge; a
+    # digest this host lacks is still fetched from an upload made elsewhere.
+    blob_builtin_images: bool = True
     # The database of the state: None = SQLite in <state_dir>/hutch.db (one host);
     # a postgresql:// URL (parse_database_url) = that PostgreSQL database.
     database_url: str | None = None

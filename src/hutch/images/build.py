@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -45,12 +46,16 @@ __all__ = [
     "agent_files",
     "agent_sha256",
     "build_image",
+    "built_digests",
     "find_image",
+    "image_at",
     "image_digest",
     "list_images",
 ]
 
 _FORMAT = "image-v1"
+#: A final image's digest (``short_digest``): the name of its directory.
+_DIGEST = re.compile(r"^[0-9a-f]{16}$")
 ROOTFS_LABEL = "hutch-root"
 
 #: Where the guest agent's source lives in a checkout (src/hutch/images/ -> repo root):
@@ -168,6 +173,21 @@ def _artifacts(image_dir: Path, manifest: dict[str, object]) -> ImageArtifacts:
     )
 
 
+def image_at(image_dir: Path) -> ImageArtifacts | None:
+    """The complete image in ``image_dir`` (a ``<name>/<digest>/`` directory: its
+    manifest and the kernel, initramfs and rootfs it names), or None."""
+    manifest = _read_manifest(image_dir)
+    if manifest is None:
+        return None
+    try:
+        arts = _artifacts(image_dir, manifest)
+    except (KeyError, ValueError):
+        return None
+    if not (arts.kernel.is_file() and arts.initrd.is_file() and arts.rootfs.is_file()):
+        return None
+    return arts
+
+
 def find_image(name: str, images_dir: Path) -> ImageArtifacts | None:
     """The complete image ``<name>/current`` names, or None. Raises ``UnknownImage`` for
     a name not in the catalog. Does no building and no apt look-ups."""
@@ -176,14 +196,20 @@ def find_image(name: str, images_dir: Path) -> ImageArtifacts | None:
         digest = (images_dir / name / "current").read_text().strip()
     except FileNotFoundError:
         return None
-    image_dir = images_dir / name / digest
-    manifest = _read_manifest(image_dir)
-    if manifest is None:
-        return None
-    arts = _artifacts(image_dir, manifest)
-    if not (arts.kernel.is_file() and arts.initrd.is_file() and arts.rootfs.is_file()):
-        return None
-    return arts
+    return image_at(images_dir / name / digest)
+
+
+def built_digests(name: str, images_dir: Path) -> list[str]:
+    """The digests of image ``name`` built (or fetched) complete on this host, each a
+    ``<name>/<digest>/`` directory, ``current``'s among them; sorted."""
+    root = images_dir / name
+    if not root.is_dir():
+        return []
+    return sorted(
+        d.name
+        for d in root.iterdir()
+        if _DIGEST.match(d.name) and d.is_dir() and image_at(d) is not None
+    )
 
 
 def list_images(images_dir: Path) -> list[ImageInfo]:

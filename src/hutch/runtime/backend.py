@@ -99,6 +99,11 @@ class Templates(Protocol):
         """The templates of image ``image_name`` on this host (their directory names;
         built or being built): each reads the image's files."""
 
+    def retire(self, image_name: str, digest: str) -> list[str]:
+        """Take every finished template of image ``image_name`` at ``digest`` out of
+        use at once (before its image's bytes are replaced: a built-in image adopted
+        from the blob store) and remove it; return their directory names."""
+
 
 class SnapshotFiles(Protocol):
     """The frozen snapshot directories on the host (forks, named snapshots, pauses)."""

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING
 
 from hutch.errors import HutchError
 from hutch.images.cache import try_file_lock
+from hutch.images.catalog import IMAGES
 from hutch.images.oci.importer import content_dir, load_content
 from hutch.store.db import LIVE_STATES
 
@@ -98,13 +99,20 @@ def unused_content(content: Path) -> contextlib.AbstractContextManager[bool]:
     return try_file_lock(_use_lock(content))
 
 
-def using_image(images_dir: Path, image: ImageArtifacts) -> contextlib.AbstractContextManager[None]:
+def using_image(
+    images_dir: Path, image: ImageArtifacts, *, builtin: bool = False
+) -> contextlib.AbstractContextManager[None]:
     """:func:`using_content` for the content ``image`` boots from, if it is an imported
-    image's (a built-in's files are never evicted)."""
+    image's, or with ``builtin`` (a blob store: a built-in image's directory may be
+    replaced by its upload, ``builtin_blobs``) a built-in image's (never evicted)."""
     content = image.rootfs.parent
-    if content.parent != images_dir / "oci" or content.name.startswith("."):
+    if content.name.startswith("."):
         return contextlib.nullcontext()
-    return using_content(content)
+    if content.parent == images_dir / "oci":
+        return using_content(content)
+    if builtin and content.parent.parent == images_dir and content.parent.name in IMAGES:
+        return using_content(content)
+    return contextlib.nullcontext()
 
 
 def touch_content(content: Path) -> None:

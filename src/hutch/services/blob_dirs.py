@@ -21,6 +21,14 @@ compares each with this host's file before it downloads anything and refuses a
 difference with ``ImageMismatch`` (nothing is downloaded, renamed or changed). An index
 written before these fields existed has neither and is fetched as before (unchecked).
 
+The raw image under the chain may be a built-in image's rootfs
+(``<images>/<name>/<digest>/rootfs.ext4``) of a digest this host lacks (another hutch
+version, other apt mirrors): ``fetch_dir``'s ``images`` (``BaseImages``,
+``services/builtin_blobs.py``) fetches it from the blob store first, verified, when the
+bucket has a complete recorded upload of it, and holds this host's copy from an
+adoption (its bytes replaced) until the fetch is done. Without one it is refused with
+``ImageMissing`` naming the image, the digest and what to do.
+
 A fetch trusts nothing it reads from the store: every blob is checked against the
 index (size + sha256) as it is written; names are checked (no path can leave the
 staging directory); the raw image the chain is rebased onto must be inside this host's
@@ -31,6 +39,7 @@ stream must match the manifest's own digest.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -38,18 +47,28 @@ import re
 import secrets
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from hutch.errors import BlobError, ImageMismatch, SnapshotError
+from hutch.errors import BlobError, ImageMismatch, ImageMissing, SnapshotError
 from hutch.images import identity
+from hutch.images.catalog import IMAGES
 from hutch.storage.blobs import BlobInfo, BlobStore
-from hutch.storage.blobs.flat import FILE_NAME, INDEX, Put
+from hutch.storage.blobs.flat import FILE_NAME, INDEX, Put, read_small
 from hutch.vm.disk_chain import disk_chain
 from hutch.vm.snapshot import MANIFEST_FILE, STATE_FILE
 from hutch.vm.snapshot_dir import load_manifest
 from hutch.vm.snapshot_manifest import FileStamp, fd_digest, write_atomic
 
-__all__ = ["DISK", "INDEX", "INDEX_FORMAT", "fetch_dir", "upload_dir"]
+__all__ = [
+    "DISK",
+    "INDEX",
+    "INDEX_FORMAT",
+    "BaseImages",
+    "builtin_of",
+    "fetch_dir",
+    "frozen_base",
+    "upload_dir",
+]
 
 INDEX_FORMAT = 1
 DISK = "disk.qcow2"
@@ -58,6 +77,33 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 #: The VM configuration a frozen directory carries (``runtime.qemu.host``): where the
 #: runtime disk it depends on is named.
 _VM_JSON = "vm.json"
+#: A built-in image's directory name (``hutch.images.build``: its digest).
+_BUILTIN_DIGEST = re.compile(r"^[0-9a-f]{16}$")
+
+
+class BaseImages(Protocol):
+    """This host's images as the raw base of a fetched chain (``builtin_blobs``)."""
+
+    def hold(self, path: Path, what: str) -> contextlib.AbstractContextManager[None]:
+        """Hold this host's copy of the image file ``path`` (an index's base) from a
+        replacement for the block; a built-in image this host lacks is fetched from the
+        blob store first when it has a complete recorded upload of it (else nothing
+        happens and the check that follows refuses it). Blocking; ``BlobError`` when
+        the store fails or a blob fails its check."""
+        ...
+
+
+def builtin_of(path: Path, images_dir: Path) -> tuple[str, str] | None:
+    """(name, digest) when ``path`` is a built-in image's rootfs in ``images_dir``
+    (``<name>/<digest>/rootfs.ext4``), else None. Pure but for resolving links."""
+    try:
+        rel = path.resolve().relative_to(images_dir.resolve())
+    except ValueError:
+        return None
+    parts = rel.parts
+    if len(parts) != 3 or parts[0] not in IMAGES or parts[2] != "rootfs.ext4":
+        return None
+    return (parts[0], parts[1]) if _BUILTIN_DIGEST.match(parts[1]) else None
 
 
 def upload_dir(
@@ -127,16 +173,19 @@ def fetch_dir(
     images_dir: Path,
     memory: bool = True,
     image: str = "",
+    images: BaseImages | None = None,
 ) -> dict[str, Any]:
     """Download what :func:`upload_dir` stored under ``prefix`` into ``staging`` (an
     empty directory), made ready to be renamed to ``final``: the chain rebased onto
     itself at ``final`` and onto the raw image (inside ``images_dir``), the manifest's
     disk stamp renewed for ``final``, every file read-only. ``memory`` False: a
     disk-only state (a disk-mode pause: no manifest nor stream to check). ``image``:
-    the image's name, for messages. Returns the index. Raises ``ImageMismatch`` before
-    anything but the index is downloaded when the index records other image bytes than
-    this host holds, ``BlobError`` naming what failed otherwise; the caller removes
-    ``staging`` then."""
+    the image's name, for messages. ``images``: fetches a built-in base this host
+    lacks and holds the base from a replacement while this runs. Returns the index.
+    Raises ``ImageMismatch`` before anything but the index is downloaded when the index
+    records other image bytes than this host holds, ``ImageMissing`` when it names a
+    built-in image this host lacks and cannot fetch, ``BlobError`` naming what failed
+    otherwise; the caller removes ``staging`` then."""
     found = store.stat(prefix + INDEX)
     if found is None:
         raise BlobError(
@@ -147,16 +196,43 @@ def fetch_dir(
     store.get(prefix + INDEX, index_path, expect=found)
     index = _parse_index(index_path, owner, prefix, store.url, memory=memory)
     index_path.unlink()
-    _check_images(index, owner, images_dir, image)
-    for name, rec in index["files"].items():
-        store.get(prefix + name, staging / name, expect=_expect(prefix + name, rec))
-    for rec in index["layers"]:
-        name = rec["name"]
-        store.get(prefix + name, staging / name, expect=_expect(prefix + name, rec))
-    _relink(index, staging, final, owner, images_dir, memory=memory)
+    base = index["base"]
+    held = (
+        images.hold(Path(base), owner)
+        if images is not None and base is not None
+        else contextlib.nullcontext()
+    )
+    with held:  # the base's bytes stay these until the chain is relinked onto them
+        _check_images(index, owner, images_dir, image)
+        for name, rec in index["files"].items():
+            store.get(prefix + name, staging / name, expect=_expect(prefix + name, rec))
+        for rec in index["layers"]:
+            name = rec["name"]
+            store.get(prefix + name, staging / name, expect=_expect(prefix + name, rec))
+        _relink(index, staging, final, owner, images_dir, memory=memory)
     for f in staging.iterdir():
         os.chmod(f, 0o444)
     return index
+
+
+def frozen_base(store: BlobStore, prefix: str, scratch: Path) -> tuple[str, str | None] | None:
+    """The raw image a frozen directory uploaded under ``prefix`` was taken over and
+    the identity recorded for it (None when the index records none), or None when there
+    is no index or it names no base. Blocking; ``BlobError`` when the store fails or
+    the index is not one."""
+    raw = read_small(store, prefix + INDEX, scratch)
+    if raw is None:
+        return None
+    try:
+        index = json.loads(raw)
+        base, sha = index.get("base"), index.get("base_sha256")
+    except (ValueError, AttributeError) as exc:
+        raise BlobError(
+            f"blob {prefix}{INDEX} at {store.url} is not a valid index ({exc})"
+        ) from exc
+    if not isinstance(base, str):
+        return None
+    return base, sha if isinstance(sha, str) else None
 
 
 def _relink(
@@ -228,13 +304,25 @@ def _check_images(index: dict[str, Any], owner: str, images_dir: Path, image: st
     base = index["base"]
     if base is not None:
         path = _inside(base, owner, images_dir, "the image under its disk")
+        builtin = builtin_of(path, images_dir)
+        if builtin is not None and not path.is_file():
+            name, digest = builtin
+            raise ImageMissing(
+                f"{owner} was frozen over the built-in image {name!r} of digest {digest}, "
+                "which this host does not have and the blob store has no complete upload "
+                "of (recorded in the database); start the daemon of a host that holds it "
+                "(it uploads its built-in images), or build that digest here (`hutch image "
+                f"build {name}` with the hutch version and apt mirrors of the host that "
+                "saved it), or resume/open it on a host that has it"
+            )
+        if path.is_file() and index.get("base_sha256") is not None:
+            # Other bytes (of any size) under the same name: a mismatch, said as one.
+            _same(path, str(index["base_sha256"]), owner, images_dir, image)
         if not path.is_file() or path.stat().st_size != index["base_size"]:
             raise BlobError(
                 f"{owner} is built on the image {base}, which this host does not have "
                 "(build or import that image here first)"
             )
-        if index.get("base_sha256") is not None:
-            _same(path, str(index["base_sha256"]), owner, images_dir, image)
     for name, sha in sorted(index.get("depends", {}).items()):
         path = _inside(name, owner, images_dir, "an image file its guest reads")
         if not path.is_file():
@@ -269,7 +357,12 @@ def _same(path: Path, recorded: str, owner: str, images_dir: Path, image: str) -
             "image, at the latest when its daemon starts)"
         )
     else:
-        fix = "a built-in image is built per host: copy its directory from the saving host"
+        fix = (
+            "every host takes the bytes of the built-in image uploaded first to the blob "
+            "store (a host whose copy differs replaces it once nothing on it uses the "
+            "image, at the latest when its daemon starts; placement prefers hosts that "
+            "hold the right bytes)"
+        )
     raise ImageMismatch(
         f"{owner} was frozen over other bytes of {what} than this host holds: {rel} is "
         f"sha256 {identity.short(here)}... here and was {identity.short(recorded)}... on the "

@@ -29,6 +29,7 @@ from hutch.config import Settings
 from hutch.contract.auth import DEFAULT_PROJECT
 from hutch.errors import HutchError
 from hutch.runtime.backend import VmBackend
+from hutch.services.builtin_blobs import BuiltinBlobs
 from hutch.services.cluster import ClusterService
 from hutch.services.files_extra import FilesExtraService
 from hutch.services.guest_ops import GuestOps
@@ -71,6 +72,9 @@ class Services:
     secrets: SecretService
     #: This hutchd as a host: registration, lease, the watch on the others, placement.
     cluster: ClusterService
+    #: The built-in images in the blob store (None without one): uploaded, converged on
+    #: one content per digest, published for placement.
+    builtins: BuiltinBlobs | None = None
     _reconcile_task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @property
@@ -104,6 +108,10 @@ class Services:
         """
         # Registered first: the lease is renewed while the VMs found are checked.
         await self.cluster.start()
+        if self.builtins is not None:
+            # With its row: the built-in images it holds, for placement.
+            with contextlib.suppress(HutchError):
+                await asyncio.to_thread(self.builtins.publish)
         net = self.core.net
         if net is not None:
             # Before adoption: adopted guests are told their network again.
@@ -120,16 +128,22 @@ class Services:
         await self.reconciler.finish_start(plan)
         # Uploads a stopped daemon left continue (the snapshot rows are settled now).
         await self.snapshots.blobs.start()
+        self.reaper.start()
+        if self.builtins is not None:
+            # Before the pool (and so its templates): a copy of a built-in image unlike
+            # the blob store's is replaced while nothing here uses it yet.
+            await self.builtins.start()
         # The pool warms the default image of project default (a built-in by default).
         default = self.core.image_source.find(self.core.settings.default_image, DEFAULT_PROJECT)
         if default is not None:
             self.pool.refill(default)
-        self.reaper.start()
 
     async def close(self) -> None:
         """Stop background work and drop agent connections. VMs keep running (pooled
         ones, which have no row to be adopted by, are destroyed)."""
         await self.cluster.close()
+        if self.builtins is not None:
+            await self.builtins.close()
         await self.pool.close()
         await self.snapshots.blobs.close()
         await self.lifecycle.moves.close()

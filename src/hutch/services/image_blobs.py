@@ -48,6 +48,11 @@ same way (into ``oci-boot/.<key>.fetch-*``, its own record, its ``boot.json`` na
 key) when this host has none, and becomes ``current`` only if there still is none; its
 key is the one the content's record names, not the bucket's index.
 
+The per-prefix machinery (claims, the record before the index, the verified download
+and its exchange into place) is ``blob_prefixes.PrefixBlobs``, which built-in images
+(``builtin_blobs``) share; the checks of what a fetched directory means are
+``image_blob_checks``; adoption is ``image_adoption.ContentAdoption``.
+
 Two hosts, one digest (issue 14): the rootfs an import derives is not byte-identical
 from host to host (mkfs), and a frozen VM state opens only over the exact bytes it was
 taken on. So one upload per prefix wins and every host ends up holding it:
@@ -62,7 +67,7 @@ taken on. So one upload per prefix wins and every host ends up holding it:
   ``rootfs.ext4`` sha256 with this host's copy's identity (``hutch.images.identity``:
   recorded at import, never re-hashed); if they differ, this host **adopts** the
   bucket's content (:meth:`ImageBlobs.adopt`): fetched and checked as any fetch, then
-  swapped in for the local copy (its ``refs/`` kept) under the content's lock and its
+  exchanged in for the local copy (its ``refs/`` kept) under the content's lock and its
   ``.use`` lock, and only while nothing on this host uses the copy (``in_use``: a live
   sandbox here, a snapshot whose files are here, a template, a build cache); while
   something does, the attempt fails and is retried, so it is adopted once it is free.
@@ -78,51 +83,31 @@ and calls ``on_cached`` after a fetch or a completed upload (the daemon: evictio
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
-import os
-import secrets
-import shutil
-import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from hutch.config import Settings
-from hutch.errors import BlobError, Conflict, HutchError, ImageMissing
-from hutch.images import identity
+from hutch.errors import BlobError, HutchError, ImageMissing
 from hutch.images.cache import atomic_write_text, file_lock
 from hutch.images.oci.boot import BootSet, find_boot_set, load_boot_set
-from hutch.images.oci.digest import digest_of
-from hutch.images.oci.importer import OciContent, content_dir, find_content, load_content
+from hutch.images.oci.importer import content_dir, find_content, load_content
 from hutch.services.background_uploads import RETRY_S, BackgroundUploads
-from hutch.services.blob_cache import touch_content, unused_content
+from hutch.services.blob_cache import touch_content
+from hutch.services.blob_prefixes import PrefixBlobs, image_prefix
+from hutch.services.image_adoption import ContentAdoption
+from hutch.services.image_blob_checks import CONTENT_FILES, check_boot, check_content
 from hutch.storage.blobs import BlobStore
-from hutch.storage.blobs.flat import FileSum, flat_complete, get_flat, put_flat
-from hutch.store.image_uploads import CLAIM_STALE_S, ImageUploadStore, UploadRecord
+from hutch.store.image_uploads import ImageUploadStore, UploadRecord
 
 __all__ = ["CONTENT_FILES", "RESYNC_S", "ImageBlobs", "image_prefix"]
 
 log = logging.getLogger("hutch.services.image_blobs")
 
-#: What a content directory must hold to be fetched (``refs/`` is each host's own).
-CONTENT_FILES = frozenset({"rootfs.ext4", "manifest.json", "config.json", "image.json"})
-BOOT_FILES = frozenset({"vmlinux", "initrd.img", "runtime.ext4", "boot.json"})
-#: Sparse disk images: holes are punched back into the zeros a download wrote.
-_SPARSE = frozenset({"rootfs.ext4", "runtime.ext4"})
 #: Seconds between two checks that every image whose content is here is uploaded.
 RESYNC_S = 300.0
-#: Seconds between two renewals of this host's claim on a prefix while it sends a file.
-CLAIM_RENEW_S = 300.0
-T = TypeVar("T")
-
-
-def image_prefix(rel: str) -> str:
-    """The store prefix of the directory ``rel`` under the images directory."""
-    return f"images/{rel}/"
 
 
 class ImageBlobs:
@@ -150,9 +135,6 @@ class ImageBlobs:
         self.records = records
         self.images_dir = images_dir
         self.host = host
-        #: What on this host uses a digest's content (None: nothing), asked before an
-        #: adoption replaces it; unset: nothing is known to (a test, one host's images).
-        self.in_use: Callable[[str], str | None] | None = None
         #: Where indexes are written and read before they go on (the state dir).
         self.scratch = scratch
         self._fetching: dict[str, asyncio.Lock] = {}
@@ -168,6 +150,17 @@ class ImageBlobs:
             log=log,
             task_prefix="hutch-image-",
             retry_s=retry_s,
+        )
+        #: Directories under their prefixes (None without a store).
+        self.prefixes = (
+            PrefixBlobs(
+                store, records, images_dir, scratch, host, closed=lambda: self.uploads.closed
+            )
+            if store is not None and records is not None
+            else None
+        )
+        self.adoption = (
+            ContentAdoption(self.prefixes, self._missing) if self.prefixes is not None else None
         )
         #: Called with (event type, data) after an upload (the daemon's event log).
         self.on_uploaded: Callable[[str, dict[str, Any]], None] | None = None
@@ -188,6 +181,21 @@ class ImageBlobs:
     @property
     def enabled(self) -> bool:
         return self.store is not None
+
+    @property
+    def in_use(self) -> Callable[[str], str | None] | None:
+        """What on this host uses a digest's content (None: nothing), asked before an
+        adoption replaces it; unset: nothing is known to (a test, one host's images)."""
+        return self.adoption.in_use if self.adoption is not None else None
+
+    @in_use.setter
+    def in_use(self, value: Callable[[str], str | None] | None) -> None:
+        if self.adoption is not None:
+            self.adoption.in_use = value
+
+    def _pre(self) -> PrefixBlobs:
+        assert self.prefixes is not None, "no blob store"
+        return self.prefixes
 
     # -- start and close ----------------------------------------------------------------
 
@@ -266,22 +274,21 @@ class ImageBlobs:
 
     def uploaded(self, digest: str) -> bool:  # blocking (a stat in the store)
         """The content's upload is complete (its record and its index are there)."""
-        rel = _rel(self.images_dir, content_dir(self.images_dir, digest))
-        return self.store is not None and self._complete(image_prefix(rel))
+        return self.prefixes is not None and self.prefixes.complete(
+            content_dir(self.images_dir, digest)
+        )
 
     def recorded(self, digest: str) -> bool:
         """The database records an upload of the content (no store request)."""
-        prefix = image_prefix(_rel(self.images_dir, content_dir(self.images_dir, digest)))
-        return self.records is not None and self.records.get(prefix) is not None
+        return (
+            self.prefixes is not None
+            and self.prefixes.record(content_dir(self.images_dir, digest)) is not None
+        )
 
     def fetching(self, digest: str) -> bool:
         """A fetch (or the check before one) of ``digest`` runs in this daemon."""
         lock = self._fetching.get(digest)
         return lock is not None and lock.locked()
-
-    def _complete(self, prefix: str) -> bool:
-        assert self.store is not None and self.records is not None
-        return self.records.get(prefix) is not None and flat_complete(self.store, prefix)
 
     def upload(self, digest: str) -> int | None:
         """Upload this host's boot set, then the content ``digest`` naming it; the bytes
@@ -289,127 +296,36 @@ class ImageBlobs:
         one, or is replaced by it, :meth:`adopt`). Blocking; ``BlobError``, and
         ``Conflict`` while another host's claim or a user of a copy to adopt holds it
         (the caller retries)."""
-        assert self.store is not None
+        prefixes = self._pre()
         content = find_content(self.images_dir, digest)
         if content is None:
             raise BlobError(f"image {digest}: its content is not on this host to upload")
-        if self._complete(image_prefix(_rel(self.images_dir, content.path))):
+        if prefixes.complete(content.path):
             if not self.same_as_uploaded(digest):
                 self.adopt(digest, f"image {digest}")
             return None
         boot = find_boot_set(self.images_dir)
         sent = 0
         if boot is not None:
-            sent += self._upload_dir(boot.kernel.parent, {"key": boot.key}) or 0
+            sent += prefixes.upload(boot.kernel.parent, {"key": boot.key}) or 0
         meta = {"digest": digest, "boot": boot.key if boot is not None else None}
-        return sent + (self._upload_dir(content.path, meta) or 0)
+        return sent + (prefixes.upload(content.path, meta) or 0)
 
-    def _upload_dir(self, d: Path, meta: dict[str, Any]) -> int | None:
-        assert self.store is not None and self.records is not None
-        records = self.records
-        rel = _rel(self.images_dir, d)
-        prefix = image_prefix(rel)
-        if self._complete(prefix):
-            return None
-        self._claim(prefix, rel)
-        files = {
-            f.name: f for f in sorted(d.iterdir()) if f.is_file() and not f.name.startswith(".")
-        }
-
-        def record(sent: dict[str, FileSum]) -> None:
-            # Still ours (renewed): a claim taken over as stale is another's upload now.
-            self._claim(prefix, rel)
-            records.put(prefix, sent, meta)
-
-        index = put_flat(
-            self.store,
-            prefix,
-            files,
-            owner=rel,
-            scratch=self.scratch,
-            meta=meta,
-            put=lambda key, path: self._put(key, path, prefix, rel),
-            before_index=record,
-        )
-        records.release(prefix, self.host)  # complete: the record and index are the truth
-        return sum(int(r["size"]) for r in index["files"].values())
-
-    def _claim(self, prefix: str, rel: str) -> None:
-        """Claim (or renew) the upload under ``prefix`` for this host; ``Conflict``
-        naming the host whose claim holds it."""
-        assert self.records is not None
-        if self.records.claim(prefix, self.host):
-            return
-        other = self.records.claimant(prefix)
-        who = f"host {other.host}" if other is not None else "another host"
-        age = f" {time.time() - other.claimed_at:.0f} s ago" if other is not None else ""
-        raise Conflict(
-            f"{rel}: {who} claimed its upload{age}; this host waits for that upload to "
-            f"complete (then holds the same bytes) or for the claim to go stale "
-            f"({CLAIM_STALE_S:.0f} s without renewal)"
-        )
-
-    def _put(self, key: str, path: Path, prefix: str, rel: str) -> Any:
-        """One blob; stops between parts once the daemon closes (a thread cannot be
-        cancelled); renews the claim on ``prefix`` now and then (a large file)."""
-        assert self.store is not None
-        self._claim(prefix, rel)
-        renewed = time.monotonic()
-
-        def still_wanted(_sent: int) -> None:
-            nonlocal renewed
-            if self.uploads.closed:
-                raise BlobError(f"the daemon stopped during the upload of {key}")
-            if time.monotonic() - renewed > CLAIM_RENEW_S:
-                renewed = time.monotonic()
-                self._claim(prefix, rel)
-
-        return self.store.put(key, path, progress=still_wanted)
-
-    # -- one content on every host --------------------------------------------------------
+    # -- one content on every host (image_adoption) ---------------------------------------
 
     def same_as_uploaded(self, digest: str) -> bool:
         """This host's copy of ``digest`` holds the bytes of the complete upload
         recorded in the database (its ``rootfs.ext4``'s identity: recorded when it was
         made, so no re-hash), or there is no record to compare with. Blocking."""
-        assert self.records is not None
-        final = content_dir(self.images_dir, digest)
-        found = self.records.get(image_prefix(_rel(self.images_dir, final)))
-        theirs = found.files.get("rootfs.ext4") if found is not None else None
-        if theirs is None or load_content(final) is None:
-            return True
-        return identity.identity(final / "rootfs.ext4") == theirs.sha256
+        assert self.adoption is not None, "no blob store"
+        return self.adoption.same_as_uploaded(digest)
 
     def adopt(self, digest: str, what: str) -> bool:
-        """Replace this host's copy of ``digest`` by the complete upload in the blob
-        store (fetched and checked as :meth:`fetch_content` does), keeping its
-        ``refs/``; True if replaced, False if it is that upload already. Blocking.
-        ``Conflict`` while something on this host uses the copy (``in_use``, or a create
-        holding its ``.use`` lock): nothing is changed then; ``ImageMissing`` /
-        ``BlobError`` as a fetch, the copy kept."""
-        assert self.store is not None
-        final = content_dir(self.images_dir, digest)
-        rel = _rel(self.images_dir, final)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        with file_lock(final.parent / f"{final.name}.lock"), unused_content(final) as free:
-            if self.same_as_uploaded(digest):
-                return False
-            user = "a create" if not free else (self.in_use(digest) if self.in_use else None)
-            if user is not None:
-                raise Conflict(
-                    f"{what}: this host's copy holds other bytes than its upload in the "
-                    f"blob store {self.store.url}, and {user} here uses it; it is replaced "
-                    "by the uploaded copy once nothing here does"
-                )
-            record = self._record(final, digest, what)
-            index = self._stage(
-                rel, final, what, record, lambda staging: _check_content(staging, digest, what)
-            )
-            if index is None:
-                raise self._missing(digest, what)
-        log.info("%s (%s): this host's copy replaced by the upload in %s (the same bytes "
-                 "on every host)", what, digest, self.store.url)  # fmt: skip
-        return True
+        """:meth:`ContentAdoption.adopt`: this host's copy of ``digest`` replaced by the
+        complete upload (True), unless it is that upload (False). Blocking;
+        ``Conflict`` while something here uses it."""
+        assert self.adoption is not None, "no blob store"
+        return self.adoption.adopt(digest, what)
 
     async def delete_unused(self, digest: str, unused: Callable[[], bool]) -> bool:
         """Remove the content's blobs if ``unused()`` (no image record names
@@ -434,16 +350,8 @@ class ImageBlobs:
         digest's guard): the index first, so it stops counting as uploaded. Boot sets
         stay (every imported image shares them). The record goes last: one left by a
         crash is replaced by the next upload. Blocking."""
-        if self.store is None:
-            return
-        assert self.records is not None
-        prefix = image_prefix(_rel(self.images_dir, content_dir(self.images_dir, digest)))
-        self.store.delete(prefix + "index.json")
-        for blob in self.store.list_prefix(prefix):
-            self.store.delete(blob.key)
-        self.records.delete(prefix)
-        # An upload of it cut short here leaves no claim to hold another host off.
-        self.records.release(prefix, self.host)
+        if self.prefixes is not None:
+            self.prefixes.delete(content_dir(self.images_dir, digest))
 
     # -- fetch --------------------------------------------------------------------------
 
@@ -479,8 +387,7 @@ class ImageBlobs:
 
     def _record(self, final: Path, digest: str, what: str) -> UploadRecord:
         """The database's record of the content's upload; ``ImageMissing`` without."""
-        assert self.records is not None
-        found = self.records.get(image_prefix(_rel(self.images_dir, final)))
+        found = self._pre().record(final)
         if found is None:
             raise self._missing(digest, what)
         return found
@@ -489,114 +396,52 @@ class ImageBlobs:
         """Fetch the content ``digest`` into place (blocking, checked as the module
         says); return its index's meta. None: found complete meanwhile (another daemon
         fetched or imported it), nothing downloaded."""
-        assert self.store is not None
+        prefixes = self._pre()
         final = content_dir(self.images_dir, digest)
-        rel = _rel(self.images_dir, final)
         final.parent.mkdir(parents=True, exist_ok=True)
         with file_lock(final.parent / f"{final.name}.lock"):
             if load_content(final) is not None:
                 return None
             started = time.monotonic()
             record = self._record(final, digest, what)
-            index = self._stage(
-                rel, final, what, record, lambda staging: _check_content(staging, digest, what)
-            )
-            if index is None:
+            staged = prefixes.stage(final, what, record, lambda d: check_content(d, digest, what))
+            if staged is None:
                 raise self._missing(digest, what)
-        log.info("%s (%s) fetched from %s in %.1f s", what, digest, self.store.url,
+            prefixes.install(staged, final, keep=("refs",))
+        log.info("%s (%s) fetched from %s in %.1f s", what, digest, prefixes.store.url,
                  time.monotonic() - started)  # fmt: skip
-        meta: dict[str, Any] = index["meta"]
+        meta: dict[str, Any] = staged.index["meta"]
         return meta
 
     def fetch_boot(self, key: str, what: str) -> BootSet:
         """Fetch the boot set ``key`` into ``oci-boot/<key>/`` (blocking, checked); it
         becomes ``current`` if this host still has none."""
-        assert self.store is not None
+        prefixes = self._pre()
         root = self.images_dir / "oci-boot"
         final = root / key
-        rel = _rel(self.images_dir, final)
         root.mkdir(parents=True, exist_ok=True)
         with file_lock(self.images_dir / "oci-boot.lock"):
             if load_boot_set(final) is None:
-                assert self.records is not None
-                record = self.records.get(image_prefix(rel))
-                index = (
+                record = prefixes.record(final)
+                staged = (
                     None
                     if record is None
-                    else self._stage(
-                        rel, final, what, record, lambda staging: _check_boot(staging, key)
-                    )
+                    else prefixes.stage(final, what, record, lambda d: check_boot(d, key))
                 )
-                if index is None:
+                if staged is None:
                     raise ImageMissing(
                         f"{what}: the boot set {key} it was imported with is not in the blob "
-                        f"store {self.store.url} with a record of its upload in the "
+                        f"store {prefixes.store.url} with a record of its upload in the "
                         "database, and this host has none; import any image here once to "
                         "build one"
                     )
-                log.info("boot set %s fetched from %s", key, self.store.url)
+                prefixes.install(staged, final)
+                log.info("boot set %s fetched from %s", key, prefixes.store.url)
             if find_boot_set(self.images_dir) is None:
                 atomic_write_text(root / "current", key + "\n")
         found = load_boot_set(final)
         assert found is not None, final
         return found
-
-    def _stage(
-        self,
-        rel: str,
-        final: Path,
-        what: str,
-        record: UploadRecord,
-        check: Callable[[Path], None],
-    ) -> dict[str, Any] | None:
-        """Download ``rel`` beside ``final``, verified against ``record`` (its index and
-        every file), ``check`` it, make it read-only and rename it into place (the
-        caller holds ``final``'s lock). None: not in the store."""
-        assert self.store is not None
-        store = self.store
-        staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.fetch-", dir=final.parent))
-        try:
-            index = self._wrapped(
-                what,
-                lambda: get_flat(store, image_prefix(rel), staging, owner=rel, expect=record.files),
-            )
-            if index is None:
-                shutil.rmtree(staging, ignore_errors=True)
-                return None
-            for f in staging.iterdir():
-                if f.name in _SPARSE:
-                    _dig_holes(f)
-                    # Its identity, from the record it was checked against: no re-hash.
-                    identity.record(f, record.files[f.name].sha256)
-            check(staging)
-            for f in staging.iterdir():
-                if not f.name.startswith("."):
-                    os.chmod(f, 0o444)
-            staging.chmod(0o755)
-            if final.exists():
-                # Incomplete (never used), or a copy being adopted: its refs/ (this
-                # host's image rows on it) stay with the content that replaces it.
-                refs = final / "refs"
-                if refs.is_dir():
-                    os.rename(refs, staging / "refs")
-                aside = final.parent / f".{final.name}.evict-{secrets.token_hex(4)}"
-                os.rename(final, aside)
-                os.rename(staging, final)
-                shutil.rmtree(aside, ignore_errors=True)
-            else:
-                os.rename(staging, final)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-        return index
-
-    def _wrapped(self, what: str, call: Callable[[], T]) -> T:
-        """``call()``, its ``BlobError`` (unreachable store, a blob failing its check)
-        re-raised naming the image it was for."""
-        try:
-            return call()
-        except BlobError as exc:
-            raise BlobError(f"{what}: fetching it from the blob store failed: {exc}") from exc
 
     def _missing(self, digest: str, what: str) -> ImageMissing:
         assert self.store is not None
@@ -607,64 +452,3 @@ class ImageBlobs:
             "it was uploaded by a hutch that kept no record: a host holding it uploads it "
             "again when its daemon starts); retry once it has, or import it again"
         )
-
-
-def _rel(images_dir: Path, d: Path) -> str:
-    return d.relative_to(images_dir).as_posix()
-
-
-def _check_content(staging: Path, digest: str, what: str) -> None:
-    """The fetched files are the content ``digest``: ``manifest.json`` hashes to it,
-    ``image.json`` names it and the config the manifest names, which is the
-    ``config.json`` fetched; and it loads as complete content."""
-
-    def refuse(why: str) -> BlobError:
-        return BlobError(f"{what} ({digest}): the fetched content {why}; it is not used")
-
-    names = {f.name for f in staging.iterdir()}
-    if not names >= CONTENT_FILES:
-        raise refuse(f"lacks {', '.join(sorted(CONTENT_FILES - names))}")
-    manifest = (staging / "manifest.json").read_bytes()
-    if (got := digest_of(manifest)) != digest:
-        raise refuse(f"has a manifest.json of digest {got}")
-    try:
-        meta = json.loads((staging / "image.json").read_text())
-        config_named = json.loads(manifest)["config"]["digest"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise refuse(f"has an image.json or manifest.json that does not parse ({exc})") from exc
-    if meta.get("digest") != digest:
-        raise refuse(f"has an image.json naming {meta.get('digest')!r}")
-    declared = meta.get("rootfs_sha256")  # absent: imported before issue 14
-    if declared is not None and declared != identity.known(staging / "rootfs.ext4"):
-        raise refuse(f"has an image.json naming the rootfs sha256 {declared!r}, not its own")
-    config = digest_of((staging / "config.json").read_bytes())
-    if not (config == config_named == meta.get("config_digest")):
-        raise refuse(
-            f"has a config.json of digest {config}, where the manifest names {config_named} "
-            f"and image.json {meta.get('config_digest')!r}"
-        )
-    content: OciContent | None = load_content(staging)
-    if content is None:
-        raise refuse("is not complete")
-
-
-def _check_boot(staging: Path, key: str) -> None:
-    names = {f.name for f in staging.iterdir()}
-    if not names >= BOOT_FILES:
-        raise BlobError(
-            f"the fetched boot set {key} lacks {', '.join(sorted(BOOT_FILES - names))}; "
-            "it is not used"
-        )
-    found = load_boot_set(staging)
-    if found is None or found.key != key:
-        raise BlobError(
-            f"the fetched boot set {key} names itself {found.key if found else 'nothing'}; "
-            "it is not used"
-        )
-
-
-def _dig_holes(path: Path) -> None:
-    """Make the zeros of a downloaded disk image holes again (it was sparse where it
-    was built); without ``fallocate`` it just stays dense."""
-    with contextlib.suppress(OSError):
-        subprocess.run(["fallocate", "--dig-holes", str(path)], capture_output=True, check=False)

@@ -198,6 +198,9 @@ class HostImages:
         self.blobs = blobs if blobs is not None else ImageBlobs(None, images_dir, images_dir)
         # Step layers of Dockerfile builds a build sandbox boots from: found, not listed.
         self._ephemeral: dict[str, ImageArtifacts] = {}
+        #: A built-in image's directory may be replaced by the blob store's bytes here
+        #: (``builtin_blobs``, set where the services are composed): a create holds it.
+        self.hold_builtins = False
 
     def add_ephemeral(self, image: ImageArtifacts) -> None:
         """Let a sandbox be created from ``image`` (``ephemeral``, named ``.build-*``)
@@ -248,10 +251,14 @@ class HostImages:
 
     def using(self, name: str, project: str) -> contextlib.AbstractContextManager[None]:
         """Keep ``project``'s image ``name``'s content from the blob cache's eviction
-        for the block (:func:`hutch.services.blob_cache.using_content`); a built-in, a
-        build step's layer or an unknown name: nothing to keep."""
+        for the block (:func:`hutch.services.blob_cache.using_content`), or a built-in
+        image's directory from its replacement by the blob store's bytes
+        (``builtin_blobs``); a build step's layer or an unknown name: nothing to keep."""
         if not self.blobs.enabled or name.startswith(EPHEMERAL_PREFIX):
             return contextlib.nullcontext()
+        if name in self.builtin.names(project):
+            built = self.builtin.find(name, project) if self.hold_builtins else None
+            return using_content(built.rootfs.parent) if built else contextlib.nullcontext()
         row = self.row(name, project)
         if row is None:
             return contextlib.nullcontext()

@@ -43,7 +43,7 @@ from typing import Any
 from hutch.errors import Conflict, HutchError, SnapshotError
 from hutch.models import NetworkMode, PauseMode, SandboxRecord, SandboxState
 from hutch.services.background_uploads import RETRY_S, BackgroundUploads
-from hutch.services.blob_dirs import DISK, INDEX, fetch_dir, upload_dir
+from hutch.services.blob_dirs import DISK, INDEX, BaseImages, fetch_dir, upload_dir
 from hutch.services.placement import require_labels
 from hutch.services.registry import SandboxRegistry
 from hutch.storage.blobs import BlobInfo, BlobStore
@@ -91,6 +91,10 @@ class SandboxMoves:
             what="pause upload",
         )
         self._background: set[asyncio.Task[Any]] = set()
+        #: This host's images under a fetched pause's chain: a built-in one it lacks
+        #: fetched first, held from an adoption meanwhile (``builtin_blobs``; set where
+        #: the services are composed).
+        self.base_images: BaseImages | None = None
 
     @property
     def enabled(self) -> bool:
@@ -287,6 +291,7 @@ class SandboxMoves:
                 images_dir=self.core.settings.images_dir,
                 memory=memory,
                 image=rec.image,
+                images=self.base_images,
             )
             # The sandbox's own disk and config are written from here on; the layers
             # under it (templates, forks) stay read-only.

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from hutch.errors import InvalidArgument
 from hutch.images.build import ImageArtifacts
@@ -62,6 +62,8 @@ class WarmPool:
         self._ready: dict[PoolKey, list[tuple[str, Runtime]]] = {}
         self._refills: dict[PoolKey, asyncio.Task[None]] = {}
         self._discards: set[asyncio.Task[None]] = set()
+        #: Images whose pool is held off (:meth:`held_off`): no refill starts.
+        self._held: set[PoolKey] = set()
 
     def take(self, image: ImageArtifacts, shape: Shape) -> tuple[str, Runtime] | None:
         """A ready sandbox (its id and runtime), or None."""
@@ -85,7 +87,9 @@ class WarmPool:
         """Top the pool for ``image`` up in the background (once its template exists),
         starting in ``delay_s`` seconds (after a hand-out: :data:`REFILL_DELAY_S`)."""
         key = (image.name, image.digest)
-        if self.size <= 0 or (key in self._refills and not self._refills[key].done()):
+        if self.size <= 0 or key in self._held:
+            return
+        if key in self._refills and not self._refills[key].done():
             return
         self._refills[key] = asyncio.create_task(
             self._fill(image, delay_s), name=f"hutch-pool-{key}"
@@ -96,7 +100,7 @@ class WarmPool:
             await asyncio.sleep(delay_s)
         key = (image.name, image.digest)
         ready = self._ready.setdefault(key, [])
-        while len(ready) < self.size:
+        while len(ready) < self.size and key not in self._held:
             template = self.backend.templates.find(image, self.SHAPE)
             if template is None:
                 return
@@ -122,6 +126,24 @@ class WarmPool:
                 return
             ready.append((stub.id, runtime))
             log.info("warm pool for %s: %d ready", image.name, len(ready))
+
+    @contextlib.asynccontextmanager
+    async def held_off(self, name: str, digest: str) -> AsyncIterator[None]:
+        """No pooled VM of image ``name`` at ``digest`` for the block (its files are
+        about to change: a built-in image adopted from the blob store): refills stop
+        (the one under way after the clone it is making, never cut mid-clone) and the
+        ready VMs are destroyed. After the block the next ``refill`` fills it again."""
+        key = (name, digest)
+        self._held.add(key)
+        try:
+            task = self._refills.get(key)
+            if task is not None:
+                await asyncio.gather(task, return_exceptions=True)
+            for sandbox_id, _ in self._ready.pop(key, []):
+                await self._discard(sandbox_id)
+            yield
+        finally:
+            self._held.discard(key)
 
     async def close(self) -> None:
         """Stop refilling and destroy every pooled VM (they have no rows to adopt)."""

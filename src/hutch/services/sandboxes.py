@@ -313,7 +313,10 @@ class SandboxService:
                 try:
                     # An imported image's content stays while its template is built
                     # (the blob cache; once built, the template keeps it).
-                    with using_image(self.core.settings.images_dir, image):
+                    # A built-in one's bytes stay too (no adoption under the build).
+                    settings = self.core.settings
+                    adopts = settings.blob_url is not None and settings.blob_builtin_images
+                    with using_image(settings.images_dir, image, builtin=adopts):
                         where = await self.core.backend.templates.build(image, shape)
                     log.info("template ready for %s at %s: %s", image.name, shape, where)
                     self.pool.refill(image)

@@ -43,7 +43,7 @@ from hutch.errors import HutchError, SnapshotError
 from hutch.models import SnapshotRecord
 from hutch.services.background_uploads import RETRY_S, BackgroundUploads
 from hutch.services.blob_cache import CachedImage, ImageCache
-from hutch.services.blob_dirs import INDEX, fetch_dir, upload_dir
+from hutch.services.blob_dirs import INDEX, BaseImages, fetch_dir, frozen_base, upload_dir
 from hutch.services.registry import SandboxRegistry
 from hutch.storage.blobs import BlobInfo, BlobStore
 from hutch.vm.snapshot_dir import FROZEN_MARKER
@@ -95,6 +95,10 @@ class SnapshotBlobs:
         #: This host's copies of uploaded images, evicted within the same budget
         #: (``hutch.services.blob_cache``; set where the services are composed).
         self.images: ImageCache | None = None
+        #: This host's images under fetched chains: a built-in one it lacks fetched
+        #: first, each held from an adoption meanwhile (``builtin_blobs``; set where
+        #: the services are composed).
+        self.base_images: BaseImages | None = None
 
     @classmethod
     def from_settings(cls, core: SandboxRegistry, store: BlobStore | None) -> SnapshotBlobs:
@@ -285,6 +289,7 @@ class SnapshotBlobs:
                 owner=owner,
                 images_dir=self.core.settings.images_dir,
                 image=image,
+                images=self.base_images,
             )
             if target.exists():
                 shutil.rmtree(target)  # an incomplete copy (evicted or fetched half way)
@@ -294,6 +299,13 @@ class SnapshotBlobs:
             shutil.rmtree(staging, ignore_errors=True)
             raise
         log.info("%s fetched from %s into %s", owner, store.url, target)
+
+    def frozen_base(self, snapshot_id: str) -> tuple[str, str | None] | None:
+        """The raw image the snapshot's upload was frozen over and its recorded
+        identity (``blob_dirs.frozen_base``); None: no upload, or no store. Blocking."""
+        if self.store is None:
+            return None
+        return frozen_base(self.store, _prefix(snapshot_id), self._staging_root())
 
     async def local_frozen(self, prefix: str, owner: str, target: Path, *, image: str = "") -> Path:
         """``target`` complete on this host: as it is, or fetched (one fetch at a time

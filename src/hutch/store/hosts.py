@@ -18,7 +18,7 @@ from typing import Any
 from hutch.models import SandboxState
 from hutch.store.db import LIVE_STATES, RUNNING_STATES, Store
 
-__all__ = ["HOST_STATES", "HostRow", "HostStore", "HostUse", "place_in"]
+__all__ = ["HOST_STATES", "BuiltinIdentities", "HostRow", "HostStore", "HostUse", "place_in"]
 
 #: ``up``: takes new sandboxes; ``draining``: keeps its sandboxes, takes no new ones;
 #: ``down``: its lease expired (or it stopped); its running sandboxes are lost.
@@ -29,6 +29,12 @@ _COLUMNS = (
     "accel", "qemu_version", "cpu_model", "labels_json", "started_at", "renewed_at",
     "lease_until", "down_at", "down_reason", "net_pool",
 )  # fmt: skip
+#: Read with the row, written by the host on its own (:meth:`HostStore.set_images`),
+#: never by a registration: a re-registration keeps what the host published.
+_READ_ONLY = ("images_json",)
+
+#: What a host publishes of its built-in images: name -> digest -> rootfs sha256.
+BuiltinIdentities = dict[str, dict[str, str]]
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,9 @@ class HostRow:
     down_reason: str | None = None
     #: Its sandbox address pool (HUTCH_NET_POOL, a CIDR; "" before migration 16).
     net_pool: str = ""
+    #: The built-in images it holds: name -> digest -> the sha256 of its rootfs.ext4
+    #: (``hutch.images.identity``; migration 19). Empty: it published none (yet).
+    images: BuiltinIdentities = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -124,16 +133,24 @@ class HostStore:
                 )
             return bool(cur.rowcount)
 
+    def set_images(self, host_id: str, images: BuiltinIdentities) -> bool:
+        """Publish the built-in images ``host_id`` holds (what :attr:`HostRow.images`
+        reads back); False when there is no such host (not registered yet)."""
+        doc = json.dumps(
+            {n: dict(sorted(d.items())) for n, d in sorted(images.items())}, sort_keys=True
+        )
+        with self._store.transaction() as db:
+            cur = db.execute("UPDATE hosts SET images_json = ? WHERE id = ?", (doc, host_id))
+            return bool(cur.rowcount)
+
     def get(self, host_id: str) -> HostRow | None:
         with self._store.transaction() as db:
-            row = db.execute(
-                f"SELECT {', '.join(_COLUMNS)} FROM hosts WHERE id = ?", (host_id,)
-            ).fetchone()
+            row = db.execute(f"SELECT {_SELECT} FROM hosts WHERE id = ?", (host_id,)).fetchone()
         return _from_row(row) if row else None
 
     def all(self) -> builtins.list[HostRow]:
         with self._store.transaction() as db:
-            rows = db.execute(f"SELECT {', '.join(_COLUMNS)} FROM hosts ORDER BY id").fetchall()
+            rows = db.execute(f"SELECT {_SELECT} FROM hosts ORDER BY id").fetchall()
         return [_from_row(r) for r in rows]
 
     def expire(self, now: float) -> builtins.list[str]:
@@ -236,8 +253,20 @@ def _to_row(row: HostRow) -> tuple[Any, ...]:
     )  # fmt: skip
 
 
+_SELECT = ", ".join((*_COLUMNS, *_READ_ONLY))
+
+
+def _images(raw: object) -> BuiltinIdentities:
+    """``images_json`` as published; anything else (a hand-edited row) is nothing."""
+    try:
+        doc = json.loads(str(raw))
+        return {str(n): {str(d): str(h) for d, h in digests.items()} for n, digests in doc.items()}
+    except (ValueError, AttributeError, TypeError):
+        return {}
+
+
 def _from_row(row: tuple[Any, ...]) -> HostRow:
-    v = dict(zip(_COLUMNS, row, strict=True))
+    v = dict(zip((*_COLUMNS, *_READ_ONLY), row, strict=True))
     return HostRow(
         id=str(v["id"]), address=str(v["address"]), role=str(v["role"]), state=str(v["state"]),
         vcpus=int(v["vcpus"]), memory_mib=int(v["memory_mib"]), disk_gib=int(v["disk_gib"]),
@@ -246,4 +275,5 @@ def _from_row(row: tuple[Any, ...]) -> HostRow:
         labels=dict(json.loads(v["labels_json"])), started_at=float(v["started_at"]),
         renewed_at=float(v["renewed_at"]), lease_until=float(v["lease_until"]),
         down_at=v["down_at"], down_reason=v["down_reason"], net_pool=str(v["net_pool"]),
+        images=_images(v["images_json"]),
     )  # fmt: skip

@@ -387,6 +387,12 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE volumes ADD COLUMN host TEXT;
     """,
+    # 19: the built-in images each host holds ({name: {digest: rootfs sha256}}), written
+    # by the host at its start and after an adoption or a fetch (hutch.services.
+    # builtin_blobs): placement keeps a frozen state off a host whose bytes differ.
+    """
+    ALTER TABLE hosts ADD COLUMN images_json TEXT NOT NULL DEFAULT '{}';
+    """,
 )
 
 

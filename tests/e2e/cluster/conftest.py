@@ -50,5 +50,8 @@ def cluster(
         s3=s3_server,
         tunnel=True,
         e2b=True,
+        # The workers share one images directory: their built-in images are one build,
+        # nothing to converge (tests/e2e/test_builtin_images_cluster.py runs that).
+        extra_env={"HUTCH_BLOB_BUILTIN_IMAGES": "0"},
     ) as workers:
         yield workers

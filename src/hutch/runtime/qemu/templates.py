@@ -120,13 +120,30 @@ class QemuTemplates:
             d.name for d in (root.iterdir() if root.is_dir() else ()) if pattern.match(d.name)
         )
 
+    def retire(self, image_name: str, digest: str) -> list[str]:
+        """Rename every finished template of ``image_name`` at ``digest`` aside
+        (``.<key>.retired``: no create finds it from then on), then remove it; a crash
+        between the two leaves the aside, which :meth:`discard_unfinished` removes."""
+        root = self.layout.templates_root
+        retired = []
+        for name in self.of_image(image_name):
+            if name.startswith(f"{image_name}-{digest}-") and not name.endswith(".build"):
+                aside = root / f".{name}.retired"
+                os.rename(root / name, aside)
+                shutil.rmtree(aside, ignore_errors=True)
+                retired.append(name)
+        return retired
+
     def discard_unfinished(self) -> None:
-        """At start: remove template builds a stop cut short, and seal a published
-        template whose seal the stop cut short (between the move and ``seal_memory``)."""
+        """At start: remove template builds a stop cut short (and templates a retire cut
+        short), and seal a published template whose seal the stop cut short (between
+        the move and ``seal_memory``)."""
         root = self.layout.templates_root
         if root.is_dir():
             for d in root.glob("*.build"):
                 discard_template_build(d)
+            for d in root.glob(".*.retired"):
+                shutil.rmtree(d, ignore_errors=True)
             for vm_json in root.glob("*/vm.json"):
                 try:
                     seal_memory(vm_json.parent)

@@ -42,6 +42,7 @@ __all__ = [
     "get_flat",
     "get_flat_index",
     "put_flat",
+    "read_small",
 ]
 
 INDEX = "index.json"
@@ -102,27 +103,38 @@ def flat_complete(store: BlobStore, prefix: str) -> bool:
     return store.stat(prefix + INDEX) is not None
 
 
+def read_small(store: BlobStore, key: str, scratch: Path) -> bytes | None:
+    """The bytes of the (small: an index) blob ``key``, read through a temporary file
+    in ``scratch`` (checked against the store's own size and sha256); None: no such
+    blob. Blocking; ``BlobError`` when it cannot be read."""
+    found = store.stat(key)
+    if found is None:
+        return None
+    scratch.mkdir(parents=True, exist_ok=True)
+    path = scratch / f".read-{secrets.token_hex(6)}"
+    try:
+        store.get(key, path, expect=found)
+        return path.read_bytes()
+    finally:
+        path.unlink(missing_ok=True)
+
+
 def get_flat_index(
     store: BlobStore, prefix: str, scratch: Path, *, owner: str
 ) -> dict[str, Any] | None:
     """The index :func:`put_flat` wrote under ``prefix`` (None: there is none: never
     uploaded, or not complete yet), read through ``scratch`` and checked. Raises
     ``BlobError`` for an index that is not valid or cannot be read."""
-    found = store.stat(prefix + INDEX)
-    if found is None:
+    raw = read_small(store, prefix + INDEX, scratch)
+    if raw is None:
         return None
-    scratch.mkdir(parents=True, exist_ok=True)
-    index_path = scratch / f".{INDEX}-{secrets.token_hex(6)}"
     try:
-        store.get(prefix + INDEX, index_path, expect=found)
-        return _parse(index_path.read_bytes(), owner)
+        return _parse(raw, owner)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise BlobError(
             f"blob {prefix}{INDEX} at {store.url} is not a valid index ({exc}); "
             f"{owner} cannot be fetched"
         ) from exc
-    finally:
-        index_path.unlink(missing_ok=True)
 
 
 def get_flat(
