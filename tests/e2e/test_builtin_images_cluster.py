@@ -1,7 +1,8 @@
 """Two workers on separate machines whose ``base`` of one digest holds other bytes
 (issue 14): a sandbox paused (memory) on worker 1 resumes on worker 2 with its
 processes and its Python variable once worker 2 has converged on the bucket's bytes,
-and is refused (``ImageMismatch``, the sandbox staying paused) while it has not.
+and is refused while it has not: placement reads the bytes each worker published and
+answers 429 naming them, before anything is fetched, the sandbox staying paused.
 
 Separate machines on one: each worker runs in a mount namespace of its own where its
 own images directory is mounted at one path (``HUTCH_IMAGES_DIR`` is the same on both,
@@ -181,8 +182,11 @@ def test_a_pause_resumes_on_a_worker_whose_base_held_other_bytes_once_it_converg
             assert owners([w1, w2])[sb.id] == "w1"
             at = c.pause_sandbox(sb.id).paused_at
             assert wait_for(lambda: w1.pause_uploaded(s3, sb.id, at), 120)
-            # Not converged: refused, and nothing changed (it stays paused on w1).
-            with pytest.raises(errors.ImageMismatch, match="was frozen over other bytes"):
+            # Not converged: refused by placement (w2 published other bytes of base),
+            # and nothing changed (it stays paused on w1).
+            with pytest.raises(
+                errors.Capacity, match=r"w2 cannot restore the pause of .*holds other bytes"
+            ):
                 c.resume_sandbox(sb.id, {"host": "w2"})
             assert c.get_sandbox(sb.id).state == "paused"
             assert sb.id not in w2.sandbox_dirs()

@@ -141,6 +141,37 @@ def test_a_pause_moves_only_to_a_host_that_can_restore_it() -> None:
     )
 
 
+def test_a_pause_of_a_built_in_image_moves_only_where_its_bytes_are() -> None:
+    """Each host publishes its built-in images' rootfs sha256; a pause frozen over one
+    copy goes to a host holding the same bytes, or lacking that digest when the blob
+    store's upload of it is those bytes (it fetches them), never elsewhere."""
+    mine, other = "a" * 64, "b" * 64
+    hosts = [
+        _host("w1", images={"base": {"d1": mine}}),
+        _host("w2", 8192, images={"base": {"d1": other}}),  # most room, other bytes
+        _host("w3", 4096, images={"base": {"d0": other}}),  # lacks d1
+    ]
+
+    def place(uploaded: str | None, only: str | None = None) -> HostRow:
+        pause = Frozen("w1", True, "the pause of sb-1", "base", "d1", mine, uploaded)
+        return choose_host(
+            hosts, {}, Placement(host=only), memory_mib=128, now=NOW, frozen=pause, exclude="w1"
+        )
+
+    assert place(uploaded=mine).id == "w3"  # fetches the uploaded copy, the same bytes
+    with pytest.raises(Capacity) as refused:
+        place(uploaded=other)
+    assert (
+        "w2 cannot restore the pause of sb-1: its image base (d1) holds other bytes"
+        in refused.value.message
+    )
+    assert "w3 cannot restore the pause of sb-1" in refused.value.message
+    # Nothing to compare (an imported image, no identity published): not filtered.
+    unknown = Frozen("w1", True, "the pause", "base", "d1", None, None)
+    chosen = choose_host(hosts, {}, Placement(), memory_mib=128, now=NOW, frozen=unknown)
+    assert chosen.id == "w2"
+
+
 def test_a_move_never_lands_on_the_host_it_leaves() -> None:
     hosts = [_host("w1", 8192), _host("w2")]
     assert choose_host(hosts, {}, Placement(), memory_mib=128, now=NOW, exclude="w1").id == "w2"

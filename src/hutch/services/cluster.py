@@ -36,6 +36,7 @@ from hutch.errors import Conflict, HutchError, InvalidArgument, NotFound, Unavai
 from hutch.models import PauseMode, SandboxRecord, SandboxState
 from hutch.services.cluster_auth import ClusterSigner, load_or_create_secret
 from hutch.services.events import because, internal, project_of
+from hutch.services.frozen_source import frozen_sandbox
 from hutch.services.lifecycle import LifecycleService
 from hutch.services.placement import (
     Frozen,
@@ -47,6 +48,7 @@ from hutch.services.placement import (
 from hutch.services.registry import SandboxRegistry
 from hutch.store.db import RUNNING_STATES
 from hutch.store.hosts import HostRow, HostStore, HostUse
+from hutch.store.image_uploads import ImageUploadStore
 
 __all__ = ["ClusterService", "HostRow", "HostView", "host_facts"]
 
@@ -126,6 +128,7 @@ class ClusterService:
         self.settings = core.settings
         self.host_id = core.host_id
         self.hosts = HostStore(core.store)
+        self.uploads = ImageUploadStore(core.store)
         self.signer = ClusterSigner(
             load_or_create_secret(self.settings.cluster_secret_path), self.host_id
         )
@@ -371,7 +374,7 @@ class ClusterService:
                 rec.shape.memory_mib,
                 # Anywhere: another host than its own fetches the pause from the blob
                 # store (without one the refusal below names HUTCH_BLOB_URL).
-                Frozen(host, True, f"the pause of {rec.id}"),
+                self._paused(rec, host),
             ),
         )
         if chosen.id != host and not self.lifecycle.moves.enabled:
@@ -396,10 +399,15 @@ class ClusterService:
             lambda: self.place(
                 Placement(labels=rec.placement_labels),
                 rec.shape.memory_mib,
-                Frozen(exclude, True, f"the pause of {rec.id}"),
+                self._paused(rec, exclude),
                 exclude=exclude,
             ),
         )
+
+    def _paused(self, rec: SandboxRecord, host: str) -> Frozen:
+        """The pause of ``rec`` taken on ``host``: restorable where that host's QEMU and
+        CPU run and its image bytes are (in the blob store: another host fetches it)."""
+        return frozen_sandbox(self.hosts, self.uploads, rec, host, f"the pause of {rec.id}")
 
     def alone(self) -> bool:
         """No other host is up (one host, or the others down): creates land here."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from hutch.contract.placement import Placement
 from hutch.errors import Capacity, Conflict, InvalidArgument
+from hutch.services.image_compat import compatible_image
 from hutch.store.hosts import HostRow, HostUse
 
 __all__ = [
@@ -42,6 +43,14 @@ class Frozen:
     anywhere: bool = False
     #: What it is, for the reasons a refusal gives ("the snapshot", "the pause").
     what: str = "the snapshot"
+    #: The image it was frozen over, at ``digest``, and that copy's rootfs sha256
+    #: (``image_compat.frozen_identity``), and the blob store's recorded upload of that
+    #: digest (``builtin_blobs.uploaded_identity``): a host whose built-in image bytes
+    #: differ cannot open it (None: nothing to compare).
+    image: str = ""
+    digest: str | None = None
+    sha256: str | None = None
+    uploaded: str | None = None
 
 
 def require_known(hosts: Sequence[HostRow], placement: Placement) -> list[HostRow]:
@@ -105,6 +114,13 @@ def choose_host(
             reasons.append(f"{h.id} does not hold {frozen.what}'s files ({frozen.host} does)")
         elif frozen is not None and source is not None and (why := _restores(h, source)):
             reasons.append(f"{h.id} cannot restore {frozen.what}: {why}")
+        elif frozen is not None and not compatible_image(
+            h, frozen.image, frozen.digest, frozen.sha256, uploaded=frozen.uploaded
+        ):
+            reasons.append(
+                f"{h.id} cannot restore {frozen.what}: its image {frozen.image} "
+                f"({frozen.digest}) holds other bytes than the ones it was frozen over"
+            )
         elif held.sandboxes + 1 > h.max_sandboxes:
             reasons.append(f"{h.id} holds {held.sandboxes}/{h.max_sandboxes} sandboxes")
         elif free < memory_mib:

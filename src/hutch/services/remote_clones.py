@@ -38,10 +38,12 @@ from hutch.models import NetworkMode, SandboxRecord, SandboxState
 from hutch.services.blob_dirs import upload_dir
 from hutch.services.cluster_auth import ClusterSigner, load_or_create_secret
 from hutch.services.events import project_of
-from hutch.services.placement import Frozen, choose_host, require_labels
+from hutch.services.frozen_source import frozen_sandbox
+from hutch.services.placement import choose_host, require_labels
 from hutch.services.registry import SandboxRegistry
 from hutch.services.snapshot_blobs import SnapshotBlobs
 from hutch.store.hosts import HostStore, HostUse
+from hutch.store.image_uploads import ImageUploadStore
 
 __all__ = ["FORK_NAME_RE", "RemoteClones"]
 
@@ -93,6 +95,9 @@ class RemoteClones:
             return [me] * count
         use = dict(self.hosts.usage())
         shape = parent.shape
+        frozen = frozen_sandbox(
+            self.hosts, ImageUploadStore(self.core.store), parent, me, f"the fork of {parent.id}"
+        )
         out: list[str] = []
         for _ in range(count):
             try:
@@ -102,7 +107,7 @@ class RemoteClones:
                     Placement(labels=labels),
                     memory_mib=shape.memory_mib,
                     now=time.time(),
-                    frozen=Frozen(me, True, f"the fork of {parent.id}"),
+                    frozen=frozen,
                 )
             except (Capacity, InvalidArgument):
                 # This host's own check then says why (room, quota), or, for a parent
