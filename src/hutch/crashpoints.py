@@ -55,6 +55,10 @@ POINTS: dict[str, str] = {
     "clone.disk": "a clone's overlay and vm.json written, QEMU not started",
     "fork.parent": "parent running again on its clone, children not started",
     "snapshot.frozen": "parent running again, the snapshot's row not yet ready",
+    # a frozen directory fetched from the blob store (a template, snapshot, fork, pause)
+    "fetch.blob": "one blob of a frozen directory downloaded into its staging directory",
+    "template.staged": "a fetched template checked, rehomed and sealed in its staging "
+    "directory, not yet renamed into place",
 }
 
 _hits: dict[str, int] = {}
