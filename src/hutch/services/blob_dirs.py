@@ -229,6 +229,7 @@ def fetch_dir(
     if index_sha256 is not None:
         got = hashlib.sha256(index_path.read_bytes()).hexdigest()
         if got != index_sha256:
+            index_path.unlink()
             raise BlobError(
                 f"blob {prefix}{INDEX} at {store.url} is not the index its uploader "
                 f"recorded (sha256 {got[:16]}..., recorded {index_sha256[:16]}...); "

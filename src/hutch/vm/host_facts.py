@@ -19,7 +19,7 @@ __all__ = ["QEMU_BINARY", "cpu_model", "parse_qemu_version", "qemu_build", "qemu
 
 #: The emulator every VM runs (``hutch.vm.argv.build_argv``'s default).
 QEMU_BINARY = "qemu-system-x86_64"
-_VERSION = re.compile(r"version (\S+)(?: \(([^)]*)\))?")
+_VERSION = re.compile(r"version ([0-9]+\.[0-9.]+)(?: \(([^)]*)\))?")
 
 
 def parse_qemu_version(text: str) -> tuple[str, str]:

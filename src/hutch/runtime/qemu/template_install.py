@@ -72,9 +72,8 @@ def install(staging: Path, info: TemplateInfo, cfg: VmConfig, rootfs: Path) -> P
     _rehome(staging, final, cfg, what)
     if not (staging / FROZEN_MARKER).exists():
         (staging / FROZEN_MARKER).write_text("fetched\n")
+    # Sealed last: the seal records the memory file's ctime, which a chmod would move.
     seal_memory(staging)
-    for f in staging.iterdir():
-        os.chmod(f, 0o444)
     fsync_path(staging, directory=True)
     crash_point("template.staged")
     if final.exists():
@@ -104,5 +103,5 @@ def _rehome(staging: Path, final: Path, cfg: VmConfig, what: str) -> None:
         disk=final / "disk.qcow2",
         memory_file=final / MEMORY_FILE if fetched.memory_file is not None else None,
     )
-    os.chmod(staging / "vm.json", 0o644)
     write_config(staging / "vm.json", rehomed)
+    os.chmod(staging / "vm.json", 0o444)

@@ -129,10 +129,10 @@ class QemuTemplates:
 
     def install(self, image: ImageArtifacts, shape: Shape, staging: Path) -> Path:
         info = self.describe(image, shape)
-        cfg = self._config(SandboxPaths(state=info.path, run=info.path), image, shape)
+        cfg = self.vm_config(SandboxPaths(state=info.path, run=info.path), image, shape)
         return install(staging, info, cfg, image.rootfs)
 
-    def _config(self, work: SandboxPaths, image: ImageArtifacts, shape: Shape) -> VmConfig:
+    def vm_config(self, work: SandboxPaths, image: ImageArtifacts, shape: Shape) -> VmConfig:
         """The VM a template of (image, shape) is booted as, with its files in ``work``."""
         cfg = self.booter.vm_config(work, "template", shape, image, "hutch")
         if self.layout.settings.template_ram_in_file:
@@ -161,7 +161,7 @@ class QemuTemplates:
                 create_overlay, image.rootfs, work.disk, shape.disk_gib, image.rootfs_format
             )
             in_file = self.layout.settings.template_ram_in_file
-            cfg = self._config(work, image, shape)
+            cfg = self.vm_config(work, image, shape)
             write_config(work.vm_json, cfg)
             vm, agent = await self.booter.boot(cfg, work, "hutch")
             try:
