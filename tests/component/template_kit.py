@@ -26,13 +26,13 @@ from hutch.runtime.qemu.template_key import write_key_file
 from hutch.runtime.qemu.templates import finish_template, publish_template
 from hutch.storage.overlay import create_overlay
 from hutch.vm.host_facts import qemu_build
-from hutch.vm.snapshot import describe_cmdline
 from hutch.vm.snapshot_manifest import (
     MANIFEST_FORMAT,
     MEMORY_FILE,
     FileStamp,
     SnapshotManifest,
     compat_fields,
+    describe_cmdline,
     fd_digest,
     file_sha256,
     write_atomic,

@@ -29,7 +29,7 @@ from hutch.runtime.qemu.host import SandboxPaths, read_config
 from hutch.services.blob_dirs import INDEX
 from hutch.services.template_blobs import TemplateBlobs, template_prefix
 from hutch.services.templates import TemplateService
-from hutch.storage.blobs import BlobInfo, BlobStore, LocalBlobStore
+from hutch.storage.blobs import BlobInfo, BlobStore, LocalBlobStore, Progress
 from hutch.storage.blobs.s3 import S3BlobStore, S3Options
 from hutch.store.db import Store
 from hutch.store.image_uploads import ImageUploadStore
@@ -399,7 +399,9 @@ async def test_start_uploads_the_templates_here_whose_upload_is_not_complete(
     await lab.blobs_a.close()
 
 
-def test_a_retried_upload_sends_the_same_packed_memory(local_lab: Lab) -> None:
+def test_a_retried_upload_sends_the_same_packed_memory(
+    local_lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The packed extents stay between attempts (an S3 upload's journal then continues
     it); they go once the index is sent."""
     lab = local_lab
@@ -409,15 +411,15 @@ def test_a_retried_upload_sends_the_same_packed_memory(local_lab: Lab) -> None:
     seen: list[tuple[int, int]] = []
     real_put = store.put
 
-    def failing_put(key: str, path: Path, **kw: object) -> BlobInfo:
+    def failing_put(key: str, path: Path, *, progress: Progress | None = None) -> BlobInfo:
         if key.endswith(MEMORY_FILE + ".data"):
             st = path.stat()
             seen.append((st.st_ino, st.st_mtime_ns))
             if len(seen) == 1:
                 raise OSError("the network went away")
-        return real_put(key, path)
+        return real_put(key, path, progress=progress)
 
-    store.put = failing_put  # type: ignore[method-assign]
+    monkeypatch.setattr(store, "put", failing_put)
     with pytest.raises(OSError):
         lab.blobs_a.upload(info)
     assert lab.blobs_a.upload(info)
