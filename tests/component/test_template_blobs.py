@@ -23,9 +23,9 @@ import pytest
 from hutch.crashpoints import ENV
 from hutch.errors import Conflict
 from hutch.images.build import ImageArtifacts
-from hutch.models import Shape
+from hutch.models import NetworkMode, SandboxRecord, SandboxState, Shape
 from hutch.runtime.qemu.backend import QemuBackend
-from hutch.runtime.qemu.host import SandboxPaths, read_config
+from hutch.runtime.qemu.host import SandboxPaths, read_config, write_config
 from hutch.services.blob_dirs import INDEX
 from hutch.services.template_blobs import TemplateBlobs, template_prefix
 from hutch.services.templates import TemplateService
@@ -443,3 +443,36 @@ async def test_deleting_an_images_last_row_removes_its_templates_from_the_store(
     assert lab.records.under(f"templates/{content}/") == []
     kept = template_prefix(other_info.content, other_info.key)
     assert lab.records.get(kept) is not None and lab.store.stat(kept + INDEX) is not None
+
+
+async def test_a_sandbox_moved_here_maps_this_hosts_template_of_the_same_key(
+    local_lab: Lab,
+) -> None:
+    """A pause from host A names A's template memory.ram; on B, which fetched that
+    template, the resume maps B's copy (pages shared with B's other clones) instead of
+    a private file; a template B lacks still gets a private file."""
+    lab = local_lab
+    lab.uploaded()
+    tpl_a = lab.a.templates.find(lab.image, SHAPE)
+    assert tpl_a is not None
+    rec = SandboxRecord(
+        id="sb-0123456789ab", image="base", state=SandboxState.PAUSED, shape=SHAPE,
+        created_at=0.0, network=NetworkMode.NONE,
+    )  # fmt: skip
+    p = lab.b.paths(rec.id)
+    p.state.mkdir(parents=True)
+
+    def moved(memory: Path) -> Path | None:
+        cfg = lab.a.templates.vm_config(lab.a.paths(rec.id), lab.image, SHAPE)
+        write_config(p.vm_json, dataclasses.replace(cfg, memory_file=memory, memory_shared=False))
+        lab.b.rehome(rec)
+        got = read_config(p.vm_json)
+        assert got is not None
+        return got.memory_file
+
+    assert moved(tpl_a / MEMORY_FILE) == p.state / MEMORY_FILE  # B has no such template
+    fetched = await lab.blobs_b.fetch(lab.image, SHAPE)
+    assert fetched is not None
+    assert moved(tpl_a / MEMORY_FILE) == fetched / MEMORY_FILE
+    other = tpl_a.parent / (tpl_a.name[:-16] + "0" * 16) / MEMORY_FILE
+    assert moved(other) == p.state / MEMORY_FILE  # another key: not this template
