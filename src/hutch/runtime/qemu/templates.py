@@ -83,9 +83,16 @@ class QemuTemplates:
 
     def describe(self, image: ImageArtifacts, shape: Shape) -> TemplateInfo:
         files = [image.kernel, image.initrd, image.rootfs, image.runtime_disk]
-        memo = (*(_stat_key(f) for f in files), image.cmdline, image.rootfs_format, shape)
+        memo = (
+            *(_stat_key(f) for f in files),
+            image.name,
+            image.digest,
+            image.cmdline,
+            image.rootfs_format,
+            shape,
+        )
         found = self._keys.get(memo)
-        if found is not None and found.image == image.name:
+        if found is not None:
             return found
         inputs = key_inputs(image, shape, self.host_facts())
         key = template_key(inputs)
@@ -145,9 +152,9 @@ class QemuTemplates:
     async def build(self, image: ImageArtifacts, shape: Shape) -> Path:
         """Boot ``image`` once at ``shape``, let it settle, and freeze it as the template
         every later create at that shape restores from (no cold boot on the hot path)."""
-        info = self.describe(image, shape)
+        info = await asyncio.to_thread(self.describe, image, shape)
         final = info.path
-        if self.find(image, shape):
+        if await asyncio.to_thread(self.find, image, shape):
             return final
         work = SandboxPaths(
             state=final.parent / (final.name + ".build"),
