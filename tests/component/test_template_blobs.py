@@ -476,3 +476,13 @@ async def test_a_sandbox_moved_here_maps_this_hosts_template_of_the_same_key(
     assert moved(tpl_a / MEMORY_FILE) == fetched / MEMORY_FILE
     other = tpl_a.parent / (tpl_a.name[:-16] + "0" * 16) / MEMORY_FILE
     assert moved(other) == p.state / MEMORY_FILE  # another key: not this template
+
+
+async def test_an_image_whose_files_are_gone_has_no_template(local_lab: Lab) -> None:
+    """Its key cannot be computed: no template is found or fetched, nothing raises
+    (a create then reports the image's own error)."""
+    lab = local_lab
+    lab.uploaded()
+    gone = dataclasses.replace(lab.image, rootfs=lab.root / "deleted" / "rootfs.ext4")
+    assert lab.a.templates.find(gone, SHAPE) is None
+    assert await lab.blobs_b.fetch(gone, SHAPE) is None

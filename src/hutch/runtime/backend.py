@@ -106,15 +106,16 @@ class Templates(Protocol):
 
     def find(self, image: ImageArtifacts, shape: Shape) -> Path | None:
         """The ready template for (image, shape), if one was built or fetched with the
-        key this host would build it with. Blocking (the key: a few ``stat`` calls,
-        image files hashed once if they carry no identity record)."""
+        key this host would build it with (None too when the image's files are gone).
+        Blocking (the key: a few ``stat`` calls, image files hashed once if they carry
+        no identity record)."""
 
     async def build(self, image: ImageArtifacts, shape: Shape) -> Path:
         """Boot once and freeze the template for (image, shape)."""
 
     def describe(self, image: ImageArtifacts, shape: Shape) -> TemplateInfo:
         """The key and the place of the template for (image, shape), built or not.
-        Blocking, as :meth:`find`."""
+        Blocking, as :meth:`find`; ``OSError`` when an image file cannot be read."""
 
     def local(self) -> list[TemplateInfo]:
         """Every complete template on this host, as recorded beside it. Blocking."""

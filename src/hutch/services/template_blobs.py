@@ -277,7 +277,11 @@ class TemplateBlobs:
         a check's failure."""
         if self.store is None or self.records is None:
             return None
-        info = await asyncio.to_thread(self.templates.describe, image, shape)
+        try:
+            info = await asyncio.to_thread(self.templates.describe, image, shape)
+        except OSError as exc:  # the image's files are gone: the create will say so
+            log.warning("template of %s: no key for its files: %s", image.name, exc)
+            return None
         if info.content is None:
             return None
         failed = self._failed.get(info.key)

@@ -116,7 +116,10 @@ class QemuTemplates:
         return self.describe(image, shape).path
 
     def find(self, image: ImageArtifacts, shape: Shape) -> Path | None:
-        info = self.describe(image, shape)
+        try:
+            info = self.describe(image, shape)
+        except OSError:
+            return None  # the image's files are gone (deleted, evicted): no template
         return info.path if keyed_complete(info.path, info.key) else None
 
     def local(self) -> list[TemplateInfo]:
