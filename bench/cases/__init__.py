@@ -18,6 +18,7 @@ from bench.cases.net_inspect import run_net_inspect
 from bench.cases.noisy import run_noisy
 from bench.cases.pause_resume import run_pause_resume
 from bench.cases.snapshot_blobs import run_snapshot_blobs
+from bench.cases.template_blobs import run_template_blobs
 from bench.cases.volumes import run_volumes
 
 __all__ = ["BENCHMARKS", "BenchContext", "Benchmark"]
@@ -50,5 +51,8 @@ BENCHMARKS: dict[str, Benchmark] = {
         Benchmark("volumes", "exclusive volume vs own disk writes; live grow", run_volumes),
         Benchmark("snapshot_blobs", "snapshot upload/download to S3 vs cat", run_snapshot_blobs),
         Benchmark("cross_host", "resume on another host (from S3) vs same host", run_cross_host),
+        Benchmark(
+            "template_blobs", "template: fetch from S3 vs build by a cold boot", run_template_blobs
+        ),
     )
 }

@@ -59,6 +59,10 @@ POINTS: dict[str, str] = {
     "adopt.staged": "the upload fetched and verified beside this host's copy, nothing swapped",
     "adopt.retired": "the copy's templates retired, the copy not yet swapped",
     "adopt.swapped": "the upload exchanged in for the copy, the old copy not yet removed",
+    # a frozen directory fetched from the blob store (a template, snapshot, fork, pause)
+    "fetch.blob": "one blob of a frozen directory downloaded into its staging directory",
+    "template.staged": "a fetched template checked, rehomed and sealed in its staging "
+    "directory, not yet renamed into place",
 }
 
 _hits: dict[str, int] = {}

@@ -49,6 +49,8 @@ from hutch.services.secret_box import SecretKey
 from hutch.services.secrets import SecretService
 from hutch.services.snapshot_blobs import SnapshotBlobs
 from hutch.services.snapshots import SnapshotService
+from hutch.services.template_blobs import TemplateBlobs
+from hutch.services.templates import TemplateService
 from hutch.services.usage import UsageService
 from hutch.services.volumes import VolumeService
 from hutch.storage.blobs import BlobStore, blob_store_from_settings
@@ -118,14 +120,25 @@ def build_services(
     snapshots = SnapshotService(core, lifecycle, SnapshotBlobs.from_settings(core, blob_store))
     guest = GuestOps(core, lifecycle)
     networking = NetworkingService(core)
+    # Templates: this host's, or fetched from the blob store, else built and uploaded.
+    templates = TemplateService(
+        backend.templates,
+        TemplateBlobs.from_settings(
+            backend.templates, blob_store, ImageUploadStore(store), settings
+        ),
+        settings.images_dir,
+        hold_builtin=settings.blob_url is not None and settings.blob_builtin_images,
+    )
     pool = WarmPool(
         core,
         settings.pool_size if settings.templates else 0,
         prepare=networking.prepare_pooled,
         network=NetworkMode.DEFAULT if net is not None else NetworkMode.NONE,
+        templates=templates.for_create,
     )
+    templates.on_ready = pool.refill
     volumes = VolumeService(core)
-    sandboxes = SandboxService(core, networking, snapshots, pool, volumes)
+    sandboxes = SandboxService(core, networking, snapshots, pool, volumes, templates)
     builtins = None
     if isinstance(images, HostImages) and images.blobs.enabled:
         # One blob cache budget: imported images' copies are evicted with snapshots'.

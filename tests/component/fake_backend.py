@@ -16,9 +16,11 @@ import signal
 from collections.abc import Sequence
 from pathlib import Path
 
+from hutch.errors import SnapshotError
 from hutch.guest.client import AgentClient
 from hutch.images.build import ImageArtifacts
 from hutch.models import SANDBOX_ID_RE, PauseMode, SandboxRecord
+from hutch.runtime.backend import TemplateInfo
 from hutch.vm.argv import VolumeDrive
 
 AGENT = Path(__file__).resolve().parents[2] / "guest_agent" / "agent.py"
@@ -109,16 +111,43 @@ class FakeRuntime:
 
 
 class FakeTemplates:
+    """No template is ever ready: creates always "cold boot" a fresh agent. A build is
+    recorded; the key of every (image, shape) is ``key`` and its image directory
+    ``content`` (None: never shared through the blob store), so a test can record an
+    upload that a create's fetch then tries (``install`` refuses: no real template)."""
+
     def __init__(self, root: Path) -> None:
         self.root = root
         self.built: list[tuple[str, object]] = []
+        self.key = "f" * 64
+        self.content: str | None = None
 
     def find(self, image: ImageArtifacts, shape: object) -> Path | None:
-        return None  # creates always "cold boot" a fresh agent
+        return None
 
     async def build(self, image: ImageArtifacts, shape: object) -> Path:
         self.built.append((image.name, shape))
         return self.root / "templates"
+
+    def describe(self, image: ImageArtifacts, shape: object) -> TemplateInfo:
+        return TemplateInfo(
+            key=self.key,
+            content=self.content,
+            path=self.root / "templates" / f"{image.name}-{self.key[:16]}",
+            image=image.name,
+            shape=str(shape),
+        )
+
+    def local(self) -> list[TemplateInfo]:
+        return []
+
+    def staging(self, image: ImageArtifacts, shape: object) -> Path:
+        d = self.root / "templates" / f".fetch-{image.name}"
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def install(self, image: ImageArtifacts, shape: object, staging: Path) -> Path:
+        raise SnapshotError("the fake backend installs no template")
 
     def discard_unfinished(self) -> None:
         return None

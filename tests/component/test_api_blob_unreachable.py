@@ -1,11 +1,14 @@
 """A daemon whose S3 endpoint cannot be reached (``HUTCH_S3_ENDPOINT`` names a closed
 loopback port), over the REST API with the real services: a create that needs the blob
 store (a named snapshot whose local copy is gone) is a quick ``blob_error`` naming the
-endpoint and what to check, and the daemon goes on serving everything else."""
+endpoint and what to check, and the daemon goes on serving everything else; a create
+that would fetch its template from it boots cold instead."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import logging
 import shutil
 from pathlib import Path
 
@@ -13,7 +16,11 @@ import httpx
 import pytest
 
 from hutch.config import Settings
+from hutch.models import FileSum, Shape
 from hutch.services.composed import Services
+from hutch.services.template_blobs import template_prefix
+from hutch.store.image_uploads import ImageUploadStore
+from tests.component.fake_backend import FakeBackend
 from tests.component.test_api_lifecycle import create
 from tests.component.test_blob_store_reach import closed_port
 
@@ -68,3 +75,31 @@ async def test_a_create_needing_an_unreachable_store_is_a_quick_blob_error(
     assert (await api.get(f"/v1/snapshots/{snap}")).status_code == 200
     listed = {s["id"]: s["state"] for s in (await api.get("/v1/sandboxes")).json()["sandboxes"]}
     assert {i for i, state in listed.items() if state == "running"} == {sid, other}
+
+
+async def test_a_create_whose_template_upload_is_unreachable_boots_cold(
+    api: httpx.AsyncClient, service: Services, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The database records a template upload of this host's key, but the store is
+    away: the create does not fail, it boots cold (logging why) and the template is
+    built here in the background."""
+    backend = service.core.backend
+    assert isinstance(backend, FakeBackend)
+    backend.templates.content = "base/" + "0" * 16
+    prefix = template_prefix(backend.templates.content, backend.templates.key)
+    ImageUploadStore(service.core.store).put(
+        prefix, {"index.json": FileSum(1, "0" * 64)}, {"index_sha256": "0" * 64}
+    )
+    with caplog.at_level(logging.WARNING):
+        sid = await create(api, memory_mib=256)
+    assert (await api.get(f"/v1/sandboxes/{sid}")).json()["state"] == "running"
+    assert (
+        "built here by a cold boot" in caplog.text and "cannot reach the S3 endpoint" in caplog.text
+    )
+    events = (await api.get("/v1/events", params={"type": "sandbox.created"})).json()["events"]
+    assert [e["data"]["from"] for e in events] == ["cold"]
+    for _ in range(100):  # the background build (its fetch is not tried again so soon)
+        if backend.templates.built:
+            break
+        await asyncio.sleep(0.05)
+    assert backend.templates.built == [("base", Shape(memory_mib=256))]

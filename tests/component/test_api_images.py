@@ -6,6 +6,7 @@ what the image's files do in a real guest is tests/vm/test_oci_images.py."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -20,8 +21,10 @@ from hutch.api import create_app
 from hutch.config import Limits, Settings
 from hutch.daemon import build_services
 from hutch.images.oci.boot import BootSet
+from hutch.models import FileSum
 from hutch.services.composed import Services
 from hutch.services.images import HostImages, LocalImages
+from hutch.services.template_blobs import template_prefix
 from hutch.store import Store
 from hutch.store.images import ImageStore
 from tests.component.conftest import API_KEY
@@ -62,7 +65,19 @@ class FakeBootSets:
 
 @pytest.fixture
 async def served(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Services]]:
-    settings = Settings(state_dir=tmp_path / "state", limits=Limits(max_sandboxes=10))
+    async with _served(tmp_path) as found:
+        yield found
+
+
+@contextlib.asynccontextmanager
+async def _served(
+    tmp_path: Path, **settings_: object
+) -> AsyncIterator[tuple[httpx.AsyncClient, Services]]:
+    settings = Settings(
+        state_dir=tmp_path / "state",
+        limits=Limits(max_sandboxes=10),
+        **settings_,  # type: ignore[arg-type]
+    )
     store = Store(settings.database)
     images = HostImages(
         LocalImages(tmp_path / "images"),
@@ -381,6 +396,34 @@ async def test_content_shared_by_two_names_stays_until_both_go(
     await client.delete(f"/v1/sandboxes/{r.json()['id']}")
     assert (await client.delete("/v1/images/s2")).status_code == 204
     assert leftovers(tmp_path) == []
+
+
+async def test_an_images_templates_leave_the_blob_store_with_its_last_name(
+    tmp_path: Path,
+) -> None:
+    """Templates are keyed by content: whoever built them, they go from the bucket (and
+    their records from the database) once no image row names the content."""
+    async with _served(tmp_path, blob_url=f"file://{tmp_path}/bucket") as (client, svc):
+        archive = tmp_path / "t.tar"
+        write_oci_archive(image("templated"), archive, tmp_path)
+        r = await upload(client, "t1", archive)
+        assert r.status_code == 201, r.text
+        assert (await upload(client, "t2", archive)).status_code == 201
+        blobs = svc.sandboxes.templates.blobs
+        assert blobs.store is not None and blobs.records is not None
+        content = "oci/" + r.json()["digest"].replace(":", "-")
+        src = tmp_path / "blob"
+        src.write_bytes(b"{}")
+        prefixes = [template_prefix(c, k * 64) for c in (content, "base/0123") for k in "ab"]
+        for prefix in prefixes:
+            blobs.store.put(prefix + "index.json", src)
+            blobs.records.put(prefix, {"index.json": FileSum(2, "0" * 64)}, {})
+        assert (await client.delete("/v1/images/t1")).status_code == 204
+        assert all(blobs.records.get(p) is not None for p in prefixes)  # t2 names it
+        assert (await client.delete("/v1/images/t2")).status_code == 204
+        assert blobs.store.list_prefix(f"templates/{content}/") == []
+        assert [p for p in prefixes if blobs.records.get(p) is not None] == prefixes[2:]
+        assert len(blobs.store.list_prefix("templates/base/0123/")) == 2
 
 
 async def test_pull_requests_are_validated(

@@ -59,8 +59,10 @@ _SAVE = ["save.stopped", "save.migrated", "save.pending", "save.quit", "save.man
 _FREEZE = ["freeze.config", "freeze.disk_moved", "freeze.done", "clone.disk"]
 #: Points of the rebase on a memory file (HUTCH_FORK_RAM_IN_FILE, off by default), which
 #: this lab does not turn on: the commit's crash window is checked by the unit tests of
-#: hutch.vm.snapshot_rebase (tests/unit/test_vm_snapshot.py).
-NOT_DRIVEN = {"rebase.staged", "rebase.swapped"}
+#: hutch.vm.snapshot_rebase (tests/unit/test_vm_snapshot.py). The points of a fetch from
+#: the blob store (this lab has none) are killed at by
+#: tests/component/test_template_blobs.py::test_a_fetch_killed_at_any_step_leaves_no_template.
+NOT_DRIVEN = {"rebase.staged", "rebase.swapped", "fetch.blob", "template.staged"}
 #: Points of a built-in image's adoption (services/builtin_blobs.py), which this lab's
 #: single daemon never makes: killed at in tests/component/test_builtin_blobs.py.
 NOT_DRIVEN |= {"adopt.staged", "adopt.retired", "adopt.swapped"}

@@ -62,6 +62,24 @@ def test_a_base_outside_the_images_directory_is_refused(tmp_path: Path) -> None:
         {"base_sha256": "not-a-sha256"},
         {"depends": ["/images/oci-boot/k/runtime.ext4"]},
         {"depends": {"/images/oci-boot/k/runtime.ext4": "short"}},
+        # sparse files (format 2): their blob must be listed, of the layout's data size
+        {"sparse": {"memory.ram": {"blob": "memory.ram.data", "size": 8, "extents": []}}},
+        {
+            "format": 2,
+            "sparse": {"memory.ram": {"blob": "state.mig", "size": 9, "extents": [[0, 9]]}},
+        },
+        {
+            "format": 2,
+            "sparse": {"memory.ram": {"blob": "memory.ram.data", "size": 8, "extents": []}},
+        },
+        {
+            "format": 2,
+            "sparse": {"../x": {"blob": "../x.data", "size": 8, "extents": []}},
+        },
+        {
+            "format": 2,
+            "sparse": {"state.mig": {"blob": "state.mig.data", "size": 9, "extents": [[0, 9]]}},
+        },
     ],
 )
 def test_a_malformed_index_is_refused(tmp_path: Path, changes: dict[str, object]) -> None:
@@ -85,3 +103,20 @@ def test_an_unfinished_upload_is_named(tmp_path: Path) -> None:
     store.delete(f"snapshots/snap-1/{INDEX}")
     with pytest.raises(BlobError, match=r"upload to .* has not completed"):
         _fetch(tmp_path, store)
+
+
+def test_an_index_other_than_the_recorded_one_is_refused(tmp_path: Path) -> None:
+    store = _stored(tmp_path)
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    with pytest.raises(BlobError, match="is not the index its uploader recorded"):
+        fetch_dir(
+            store,
+            "snapshots/snap-1/",
+            staging,
+            tmp_path / "final",
+            owner="snap-1",
+            images_dir=tmp_path,
+            index_sha256="0" * 64,
+        )
+    assert list(staging.iterdir()) == []

@@ -56,7 +56,7 @@ def create_app(services: Services, api_key: str, *, manage_service: bool = True)
     )
     source = getattr(core, "image_source", None)
     importer = (
-        ImageImporter(core.settings, source, core)
+        ImageImporter(core.settings, source, core, services.sandboxes.templates.blobs)
         if core is not None and isinstance(source, HostImages)
         else None
     )

@@ -14,16 +14,17 @@ tests use a verified fake that runs the real guest agent without a VM
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from hutch.guest.client import AgentClient
 from hutch.images.build import ImageArtifacts
 from hutch.models import PauseMode, SandboxRecord, Shape
 from hutch.vm.argv import VolumeDrive
 
-__all__ = ["Runtime", "SnapshotFiles", "Templates", "VmBackend"]
+__all__ = ["Runtime", "SnapshotFiles", "TemplateInfo", "Templates", "VmBackend"]
 
 
 class Runtime(Protocol):
@@ -80,17 +81,58 @@ class Runtime(Protocol):
         filesystem not yet (a repeat finishes it)."""
 
 
+@dataclass(frozen=True)
+class TemplateInfo:
+    """A template's identity: where it lives (or would) on this host and the key over
+    everything it restores only into, which any host that would build it computes the
+    same (``hutch.runtime.qemu.template_key``)."""
+
+    #: sha256 hex over the template's inputs (the image's bytes, shape, QEMU build, ...).
+    key: str
+    #: The directory of the image it is built on, relative to the images directory
+    #: (``base/<digest>``, ``oci/sha256-<hex>``); None: not under it (never shared).
+    content: str | None
+    #: The template's directory on this host.
+    path: Path
+    #: What the key covers (for messages and the upload's record).
+    inputs: Mapping[str, Any] = field(default_factory=dict)
+    #: The image's name and the shape, for messages.
+    image: str = ""
+    shape: str = ""
+
+
 class Templates(Protocol):
     """Per (image, shape), a frozen snapshot of a booted guest that creates restore."""
 
     def find(self, image: ImageArtifacts, shape: Shape) -> Path | None:
-        """The ready template for (image, shape), if one was built."""
+        """The ready template for (image, shape), if one was built or fetched with the
+        key this host would build it with (None too when the image's files are gone).
+        Blocking (the key: a few ``stat`` calls, image files hashed once if they carry
+        no identity record)."""
 
     async def build(self, image: ImageArtifacts, shape: Shape) -> Path:
         """Boot once and freeze the template for (image, shape)."""
 
+    def describe(self, image: ImageArtifacts, shape: Shape) -> TemplateInfo:
+        """The key and the place of the template for (image, shape), built or not.
+        Blocking, as :meth:`find`; ``OSError`` when an image file cannot be read."""
+
+    def local(self) -> list[TemplateInfo]:
+        """Every complete template on this host, as recorded beside it. Blocking."""
+
+    def staging(self, image: ImageArtifacts, shape: Shape) -> Path:
+        """A new empty directory on the templates' file system, for a fetch of the
+        template of (image, shape); removed at the next start if never installed."""
+
+    def install(self, image: ImageArtifacts, shape: Shape, staging: Path) -> Path:
+        """Make the fetched template in ``staging`` this host's template for (image,
+        shape) and return its directory: checked (its key, QEMU build and VM config
+        are this host's), its recorded paths rewritten for this host, its memory file
+        sealed, then renamed into place in one step. Blocking. Raises
+        ``SnapshotError`` naming what differs; ``staging`` is the caller's to remove."""
+
     def discard_unfinished(self) -> None:
-        """Remove template builds a stopped daemon left half done."""
+        """Remove template builds and fetches a stopped daemon left half done."""
 
     def remove(self, image_name: str) -> list[str]:
         """Remove every template of image ``image_name``; return what was removed."""

@@ -12,7 +12,16 @@ Index (``<prefix>index.json``, written last: its presence = the upload is comple
      "layers": [{"name": "layer-1.qcow2", "size": n, "sha256": h}, ...],  # under the disk
      "base": "<the raw image at the chain's bottom>", "base_size": n,
      "base_sha256": "<its content identity>",                     # hutch.images.identity
-     "depends": {"<another image file the guest reads>": "<its sha256>"}}  # runtime disk
+     "depends": {"<another image file the guest reads>": "<its sha256>"},  # runtime disk
+     "sparse": {"memory.ram": {"blob": "memory.ram.data", "size": n,   # format 2 only
+                               "extents": [[offset, length], ...]}}}
+
+``sparse`` (``upload_dir(sparse=...)``; a template's ``memory.ram``): the file is sent
+as its non-zero extents only (``hutch.storage.sparse``: holes and zero pages stay
+behind), in the blob the entry names, which ``files`` lists like any other; the fetch
+recreates the file at its size with holes elsewhere and removes the blob. An index
+with such entries is format 2 (a fetcher that knows only format 1 refuses it, as it
+must: it would miss the file); without, format 1 as before.
 
 ``base_sha256`` and ``depends`` (issue 14): images are not byte-reproducible across
 hosts, so the same image name (or OCI digest) can be other bytes on another host, and a
@@ -34,26 +43,34 @@ index (size + sha256) as it is written; names are checked (no path can leave the
 staging directory); the raw image the chain is rebased onto must be inside this host's
 images directory (an index naming ``/etc/shadow`` as base would otherwise give a guest
 a host file as its disk), and so must every file ``depends`` names; the migration
-stream must match the manifest's own digest.
+stream must match the manifest's own digest, and a sealed memory file the digest its
+manifest recorded (the seal is kept: the caller's ``seal_memory`` re-hashes the file
+and refuses other bytes). ``index_sha256`` (the uploader's record of the index's
+bytes, kept where the bucket cannot write: ``before_index``) makes the index itself,
+and so every file it names, trusted only as far as that record.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import os
 import re
 import secrets
 import subprocess
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any, Protocol
 
+from hutch.crashpoints import crash_point
 from hutch.errors import BlobError, ImageMismatch, ImageMissing, SnapshotError
 from hutch.images import identity
 from hutch.images.catalog import IMAGES
 from hutch.storage.blobs import BlobInfo, BlobStore
 from hutch.storage.blobs.flat import FILE_NAME, INDEX, Put, read_small
+from hutch.storage.sparse import SparseLayout, pack, unpack
 from hutch.vm.disk_chain import disk_chain
 from hutch.vm.snapshot import MANIFEST_FILE, STATE_FILE
 from hutch.vm.snapshot_dir import load_manifest
@@ -63,6 +80,7 @@ __all__ = [
     "DISK",
     "INDEX",
     "INDEX_FORMAT",
+    "SPARSE_FORMAT",
     "BaseImages",
     "builtin_of",
     "fetch_dir",
@@ -71,6 +89,10 @@ __all__ = [
 ]
 
 INDEX_FORMAT = 1
+#: An index with ``sparse`` entries (older fetchers refuse it rather than miss a file).
+SPARSE_FORMAT = 2
+#: The blob a sparse file's non-zero extents are sent in: ``<name>`` + this.
+SPARSE_BLOB = ".data"
 DISK = "disk.qcow2"
 _LAYER_NAME = re.compile(r"^layer-[0-9]{1,3}\.qcow2$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -116,17 +138,38 @@ def upload_dir(
     disk: Path | None = None,
     extra: dict[str, Path] | None = None,
     put: Put | None = None,
+    sparse: Collection[str] = (),
+    before_index: Callable[[bytes], None] | None = None,
 ) -> int:
     """Upload every file of ``d`` (None: no directory, e.g. a disk-mode pause), the
     ``extra`` files under their names (a pause's ``vm.json``), ``disk`` as
     ``disk.qcow2`` when it lives elsewhere, the qcow2 layers under the disk, then the
     index; return the bytes sent. ``put`` (default ``store.put``) lets a caller stop
-    between blobs; ``scratch``: where the index is written before it is sent. The files
-    must not change meanwhile (frozen)."""
+    between blobs; ``scratch``: where the index is written before it is sent, and the
+    packed extents of the ``sparse`` files of ``d`` (kept there until the index is
+    sent, so that an upload retried after a failure or a restart sends the same file
+    and its S3 journal continues it); ``before_index`` is called with the index's bytes
+    just before they go (to record them where the bucket cannot write). The files must
+    not change meanwhile (frozen)."""
     send = put or store.put
     files: dict[str, dict[str, Any]] = {}
-    for f in sorted(d.iterdir()) if d is not None else ():
-        if f.is_file() and not f.name.startswith("."):
+    layouts: dict[str, dict[str, Any]] = {}
+    packs: list[Path] = []
+    found = [
+        f
+        for f in (sorted(d.iterdir()) if d is not None else ())
+        if f.is_file() and not f.name.startswith(".")
+    ]
+    if {f.name + SPARSE_BLOB for f in found if f.name in sparse} & {f.name for f in found}:
+        raise SnapshotError(f"{owner}: a file is named like a sparse file's blob; not sent")
+    for f in found:
+        if f.name in sparse:
+            blob = f.name + SPARSE_BLOB
+            data, layout = _packed(scratch, prefix, f)
+            packs += [data, _pack_record(data)]
+            files[blob] = _rec(send(prefix + blob, data))
+            layouts[f.name] = {"blob": blob, **layout.to_json()}
+        else:
             files[f.name] = _rec(send(prefix + f.name, f))
     for name, path in sorted((extra or {}).items()):
         files[name] = _rec(send(prefix + name, path))
@@ -154,13 +197,49 @@ def upload_dir(
         "base_sha256": identity.identity(base) if base is not None else None,
         "depends": depends,
     }
+    if layouts:
+        index["format"] = SPARSE_FORMAT
+        index["sparse"] = layouts
+    text = json.dumps(index, indent=2, sort_keys=True)
+    if before_index is not None:
+        before_index(text.encode())
     tmp = scratch / f".index-{owner}-{secrets.token_hex(4)}.json"
     try:
-        tmp.write_text(json.dumps(index, indent=2, sort_keys=True))
+        tmp.write_text(text)
         send(prefix + INDEX, tmp)
     finally:
         tmp.unlink(missing_ok=True)
+    for p in packs:  # complete: a retry no longer needs them
+        p.unlink(missing_ok=True)
     return sum(int(f["size"]) for f in [*files.values(), *chain])
+
+
+def _pack_record(data: Path) -> Path:
+    return data.with_name(data.name + ".json")
+
+
+def _packed(scratch: Path, prefix: str, source: Path) -> tuple[Path, SparseLayout]:
+    """``source``'s non-zero extents packed in ``scratch`` (one file per prefix and
+    name, with a record of what it was packed from), reused while the record still
+    matches ``source`` and the packed file: a retried upload sends the same file."""
+    tag = hashlib.sha256(f"{prefix}{source.name}".encode()).hexdigest()[:16]
+    data = scratch / f".pack-{tag}"
+    record = _pack_record(data)
+    st = source.stat()
+    made_from = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+        kept = json.loads(record.read_text())
+        dst = data.stat()
+        if kept["source"] == made_from and kept["data"] == [dst.st_size, dst.st_mtime_ns]:
+            return data, SparseLayout.from_json(kept["layout"])
+    scratch.mkdir(parents=True, exist_ok=True)
+    layout = pack(source, data)
+    dst = data.stat()
+    doc = {"source": made_from, "data": [dst.st_size, dst.st_mtime_ns], "layout": layout.to_json()}
+    tmp = record.with_name(record.name + ".tmp")
+    tmp.write_text(json.dumps(doc))
+    os.rename(tmp, record)
+    return data, layout
 
 
 def fetch_dir(
@@ -173,19 +252,22 @@ def fetch_dir(
     images_dir: Path,
     memory: bool = True,
     image: str = "",
+    index_sha256: str | None = None,
     images: BaseImages | None = None,
 ) -> dict[str, Any]:
     """Download what :func:`upload_dir` stored under ``prefix`` into ``staging`` (an
     empty directory), made ready to be renamed to ``final``: the chain rebased onto
-    itself at ``final`` and onto the raw image (inside ``images_dir``), the manifest's
-    disk stamp renewed for ``final``, every file read-only. ``memory`` False: a
-    disk-only state (a disk-mode pause: no manifest nor stream to check). ``image``:
-    the image's name, for messages. ``images``: fetches a built-in base this host
-    lacks and holds the base from a replacement while this runs. Returns the index.
-    Raises ``ImageMismatch`` before anything but the index is downloaded when the index
-    records other image bytes than this host holds, ``ImageMissing`` when it names a
-    built-in image this host lacks and cannot fetch, ``BlobError`` naming what failed
-    otherwise; the caller removes ``staging`` then."""
+    itself at ``final`` and onto the raw image (inside ``images_dir``), sparse files
+    recreated, the manifest's disk stamp renewed for ``final``, every file read-only.
+    ``memory`` False: a disk-only state (a disk-mode pause: no manifest nor stream to
+    check). ``image``: the image's name, for messages. ``index_sha256``: the sha256 the
+    uploader recorded of the index's bytes (None: the index is taken as it is).
+    ``images``: fetches a built-in base this host lacks and holds the base from a
+    replacement while this runs. Returns the index. Raises ``ImageMismatch`` before
+    anything but the index is downloaded when the index records other image bytes than
+    this host holds, ``ImageMissing`` when it names a built-in image this host lacks
+    and cannot fetch, ``BlobError`` naming what failed otherwise; the caller removes
+    ``staging`` then."""
     found = store.stat(prefix + INDEX)
     if found is None:
         raise BlobError(
@@ -194,6 +276,15 @@ def fetch_dir(
         )
     index_path = staging / ".index.json"
     store.get(prefix + INDEX, index_path, expect=found)
+    if index_sha256 is not None:
+        got = hashlib.sha256(index_path.read_bytes()).hexdigest()
+        if got != index_sha256:
+            index_path.unlink()
+            raise BlobError(
+                f"blob {prefix}{INDEX} at {store.url} is not the index its uploader "
+                f"recorded (sha256 {got[:16]}..., recorded {index_sha256[:16]}...); "
+                f"{owner} is not fetched"
+            )
     index = _parse_index(index_path, owner, prefix, store.url, memory=memory)
     index_path.unlink()
     base = index["base"]
@@ -206,9 +297,19 @@ def fetch_dir(
         _check_images(index, owner, images_dir, image)
         for name, rec in index["files"].items():
             store.get(prefix + name, staging / name, expect=_expect(prefix + name, rec))
+            crash_point("fetch.blob")
         for rec in index["layers"]:
             name = rec["name"]
             store.get(prefix + name, staging / name, expect=_expect(prefix + name, rec))
+        for name, entry in index.get("sparse", {}).items():
+            blob = staging / entry["blob"]
+            try:
+                unpack(blob, SparseLayout.from_json(entry), staging / name)
+            except ValueError as exc:
+                raise BlobError(
+                    f"{owner}: {name} cannot be recreated from {blob.name}: {exc}"
+                ) from exc
+            blob.unlink()
         _relink(index, staging, final, owner, images_dir, memory=memory)
     for f in staging.iterdir():
         os.chmod(f, 0o444)
@@ -275,7 +376,11 @@ def _relink(
     if mem_stamp is not None:
         mem = staging / Path(mem_stamp.path).name
         mst = mem.stat()
-        mem_stamp = FileStamp(str(final / mem.name), mst.st_size, mst.st_mtime_ns)
+        # The sealed digest stays (the ctime goes: this is another file): sealing it
+        # here re-hashes it and refuses other bytes than the saving host sealed.
+        mem_stamp = FileStamp(
+            str(final / mem.name), mst.st_size, mst.st_mtime_ns, digest=mem_stamp.digest
+        )
     renewed = dataclasses.replace(
         manifest,
         disk=FileStamp(str(final / DISK), st.st_size, st.st_mtime_ns),
@@ -385,7 +490,7 @@ def _parse_index(
 ) -> dict[str, Any]:
     try:
         index: dict[str, Any] = json.loads(path.read_text())
-        if index.get("format") != INDEX_FORMAT or index.get("owner") != owner:
+        if index.get("format") not in (INDEX_FORMAT, SPARSE_FORMAT) or index.get("owner") != owner:
             raise ValueError(f"format {index.get('format')!r}, owner {index.get('owner')!r}")
         for rec in [*index["files"].values(), *index["layers"]]:
             if not re.fullmatch(r"[0-9a-f]{64}", str(rec["sha256"])) or int(rec["size"]) < 0:
@@ -396,6 +501,20 @@ def _parse_index(
         for rec in index["layers"]:
             if not _LAYER_NAME.match(str(rec["name"])) or rec["name"] in index["files"]:
                 raise ValueError(f"layer name {rec['name']!r}")
+        sparse = index.setdefault("sparse", {})
+        if not isinstance(sparse, dict) or (sparse and index["format"] != SPARSE_FORMAT):
+            raise ValueError(f"sparse {sparse!r}")
+        for name, entry in sparse.items():
+            SparseLayout.from_json(entry)
+            blob = entry.get("blob")
+            if (
+                not FILE_NAME.match(name)
+                or name in index["files"]
+                or blob != name + SPARSE_BLOB
+                or blob not in index["files"]
+                or int(index["files"][blob]["size"]) != SparseLayout.from_json(entry).data_size
+            ):
+                raise ValueError(f"sparse file {name!r}: {blob!r}")
         required = {MANIFEST_FILE, STATE_FILE, DISK} if memory else {DISK}
         if not required <= set(index["files"]):
             raise ValueError(f"no {' or '.join(sorted(required))}")

@@ -8,9 +8,12 @@ Each service takes what it needs in its constructor::
     SnapshotService(core, lifecycle)                            fork, snapshots
     GuestOps(core, lifecycle)                                   exec, files
     NetworkingService(core)                                     egress, ports, networks
-    WarmPool(core, size, networking.prepare_pooled, mode)
+    TemplateService(backend.templates, TemplateBlobs(...), images_dir)  templates: here,
+                                                     fetched from the blob store, or built
+    WarmPool(core, size, networking.prepare_pooled, mode, templates.for_create)
     VolumeService(core)                                         volumes, live disk growth
-    SandboxService(core, networking, snapshots, pool, volumes)  create, get, list, delete
+    SandboxService(core, networking, snapshots, pool, volumes, templates)
+                                                                create, get, list, delete
     Reaper(core, sandboxes, lifecycle)                          timeout/auto-pause/delete
     Reconciler(core)                                            start-up reconcile
     ProcessService(guest), InterpreterService(guest), FilesExtraService(guest)
@@ -133,6 +136,8 @@ class Services:
             # Before the pool (and so its templates): a copy of a built-in image unlike
             # the blob store's is replaced while nothing here uses it yet.
             await self.builtins.start()
+        # Templates built here whose upload is not complete go up (in the background).
+        self.sandboxes.templates.start()
         # The pool warms the default image of project default (a built-in by default).
         default = self.core.image_source.find(self.core.settings.default_image, DEFAULT_PROJECT)
         if default is not None:

@@ -46,6 +46,7 @@ from hutch.images.oci.ref import parse_ref
 from hutch.images.oci.registry import RegistryClient, RegistrySource
 from hutch.services.images import HostImages, ImageView
 from hutch.services.registry import SandboxRegistry
+from hutch.services.template_blobs import TemplateBlobs
 from hutch.store.db import LIVE_STATES
 from hutch.store.images import ImageRow
 
@@ -80,11 +81,20 @@ def check_name(name: str) -> str:
 
 
 class ImageImporter:
-    def __init__(self, settings: Settings, images: HostImages, core: SandboxRegistry) -> None:
-        """``core``: the sandboxes' registry (for the images' users)."""
+    def __init__(
+        self,
+        settings: Settings,
+        images: HostImages,
+        core: SandboxRegistry,
+        template_blobs: TemplateBlobs | None = None,
+    ) -> None:
+        """``core``: the sandboxes' registry (for the images' users);
+        ``template_blobs``: where the templates of an image whose last row goes are
+        removed from the blob store (None: none are uploaded)."""
         self.settings = settings
         self.images = images
         self.core = core
+        self.template_blobs = template_blobs
         self._busy: set[tuple[str, str]] = set()  # (project, name)
         self._busy_lock = threading.Lock()
         # Records in this daemon's store that use a content directory, by file name
@@ -364,6 +374,15 @@ class ImageImporter:
                 log.warning("image %s: its blobs (%s) were not all removed: %s",
                             name, row.digest, exc)  # fmt: skip
         await asyncio.to_thread(self.core.backend.templates.remove, name)
+        if self.template_blobs is not None and not self.images.store.uses(row.digest):
+            # Built on this content, by any host: no row names it any more.
+            content = content_dir(self.images.images_dir, row.digest)
+            rel = content.relative_to(self.images.images_dir).as_posix()
+            try:
+                await self.template_blobs.delete_content(rel)
+            except HutchError as exc:
+                log.warning("image %s: its templates in the blob store were not all "
+                            "removed: %s", name, exc)  # fmt: skip
         log.info("deleted image %s (%s; content %s)", name, row.digest,
                  "removed" if removed else "kept: other images use it")  # fmt: skip
 

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 from hutch.errors import InvalidArgument
 from hutch.images.build import ImageArtifacts
@@ -23,6 +24,8 @@ from hutch.services.registry import SandboxRegistry
 log = logging.getLogger(__name__)
 
 PoolKey = tuple[str, str]  # image name, image digest
+#: The template a pooled VM of (image, shape) restores from (None: none yet).
+TemplateSource = Callable[[ImageArtifacts, Shape], Awaitable[Path | None]]
 
 
 #: What a pooled VM runs once before it is ready: the path of a first command (the
@@ -49,16 +52,20 @@ class WarmPool:
         size: int,
         prepare: Callable[[SandboxRecord], Awaitable[None]] | None = None,
         network: NetworkMode = NetworkMode.DEFAULT,
+        templates: TemplateSource | None = None,
     ) -> None:
         """``prepare`` runs before a pooled VM starts (its network); pooled VMs have
         ``network`` (only creates asking for it get one). A pooled VM's resources are
         registered on its teardown stack in ``core`` as they are made, so a create
-        that takes it goes on with that stack, and one discarded closes it."""
+        that takes it goes on with that stack, and one discarded closes it.
+        ``templates``: where a pooled VM's template comes from (the daemon's: this
+        host's, or fetched from the blob store; None: this host's only)."""
         self.core = core
         self.backend = core.backend
         self.network = network
         self.size = size
         self._prepare = prepare
+        self._templates: TemplateSource = templates or self._own_template
         self._ready: dict[PoolKey, list[tuple[str, Runtime]]] = {}
         self._refills: dict[PoolKey, asyncio.Task[None]] = {}
         self._discards: set[asyncio.Task[None]] = set()
@@ -101,7 +108,7 @@ class WarmPool:
         key = (image.name, image.digest)
         ready = self._ready.setdefault(key, [])
         while len(ready) < self.size and key not in self._held:
-            template = self.backend.templates.find(image, self.SHAPE)
+            template = await self._templates(image, self.SHAPE)
             if template is None:
                 return
             stub = SandboxRecord(
@@ -144,6 +151,9 @@ class WarmPool:
             yield
         finally:
             self._held.discard(key)
+
+    async def _own_template(self, image: ImageArtifacts, shape: Shape) -> Path | None:
+        return await asyncio.to_thread(self.backend.templates.find, image, shape)
 
     async def close(self) -> None:
         """Stop refilling and destroy every pooled VM (they have no rows to adopt)."""

@@ -24,23 +24,22 @@ from hutch.crashpoints import crash_point
 from hutch.errors import Capacity, Conflict, HutchError, InvalidArgument, NotFound, StateError
 from hutch.guest.client import ExecStream
 from hutch.guest.results import FileEntry
-from hutch.images.build import ImageArtifacts
 from hutch.models import (
     NetworkMode,
     PauseMode,
     SandboxRecord,
     SandboxSpec,
     SandboxState,
-    Shape,
     SnapshotRecord,
     new_sandbox_id,
 )
-from hutch.services.blob_cache import using_image
 from hutch.services.images import ImageView, resolve
 from hutch.services.networking import NetworkingService
 from hutch.services.pool import REFILL_DELAY_S, WarmPool
 from hutch.services.registry import SandboxRegistry
 from hutch.services.snapshots import SnapshotService
+from hutch.services.template_blobs import TemplateBlobs
+from hutch.services.templates import TemplateService
 from hutch.services.volumes import PlannedMount, VolumeService, mount_all
 
 __all__ = ["ExecStream", "FileEntry", "SandboxService"]
@@ -59,22 +58,23 @@ class SandboxService:
         snapshots: SnapshotService,
         pool: WarmPool,
         volumes: VolumeService | None = None,
+        templates: TemplateService | None = None,
     ) -> None:
+        """``templates``: where creates get templates (None: this host's own only)."""
         self.core = core
         self.networking = networking
         self.snapshots = snapshots
         self.pool = pool
         self.volumes = volumes or VolumeService(core)
-        # One template build at a time: each boots a VM, and boots compete for CPU.
-        self._template_gate = asyncio.Lock()
-        self._template_tasks: dict[tuple[str, str, Shape], asyncio.Task[None]] = {}
+        self.templates = templates or TemplateService(
+            core.backend.templates,
+            TemplateBlobs(core.backend.templates, None, None, core.settings),
+            core.settings.images_dir,
+        )
 
     async def close(self) -> None:
-        """Stop the template builds under way."""
-        tasks = list(self._template_tasks.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        """Stop the template builds and uploads under way."""
+        await self.templates.close()
 
     # -- queries -----------------------------------------------------------------------
 
@@ -138,8 +138,10 @@ class SandboxService:
             crash_point("pool.taken")
         # An ephemeral image (a build step's layer) boots once: no template.
         templates = self.core.settings.templates and not image.ephemeral
+        # This host's template, or one fetched from the blob store now (a host's first
+        # create of an image and shape: no cold boot if another host made it).
         template = (
-            self.core.backend.templates.find(image, spec.shape)
+            await self.templates.for_create(image, spec.shape)
             if templates and pooled is None and source is None and not mounts
             else None
         )
@@ -215,7 +217,7 @@ class SandboxService:
                     shares = self.volumes.share_slots(mounts)
                     runtime = await self.core.backend.start(rec, image, drives, shares)
                     if templates and not mounts:
-                        self._schedule_template(image, spec.shape)
+                        self.templates.schedule(image, spec.shape)
                 self.core.booted(rec.id, runtime)
                 await mount_all(self.core, rec.id, runtime)
                 # Before any user command: the guest trusts the TLS-inspecting proxy.
@@ -301,29 +303,3 @@ class SandboxService:
                     shutil.copyfile(src, dest)
 
             await asyncio.to_thread(link)
-
-    def _schedule_template(self, image: ImageArtifacts, shape: Shape) -> None:
-        """Build the template for (image, shape) in the background, once."""
-        key = (image.name, image.digest, shape)
-        if key in self._template_tasks:
-            return
-
-        async def build() -> None:
-            async with self._template_gate:
-                try:
-                    # An imported image's content stays while its template is built
-                    # (the blob cache; once built, the template keeps it).
-                    # A built-in one's bytes stay too (no adoption under the build).
-                    settings = self.core.settings
-                    adopts = settings.blob_url is not None and settings.blob_builtin_images
-                    with using_image(settings.images_dir, image, builtin=adopts):
-                        where = await self.core.backend.templates.build(image, shape)
-                    log.info("template ready for %s at %s: %s", image.name, shape, where)
-                    self.pool.refill(image)
-                except Exception as exc:
-                    log.warning(
-                        "could not build the template for %s %s: %s", image.name, shape, exc
-                    )
-                    self._template_tasks.pop(key, None)
-
-        self._template_tasks[key] = asyncio.create_task(build(), name=f"hutch-template-{key}")

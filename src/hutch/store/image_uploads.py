@@ -2,10 +2,11 @@
 ``hutch.store.db``.
 
 A row is what a host put in the blob store under one prefix (an image's content,
-``images/oci/sha256-<hex>/``, or a boot set, ``images/oci-boot/<key>/``): each file's
-size and sha256 as that host computed them while sending its own files, and the meta of
-the index it wrote. It is the trusted side of a fetch: the index in the bucket must say
-the same, so that whoever can write the bucket alone cannot swap a file and its index.
+``images/oci/sha256-<hex>/``, a boot set, ``images/oci-boot/<key>/``, or a template,
+``templates/<image dir>/<key>/``): each file's size and sha256 as that host computed
+them while sending its own files, and the meta of the index it wrote. It is the trusted
+side of a fetch: the index in the bucket must say the same, so that whoever can write
+the bucket alone cannot swap a file and its index.
 
 A claim (migration 17) is which host uploads under a prefix now: :meth:`claim` is one
 statement, so of two hosts asking at once exactly one gets it; its holder renews it
@@ -75,6 +76,17 @@ class ImageUploadStore:
             return None
         files = {n: FileSum(int(f["size"]), str(f["sha256"])) for n, f in json.loads(r[1]).items()}
         return UploadRecord(r[0], files, json.loads(r[2]), float(r[3]))
+
+    def under(self, prefix: str) -> list[UploadRecord]:
+        """Every record whose prefix starts with ``prefix`` (the templates of one
+        image's content: ``templates/<image dir>/``), by prefix."""
+        with self._store.transaction() as db:
+            rows = db.execute(
+                "SELECT prefix FROM image_uploads WHERE substr(prefix, 1, ?) = ? ORDER BY prefix",
+                (len(prefix), prefix),
+            ).fetchall()
+        found = [self.get(str(r[0])) for r in rows]
+        return [r for r in found if r is not None]
 
     def delete(self, prefix: str) -> None:
         with self._store.transaction() as db:

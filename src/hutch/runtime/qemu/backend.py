@@ -26,6 +26,7 @@ from hutch.runtime.qemu.boot import Booter, GuestNetwork
 from hutch.runtime.qemu.host import HostLayout, SandboxPaths, read_config, write_config
 from hutch.runtime.qemu.runtime import QemuRuntime, undo_interrupted_pause
 from hutch.runtime.qemu.snapshots import QemuSnapshotFiles, discard_stale_saves, save_written
+from hutch.runtime.qemu.template_key import keyed_complete, read_key_file
 from hutch.runtime.qemu.templates import QemuTemplates, finish_template
 from hutch.storage.overlay import create_overlay
 from hutch.vm.argv import SharePort, VmConfig, VolumeDrive
@@ -71,15 +72,17 @@ class QemuBackend:
         """vm.json fetched from another host names that host's state and run dirs: this
         host's own paths replace them. RAM: a template clone's ``memory_file`` names
         the template's ``memory.ram`` on the saving host; a resume restores a full
-        stream (every page), so it maps a sparse file of its own here instead
-        (:func:`_private_memory`) and needs no template file on this host."""
+        stream (every page), so it needs no template file on this host: it maps this
+        host's template of the same key if there is one (fetched or built here: pages
+        equal to it stay shared, :meth:`_template_here`), else a sparse file of its own
+        (:func:`_private_memory`)."""
         p = self.paths(rec.id)
         cfg = read_config(p.vm_json)
         if cfg is None:
             raise VmError(f"sandbox {rec.id}: fetched VM configuration {p.vm_json} unusable")
         if cfg.volumes:
             raise VmError(f"sandbox {rec.id} has volumes attached; it cannot move to another host")
-        memory = cfg.memory_file
+        memory = self._template_here(cfg.memory_file)
         if memory is not None and not memory.resolve().is_relative_to(
             self.settings.state_dir.resolve()
         ):
@@ -88,6 +91,19 @@ class QemuBackend:
             p.relocate(cfg), tap=self.tap_of(rec) if cfg.tap else None, memory_file=memory
         )
         write_config(p.vm_json, cfg)
+
+    def _template_here(self, memory_file: Path | None) -> Path | None:
+        """``memory_file`` as this host's: a template's ``memory.ram`` that another host
+        named (a config fetched with a pause or a snapshot) becomes this host's template
+        of the same key when there is one (its directory's name ends in the key, and its
+        ``template.json`` must name that key), else stays as it is."""
+        if memory_file is None or memory_file.parent.parent.name != "templates":
+            return memory_file
+        d = self.layout.templates_root / memory_file.parent.name
+        kept = read_key_file(d)
+        if kept is None or not d.name.endswith(kept.key[:16]) or not keyed_complete(d, kept.key):
+            return memory_file
+        return d / MEMORY_FILE if (d / MEMORY_FILE).is_file() else memory_file
 
     def share_socket(self, sandbox_id: str, slot: int) -> Path:
         return self.paths(sandbox_id).share_socket(slot)
@@ -214,7 +230,7 @@ class QemuBackend:
             memory_file=(
                 snapshot_dir / MEMORY_FILE
                 if (snapshot_dir / MEMORY_FILE).is_file()
-                else _private_memory(template_cfg.memory_file, p)
+                else _private_memory(self._template_here(template_cfg.memory_file), p)
             ),
             memory_shared=False,
         )
@@ -298,10 +314,11 @@ class QemuBackend:
 def _private_memory(memory_file: Path | None, p: SandboxPaths) -> Path | None:
     """The file a template clone's RAM maps privately when its stream carries every page:
     the template's ``memory.ram`` while it exists on this host (pages equal to it stay
-    shared page cache), else a sparse file of the sandbox's own (the template was
-    removed, or the snapshot or pause came from another host, whose template file is
-    not this host's to map even where the path resolves, as for workers sharing one
-    machine): the stream's content is the same either way."""
+    shared page cache; a snapshot or pause from another host names this host's
+    template of the same key by then, ``QemuBackend._template_here``), else a sparse
+    file of the sandbox's own (the template was removed, or this host has none of that
+    key: another host's file is not this host's to map even where the path resolves,
+    as for workers sharing one machine): the stream's content is the same either way."""
     if memory_file is None:
         return None
     state_root = p.state.parent.parent.resolve()  # <state>/sandboxes/<id> -> <state>

@@ -49,6 +49,10 @@ class Booter:
     def __init__(self, settings: Settings, guest_network: GuestNetwork | None = None) -> None:
         self.settings = settings
         self.accel = detect_accel(settings.accel)
+        # Under TCG the guest's TSC is the host's; telling the kernel its rate avoids a
+        # calibration that hangs boot at random (ARCHITECTURE.md, vm/). A template
+        # records it (and its key covers it): read once.
+        self.tsc_khz = host_tsc_khz() if self.accel == "tcg" else None
         self.run_as = qemu_runas(settings)
         # Every QEMU started here (boots, restores) runs in its own cgroup (hutch.vm.cgroups).
         policy = Policy(settings.cgroup_memory_overhead_mib, settings.cgroup_cpu_quota_pct)
@@ -77,9 +81,7 @@ class Booter:
             console_log=p.console_log,
             pidfile=p.pidfile,
             qemu_log=p.qemu_log,
-            # Under TCG the guest's TSC is the host's; telling the kernel its rate avoids
-            # a calibration that hangs boot at random (ARCHITECTURE.md, vm/).
-            tsc_khz=host_tsc_khz() if self.accel == "tcg" else None,
+            tsc_khz=self.tsc_khz,
             nic=True,
             run_as=self.run_as,
             runtime_disk=image.runtime_disk,

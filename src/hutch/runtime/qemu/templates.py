@@ -1,6 +1,14 @@
 """Templates: per (image, shape), a guest booted once and frozen, that creates restore
 instead of cold booting; and the chores shared with every frozen snapshot (finishing a
-freeze, checking one is complete)."""
+freeze, checking one is complete).
+
+Each template is keyed (``hutch.runtime.qemu.template_key``): its directory's name ends
+in the key's first 16 hex digits and ``template.json`` beside its files keeps the whole
+key and what it covers, so a template whose inputs changed (a QEMU upgrade, other image
+bytes) is simply not found, and is never replaced in place under the clones that map
+it. A template fetched from another host (``services/template_blobs.py``) is installed
+by :func:`hutch.runtime.qemu.template_install.install` and is an ordinary one here.
+"""
 
 from __future__ import annotations
 
@@ -12,16 +20,28 @@ import re
 import secrets
 import shutil
 from pathlib import Path
+from typing import Any
 
 from hutch.crashpoints import crash_point
 from hutch.errors import HutchError, NotFound, Timeout
 from hutch.guest.client import AgentClient
 from hutch.images.build import ImageArtifacts
 from hutch.models import Shape
+from hutch.runtime.backend import TemplateInfo
 from hutch.runtime.qemu.boot import Booter
 from hutch.runtime.qemu.host import HostLayout, SandboxPaths, write_config
+from hutch.runtime.qemu.template_install import install
+from hutch.runtime.qemu.template_key import (
+    HostFacts,
+    key_inputs,
+    keyed_complete,
+    read_key_file,
+    template_key,
+    write_key_file,
+)
 from hutch.storage.overlay import create_overlay
 from hutch.vm.argv import VmConfig
+from hutch.vm.host_facts import cpu_model, qemu_build
 from hutch.vm.process import kill_verified
 from hutch.vm.snapshot import MANIFEST_FILE, MEMORY_FILE, move_disk, save_snapshot
 from hutch.vm.snapshot_dir import load_manifest
@@ -39,27 +59,105 @@ log = logging.getLogger(__name__)
 
 #: Written by the agent on an imported image once boot-time work is done.
 RUNTIME_BOOT_DONE = "/run/.hutch/boot-done"
+#: A fetch being installed (``staging``): removed at start unless renamed into place.
+FETCH_PREFIX = ".fetch-"
 
 
 class QemuTemplates:
     def __init__(self, layout: HostLayout, booter: Booter) -> None:
         self.layout = layout
         self.booter = booter
+        # Keys by (image files, shape), valid while the files' stat is unchanged.
+        self._keys: dict[tuple[Any, ...], TemplateInfo] = {}
+
+    def host_facts(self) -> HostFacts:
+        """This host's part of every template key. Blocking the first time (QEMU's
+        ``--version``)."""
+        return HostFacts(
+            qemu_build=qemu_build(),
+            accel=self.booter.accel,
+            cpu_model=cpu_model(),
+            tsc_khz=self.booter.tsc_khz,
+            ram_in_file=self.layout.settings.template_ram_in_file,
+        )
+
+    def describe(self, image: ImageArtifacts, shape: Shape) -> TemplateInfo:
+        files = [image.kernel, image.initrd, image.rootfs, image.runtime_disk]
+        memo = (
+            *(_stat_key(f) for f in files),
+            image.name,
+            image.digest,
+            image.cmdline,
+            image.rootfs_format,
+            shape,
+        )
+        found = self._keys.get(memo)
+        if found is not None:
+            return found
+        inputs = key_inputs(image, shape, self.host_facts())
+        key = template_key(inputs)
+        label = f"{shape.vcpus}c-{shape.memory_mib}m-{shape.disk_gib}g"
+        name = f"{image.name}-{image.digest}-{label}-{key[:16]}"
+        images = self.layout.settings.images_dir.resolve()
+        home = image.rootfs.parent.resolve()
+        content = home.relative_to(images).as_posix() if home.is_relative_to(images) else None
+        info = TemplateInfo(
+            key=key,
+            content=content,
+            path=self.layout.templates_root / name,
+            inputs=inputs,
+            image=image.name,
+            shape=label,
+        )
+        self._keys[memo] = info
+        return info
 
     def dir_of(self, image: ImageArtifacts, shape: Shape) -> Path:
-        # "-n1": templates with a NIC (older ones cannot give their clones a network).
-        key = f"{image.name}-{image.digest}-{shape.vcpus}c-{shape.memory_mib}m-{shape.disk_gib}g-n1"
-        return self.layout.templates_root / key
+        return self.describe(image, shape).path
 
     def find(self, image: ImageArtifacts, shape: Shape) -> Path | None:
-        d = self.dir_of(image, shape)
-        return d if (d / "vm.json").is_file() and (d / MANIFEST_FILE).is_file() else None
+        try:
+            info = self.describe(image, shape)
+        except OSError:
+            return None  # the image's files are gone (deleted, evicted): no template
+        return info.path if keyed_complete(info.path, info.key) else None
+
+    def local(self) -> list[TemplateInfo]:
+        root = self.layout.templates_root
+        found = []
+        for d in sorted(root.iterdir()) if root.is_dir() else ():
+            kept = read_key_file(d)
+            if kept is not None and keyed_complete(d, kept.key):
+                found.append(dataclasses.replace(kept, path=d))
+        return found
+
+    def staging(self, image: ImageArtifacts, shape: Shape) -> Path:
+        info = self.describe(image, shape)
+        d = self.layout.templates_root / f"{FETCH_PREFIX}{info.path.name}-{secrets.token_hex(4)}"
+        d.mkdir(parents=True, mode=0o700)
+        return d
+
+    def install(self, image: ImageArtifacts, shape: Shape, staging: Path) -> Path:
+        info = self.describe(image, shape)
+        cfg = self.vm_config(SandboxPaths(state=info.path, run=info.path), image, shape)
+        return install(staging, info, cfg, image.rootfs)
+
+    def vm_config(self, work: SandboxPaths, image: ImageArtifacts, shape: Shape) -> VmConfig:
+        """The VM a template of (image, shape) is booted as, with its files in ``work``."""
+        cfg = self.booter.vm_config(work, "template", shape, image, "hutch")
+        if self.layout.settings.template_ram_in_file:
+            # Guest RAM is a file on the state directory's file system, mapped shared: the
+            # freeze then leaves it where it is (state-only stream, milliseconds) and
+            # every clone maps it copy-on-write (ARCHITECTURE.md, "Copy-on-write memory").
+            cfg = dataclasses.replace(cfg, memory_file=work.state / MEMORY_FILE, memory_shared=True)
+        return cfg
 
     async def build(self, image: ImageArtifacts, shape: Shape) -> Path:
         """Boot ``image`` once at ``shape``, let it settle, and freeze it as the template
         every later create at that shape restores from (no cold boot on the hot path)."""
-        final = self.dir_of(image, shape)
-        if self.find(image, shape):
+        info = await asyncio.to_thread(self.describe, image, shape)
+        final = info.path
+        if await asyncio.to_thread(self.find, image, shape):
             return final
         work = SandboxPaths(
             state=final.parent / (final.name + ".build"),
@@ -72,15 +170,8 @@ class QemuTemplates:
             await asyncio.to_thread(
                 create_overlay, image.rootfs, work.disk, shape.disk_gib, image.rootfs_format
             )
-            # Guest RAM is a file on the state directory's file system, mapped shared: the
-            # freeze then leaves it where it is (state-only stream, milliseconds) and
-            # every clone maps it copy-on-write (ARCHITECTURE.md, "Copy-on-write memory").
             in_file = self.layout.settings.template_ram_in_file
-            cfg = self.booter.vm_config(work, "template", shape, image, "hutch")
-            if in_file:
-                cfg = dataclasses.replace(
-                    cfg, memory_file=work.state / MEMORY_FILE, memory_shared=True
-                )
+            cfg = self.vm_config(work, image, shape)
             write_config(work.vm_json, cfg)
             vm, agent = await self.booter.boot(cfg, work, "hutch")
             try:
@@ -93,6 +184,7 @@ class QemuTemplates:
                 await vm.kill()
                 raise
             await asyncio.to_thread(finish_template, snap, cfg)
+            await asyncio.to_thread(write_key_file, snap, info)
             await asyncio.to_thread(publish_template, snap, final)
             # After the move (a rename changes the file's ctime, which the seal records).
             await asyncio.to_thread(seal_memory, final)
@@ -135,14 +227,14 @@ class QemuTemplates:
         return retired
 
     def discard_unfinished(self) -> None:
-        """At start: remove template builds a stop cut short (and templates a retire cut
-        short), and seal a published template whose seal the stop cut short (between
-        the move and ``seal_memory``)."""
+        """At start: remove template builds and fetches a stop cut short (and templates a
+        retire cut short), and seal a published template whose seal the stop cut short
+        (between the move and ``seal_memory``)."""
         root = self.layout.templates_root
         if root.is_dir():
             for d in root.glob("*.build"):
                 discard_template_build(d)
-            for d in root.glob(".*.retired"):
+            for d in [*root.glob(".*.retired"), *root.glob(f"{FETCH_PREFIX}*")]:
                 shutil.rmtree(d, ignore_errors=True)
             for vm_json in root.glob("*/vm.json"):
                 try:
@@ -154,6 +246,16 @@ class QemuTemplates:
             for d in run_root.glob("tpl-*"):
                 shutil.rmtree(d, ignore_errors=True)
         self.booter.cgroups.reclaim(lambda name: name.startswith("tpl-"))
+
+
+def _stat_key(path: Path | None) -> tuple[int, int, int, int] | None:
+    if path is None:
+        return None
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def finish_template(snapshot_dir: Path, cfg: VmConfig) -> None:
