@@ -20,12 +20,10 @@ import asyncio
 import contextlib
 import logging
 import os
-import re
 import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import httpx
 
@@ -49,6 +47,7 @@ from hutch.services.registry import SandboxRegistry
 from hutch.store.db import RUNNING_STATES
 from hutch.store.hosts import HostRow, HostStore, HostUse
 from hutch.store.image_uploads import ImageUploadStore
+from hutch.vm.host_facts import cpu_model, qemu_build
 
 __all__ = ["ClusterService", "HostRow", "HostView", "host_facts"]
 
@@ -62,30 +61,6 @@ class HostView:
     row: HostRow
     use: HostUse
     this: bool
-
-
-def _cpu_model() -> str:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "unknown"
-    found = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
-    return found.group(1).strip() if found else "unknown"
-
-
-async def _qemu_version() -> str:
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            "qemu-system-x86_64",
-            "--version",
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL,
-        )
-        out, _ = await proc.communicate()
-    except OSError:
-        return "unknown"
-    found = re.search(rb"version (\S+)", out)
-    return found.group(1).decode() if found else "unknown"
 
 
 async def host_facts(settings: Settings, accel: str, now: float) -> HostRow:
@@ -102,8 +77,10 @@ async def host_facts(settings: Settings, accel: str, now: float) -> HostRow:
         disk_gib=disk.free >> 30,
         max_sandboxes=settings.limits.max_sandboxes,
         accel=accel,
-        qemu_version=await _qemu_version(),
-        cpu_model=_cpu_model(),
+        # The build (version and package), as a snapshot manifest records it: placement
+        # then compares what a restore will check.
+        qemu_version=await asyncio.to_thread(qemu_build),
+        cpu_model=cpu_model(),
         labels=dict(settings.cluster.labels),
         started_at=now,
         renewed_at=now,
