@@ -28,26 +28,24 @@ import logging
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from hutch.errors import BlobError, Conflict
+from hutch.errors import BlobError
 from hutch.images import identity
 from hutch.images.cache import replace_dir
 from hutch.services.image_blob_checks import SPARSE, dig_holes
+from hutch.services.upload_claims import UploadClaim
 from hutch.storage.blobs import BlobStore
 from hutch.storage.blobs.flat import FileSum, flat_complete, get_flat, put_flat
-from hutch.store.image_uploads import CLAIM_STALE_S, ImageUploadStore, UploadRecord
+from hutch.store.image_uploads import ImageUploadStore, UploadRecord
 
-__all__ = ["CLAIM_RENEW_S", "PrefixBlobs", "Staged", "image_prefix"]
+__all__ = ["PrefixBlobs", "Staged", "image_prefix"]
 
 log = logging.getLogger("hutch.services.blob_prefixes")
 
-#: Seconds between two renewals of this host's claim on a prefix while it sends a file.
-CLAIM_RENEW_S = 300.0
 T = TypeVar("T")
 
 
@@ -117,14 +115,15 @@ class PrefixBlobs:
         rel, prefix = self.rel(d), self.prefix(d)
         if self.complete(d):
             return None
-        self.claim(prefix, rel)
+        claim = UploadClaim(self.records, prefix, self.host, rel)
+        claim.take()
         files = {
             f.name: f for f in sorted(d.iterdir()) if f.is_file() and not f.name.startswith(".")
         }
 
         def record(sent: dict[str, FileSum]) -> None:
             # Still ours (renewed): a claim taken over as stale is another's upload now.
-            self.claim(prefix, rel)
+            claim.take()
             self.records.put(prefix, sent, dict(meta))
 
         index = put_flat(
@@ -134,39 +133,21 @@ class PrefixBlobs:
             owner=rel,
             scratch=self.scratch,
             meta=meta,
-            put=lambda key, path: self._put(key, path, prefix, rel),
+            put=lambda key, path: self._put(key, path, claim),
             before_index=record,
         )
-        self.records.release(prefix, self.host)  # complete: the record and index are the truth
+        claim.release()  # complete: the record and index are the truth
         return sum(int(r["size"]) for r in index["files"].values())
 
-    def claim(self, prefix: str, rel: str) -> None:
-        """Claim (or renew) the upload under ``prefix`` for this host; ``Conflict``
-        naming the host whose claim holds it."""
-        if self.records.claim(prefix, self.host):
-            return
-        other = self.records.claimant(prefix)
-        who = f"host {other.host}" if other is not None else "another host"
-        age = f" {time.time() - other.claimed_at:.0f} s ago" if other is not None else ""
-        raise Conflict(
-            f"{rel}: {who} claimed its upload{age}; this host waits for that upload to "
-            f"complete (then holds the same bytes) or for the claim to go stale "
-            f"({CLAIM_STALE_S:.0f} s without renewal)"
-        )
-
-    def _put(self, key: str, path: Path, prefix: str, rel: str) -> Any:
+    def _put(self, key: str, path: Path, claim: UploadClaim) -> Any:
         """One blob; stops between parts once the daemon closes (a thread cannot be
-        cancelled); renews the claim on ``prefix`` now and then (a large file)."""
-        self.claim(prefix, rel)
-        renewed = time.monotonic()
+        cancelled); renews ``claim`` now and then (a large file)."""
+        claim.take()
 
         def still_wanted(_sent: int) -> None:
-            nonlocal renewed
             if self._closed():
                 raise BlobError(f"the daemon stopped during the upload of {key}")
-            if time.monotonic() - renewed > CLAIM_RENEW_S:
-                renewed = time.monotonic()
-                self.claim(prefix, rel)
+            claim.renew_soon()
 
         return self.store.put(key, path, progress=still_wanted)
 
