@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+import hutch.guest.commands as commands_module
 import hutch.guest.connection as connection_module
 from hutch.errors import (
     AgentVersionMismatch,
@@ -467,6 +468,54 @@ async def test_agent_death_fails_pending_calls(own_agent: LocalAgent) -> None:
             await c.ping()
     finally:
         await c.close()
+
+
+async def test_a_command_the_agent_never_reports_ends_with_a_timeout_on_the_host(
+    own_agent: LocalAgent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent stopped (SIGSTOP: a stalled or hostile guest) after a command with a
+    timeout started: past ``timeout_s`` + the host's grace the call ends with Timeout
+    naming why, instead of waiting for ever; the agent, continued, still serves and
+    the command is gone."""
+    monkeypatch.setattr(commands_module, "HOST_GRACE_S", 0.5)
+    c = await AgentClient.connect(own_agent.socket, timeout_s=10)
+    try:
+        stream = await c.exec(["sleep", "30"], timeout_s=0.5)
+        os.kill(own_agent.proc.pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(
+                Timeout,
+                match=r"did not report the end of a command \(timeout_s=0\.5\) within 0\.5 s",
+            ):
+                await asyncio.wait_for(stream.wait(), 10)
+            assert time.monotonic() - t0 < 5
+        finally:
+            os.kill(own_agent.proc.pid, signal.SIGCONT)
+        assert (await c.run(["echo", "ok"], timeout_s=5)).stdout == b"ok\n"
+        # Not answering the start is bounded the same way.
+        os.kill(own_agent.proc.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(Timeout, match="did not report the start of a command"):
+                await asyncio.wait_for(c.exec(["true"], timeout_s=0.5), 10)
+        finally:
+            os.kill(own_agent.proc.pid, signal.SIGCONT)
+        assert (await c.run(["echo", "again"], timeout_s=5)).stdout == b"again\n"
+        assert not _children_named(own_agent.proc.pid, "sleep")
+    finally:
+        await c.close()
+
+
+def _children_named(pid: int, name: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                stat = (entry / "stat").read_text()
+                comm, rest = stat.split("(", 1)[1].split(") ", 1)
+                if comm == name and int(rest.split()[1]) == pid:
+                    found.append(int(entry.name))
+    return found
 
 
 def _raw_frame(ftype: int, stream: int, head: bytes, payload_len: int) -> bytes:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hutch import errors
 from hutch.config import load_settings
 from hutch.sdk import Client, Sandbox
 from tests.e2e.conftest import _LIVE, Daemon, finalize_daemon
@@ -59,7 +60,12 @@ class Guest:
 
     def probe(self, checks: list[dict[str, Any]]) -> list[dict[str, Any]]:
         batch = [{"timeout": CHECK_TIMEOUT_S, **c} for c in checks]
-        answer = self.sb.exec(["python3", "/root/probe.py", json.dumps(batch)], timeout_s=120)
+        try:
+            answer = self.sb.exec(["python3", "/root/probe.py", json.dumps(batch)], timeout_s=120)
+        except errors.Timeout as exc:
+            # The agent never reported the probe's end (seen once in CI, cause unknown):
+            # say what the guest was doing, so that the next time shows why.
+            raise AssertionError(f"{exc}\n{self.diagnostics()}") from exc
         assert answer.exit_code == 0, f"probe crashed in {self.sb.id}: {answer.stderr}"
         results: list[dict[str, Any]] = json.loads(answer.stdout)
         return results
@@ -89,6 +95,20 @@ class Guest:
         ]
         assert not wrong, f"sandbox {self.sb.id}:\n" + "\n".join(wrong)
         return dict(zip(labels, results, strict=True))
+
+    def diagnostics(self) -> str:
+        """What the guest is doing, for a failure report: its timer interrupts a second
+        apart (do its timers fire?), its processes and what they wait in."""
+        script = (
+            "grep -E 'LOC|TIM' /proc/interrupts; sleep 1; grep -E 'LOC|TIM' /proc/interrupts; "
+            "cat /proc/loadavg; ps -eo pid,stat,wchan:24,etime,args | head -40; "
+            "cat /sys/devices/system/clockevents/clockevent0/current_device"
+        )
+        try:
+            seen = self.sb.exec(["sh", "-c", script], timeout_s=20)
+            return f"guest {self.sb.id}:\n{seen.stdout}{seen.stderr}"
+        except errors.HutchError as exc:
+            return f"guest {self.sb.id}: no diagnostics ({exc})"
 
     def set_rules(self, rules: list[str]) -> None:
         info = self.sb.egress.set(rules)

@@ -6,15 +6,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal as _signal
-from collections.abc import AsyncIterable, AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable
+from typing import Any, TypeVar
 
-from hutch.errors import InvalidArgument
+from hutch.errors import InvalidArgument, Timeout
 from hutch.guest._stream import StreamState
 from hutch.guest.connection import AgentConnection
 from hutch.guest.paths import normalize_guest_path
 from hutch.guest.protocol import CHANNEL_DATA, CHANNEL_STDERR, FrameType
 from hutch.guest.results import ExecExit, ExecOutput, ExecResult
+
+T = TypeVar("T")
+
+
+#: Seconds the host waits past a command's ``timeout_s`` for the agent to report its end
+#: (the agent kills it at ``timeout_s``; its report is quick even under TCG). Past that
+#: the guest is not answering for that command (stalled, overloaded, or hostile): the
+#: call ends with ``Timeout`` instead of holding its caller, and its lease, for ever.
+HOST_GRACE_S = 30.0
 
 
 def program_fields(
@@ -79,12 +88,23 @@ class ExecStream:
     output nobody iterated; ``collect()`` keeps it. Either may be called after iterating.
     """
 
-    def __init__(self, client: AgentConnection, state: StreamState, pid: int) -> None:
+    def __init__(
+        self,
+        client: AgentConnection,
+        state: StreamState,
+        pid: int,
+        deadline: float | None = None,
+        timeout_s: float | None = None,
+    ) -> None:
+        """``deadline`` (loop time): when the host stops waiting for the agent's report
+        of the command's end (``timeout_s`` + :data:`HOST_GRACE_S`); None: never."""
         self._client = client
         self._state = state
         self.pid = pid
         self._exit: ExecExit | None = None
         self._stdin_task: asyncio.Task[None] | None = None
+        self._deadline = deadline
+        self._timeout_s = timeout_s
 
     @property
     def exit(self) -> ExecExit | None:
@@ -101,9 +121,13 @@ class ExecStream:
                 yield item
 
     async def _next(self) -> ExecOutput | None:
-        """One output chunk, or None once the exit arrived."""
+        """One output chunk, or None once the exit arrived. ``Timeout`` once the host's
+        deadline passed without the agent's report (the stream is given up)."""
         try:
-            frame = await self._state.next()
+            frame = await _before(self._deadline, self._state.next())
+        except TimeoutError:
+            await self._give_up()
+            raise Timeout(_unanswered(self._timeout_s, "the end")) from None
         except BaseException:
             await self._finish_stdin()
             raise
@@ -161,6 +185,30 @@ class ExecStream:
         self._client._forget(self._state)
         await self._finish_stdin()
 
+    async def _give_up(self) -> None:
+        """The agent did not report the end in time: stop listening, and ask it once
+        more (briefly) to kill the command, in case it only lost the kill."""
+        await self.detach()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.kill(), 2.0)
+
+
+async def _before(deadline: float | None, step: Awaitable[T]) -> T:
+    """``step``, or TimeoutError once loop time ``deadline`` has passed (None: no bound)."""
+    if deadline is None:
+        return await step
+    async with asyncio.timeout_at(deadline):
+        return await step
+
+
+def _unanswered(timeout_s: float | None, what: str) -> str:
+    return (
+        f"the guest agent did not report {what} of a command (timeout_s={timeout_s}) within "
+        f"{HOST_GRACE_S:g} s after that timeout; the host stopped waiting (the guest is "
+        "stalled or overloaded, or its agent is not answering); the command may still run "
+        "in the guest"
+    )
+
 
 class CommandOps(AgentConnection):
     """Running commands: :meth:`exec` (streamed) and :meth:`run` (collected)."""
@@ -187,15 +235,20 @@ class CommandOps(AgentConnection):
         header = command_header(
             "exec", argv, shell, env, cwd, user, timeout_s, stdin=stdin is not None
         )
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s + HOST_GRACE_S
         state = await self._start(header)
         try:
-            frame = await state.next()
+            frame = await _before(deadline, state.next())
             if frame.type is not FrameType.REPLY or frame.header.get("event") != "started":
                 raise state.unexpected(frame)
+        except TimeoutError:
+            self._forget(state)
+            raise Timeout(_unanswered(timeout_s, "the start")) from None
         except BaseException:
             self._forget(state)
             raise
-        stream = ExecStream(self, state, int(frame.header.get("pid", 0)))
+        stream = ExecStream(self, state, int(frame.header.get("pid", 0)), deadline, timeout_s)
         if stdin is not None:
             stream._stdin_task = asyncio.create_task(state.upload(stdin, CHANNEL_DATA))
         return stream
