@@ -481,6 +481,41 @@ async def test_a_resume_goes_where_its_placement_puts_it_and_refuses_what_it_can
     assert sb in h1.svc.core.runtimes and sb not in h2.svc.core.runtimes
 
 
+async def test_a_create_from_an_uploaded_snapshot_goes_only_where_its_image_bytes_are(
+    hosts: dict[str, Host],
+) -> None:
+    """A named snapshot of a built-in image, uploaded (any host may fetch it), is created
+    from only on a host holding the rootfs bytes it was saved over: another host whose
+    copy of that digest differs is refused by placement (429, naming the image), through
+    either host, before anything is fetched; unpinned, the create goes where it can open."""
+    h1, h2 = hosts["h1"], hosts["h2"]
+    sb = await _create(h1, host="h1")
+    r = await h1.client.post(f"/v1/sandboxes/{sb}/snapshots", json={"name": "saved"})
+    assert r.status_code == 201, r.text
+    snap = r.json()["id"]
+    rec = h1.svc.core.states.current(sb)
+    assert rec is not None and rec.image_digest is not None
+    digest = rec.image_digest
+    for h in (h1, h2):
+        h.svc.cluster.snapshot_uploaded = lambda _id: True
+    h1.svc.cluster.hosts.set_images("h1", {rec.image: {digest: "a" * 64}})
+    h1.svc.cluster.hosts.set_images("h2", {rec.image: {digest: "b" * 64}})
+    for via in (h1, h2):
+        r = await via.client.post(
+            "/v1/sandboxes", json={"snapshot": snap, "placement": {"host": "h2"}}
+        )
+        assert r.status_code == 429, (via.id, r.text)
+        assert (
+            f"h2 cannot restore snapshot {snap}: its image {rec.image} ({digest}) holds other "
+            "bytes" in r.text
+        ), r.text
+    assert set(h2.svc.core.runtimes) == set()
+    # Unpinned: spread would take h2 (fewer sandboxes); only h1 can open it.
+    r = await h2.client.post("/v1/sandboxes", json={"snapshot": snap})
+    assert r.status_code == 201, r.text
+    assert r.json()["id"] in h1.svc.core.runtimes
+
+
 async def test_e2b_creates_spread_over_the_hosts_and_bad_ones_are_answered_where_they_came(
     hosts: dict[str, Host],
 ) -> None:

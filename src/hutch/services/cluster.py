@@ -249,7 +249,7 @@ class ClusterService:
                 log.warning("snapshot %s: upload state unknown: %s", snapshot, exc)
             host = self.hosts.host_of_snapshot(snapshot)
             if host is not None:
-                frozen = Frozen(host, anywhere, f"snapshot {snapshot}")
+                frozen = self._snapshot(snapshot, host, anywhere)
         return self.place(placement, memory_mib, frozen)
 
     def volumes_home(self, project: str, refs: Sequence[str]) -> str | None:
@@ -380,6 +380,17 @@ class ClusterService:
                 exclude=exclude,
             ),
         )
+
+    def _snapshot(self, snapshot_id: str, host: str, anywhere: bool) -> Frozen:
+        """Named snapshot ``snapshot_id`` saved on ``host``: restorable where that host's
+        QEMU and CPU run and, for a built-in image, where the bytes it was saved over are
+        (held, or fetched from the blob store's upload of that digest)."""
+        what = f"snapshot {snapshot_id}"
+        snap = self.core.store.get_snapshot(snapshot_id)
+        rec = self.core.states.current(snap.sandbox_id) if snap is not None else None
+        if rec is None:
+            return Frozen(host, anywhere, what)
+        return frozen_sandbox(self.hosts, self.uploads, rec, host, what, anywhere=anywhere)
 
     def _paused(self, rec: SandboxRecord, host: str) -> Frozen:
         """The pause of ``rec`` taken on ``host``: restorable where that host's QEMU and

@@ -16,12 +16,19 @@ __all__ = ["frozen_sandbox"]
 
 
 def frozen_sandbox(
-    hosts: HostStore, uploads: ImageUploadStore, rec: SandboxRecord, host: str, what: str
+    hosts: HostStore,
+    uploads: ImageUploadStore,
+    rec: SandboxRecord,
+    host: str,
+    what: str,
+    *,
+    anywhere: bool = True,
 ) -> Frozen:
-    """``rec`` frozen on ``host`` (a pause, or a fork's parent), its files in the blob
-    store (any compatible host may fetch them). Two row reads, no store request."""
+    """``rec`` frozen on ``host`` (a pause, a fork's parent, or a named snapshot of it),
+    its files in the blob store (``anywhere``: any compatible host may fetch them; else
+    only ``host`` holds them). Two row reads, no store request."""
     source = hosts.get(host)
     digest = rec.image_digest
     sha = frozen_identity(source, rec.image, digest) if source is not None else None
     uploaded = uploaded_identity(uploads, rec.image, digest) if sha and digest else None
-    return Frozen(host, True, what, rec.image, digest, sha, uploaded)
+    return Frozen(host, anywhere, what, rec.image, digest, sha, uploaded)
