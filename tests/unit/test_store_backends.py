@@ -16,9 +16,10 @@ import pytest
 from hutch.config import Settings, load_settings, parse_database_url
 from hutch.contract.volumes import VolumeKind
 from hutch.errors import Conflict, InvalidArgument, StoreError
-from hutch.models import SandboxRecord, SandboxState, Shape
+from hutch.models import SandboxRecord, SandboxState, Shape, SnapshotRecord
 from hutch.store import Store
 from hutch.store.backend import claim
+from hutch.store.hosts import HostStore, place_in
 from hutch.store.migrations import MIGRATIONS, POSTGRES_REWRITES, script_for
 from hutch.store.pg_backend import redact, to_pyformat
 from hutch.store.volumes import MountRow, VolumeRow, VolumeStore
@@ -208,6 +209,30 @@ def test_claim_takes_rows_and_marks_them(db_target: Path | str) -> None:
     assert ids == [1, 2]
     with store.transaction() as db:
         assert [i for (i,) in claim(db, _CLAIM)] == [3]
+
+
+def test_a_snapshot_stays_on_the_host_that_saved_it_when_its_sandbox_moves(
+    db_target: Path | str,
+) -> None:
+    """Migration 20: a named snapshot's files are where it was saved, wherever its
+    sandbox goes afterwards (placement and the sweeps ask ``host_of_snapshot``)."""
+    store = Store(db_target)
+    try:
+        hosts, sid = HostStore(store), "sb-000000000001"
+        store.insert_sandbox(
+            record(sid, state=SandboxState.PAUSED), also=lambda db: place_in(db, sid, "w1")
+        )
+        snap = SnapshotRecord("snap-000000000001", "s", sid, "base", Shape(1, 256, 4), "/x", 1, 1.0)
+        store.insert_snapshot(snap)
+        assert hosts.host_of_snapshot(snap.id) == "w1"
+        assert hosts.move_sandbox(sid, "w1", "w2", None)  # a resume on w2 took it
+        assert hosts.host_of_snapshot(snap.id) == "w1"
+        with store.transaction() as db:  # a row saved before the column: its sandbox's host
+            db.execute("UPDATE snapshots SET host = NULL WHERE id = ?", (snap.id,))
+        assert hosts.host_of_snapshot(snap.id) == "w2"
+        assert hosts.host_of_snapshot("snap-00000000000f") is None
+    finally:
+        store.close()
 
 
 def test_two_hosts_claiming_at_once_get_different_rows_and_never_wait() -> None:

@@ -276,12 +276,14 @@ class Store:
                         f"{quota}; delete snapshots or raise the quota"
                     )
             db.execute(
+                # host: where the sandbox runs as it is saved (its files stay there).
                 "INSERT INTO snapshots (id, name, sandbox_id, image, vcpus, memory_mib, "
-                "disk_gib, path, size_bytes, created_at, ready, project) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "disk_gib, path, size_bytes, created_at, ready, project, host) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
+                "(SELECT host FROM sandboxes WHERE id = ?))",
                 (snap.id, snap.name, snap.sandbox_id, snap.image, snap.shape.vcpus,
                  snap.shape.memory_mib, snap.shape.disk_gib, snap.path, snap.size_bytes,
-                 snap.created_at, int(ready), snap.project),
+                 snap.created_at, int(ready), snap.project, snap.sandbox_id),
             )  # fmt: skip
             if ready:
                 _meter_snapshot(db, snap.project, snap.id, snap.size_bytes, snap.created_at)

@@ -209,14 +209,15 @@ class HostStore:
             return bool(cur.rowcount)
 
     def host_of_snapshot(self, snapshot_id: str) -> str | None:
-        """The host that holds a snapshot's files (the host its sandbox ran on)."""
+        """The host that holds a snapshot's files: the one that saved it (migration 20;
+        for a row saved before, the host its sandbox is on)."""
         with self._store.transaction() as db:
             row = db.execute(
-                "SELECT s.host FROM snapshots n JOIN sandboxes s ON s.id = n.sandbox_id "
-                "WHERE n.id = ?",
+                "SELECT COALESCE(n.host, s.host) FROM snapshots n "
+                "LEFT JOIN sandboxes s ON s.id = n.sandbox_id WHERE n.id = ?",
                 (snapshot_id,),
             ).fetchone()
-        return str(row[0]) if row else None
+        return str(row[0]) if row and row[0] is not None else None
 
     def ids_on(self, host: str, states: Iterable[SandboxState] = LIVE_STATES) -> set[str]:
         wanted = [str(s) for s in states]

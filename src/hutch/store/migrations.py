@@ -393,6 +393,12 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE hosts ADD COLUMN images_json TEXT NOT NULL DEFAULT '{}';
     """,
+    # 20: the host that saved each named snapshot (its files are there until an upload
+    # completes). Its sandbox may move to another host afterwards; the snapshot's files
+    # do not. NULL: saved before this column; the sandbox's host is the best guess.
+    """
+    ALTER TABLE snapshots ADD COLUMN host TEXT;
+    """,
 )
 
 
