@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -97,18 +98,31 @@ class Guest:
         return dict(zip(labels, results, strict=True))
 
     def diagnostics(self) -> str:
-        """What the guest is doing, for a failure report: its timer interrupts a second
-        apart (do its timers fire?), its processes and what they wait in."""
+        """What the guest is doing, for a failure report: whether its timers fire (timer
+        interrupts and the hrtimer queue read twice, a second apart by the host's clock:
+        nothing here waits inside the guest, where a stalled timer would hang a
+        ``sleep``; timers whose expiry is long past mean the guest's clockevent stopped),
+        its processes and what they wait in, and the kernel's last words."""
         script = (
-            "grep -E 'LOC|TIM' /proc/interrupts; sleep 1; grep -E 'LOC|TIM' /proc/interrupts; "
-            "cat /proc/loadavg; ps -eo pid,stat,wchan:24,etime,args | head -40; "
-            "cat /sys/devices/system/clockevents/clockevent0/current_device"
+            "grep -E 'LOC|TIM' /proc/interrupts; "
+            "grep -E 'now at|expires at|expires_next|next_event|hang_detected' /proc/timer_list "
+            "| head -24; cat /proc/loadavg"
         )
-        try:
-            seen = self.sb.exec(["sh", "-c", script], timeout_s=20)
-            return f"guest {self.sb.id}:\n{seen.stdout}{seen.stderr}"
-        except errors.HutchError as exc:
-            return f"guest {self.sb.id}: no diagnostics ({exc})"
+        more = (
+            "ps -eo pid,stat,wchan:24,etime,args | head -40; "
+            "cat /sys/devices/system/clockevents/clockevent0/current_device; dmesg | tail -n 20"
+        )
+        seen = [f"guest {self.sb.id}:"]
+        for step in (script, None, script + "; " + more):
+            if step is None:
+                time.sleep(1)
+                continue
+            try:
+                answer = self.sb.exec(["sh", "-c", step], timeout_s=20)
+                seen.append(answer.stdout + answer.stderr)
+            except errors.HutchError as exc:
+                seen.append(f"no diagnostics ({exc})")
+        return "\n".join(seen)
 
     def set_rules(self, rules: list[str]) -> None:
         info = self.sb.egress.set(rules)
