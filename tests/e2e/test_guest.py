@@ -3,7 +3,9 @@ the sandbox keeps answering. One sandbox is shared by the module."""
 
 from __future__ import annotations
 
+import os
 import platform
+import signal
 import time
 from collections.abc import Iterator
 
@@ -127,6 +129,24 @@ def test_exec_timeout_kills_the_command(sb: Sandbox) -> None:
     # Streaming ends with the same error.
     with pytest.raises(errors.Timeout):
         list(sb.exec_stream(["sh", "-c", "echo x; sleep 300"], timeout_s=1))
+    assert_still_answers(sb)
+
+
+def test_a_guest_that_answers_nothing_ends_an_exec_on_the_host(sb: Sandbox, daemon: Daemon) -> None:
+    """The host's own bound on a command (``guest.commands.HOST_GRACE_S``) through the
+    daemon and a real VM: with the sandbox's QEMU stopped (a guest that answers nothing,
+    its agent included), an exec with ``timeout_s=1`` ends with a 504 ``timeout`` naming
+    why about 31 s later instead of waiting for ever; continued, the sandbox answers."""
+    pid = daemon.qemu_pid_of(sb.id)
+    started = time.monotonic()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(errors.Timeout, match="did not report the start of a command"):
+            sb.exec(["true"], timeout_s=1)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    waited = time.monotonic() - started
+    assert 30 <= waited < 60, waited
     assert_still_answers(sb)
 
 
