@@ -112,17 +112,16 @@ class Guest:
             "ps -eo pid,stat,wchan:24,etime,args | head -40; "
             "cat /sys/devices/system/clockevents/clockevent0/current_device; dmesg | tail -n 20"
         )
-        seen = [f"guest {self.sb.id}:"]
-        for step in (script, None, script + "; " + more):
-            if step is None:
-                time.sleep(1)
-                continue
-            try:
-                answer = self.sb.exec(["sh", "-c", step], timeout_s=20)
-                seen.append(answer.stdout + answer.stderr)
-            except errors.HutchError as exc:
-                seen.append(f"no diagnostics ({exc})")
-        return "\n".join(seen)
+        first = self._read(script)
+        time.sleep(1)
+        return "\n".join([f"guest {self.sb.id}:", first, self._read(f"{script}; {more}")])
+
+    def _read(self, script: str) -> str:
+        try:
+            answer = self.sb.exec(["sh", "-c", script], timeout_s=20)
+        except errors.HutchError as exc:
+            return f"no diagnostics ({exc})"
+        return answer.stdout + answer.stderr
 
     def set_rules(self, rules: list[str]) -> None:
         info = self.sb.egress.set(rules)
