@@ -20,18 +20,13 @@ from hutch.store import Store
 from hutch.store.images import ImageRow, ImageStore
 from hutch.store.meter import IntervalRow, MeterStore
 from hutch.store.migrations import MIGRATIONS
+from tests.unit.fake_clock import Clock
 
 S = SandboxState
 SHAPE = Shape(vcpus=2, memory_mib=1024, disk_gib=4)
 PRICES = Prices()
-
-
-class Clock:
-    def __init__(self, now: float = 1_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+#: Where every test's clock starts.
+START = 1_000_000.0
 
 
 def states(target: Path | str, clock: Clock) -> tuple[SandboxStates, MeterStore, Store]:
@@ -53,7 +48,7 @@ def total(
 
 
 def test_each_phase_is_billed_to_the_second(db_target: Path | str) -> None:
-    clock = Clock()
+    clock = Clock(START)
     t0 = clock.now
     st, meter, _ = states(db_target, clock)
     st.insert(record(clock))
@@ -93,7 +88,7 @@ def test_each_phase_is_billed_to_the_second(db_target: Path | str) -> None:
 
 
 def test_disk_mode_pause_holds_no_memory(db_target: Path | str) -> None:
-    clock = Clock()
+    clock = Clock(START)
     st, meter, _ = states(db_target, clock)
     st.insert(record(clock))
     st.running(st.get("sb-000000000001"))
@@ -107,7 +102,7 @@ def test_disk_mode_pause_holds_no_memory(db_target: Path | str) -> None:
 
 
 def test_an_open_interval_counts_up_to_now_and_none_is_opened_twice(db_target: Path | str) -> None:
-    clock = Clock()
+    clock = Clock(START)
     t0 = clock.now
     st, meter, store = states(db_target, clock)
     st.insert(record(clock))
@@ -127,7 +122,7 @@ def test_an_open_interval_counts_up_to_now_and_none_is_opened_twice(db_target: P
 
 
 def test_a_vm_lost_across_a_restart_is_billed_to_its_last_heartbeat(db_target: Path | str) -> None:
-    clock = Clock()
+    clock = Clock(START)
     t0 = clock.now
     st, meter, _ = states(db_target, clock)
     st.insert(record(clock))
@@ -145,7 +140,7 @@ def test_a_vm_lost_across_a_restart_is_billed_to_its_last_heartbeat(db_target: P
 
 
 def test_a_grown_disk_is_billed_at_its_new_size_from_the_grow(db_target: Path | str) -> None:
-    clock = Clock()
+    clock = Clock(START)
     t0 = clock.now
     st, meter, _ = states(db_target, clock)
     st.insert(record(clock))
@@ -160,7 +155,7 @@ def test_a_grown_disk_is_billed_at_its_new_size_from_the_grow(db_target: Path | 
 
 
 def test_a_refused_transition_writes_nothing(db_target: Path | str) -> None:
-    clock = Clock()
+    clock = Clock(START)
     st, meter, _ = states(db_target, clock)
     st.insert(record(clock))
     with pytest.raises(StateError):
@@ -171,7 +166,7 @@ def test_a_refused_transition_writes_nothing(db_target: Path | str) -> None:
 
 def test_state_meter_and_event_commit_together(db_target: Path | str) -> None:
     """If the event cannot be written, the state change is not written either."""
-    clock = Clock()
+    clock = Clock(START)
     st, meter, store = states(db_target, clock)
     st.insert(record(clock))
     with store.transaction() as db:
@@ -221,7 +216,7 @@ def test_lifecycle_events_name_their_reason() -> None:
 
 
 def test_events_record_the_actor_and_reason(db_target: Path | str) -> None:
-    clock = Clock()
+    clock = Clock(START)
     st, meter, _ = states(db_target, clock)
     act_as(Principal.admin(source="10.0.0.9"))
     try:
@@ -252,7 +247,7 @@ def test_events_record_the_actor_and_reason(db_target: Path | str) -> None:
 
 
 def test_retention_drops_old_events_and_keeps_at_most_the_newest(db_target: Path | str) -> None:
-    clock = Clock()
+    clock = Clock(START)
     store = Store(db_target)
     meter = MeterStore(store)
     log = EventLog(meter, retention_s=100, max_events=5, clock=clock)

@@ -7,14 +7,7 @@ import pytest
 from hutch.errors import InvalidArgument
 from hutch.net import ratelimit
 from hutch.net.ratelimit import KeyedLimiter, Rate
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.unit.fake_clock import Clock
 
 
 def test_burst_then_rate_then_refused_and_counted() -> None:
