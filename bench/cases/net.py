@@ -38,7 +38,6 @@ metrics compare them.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from contextlib import ExitStack
@@ -50,27 +49,16 @@ from tests.netfake import FakeInternet, free_net_pool
 from tests.netfake.probe import run_checks
 
 from bench.cases.common import SANDBOX_MEMORY_MIB, SANDBOX_VCPUS, BenchContext
+from bench.cases.guest_probe import install_probe, run_probe
 from bench.model import BenchResult, Metric, SampleSet
 from hutch import Sandbox
 from hutch.config import Settings
 
 __all__ = ["run_net"]
 
-PROBE = Path(__file__).resolve().parents[2] / "tests" / "netfake" / "probe.py"
 MB = 1e6
 #: No background template build or pool refill competing with the timed rounds.
 QUIET_ENV = {"HUTCH_TEMPLATES": "0", "HUTCH_POOL_SIZE": "0"}
-
-
-def _guest(sb: Sandbox, checks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    answer = sb.exec(["python3", "/root/probe.py", json.dumps(checks)], timeout_s=600)
-    if answer.exit_code != 0:
-        raise RuntimeError(f"probe failed in {sb.id}: {answer.stderr[-2000:]}")
-    results: list[dict[str, Any]] = json.loads(answer.stdout)
-    bad = [r for r in results if not r.get("ok")]
-    if bad:
-        raise RuntimeError(f"probe in {sb.id} (egress {sb.egress.get().rules}): {bad}")
-    return results
 
 
 def _host(checks: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -165,12 +153,12 @@ def run_net(ctx: BenchContext) -> BenchResult:
                 ctx.image, vcpus=SANDBOX_VCPUS, memory_mib=SANDBOX_MEMORY_MIB, client=side.client
             )
             stack.enter_context(sb)
-            sb.files.write("/root/probe.py", PROBE.read_bytes())
+            install_probe(sb)
             sb.files.write("/root/fakenet-ca.pem", net.ca_cert.read_bytes())
             # Untimed warm-up of every path (ARP, conntrack, proxy's first resolve).
             for rules in (["good.test"], []):
                 sb.egress.set(rules)
-                _guest(sb, [{**latency, "count": 3}])
+                run_probe(sb, [{**latency, "count": 3}])
             if side.daemon.pid is None:
                 raise RuntimeError(f"side daemon {name} is not running")
             paths.append(_Path(name, sb, side.daemon.pid))
@@ -182,12 +170,12 @@ def run_net(ctx: BenchContext) -> BenchResult:
                 for mode, rules in (("rules", ["good.test"]), ("open", [])):
                     path.sb.egress.set(rules)
                     cpu0, side0 = _cpu_s(path.pid)
-                    [r] = _guest(path.sb, [{**latency, "count": per_round, "timeout": 30}])
+                    [r] = run_probe(path.sb, [{**latency, "count": per_round, "timeout": 30}])
                     cpu1, side1 = _cpu_s(path.pid)
                     path.cpu[mode].append((cpu1 - cpu0) / per_round)
                     path.side_cpu[mode].append((side1 - side0) / per_round)
                     path.lat[mode] += r["samples"]
-                    [d] = _guest(path.sb, [{**download, "timeout": 120}])
+                    [d] = run_probe(path.sb, [{**download, "timeout": 120}])
                     path.rate[mode].append(size / d["seconds"] / MB)
             [r] = _host([{**latency, "count": per_round}])
             host_lat += r["samples"]

@@ -15,15 +15,13 @@ sandbox (the policy is switched live). Needs root; runs on a side daemon.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-from pathlib import Path
-from typing import Any
 
 from tests.netfake import FakeInternet, free_net_pool
 
 from bench.cases.common import SANDBOX_MEMORY_MIB, SANDBOX_VCPUS, BenchContext
+from bench.cases.guest_probe import install_probe, run_probe
 from bench.model import BenchResult, Metric, SampleSet
 from hutch import Sandbox
 from hutch.config import Settings
@@ -32,21 +30,9 @@ __all__ = ["run_net_inspect"]
 
 MB = 1e6
 
-PROBE = Path(__file__).resolve().parents[2] / "tests" / "netfake" / "probe.py"
 FULL = {"inspection": "full", "rules": [{"action": "allow", "host": "good.test"}]}
 BUNDLE = "/etc/ssl/certs/ca-certificates.crt"  # hutch's CA is in it under full
 FAKE_CA = "/root/fakenet-ca.pem"
-
-
-def _guest(sb: Sandbox, checks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    answer = sb.exec(["python3", "/root/probe.py", json.dumps(checks)], timeout_s=600)
-    if answer.exit_code != 0:
-        raise RuntimeError(f"probe failed in {sb.id}: {answer.stderr[-2000:]}")
-    results: list[dict[str, Any]] = json.loads(answer.stdout)
-    bad = [r for r in results if not r.get("ok")]
-    if bad:
-        raise RuntimeError(f"probe in {sb.id} (egress {sb.egress.get().rules}): {bad}")
-    return results
 
 
 def _set(sb: Sandbox, mode: str) -> str:
@@ -85,19 +71,20 @@ def run_net_inspect(ctx: BenchContext) -> BenchResult:
                 ctx.image, vcpus=SANDBOX_VCPUS, memory_mib=SANDBOX_MEMORY_MIB, client=side.client
             )
             with sb:
-                sb.files.write("/root/probe.py", PROBE.read_bytes())
+                install_probe(sb)
                 sb.files.write(FAKE_CA, net.ca_cert.read_bytes())
                 check = {"op": "latency", "addr": net.web, "host": "good.test", "sni": "good.test"}
                 download = {**check, "op": "get", "size": size}
                 for mode in lat:  # untimed warm-up (ARP, conntrack, the leaf, resolves)
-                    _guest(sb, [{**check, "ca": _set(sb, mode), "count": 3, "timeout": 30}])
+                    run_probe(sb, [{**check, "ca": _set(sb, mode), "count": 3, "timeout": 30}])
                 for i in range(rounds):
                     ctx.log(f"  round {i + 1}/{rounds}")
                     for mode in lat:
                         ca = _set(sb, mode)
-                        [r] = _guest(sb, [{**check, "ca": ca, "count": per_round, "timeout": 30}])
+                        timed = {**check, "ca": ca, "count": per_round, "timeout": 30}
+                        [r] = run_probe(sb, [timed])
                         lat[mode] += r["samples"]
-                        [d] = _guest(sb, [{**download, "ca": ca, "timeout": 300}])
+                        [d] = run_probe(sb, [{**download, "ca": ca, "timeout": 300}])
                         rate[mode].append(size / d["seconds"] / MB)
         finally:
             ctx.stop_side_daemon("net_inspect")
