@@ -14,7 +14,8 @@ from hutch.services.metering import COUNTED_ROW_S, Prices, usage
 from hutch.services.state import SandboxStates
 from hutch.store import Store
 from hutch.store.meter import MeterStore
-from tests.unit.test_metering import Clock, record
+from tests.unit.fake_clock import Clock
+from tests.unit.test_metering import START, record
 
 SID = "sb-000000000001"
 
@@ -74,7 +75,7 @@ def _meter(tmp_path: Path, clock: Clock) -> tuple[EgressMeter, _Source, MeterSto
 
 
 def test_bytes_are_written_once_in_a_row_a_minute_and_priced(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = Clock(START)
     t0 = clock.now
     em, source, meter, _ = _meter(tmp_path, clock)
     for step in range(10):  # ten heartbeats in one row
@@ -111,7 +112,7 @@ def test_bytes_are_written_once_in_a_row_a_minute_and_priced(tmp_path: Path) -> 
 
 
 def test_denials_are_one_event_per_sandbox_per_interval(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = Clock(START)
     em, source, _, events = _meter(tmp_path, clock)
     em.flush_denials(60)  # starts the interval
     for _ in range(5000):
