@@ -9,7 +9,7 @@ from typing import Any
 
 from hutch import Sandbox
 
-__all__ = ["PROBE", "install_probe", "run_probe"]
+__all__ = ["install_probe", "run_probe"]
 
 PROBE = Path(__file__).resolve().parents[2] / "tests" / "netfake" / "probe.py"
 #: Where the probe lives in the guest.

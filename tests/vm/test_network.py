@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import re
 import secrets
 import socket
 import subprocess
@@ -103,6 +104,19 @@ def test_open_egress_without_rules(alpha: Guest, fakenet: FakeInternet) -> None:
     assert seen["resolve"]["addrs"] == [fakenet.web]
     # The fake internet saw them come through the host's NAT.
     assert {e.get("peer") for e in fakenet.events("https", since)} == {fakenet.gateway}
+
+
+def test_a_failure_report_says_whether_the_guest_s_timers_run(alpha: Guest) -> None:
+    """What a probe that never ends reports (``Guest.diagnostics``): the guest's clock
+    read twice a second apart by the host's, its timer interrupts, its processes and
+    clockevent; on a healthy guest the two readings are about a second apart."""
+    report = alpha.diagnostics()
+    nows = [int(n) for n in re.findall(r"now at (\d+) nsecs", report)]
+    assert len(nows) >= 2, report
+    assert 0.5e9 < max(nows) - min(nows) < 30e9, report  # the guest's clock moved on
+    assert report.count("LOC:") == 2, report  # local timer interrupts, both readings
+    assert "PID STAT WCHAN" in report and "agent.py" in report, report  # processes
+    assert "no diagnostics" not in report, report
 
 
 def test_always_denied_even_when_open(alpha: Guest, fakenet: FakeInternet, netd: Daemon) -> None:
