@@ -2,18 +2,19 @@
 
 ``python -m bench.proxy_cpu [--old-src TREE] [--connections N] [--rounds R]``
 
-The proxy (``hutch.net.proxy.EgressProxy``) runs in a thread with its own event loop,
-as the daemon's data path does; clients and the fake internet's servers
-(``tests/component/proxy_env.py``: plain HTTP and TLS on 127.0.0.20) run in the main
-thread. Per round: N sequential plain-HTTP GETs (Host checked, one request relayed),
-N TLS handshakes passed through (SNI checked) and one 16 MiB download; the proxy
-thread's CPU (``time.thread_time`` read in that thread) is divided by the work, and for
-HTTP split into user and system time (``/proc/self/task/<tid>/stat``, 10 ms ticks).
-The kernel's loopback work for both ends of a connection is in the system share. Every
-check also asks the kernel "is this the host?" (``is_host_address``), as the daemon
-does. With ``--old-src`` each round runs in a child process per tree (this tree and
-that one, ``PYTHONPATH=<tree>/src``), alternating, and the medians are printed side by
-side. CPU time, not wall time: on a loaded host it moves far less than latency does.
+The proxy (``hutch.net.proxy.EgressProxy``) runs in the daemon's data path thread and
+loop (``hutch.net.datapath.Datapath`` of the tree measured); clients and the fake
+internet's servers (``tests/component/proxy_env.py``: plain HTTP and TLS on 127.0.0.20)
+run in the main thread. Per round: N sequential plain-HTTP GETs (Host checked, one
+request relayed), N TLS handshakes passed through (SNI checked) and one 16 MiB
+download; the proxy thread's CPU (``time.thread_time`` read in that thread) is divided
+by the work, and for HTTP split into user and system time
+(``/proc/self/task/<tid>/stat``, 10 ms ticks). The kernel's loopback work for both ends
+of a connection is in the system share. Every check also asks the kernel "is this the
+host?" (``is_host_address``), as the daemon does. With ``--old-src`` each round runs in
+a child process per tree (this tree and that one, ``PYTHONPATH=<tree>/src``),
+alternating, and the medians are printed side by side. CPU time, not wall time: on a
+loaded host it moves far less than latency does.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from ipaddress import IPv4Address
@@ -48,6 +48,7 @@ def _measure(connections: int) -> dict[str, float]:
         sandboxes,
     )
 
+    from hutch.net.datapath import Datapath
     from hutch.net.egress_log import EgressLog
     from hutch.net.host_addresses import is_host_address
     from hutch.net.proxy import EgressProxy
@@ -56,9 +57,10 @@ def _measure(connections: int) -> dict[str, float]:
         is_host_address(addr)  # the daemon's route lookup, its answer ignored: 127.0.0.20
         return None  # plays the internet here
 
-    proxy_loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=proxy_loop.run_forever, name="proxy", daemon=True)
-    thread.start()
+    datapath = Datapath("proxy")  # the daemon's data path thread and its loop, as is
+    datapath.start()
+    proxy_loop, thread = datapath.loop, datapath.thread
+    assert thread is not None
 
     def in_proxy(make: Callable[[], Awaitable[Any]]) -> Any:
         async def run() -> Any:
@@ -148,8 +150,7 @@ def _measure(connections: int) -> dict[str, float]:
     try:
         return asyncio.run(main())
     finally:
-        proxy_loop.call_soon_threadsafe(proxy_loop.stop)
-        thread.join()
+        asyncio.run(datapath.stop())
 
 
 def _child(tree: Path, connections: int) -> dict[str, float]:

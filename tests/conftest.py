@@ -7,16 +7,18 @@ hash), never skipped: `make test` builds them first so the time shows up there.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import os
 import secrets
 import shutil
 import signal
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 import pytest
+import uvloop
 
 from tests import pgserver
 
@@ -121,6 +123,17 @@ def pytest_runtest_makereport(
     report = yield
     setattr(item, f"rep_{report.when}", report)
     return report
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """Tests marked ``datapath_loop`` run on the loop the daemon's data path runs
+    (uvloop, ``hutch.net.datapath``): the proxy, resolver and relay code they drive
+    meets the same transports there as in hutchd. Every other test: the standard loop."""
+    if item.get_closest_marker("datapath_loop") is not None:
+        return {"uvloop": uvloop.new_event_loop}
+    return {"asyncio": asyncio.new_event_loop}
 
 
 # The time each test module takes (setup, calls and teardown of its tests, module and

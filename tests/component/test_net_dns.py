@@ -28,6 +28,9 @@ from hutch.net.dns import Resolver, SandboxNetInfo
 from hutch.net.egress_log import EgressLog
 from hutch.net.rules import parse_policy, policy_from_stored
 
+# The data path's code, on the data path's loop (tests/conftest.py).
+pytestmark = pytest.mark.datapath_loop
+
 RULES_SRC = "127.0.0.2"
 OPEN_SRC = "127.0.0.3"
 DENY_SRC = "127.0.0.4"

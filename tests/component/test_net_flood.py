@@ -40,7 +40,8 @@ from tests.component.test_net_dns import BLACKHOLE, Directory, FakeUpstream, ups
 
 __all__ = ["upstream"]  # the fixture, imported for its name
 
-pytestmark = pytest.mark.timeout(60)
+# The data path's code, on the data path's loop (tests/conftest.py).
+pytestmark = [pytest.mark.timeout(60), pytest.mark.datapath_loop]
 
 A_SRC, B_SRC = "127.0.0.2", "127.0.0.3"
 RCODE_NAMES: dict[int, str] = {dns.rcode.NOERROR: "NOERROR", dns.rcode.NXDOMAIN: "NXDOMAIN",

@@ -34,7 +34,8 @@ from tests.component.test_net_flood import ask
 
 __all__ = ["upstream"]  # the fixture, imported for its name
 
-pytestmark = pytest.mark.timeout(60)
+# The data path's code, on the data path's loop (tests/conftest.py).
+pytestmark = [pytest.mark.timeout(60), pytest.mark.datapath_loop]
 
 SID = "sb-bbbbbbbbbbbb"
 GOOD = IPv4Address("198.18.0.10")  # good.test in the fake upstream's zone

@@ -25,6 +25,9 @@ from tests.component.proxy_env import (
     env_fixture,  # noqa: F401
 )
 
+# The data path's code, on the data path's loop (tests/conftest.py).
+pytestmark = pytest.mark.datapath_loop
+
 
 async def test_allowed_sni_is_proxied_to_the_address_the_host_resolved(env: Env) -> None:
     assert await env.tls("good.test") == b"hello good.test\n"

@@ -19,6 +19,9 @@ from tests.component.proxy_env import (
     env_fixture,  # noqa: F401
 )
 
+# The data path's code, on the data path's loop (tests/conftest.py).
+pytestmark = pytest.mark.datapath_loop
+
 
 async def test_bare_lf_or_cr_in_the_head_is_refused_before_anything_is_sent(env: Env) -> None:
     smuggles = [

@@ -28,6 +28,9 @@ from tests.component.proxy_env import (
     ordered_policy,
 )
 
+# The data path's code, on the data path's loop (tests/conftest.py).
+pytestmark = pytest.mark.datapath_loop
+
 
 async def test_an_ordered_policy_first_match_decides_and_names_the_rule(env: Env) -> None:
     """Deny before allow: other.test shares the address and certificate of good.test and

@@ -28,6 +28,9 @@ from hutch.net.tls_ca import EgressCA, ProjectCAs, upstream_context
 from tests.component.proxy_env import Directory, FakeResolver, forbidden
 from tests.netfake.certs import make_certs
 
+# The data path's code, on the data path's loop (tests/conftest.py).
+pytestmark = pytest.mark.datapath_loop
+
 SERVER = "127.0.0.20"
 SRC = "127.0.0.7"
 LEARN_SRC, DRY_SRC = "127.0.0.8", "127.0.0.10"

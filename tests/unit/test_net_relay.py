@@ -11,10 +11,14 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import pytest
+import uvloop
 
 from hutch.net.http_head import parse_request_head
 from hutch.net.http_relay import OneRequest
 from hutch.net.relay import HOLD_LIMIT, Endpoint, Relay
+
+# The data path's code, on the data path's loop (tests/conftest.py).
+pytestmark = pytest.mark.datapath_loop
 
 #: Far more than every socket and transport buffer on the way can hold.
 FLOOD = 32 << 20
@@ -269,3 +273,8 @@ async def test_a_connection_handed_over_to_streams_keeps_its_bytes_and_eof(wire:
     await writer.wait_closed()
     assert await c_reader.read() == b"answer"
     assert wire.guest.streams is writer
+
+
+async def test_these_tests_run_on_the_data_path_s_loop() -> None:
+    # The datapath_loop mark (tests/conftest.py): what hutchd's data path runs.
+    assert isinstance(asyncio.get_running_loop(), uvloop.Loop)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from typing import cast
 
 __all__ = ["Endpoint", "Relay", "RelayCut"]
 
@@ -73,8 +74,9 @@ class Endpoint(asyncio.Protocol):
     # -- asyncio.Protocol ----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports are not subclasses of asyncio.Transport (they implement
+        # its methods), so no isinstance check here.
+        self.transport = cast(asyncio.Transport, transport)
         if self._on_made is not None:
             self._on_made(self)
 
