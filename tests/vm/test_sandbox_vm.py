@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 import pytest_asyncio
 
+from hutch.errors import Timeout
 from hutch.models import SandboxSpec, SandboxState, Shape
 from hutch.runtime.qemu.backend import QemuBackend
 from hutch.services.composed import Services
@@ -66,3 +69,31 @@ async def test_vm_killed_from_outside_is_detected(service: Services) -> None:
     got = service.sandboxes.get(rec.id)
     assert got.state is SandboxState.FAILED and "unexpectedly" in (got.error or "")
     assert not paths.state.exists()
+
+
+async def test_a_boot_whose_agent_never_answers_says_what_the_guest_was_doing(
+    service: Services,
+) -> None:
+    # Once in CI a guest's agent never answered its boot (2026-12-06, devbox, 120 s) and
+    # the run directory with the console log was swept before anyone read it: the error
+    # itself has to carry what the guest did.
+    backend = service.backend
+    assert isinstance(backend, QemuBackend)
+    normal = backend.booter.settings
+    backend.booter.settings = replace(normal, boot_timeout_s=1.0)
+    every_state = list(SandboxState)
+    before = {r.id for r in service.core.store.list_sandboxes(states=every_state)}
+    try:
+        with pytest.raises(Timeout) as caught:
+            await service.sandboxes.create(SandboxSpec(image="base", shape=Shape(memory_mib=256)))
+    finally:
+        backend.booter.settings = normal
+    message = str(caught.value)
+    assert "did not answer within 1 s" in message
+    # Booting, so running and burning CPU: a halted guest would show next to none.
+    assert re.search(r"QEMU \d+: running, \d+\.\d s of CPU used, 1 s waited", message), message
+    assert "console tail:" in message
+    after = service.core.store.list_sandboxes(states=every_state)
+    [failed] = [r for r in after if r.id not in before]
+    assert failed.state in (SandboxState.FAILED, SandboxState.DESTROYED), failed.state
+    assert qemu_pids_mentioning(str(backend.paths(failed.id).run)) == []

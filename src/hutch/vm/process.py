@@ -317,6 +317,17 @@ class QemuVm:
         """Return once QEMU has exited, however it happened."""
         await self._exited.wait()
 
+    def cpu_seconds(self) -> float | None:
+        """CPU time QEMU has used so far, every thread's (user + system; None once it has
+        gone). A guest still booting burns CPU; one waiting for an interrupt that never
+        comes uses next to none: a failure report tells the two apart with it."""
+        try:
+            fields = Path(f"/proc/{self._pid}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            return None
+        # utime and stime are the 14th and 15th fields, 12th and 13th after the name.
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     async def query_status(self) -> str:
         """QMP ``query-status`` → ``running``, ``paused``, ``shutdown``, ..."""
         result = await self.qmp("query-status")

@@ -8,11 +8,12 @@ import asyncio
 import contextlib
 import hashlib
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from hutch.config import Settings
-from hutch.errors import VmError
+from hutch.errors import HutchError, Timeout, VmError
 from hutch.guest.client import AgentClient, GuestIdentity
 from hutch.images.build import ImageArtifacts
 from hutch.models import Shape
@@ -138,6 +139,7 @@ class Booter:
         The hello gives the guest its identity (hostname, machine-id), the time and fresh
         entropy: a clone restored from a snapshot takes them before user code runs.
         """
+        started = time.monotonic()
         connect = asyncio.ensure_future(
             AgentClient.connect(
                 p.agent_socket,
@@ -151,7 +153,11 @@ class Booter:
         finally:
             died.cancel()
         if connect in done:
-            return connect.result()
+            try:
+                return connect.result()
+            except Timeout as exc:
+                report = await _silent_guest_report(vm, p, time.monotonic() - started)
+                raise Timeout(f"{exc}\n{report}") from exc
         connect.cancel()
         with contextlib.suppress(BaseException):
             await connect
@@ -173,3 +179,22 @@ class Booter:
                 aslr=self.settings.guest_aslr,
             ),
         )
+
+
+async def _silent_guest_report(vm: QemuVm, p: SandboxPaths, waited_s: float) -> str:
+    """What a guest whose agent never answered was doing, for the error (the run
+    directory with its console log may be gone by the time anyone reads it): QEMU's
+    run state, the CPU it has used since it started, against how long hutch waited
+    (busy: a slow boot; next to none: a guest halted waiting for an interrupt), and the
+    console's last lines."""
+    try:
+        async with asyncio.timeout(2):
+            status = await vm.query_status()
+    except (HutchError, TimeoutError) as exc:
+        status = f"unknown ({exc or 'no QMP answer in 2 s'})"
+    cpu = vm.cpu_seconds()
+    used = "unknown" if cpu is None else f"{cpu:.1f} s"
+    return (
+        f"QEMU {vm.pid}: {status}, {used} of CPU used, {waited_s:.0f} s waited for the "
+        f"agent; console tail:\n{console_tail(p.console_log, 3000)}"
+    )
