@@ -19,7 +19,7 @@ import struct
 import time
 from pathlib import Path
 
-from hutch.errors import HutchError, SnapshotError
+from hutch.errors import HutchError, SnapshotError, VmError
 from hutch.vm.process import QemuVm
 
 __all__ = ["COMPACT_JOB", "compact_if_deep", "disk_chain", "qcow2_backing_file", "stop_disk_jobs"]
@@ -89,6 +89,12 @@ async def compact_if_deep(vm: QemuVm, max_layers: int) -> bool:
     return True
 
 
+async def _block_jobs(vm: QemuVm) -> list[str]:
+    """The names (devices) of the VM's block jobs now."""
+    jobs = await vm.qmp("query-block-jobs")
+    return [str(j["device"]) for j in jobs if j.get("device")] if isinstance(jobs, list) else []
+
+
 async def _node_of(vm: QemuVm, raw_image: Path) -> str:
     nodes = await vm.qmp("query-named-block-nodes", flat=True)
     for node in nodes if isinstance(nodes, list) else []:
@@ -102,13 +108,19 @@ async def stop_disk_jobs(vm: QemuVm, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     cancelled: set[str] = set()
     while True:
-        jobs = await vm.qmp("query-block-jobs")
-        if not isinstance(jobs, list) or not jobs:
+        jobs = await _block_jobs(vm)
+        if not jobs:
             return
-        for job in jobs:
-            name = str(job.get("device", ""))
-            if name and name not in cancelled:
-                await vm.qmp("block-job-cancel", device=name, force=True)
+        for name in jobs:
+            if name not in cancelled:
+                try:
+                    await vm.qmp("block-job-cancel", device=name, force=True)
+                except VmError:
+                    # A job that ended between the query and the cancel is gone on its
+                    # own ("Block job ... not found"): that is what was wanted. One
+                    # still there refused for another reason.
+                    if name in await _block_jobs(vm):
+                        raise
                 cancelled.add(name)
         if time.monotonic() > deadline:
             raise SnapshotError(f"VM {vm.cfg.name}: disk jobs still running after {timeout_s:g}s")
