@@ -12,15 +12,17 @@ import dataclasses
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
 
-from hutch.errors import SnapshotError
+from hutch.errors import SnapshotError, VmError
 from hutch.models import PauseMode, SandboxSpec, SandboxState, Shape
 from hutch.runtime.qemu.backend import QemuBackend
+from hutch.runtime.qemu.runtime import QemuRuntime
 from hutch.services.composed import Services
-from hutch.vm.disk_chain import disk_chain
+from hutch.vm.disk_chain import COMPACT_JOB, disk_chain
 from tests.vm import guest_programs as gp
 from tests.vm.test_sandbox_vm import run, service  # noqa: F401
 
@@ -153,5 +155,48 @@ async def test_deep_disk_chains_are_compacted_while_running(service: Services) -
         await service.lifecycle.resume(rec.id)
         assert "OK" in await run(service, rec.id, "cd /root && sha256sum -c sum")
         await service.sandboxes.delete(rec.id)
+    finally:
+        backend.settings = allowed
+
+
+async def test_a_pause_as_a_compaction_ends_on_its_own_succeeds(service: Services) -> None:  # noqa: F811
+    """The race CI met (2026-12-06): the pause listed the compaction job, the job ended
+    and QEMU dismissed it, and the cancel that followed was refused ("Block job ... not
+    found"), failing the pause. Here the first job listing of the pause is held until
+    the real job has ended and then answers what QEMU said a moment before; the cancel
+    goes to this QEMU and gets its real refusal."""
+    backend = service.backend
+    assert isinstance(backend, QemuBackend)
+    allowed = backend.settings
+    backend.settings = dataclasses.replace(allowed, max_disk_layers=1)
+    try:
+        rec = await service.sandboxes.create(SandboxSpec(image="base", shape=Shape(memory_mib=256)))
+        (child,) = await service.snapshots.fork(rec.id, 1)  # the child compacts its disk
+        runtime = service.core.runtimes[child.id]
+        assert isinstance(runtime, QemuRuntime)
+        vm = runtime.vm
+        real_qmp = vm.qmp
+        refusals: list[str] = []
+
+        async def racing_qmp(cmd: str, **args: Any) -> object:
+            if cmd == "query-block-jobs" and not refusals:
+                deadline = time.monotonic() + 120
+                while await real_qmp(cmd):
+                    assert time.monotonic() < deadline, "the compaction never ended"
+                    await asyncio.sleep(0.05)
+                return [{"device": COMPACT_JOB, "type": "stream", "status": "running"}]
+            try:
+                return await real_qmp(cmd, **args)
+            except VmError as exc:
+                refusals.append(str(exc))
+                raise
+
+        vm.qmp = racing_qmp  # type: ignore[method-assign]
+        await service.lifecycle.pause(child.id, PauseMode.MEMORY)
+        assert refusals and "not found" in refusals[0], refusals
+        await service.lifecycle.resume(child.id)
+        assert await run(service, child.id, ["echo", "fine"]) == "fine\n"
+        for sid in (child.id, rec.id):
+            await service.sandboxes.delete(sid)
     finally:
         backend.settings = allowed
