@@ -15,7 +15,7 @@ docker-registry; a busybox-only image made offline with tests/ocikit.py), then:
 - FROM a built-in image (base: glibc, Python; its package tree without hutch's agent).
 
 The build sandboxes' specs are recorded: they carry the build's shape, network and egress
-rules, so the egress enforcement is every sandbox's own (tests/vm/test_network.py); this
+rules, so the egress enforcement is every sandbox's own (tests/vm/network/); this
 module's service runs without the host network layer.
 
 VM boots: 3 (first build) + 1 (rebuild) + 1 (the sandbox) + 1 (failing RUN) + 1 (FROM
