@@ -86,8 +86,8 @@ def ask(src: str, port: int, name: str, timeout: float = 3.0) -> str:
 # -- the resolver's limiter ----------------------------------------------------------------
 
 
-@pytest.fixture
-async def limited(upstream: FakeUpstream) -> AsyncIterator[tuple[Resolver, int, FakeUpstream]]:
+def two_sandbox_resolver(upstream: FakeUpstream, timeout_s: float, limit: Rate) -> Resolver:
+    """A resolver for sandboxes A and B, both allowed good.test and slow.test."""
     rules = parse_policy(["good.test", "slow.test"])
     directory = Directory(
         {
@@ -99,15 +99,20 @@ async def limited(upstream: FakeUpstream) -> AsyncIterator[tuple[Resolver, int, 
     async def on_learned(sid: str, addrs: object, ttl: int, name: str) -> None:
         return None
 
-    resolver = Resolver(
+    return Resolver(
         directory,
         ("127.0.0.53", upstream.port),
         EgressLog(),
         on_learned,
-        timeout_s=5,
+        timeout_s=timeout_s,
         attempts=1,
-        limit=Rate(20, 30),
+        limit=limit,
     )
+
+
+@pytest.fixture
+async def limited(upstream: FakeUpstream) -> AsyncIterator[tuple[Resolver, int, FakeUpstream]]:
+    resolver = two_sandbox_resolver(upstream, timeout_s=5, limit=Rate(20, 30))
     port = await resolver.start("127.0.0.1", 0)
     yield resolver, port, upstream
     await resolver.close()
@@ -155,26 +160,8 @@ async def test_names_that_time_out_cannot_take_every_in_flight_slot(
 ) -> None:
     """600 queries for a name the upstream never answers: before, they filled the
     server's 512 in-flight slots and the next sandbox's query was dropped."""
-    policy = parse_policy(["slow.test", "good.test"])
-    directory = Directory(
-        {
-            IPv4Address(A_SRC): SandboxNetInfo("sb-a", policy),
-            IPv4Address(B_SRC): SandboxNetInfo("sb-b", policy),
-        }
-    )
-
-    async def on_learned(sid: str, addrs: object, ttl: int, name: str) -> None:
-        return None
-
-    resolver = Resolver(
-        directory,
-        ("127.0.0.53", upstream.port),
-        EgressLog(),
-        on_learned,
-        timeout_s=8,
-        attempts=1,
-        limit=Rate(10_000, 10_000),  # rate is not what this is about
-    )
+    # The rate is not what this is about.
+    resolver = two_sandbox_resolver(upstream, timeout_s=8, limit=Rate(10_000, 10_000))
     port = await resolver.start("127.0.0.1", 0)
     try:
         got = await asyncio.to_thread(flood, A_SRC, port, [BLACKHOLE] * 600, 1.0)
