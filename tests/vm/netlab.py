@@ -16,11 +16,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from hutch import errors
 from hutch.config import load_settings
 from hutch.sdk import Client, Sandbox
 from tests.e2e.conftest import _LIVE, Daemon, finalize_daemon
 from tests.netfake import FakeInternet, free_net_pool
+
+#: What every VM networking module is: real VMs, root for netns, taps and nftables.
+NETWORK_VM_MARKS = [
+    pytest.mark.vm,
+    pytest.mark.privileged,
+    pytest.mark.slow,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (netns, taps, nftables)"),
+]
 
 PROBE = Path(__file__).resolve().parents[1] / "netfake" / "probe.py"
 # Seconds a denied connection may hang before the probe calls it failed; allowed ones

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import secrets
 import socket
 import subprocess
@@ -37,14 +36,19 @@ from hutch.errors import HutchError
 from hutch.sdk import Client
 from tests.e2e.conftest import Daemon
 from tests.netfake import FakeInternet
-from tests.vm.netlab import Guest, http, https, make_guest, network_daemon, resolve, tcp, udp
+from tests.vm.netlab import (
+    NETWORK_VM_MARKS,
+    Guest,
+    http,
+    https,
+    make_guest,
+    network_daemon,
+    resolve,
+    tcp,
+    udp,
+)
 
-pytestmark = [
-    pytest.mark.vm,
-    pytest.mark.privileged,
-    pytest.mark.slow,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (netns, taps, nftables)"),
-]
+pytestmark = NETWORK_VM_MARKS
 
 
 # -- fixtures ------------------------------------------------------------------------------

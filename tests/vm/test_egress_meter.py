@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -31,14 +30,9 @@ from hutch.errors import HutchError
 from hutch.sdk import Client, Sandbox
 from tests.e2e.conftest import Daemon
 from tests.netfake import FakeInternet
-from tests.vm.netlab import network_daemon
+from tests.vm.netlab import NETWORK_VM_MARKS, network_daemon
 
-pytestmark = [
-    pytest.mark.vm,
-    pytest.mark.privileged,
-    pytest.mark.slow,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (netns, taps, nftables)"),
-]
+pytestmark = NETWORK_VM_MARKS
 
 UDP_COUNT, UDP_PAYLOAD = 400, 1000  # allowed, forwarded: 400 * 1028 bytes on the wire
 POST_COUNT, POST_BODY = 6, 60000  # allowed, proxied: 6 * (head + 60000)

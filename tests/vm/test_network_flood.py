@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +25,7 @@ from hutch.sdk import Client, EgressInfo
 from tests.e2e.conftest import Daemon
 from tests.netfake import FakeInternet
 from tests.vm.netlab import (
+    NETWORK_VM_MARKS,
     Guest,
     gateway_of,
     make_guest,
@@ -37,12 +37,7 @@ from tests.vm.netlab import (
     udp,
 )
 
-pytestmark = [
-    pytest.mark.vm,
-    pytest.mark.privileged,
-    pytest.mark.slow,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (netns, taps, nftables)"),
-]
+pytestmark = NETWORK_VM_MARKS
 
 FLOOD = Path(__file__).resolve().parents[1] / "netfake" / "flood.py"
 DNS_RATE, DNS_BURST, LOG_RATE, LOG_BURST = 20, 40, 5, 10

@@ -29,14 +29,9 @@ from hutch.errors import HutchError
 from hutch.sdk import Client, Sandbox
 from tests.e2e.conftest import Daemon
 from tests.netfake import FakeInternet
-from tests.vm.netlab import PROBE, Guest, https, network_daemon, resolve, tcp, udp
+from tests.vm.netlab import NETWORK_VM_MARKS, PROBE, Guest, https, network_daemon, resolve, tcp, udp
 
-pytestmark = [
-    pytest.mark.vm,
-    pytest.mark.privileged,
-    pytest.mark.slow,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (netns, taps, nftables)"),
-]
+pytestmark = NETWORK_VM_MARKS
 
 SECRET = "sk-inspect-4f1c9a7e2b8d"
 POLICY = {

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-import os
 import re
 import secrets
 import socket
@@ -21,6 +20,7 @@ from hutch.sdk import EgressEvent
 from tests.e2e.conftest import Daemon
 from tests.netfake import FakeInternet
 from tests.vm.netlab import (
+    NETWORK_VM_MARKS,
     Guest,
     dns,
     gateway_of,
@@ -32,12 +32,7 @@ from tests.vm.netlab import (
     udp,
 )
 
-pytestmark = [
-    pytest.mark.vm,
-    pytest.mark.privileged,
-    pytest.mark.slow,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (netns, taps, nftables)"),
-]
+pytestmark = NETWORK_VM_MARKS
 
 
 # -- open egress ----------------------------------------------------------------------------

@@ -5,7 +5,6 @@ daemon's restart (last: it restarts the package's daemon)."""
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import subprocess
 import time
@@ -17,6 +16,7 @@ from hutch.sdk import Client, Sandbox
 from tests.e2e.conftest import Daemon
 from tests.netfake import FakeInternet
 from tests.vm.netlab import (
+    NETWORK_VM_MARKS,
     PROBE,
     Guest,
     address_of,
@@ -28,12 +28,7 @@ from tests.vm.netlab import (
     tcp,
 )
 
-pytestmark = [
-    pytest.mark.vm,
-    pytest.mark.privileged,
-    pytest.mark.slow,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (netns, taps, nftables)"),
-]
+pytestmark = NETWORK_VM_MARKS
 
 
 # -- private networks ------------------------------------------------------------------------
