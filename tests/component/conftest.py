@@ -174,10 +174,19 @@ STORE_FREE_MODULES = frozenset(
 )
 
 
+def _runs_both_backends(item: pytest.Item) -> bool:
+    """A test of ``db_target`` (tests/conftest.py): the SQLite pass already runs it on
+    SQLite and on PostgreSQL, with stores opened on the target it names."""
+    return "db_target" in getattr(item, "fixturenames", ())
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if pgserver.test_database() != "postgres":
         return
-    kept = [i for i in items if i.path.name not in STORE_FREE_MODULES]
+    # The PostgreSQL pass would run these the very same way again (~2.5 min here).
+    kept = [
+        i for i in items if i.path.name not in STORE_FREE_MODULES and not _runs_both_backends(i)
+    ]
     if len(kept) != len(items):
         config.hook.pytest_deselected(items=[i for i in items if i not in kept])
         items[:] = kept
@@ -187,15 +196,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _store_free_modules_stay_so(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The SQLite pass keeps what the PostgreSQL pass leaves out honest: a listed
+    module's test opens no store through Settings, and a ``db_target`` test opens none
+    but the target it names (the PostgreSQL pass would move Settings' own default)."""
     module = request.node.path.name
-    if module not in STORE_FREE_MODULES:
+    if module in STORE_FREE_MODULES:
+
+        def database(self: Settings) -> Path | str:
+            raise AssertionError(
+                f"{module} opens a store (Settings.database) but is listed in "
+                "tests/component/conftest.py STORE_FREE_MODULES, which the PostgreSQL "
+                "pass leaves out: take it off the list"
+            )
+
+    elif _runs_both_backends(request.node) and pgserver.test_database() != "postgres":
+
+        def database(self: Settings) -> Path | str:
+            if self.database_url is not None:
+                return self.database_url
+            if self.cluster.shared_db is not None:
+                return self.cluster.shared_db
+            raise AssertionError(
+                f"{request.node.nodeid} takes db_target, which the PostgreSQL pass leaves "
+                "out, yet opens a store on Settings' own default: give it the target "
+                "(database_url, cluster.shared_db)"
+            )
+
+    else:
         return
-
-    def database(self: Settings) -> object:
-        raise AssertionError(
-            f"{module} opens a store (Settings.database) but is listed in "
-            "tests/component/conftest.py STORE_FREE_MODULES, which the PostgreSQL pass "
-            "leaves out: take it off the list"
-        )
-
     monkeypatch.setattr(Settings, "database", property(database))
