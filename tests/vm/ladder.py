@@ -11,7 +11,10 @@ After Firecracker's fixtures by lifecycle stage (``vm`` → ``vm_booted`` → ``
                                                         sandbox_forked (a child; its
                                                         sibling and the parent kept)
 
-Every rung is built once per session, from the rung below. A guest-facing test takes
+Every rung is built once, from the rung below, for the module that uses the ladder
+(``tests/vm/test_ladder.py``), and ends with it: a ladder that lived to the end of the
+session kept its VMs, the background ticker's among them (about 12% of a core under
+TCG), running through the rest of the VM tier. A guest-facing test takes
 ``guest`` and runs on each of booted, restored and forked (ids ``[booted]`` ...), so a
 restore or a fork that loses something a fresh boot has fails there. The rungs check
 what each stage must keep or change (identity, clock, address, entropy, processes).
@@ -22,8 +25,8 @@ SDK, as a user would: the tests know nothing of the service's insides. Without r
 daemon gives sandboxes network "none", and the address checks check that instead.
 
 Booted and restored are one sandbox at two times, so the order matters:
-:func:`order_items` (called from ``tests/vm/conftest.py``) runs every ladder test of
-the session rung by rung, and a rung used after the ladder moved past it fails rather
+:func:`order_items` (called from ``tests/vm/conftest.py``) runs every ladder test
+rung by rung, and a rung used after the ladder moved past it fails rather
 than test the wrong stage. When a test that used the ladder fails, every ladder
 sandbox's id, console tail and QEMU log and the daemon's log tail are attached to the
 report (:meth:`Ladder.diagnostics`).
@@ -190,7 +193,7 @@ def order_items(items: list[pytest.Item]) -> None:
 # -- fixtures (imported by tests/vm/conftest.py) ---------------------------------------------
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ladder(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Ladder]:
@@ -210,7 +213,7 @@ def ladder(
         assert not problems, "\n".join(problems)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def sandbox_booted(ladder: Ladder) -> Rung:
     """A sandbox as a user gets it from ``Sandbox.create``: a cold boot."""
     sb = Sandbox.create("base", name=NAME, env=ENV, client=ladder.client, **SHAPE)  # type: ignore[arg-type]
@@ -232,7 +235,7 @@ def _until(what: str, check: Callable[[], bool], timeout_s: float = 60.0) -> Non
         time.sleep(0.2)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def sandbox_paused(ladder: Ladder, sandbox_booted: Rung) -> Paused:
     """The booted sandbox paused with memory, after starting what a resume must keep: a
     background process (the process API), a terminal with a shell variable set, a
@@ -257,7 +260,7 @@ def sandbox_paused(ladder: Ladder, sandbox_booted: Rung) -> Paused:
     return Paused(sb, ticker, ticks, pty_id, secret, time.time())
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def sandbox_restored(ladder: Ladder, sandbox_paused: Paused) -> Rung:
     """The paused sandbox resumed: a new QEMU restored from the pause's memory."""
     time.sleep(max(0.0, sandbox_paused.paused_at + MIN_PAUSE_S - time.time()))
@@ -267,7 +270,7 @@ def sandbox_restored(ladder: Ladder, sandbox_paused: Paused) -> Rung:
     return Rung("restored", sb, ladder, Identity.read(sb), sh(sb, gp.RANDOM_16))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def sandbox_forked(ladder: Ladder, sandbox_restored: Rung) -> Forked:
     """A fork child of the restored sandbox (a fork of two: the sibling is kept to
     compare with; the parent is restored from the fork's snapshot too)."""
