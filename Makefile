@@ -190,8 +190,8 @@ LANE_PYTEST := HUTCH_TEST_IMAGES_DIR=$(STATE_DIR)/images $(BIN)/pytest -p no:cac
 # b at 46m05s (unit+component 693 s, e2e 1493 s, PostgreSQL pass 515 s): template_sharing
 # (80 s), builtin_images_cluster (69 s) and roles (106 s) moved to lane a. The clean-clone
 # run of 2026-12-07 (8c06f38) ended lane a at 37m41s and lane b at 43m34s, before the
-# PostgreSQL pass left out the db_target tests (~2.5 min of its 11m47s): cli (41 s) and
-# mcp (41 s) moved to lane a.
+# PostgreSQL pass left out the db_target tests (11m47s -> 8m01s): cli (41 s) and mcp
+# (41 s) moved to lane a.
 # Every other e2e file, a new one too, runs in lane b.
 LANE_A_E2E := crash_lifecycle metering two_daemons template_sharing builtin_images_cluster \
 	roles cli mcp

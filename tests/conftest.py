@@ -16,11 +16,15 @@ import shutil
 import signal
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import uvloop
 
 from tests import pgserver
+
+if TYPE_CHECKING:
+    from hutch.config import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 # Marks every process this run starts (inherited by each hutchd, QEMU and server): the
@@ -57,6 +61,14 @@ def pg_session() -> Iterator[None]:
     pgserver.close_shared_server()
 
 
+def named_database(settings: Settings) -> Path | str | None:
+    """The database ``settings`` names itself (a ``database_url``, or a cluster's shared
+    SQLite file); None when it would open Settings' own default."""
+    if settings.database_url is not None:
+        return settings.database_url
+    return settings.cluster.shared_db
+
+
 @pytest.fixture(autouse=True)
 def _test_database(monkeypatch: pytest.MonkeyPatch) -> None:
     """``HUTCH_TEST_DATABASE=postgres``: every Settings without a database of its own
@@ -69,10 +81,9 @@ def _test_database(monkeypatch: pytest.MonkeyPatch) -> None:
     from hutch.config import Settings
 
     def database(self: Settings) -> Path | str:
-        if self.database_url is not None:
-            return self.database_url
-        if self.cluster.shared_db is not None:
-            return self.cluster.shared_db
+        named = named_database(self)
+        if named is not None:
+            return named
         url = pgserver.database_url_for(self.state_dir)
         assert url is not None
         return url

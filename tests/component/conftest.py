@@ -26,6 +26,7 @@ from hutch.services.network import NetworkService as NetworkManager
 from hutch.store import Store
 from tests import pgserver
 from tests.component.fake_backend import FakeBackend
+from tests.conftest import named_database
 
 API_KEY = "hk_test-key"
 
@@ -183,7 +184,7 @@ def _runs_both_backends(item: pytest.Item) -> bool:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if pgserver.test_database() != "postgres":
         return
-    # The PostgreSQL pass would run these the very same way again (~2.5 min here).
+    # The PostgreSQL pass would run these the very same way again (~3.5 min here).
     kept = [
         i for i in items if i.path.name not in STORE_FREE_MODULES and not _runs_both_backends(i)
     ]
@@ -193,7 +194,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(autouse=True)
-def _store_free_modules_stay_so(
+def _what_the_postgres_pass_leaves_out_stays_so(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The SQLite pass keeps what the PostgreSQL pass leaves out honest: a listed
@@ -209,13 +210,12 @@ def _store_free_modules_stay_so(
                 "pass leaves out: take it off the list"
             )
 
-    elif _runs_both_backends(request.node) and pgserver.test_database() != "postgres":
+    elif _runs_both_backends(request.node):
 
         def database(self: Settings) -> Path | str:
-            if self.database_url is not None:
-                return self.database_url
-            if self.cluster.shared_db is not None:
-                return self.cluster.shared_db
+            named = named_database(self)
+            if named is not None:
+                return named
             raise AssertionError(
                 f"{request.node.nodeid} takes db_target, which the PostgreSQL pass leaves "
                 "out, yet opens a store on Settings' own default: give it the target "
