@@ -172,12 +172,27 @@ async def test_auto_pause_never_pauses_over_a_call_that_just_started(
     service.core.clock = lambda: time.time() + 61  # idle long enough ...
     lock = service.core.lock(sid)
     await lock.acquire()
+    # No sleeps stand for "has got there" (they raced on a busy host, the PostgreSQL
+    # pass's lookups in the exec's way): the reaper's pause runs on without a pause of
+    # its own from the call seen here to waiting for the lock, so once this task runs
+    # again it waits there.
+    pause, pausing = service.reaper.lifecycle.pause, asyncio.Event()
+
+    async def seen_pause(*args: Any, **kwargs: Any) -> Any:
+        pausing.set()
+        return await pause(*args, **kwargs)
+
+    service.reaper.lifecycle.pause = seen_pause  # type: ignore[method-assign]
     policies = asyncio.create_task(service.reaper.apply_policies())
-    await asyncio.sleep(0.1)  # ... the reaper decided to pause and waits for the lock
+    await asyncio.wait_for(pausing.wait(), 30)  # ... the reaper decided to pause
+    assert not policies.done()
     exec_call = asyncio.create_task(
         api.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "sleep 1; echo kept"})
     )
-    await asyncio.sleep(0.3)  # the exec is inside
+    deadline = time.monotonic() + 30
+    while service.core.activity.idle_for(service.core.get(sid), service.core.clock()) > 0:
+        assert time.monotonic() < deadline, "the exec never took its lease"
+        await asyncio.sleep(0.01)  # the exec is inside (it holds a lease) ...
     lock.release()
     await policies
     assert (await api.get(f"/v1/sandboxes/{sid}")).json()["state"] == "running"

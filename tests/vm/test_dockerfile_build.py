@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import shutil
-import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -37,23 +35,14 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-import uvicorn
 
-from hutch.api import create_app
-from hutch.config import Settings
-from hutch.daemon import build_services
 from hutch.errors import BuildFailed
 from hutch.models import SandboxSpec
-from hutch.runtime.qemu.backend import QemuBackend
 from hutch.sdk import AsyncClient, AsyncSandbox, BuildEvent
 from hutch.services.composed import Services
-from hutch.services.images import HostImages, LocalBootSets, LocalImages
-from hutch.store import Store
-from hutch.store.images import ImageStore
-from tests.conftest import qemu_pids_mentioning, test_images_dir
-from tests.leases import own_tag_state_dir
 from tests.ocikit import E, Image, Layer, layer_tar, push
 from tests.registry_server import Registry, running_registry
+from tests.vm.services import image_service, served
 
 pytestmark = [pytest.mark.vm, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(900)]
 
@@ -109,18 +98,7 @@ class Env:
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
     work = tmp_path_factory.mktemp("dockerfile")
-    images_dir = test_images_dir()
-    settings = Settings(
-        state_dir=own_tag_state_dir(work / "state"),  # tests/leases.py
-        images_dir_override=images_dir,
-        accel=os.environ.get("HUTCH_ACCEL", "auto"),
-        templates=False,
-    )
-    store = Store(settings.database)
-    images = HostImages(
-        LocalImages(images_dir), ImageStore(store), images_dir, LocalBootSets(images_dir)
-    )
-    svc = build_services(settings, store, QemuBackend(settings), images)
+    svc = image_service(work / "state")
     # Record what the builder asks for (the build sandboxes' specs), then do it.
     specs: list[SandboxSpec] = []
     create = svc.sandboxes.create
@@ -130,31 +108,10 @@ async def env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
         return await create(spec, *args, **kw)
 
     svc.sandboxes.create = recording_create  # type: ignore[method-assign,assignment]
-    app = create_app(svc, API_KEY)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        await asyncio.sleep(0.01)
-        if task.done():
-            task.result()
-    client = AsyncClient(
-        base_url=f"http://127.0.0.1:{sock.getsockname()[1]}", api_key=API_KEY, timeout=900
-    )
-    with running_registry(work / "registry") as registry:
-        await asyncio.to_thread(push, busybox_image(), registry.url, "test/busybox", "1")
-        try:
+    async with served(svc, API_KEY) as client:
+        with running_registry(work / "registry") as registry:
+            await asyncio.to_thread(push, busybox_image(), registry.url, "test/busybox", "1")
             yield Env(svc, client, registry, work, specs)
-        finally:
-            for rec in svc.sandboxes.list_sandboxes():
-                if rec.state.is_live:
-                    await svc.sandboxes.delete(rec.id)
-            await client.aclose()
-            server.should_exit = True
-            await task
-            sock.close()
-            assert qemu_pids_mentioning(str(settings.run_dir)) == []
 
 
 def context(env: Env, second: str) -> Path:

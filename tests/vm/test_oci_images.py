@@ -25,7 +25,6 @@ import dataclasses
 import json
 import os
 import shutil
-import socket
 import subprocess
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -33,11 +32,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-import uvicorn
 
-from hutch.api import create_app
-from hutch.config import Settings
-from hutch.daemon import build_services
 from hutch.errors import Conflict, InvalidArgument, InvalidImage, NotFound
 from hutch.images.build import ImageArtifacts
 from hutch.images.oci.importer import MOUNT_POINTS, content_dir
@@ -45,11 +40,7 @@ from hutch.models import Shape
 from hutch.runtime.qemu.backend import QemuBackend
 from hutch.sdk import AsyncClient, AsyncSandbox, ImageProgress
 from hutch.services.composed import Services
-from hutch.services.images import HostImages, LocalBootSets, LocalImages
-from hutch.store import Store
-from hutch.store.images import ImageStore
-from tests.conftest import ensure_image, qemu_pids_mentioning, test_images_dir
-from tests.leases import own_tag_state_dir
+from tests.conftest import ensure_image, test_images_dir
 from tests.ocikit import (
     E,
     Image,
@@ -66,6 +57,7 @@ from tests.ocikit import (
     write_oci_archive,
 )
 from tests.registry_server import Registry, running_registry
+from tests.vm.services import image_service, served
 
 pytestmark = [pytest.mark.vm, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(900)]
 
@@ -221,50 +213,21 @@ async def env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
     # (and checked) every run.
     for img in (debian, busybox):
         shutil.rmtree(content_dir(images_dir, img.digest), ignore_errors=True)
-    settings = Settings(
-        state_dir=own_tag_state_dir(work / "state"),  # tests/leases.py
-        images_dir_override=images_dir,
-        accel=os.environ.get("HUTCH_ACCEL", "auto"),
-        templates=False,
-    )
-    store = Store(settings.database)
-    images = HostImages(
-        LocalImages(images_dir), ImageStore(store), images_dir, LocalBootSets(images_dir)
-    )
-    svc = build_services(settings, store, QemuBackend(settings), images)
-    app = create_app(svc, API_KEY)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        await asyncio.sleep(0.01)
-        if task.done():
-            task.result()
-    client = AsyncClient(
-        base_url=f"http://127.0.0.1:{sock.getsockname()[1]}", api_key=API_KEY, timeout=900
-    )
-    with (
-        running_registry(work / "registry") as anon,
-        running_registry(work / "registry-auth", CREDS) as authed,
-    ):
-        arm = Image(layers=[Layer(layer_tar([E("arm", data=b"arm")]))], architecture="arm64")
-        both = index_of([(arm.manifest(), "linux", "arm64"), (debian.manifest(), "linux", "amd64")])
-        await asyncio.to_thread(push, arm, anon.url, "test/debian", arm.digest)
-        await asyncio.to_thread(push, debian, anon.url, "test/debian", "1", index=both)
-        await asyncio.to_thread(push, arm, anon.url, "test/arm-only", "1")
-        await asyncio.to_thread(push, busybox, authed.url, "test/busybox", "1", CREDS)
-        try:
+    svc = image_service(work / "state")
+    async with served(svc, API_KEY) as client:
+        with (
+            running_registry(work / "registry") as anon,
+            running_registry(work / "registry-auth", CREDS) as authed,
+        ):
+            arm = Image(layers=[Layer(layer_tar([E("arm", data=b"arm")]))], architecture="arm64")
+            both = index_of(
+                [(arm.manifest(), "linux", "arm64"), (debian.manifest(), "linux", "amd64")]
+            )
+            await asyncio.to_thread(push, arm, anon.url, "test/debian", arm.digest)
+            await asyncio.to_thread(push, debian, anon.url, "test/debian", "1", index=both)
+            await asyncio.to_thread(push, arm, anon.url, "test/arm-only", "1")
+            await asyncio.to_thread(push, busybox, authed.url, "test/busybox", "1", CREDS)
             yield Env(svc, client, anon, authed, debian, busybox, work, arm)
-        finally:
-            for rec in svc.sandboxes.list_sandboxes():
-                if rec.state.is_live:
-                    await svc.sandboxes.delete(rec.id)
-            await client.aclose()
-            server.should_exit = True
-            await task
-            sock.close()
-            assert qemu_pids_mentioning(str(settings.run_dir)) == []
 
 
 async def listing(sb: AsyncSandbox) -> list[str]:

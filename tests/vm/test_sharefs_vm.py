@@ -97,6 +97,20 @@ def _config(
     return dataclasses.replace(cfg, memory_file=tmp_path / f"{name}.ram", shares=(share,))
 
 
+async def _boot(
+    cfg: VmConfig, volume: Path, cleanup: list[QemuVm | AgentClient | ShareLink]
+) -> tuple[QemuVm, ShareLink, AgentClient]:
+    """``cfg``'s VM booted with its share port served from ``volume``, and its agent."""
+    link = ShareLink(cfg.shares[0].socket, volume, read_only=False)
+    vm = await QemuVm.launch(cfg, ready_timeout_s=30)
+    cleanup.append(vm)
+    link.start()
+    cleanup.append(link)
+    agent = await AgentClient.connect(cfg.agent_socket, timeout_s=120)
+    cleanup.append(agent)
+    return vm, link, agent
+
+
 async def test_a_shared_mount_serves_the_guest_and_keeps_it_across_pause(
     real_image: GuestFiles,
     make_vm_config: Callable[..., VmConfig],
@@ -105,13 +119,7 @@ async def test_a_shared_mount_serves_the_guest_and_keeps_it_across_pause(
     cleanup: list[QemuVm | AgentClient | ShareLink],
 ) -> None:
     cfg = _config(make_vm_config, real_image, tmp_path, "sh0")
-    link = ShareLink(cfg.shares[0].socket, volume, read_only=False)
-    vm = await QemuVm.launch(cfg, ready_timeout_s=30)
-    cleanup.append(vm)
-    link.start()
-    cleanup.append(link)
-    agent = await AgentClient.connect(cfg.agent_socket, timeout_s=120)
-    cleanup.append(agent)
+    vm, link, agent = await _boot(cfg, volume, cleanup)
     assert "fuse" in await sh(agent, "test -c /dev/fuse && cat /proc/filesystems")
     await agent.mount_shared(share_port_name(0), MOUNT)
     await agent.mount_shared(share_port_name(0), MOUNT)  # again: a no-op
@@ -198,12 +206,7 @@ async def test_fork_clones_share_one_volume_each_with_its_own_session(
     cleanup: list[QemuVm | AgentClient | ShareLink],
 ) -> None:
     cfg = _config(make_vm_config, real_image, tmp_path, "tpl")
-    link = ShareLink(cfg.shares[0].socket, volume, read_only=False)
-    vm = await QemuVm.launch(cfg, ready_timeout_s=30)
-    cleanup.append(vm)
-    link.start()
-    cleanup.append(link)
-    agent = await AgentClient.connect(cfg.agent_socket, timeout_s=120)
+    vm, link, agent = await _boot(cfg, volume, cleanup)
     await agent.mount_shared(share_port_name(0), MOUNT)
     await sh(agent, f"echo template > {MOUNT}/t")
     await agent.close()
