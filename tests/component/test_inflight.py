@@ -55,8 +55,8 @@ class InFlight:
     """Three calls held in flight on a sandbox: a collected exec, a streamed exec and a
     download read slowly."""
 
-    def __init__(self, api: httpx.AsyncClient, sid: str) -> None:
-        self.api, self.sid = api, sid
+    def __init__(self, api: httpx.AsyncClient, service: Services, sid: str) -> None:
+        self.api, self.service, self.sid = api, service, sid
         self._streaming = asyncio.Event()
         self._downloading = asyncio.Event()
 
@@ -96,15 +96,25 @@ class InFlight:
         calls = asyncio.gather(self.collected(), self.streamed(), self.download())
         await self._streaming.wait()
         await self._downloading.wait()
-        await asyncio.sleep(0.2)  # the collected exec is surely inside by now
+        # The collected exec shows nothing until it ends: it is in flight once the
+        # service has it inside (a sleep standing for that raced on a busy host).
+        deadline = time.monotonic() + 30
+        while not any(
+            "collected" in work.what
+            for work in self.service.core.activity.inflight.inside(self.sid)
+        ):
+            assert time.monotonic() < deadline, "the collected exec never got inside"
+            await asyncio.sleep(0.01)
         return calls
 
 
 @pytest.mark.parametrize("op", ["pause", "snapshot", "fork"])
-async def test_lifecycle_calls_wait_for_calls_in_flight(api: httpx.AsyncClient, op: str) -> None:
+async def test_lifecycle_calls_wait_for_calls_in_flight(
+    api: httpx.AsyncClient, service: Services, op: str
+) -> None:
     sid = await create(api)
     want = await big_file(api, sid)
-    results = await InFlight(api, sid).start()
+    results = await InFlight(api, service, sid).start()
     path, body = {
         "pause": ("pause", {"mode": "memory"}),
         "snapshot": ("snapshots", {"name": "mid-flight"}),

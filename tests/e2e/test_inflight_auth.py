@@ -94,6 +94,10 @@ def running(sb: Sandbox) -> Sandbox:
     return sb
 
 
+#: Made by the collected exec's command as it starts (removed before each start).
+COLLECTED_STARTED = "/tmp/collected.started"
+
+
 class Calls:
     """A collected exec, a streamed exec and a slowly read download, in threads, held in
     flight on one sandbox; :meth:`results` joins them (each an answer or the error)."""
@@ -122,7 +126,7 @@ class Calls:
             self._downloading.set()
 
     def _collected(self) -> Any:
-        return self.sb.exec("sleep 3; echo collected")
+        return self.sb.exec(f"touch {COLLECTED_STARTED}; sleep 3; echo collected")
 
     def _streamed(self) -> list[Any]:
         events = []
@@ -142,10 +146,15 @@ class Calls:
         return digest.hexdigest()
 
     def start(self) -> None:
+        self.sb.exec(f"rm -f {COLLECTED_STARTED}")
         for t in self._threads:
             t.start()
         assert self._streaming.wait(60) and self._downloading.wait(60)
-        time.sleep(0.5)  # the collected exec is inside by now
+        # The collected exec shows nothing until it ends: it is in flight once its
+        # command runs in the guest (a sleep standing for that raced on a busy host).
+        assert wait_for(lambda: self.sb.exec(f"test -e {COLLECTED_STARTED}").exit_code == 0, 60), (
+            "the collected exec never started"
+        )
 
     def results(self) -> dict[str, Any]:
         for t in self._threads:
