@@ -25,6 +25,7 @@ from tests import pgserver
 
 if TYPE_CHECKING:
     from hutch.config import Settings
+    from hutch.services.composed import Services
 
 REPO = Path(__file__).resolve().parents[1]
 # Marks every process this run starts (inherited by each hutchd, QEMU and server): the
@@ -67,6 +68,14 @@ def named_database(settings: Settings) -> Path | str | None:
     if settings.database_url is not None:
         return settings.database_url
     return settings.cluster.shared_db
+
+
+async def delete_live_sandboxes(svc: Services) -> None:
+    """Delete every sandbox of ``svc`` that is still live (a service fixture's teardown,
+    before it closes the service and checks nothing was left behind)."""
+    for rec in svc.sandboxes.list_sandboxes():
+        if rec.state.is_live:
+            await svc.sandboxes.delete(rec.id)
 
 
 @pytest.fixture(autouse=True)

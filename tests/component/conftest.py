@@ -26,7 +26,7 @@ from hutch.services.network import NetworkService as NetworkManager
 from hutch.store import Store
 from tests import pgserver
 from tests.component.fake_backend import FakeBackend
-from tests.conftest import named_database
+from tests.conftest import delete_live_sandboxes, named_database
 
 API_KEY = "hk_test-key"
 
@@ -104,9 +104,7 @@ async def started_services(
     try:
         yield svc
     finally:
-        for rec in svc.sandboxes.list_sandboxes():
-            if rec.state.is_live:
-                await svc.sandboxes.delete(rec.id)
+        await delete_live_sandboxes(svc)
         await svc.close()
         assert backend.leftover_ids() == set(), "a test leaked sandbox resources"
 

@@ -29,6 +29,7 @@ from hutch.store import Store
 from hutch.store.images import ImageStore
 from tests.component.conftest import API_KEY
 from tests.component.fake_backend import FakeBackend
+from tests.conftest import delete_live_sandboxes
 from tests.ocikit import (
     E,
     Image,
@@ -108,9 +109,7 @@ async def _served(
         server.should_exit = True
         await task
         sock.close()
-        for rec in svc.sandboxes.list_sandboxes():
-            if rec.state.is_live:
-                await svc.sandboxes.delete(rec.id)
+        await delete_live_sandboxes(svc)
         await svc.close()
         assert backend.leftover_ids() == set()
 

@@ -46,6 +46,7 @@ from hutch.services.network import NetworkService as NetworkManager
 from hutch.store import Store
 from tests.component.conftest import API_KEY, FakeImages
 from tests.component.fake_backend import FakeBackend
+from tests.conftest import delete_live_sandboxes
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC_PATH = REPO / "openapi.json"
@@ -127,9 +128,7 @@ class _AppThread:
             self.server.should_exit = True
             await self.serve_task
         if self.svc is not None:
-            for rec in self.svc.sandboxes.list_sandboxes():
-                if rec.state.is_live:
-                    await self.svc.sandboxes.delete(rec.id)
+            await delete_live_sandboxes(self.svc)
             await self.svc.close()
 
     def start(self) -> Served:

@@ -23,7 +23,12 @@ from hutch.services.composed import Services
 from hutch.services.images import HostImages, LocalBootSets, LocalImages
 from hutch.store import Store
 from hutch.store.images import ImageStore
-from tests.conftest import ensure_image, qemu_pids_mentioning, test_images_dir
+from tests.conftest import (
+    delete_live_sandboxes,
+    ensure_image,
+    qemu_pids_mentioning,
+    test_images_dir,
+)
 from tests.leases import own_tag_state_dir, release_tag
 
 
@@ -46,9 +51,7 @@ async def real_service(state: Path, **settings: Any) -> AsyncIterator[Services]:
     try:
         yield svc
     finally:
-        for rec in svc.sandboxes.list_sandboxes():
-            if rec.state.is_live:
-                await svc.sandboxes.delete(rec.id)
+        await delete_live_sandboxes(svc)
         await svc.close()
         release_tag(config.state_dir)
         assert qemu_pids_mentioning(str(config.run_dir)) == []
@@ -93,9 +96,7 @@ async def served(svc: Services, api_key: str) -> AsyncIterator[AsyncClient]:
     try:
         yield client
     finally:
-        for rec in svc.sandboxes.list_sandboxes():
-            if rec.state.is_live:
-                await svc.sandboxes.delete(rec.id)
+        await delete_live_sandboxes(svc)
         await client.aclose()
         server.should_exit = True
         await task
