@@ -7,7 +7,8 @@ import asyncio
 import contextlib
 import shutil
 import socket
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,6 +30,16 @@ from tests.component.fake_backend import FakeBackend
 from tests.conftest import delete_live_sandboxes, named_database
 
 API_KEY = "hk_test-key"
+
+
+async def until(check: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    """Poll ``check`` until it holds (a state with no event to wait on); fails naming
+    ``what`` did not happen after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"{what} (not within {timeout_s:g} s)"
+        await asyncio.sleep(0.01)
+
 
 if shutil.which("bwrap") is None:  # pragma: no cover - make test installs it
     pytest.exit("bubblewrap (bwrap) is missing: run `make deps`", returncode=1)

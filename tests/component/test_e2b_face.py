@@ -45,7 +45,7 @@ from hutch.daemon import build_services
 from hutch.images.build import ImageArtifacts
 from hutch.services.images import ImageDefaults, ImageView
 from hutch.store import Store
-from tests.component.conftest import API_KEY, FakeImages, started_services
+from tests.component.conftest import API_KEY, FakeImages, started_services, until
 from tests.component.e2b_face import Face, serve_face
 from tests.component.fake_backend import FakeBackend
 
@@ -219,22 +219,15 @@ async def test_pty_input_resize_and_kill(sb: AsyncSandbox) -> None:
     seen = bytearray()
     terminal = await sb.pty.create(PtySize(rows=24, cols=80), on_data=seen.extend)
     await sb.pty.send_stdin(terminal.pid, b"stty size; echo pty-$((6*7))\n")
-    await _until(lambda: b"pty-42" in seen)
+    await until(lambda: b"pty-42" in seen, "the terminal echoed pty-42")
     assert b"24 80" in seen
     await sb.pty.resize(terminal.pid, PtySize(rows=30, cols=100))
     await sb.pty.send_stdin(terminal.pid, b"stty size\n")
-    await _until(lambda: b"30 100" in seen)
+    await until(lambda: b"30 100" in seen, "the terminal saw its new size")
     assert terminal.pid in {p.pid for p in await sb.commands.list()}
     assert await sb.pty.kill(terminal.pid) is True
     with pytest.raises(CommandExitException):
         await terminal.wait()
-
-
-async def _until(check: Callable[[], bool], timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.05)
 
 
 # -- files -----------------------------------------------------------------------------
@@ -300,7 +293,7 @@ async def test_watch_both_styles(face: Face, sb: AsyncSandbox) -> None:
     events: list[Any] = []
     handle = await sb.files.watch_dir("/root/w", on_event=events.append, recursive=True)
     await sb.files.write("/root/w/a.txt", "1")
-    await _until(lambda: any(e.name == "a.txt" for e in events))
+    await until(lambda: any(e.name == "a.txt" for e in events), "a.txt was watched")
     await handle.stop()  # type: ignore[no-untyped-call]
     assert {e.type for e in events if e.name == "a.txt"} & {
         FilesystemEventType.CREATE,

@@ -23,7 +23,7 @@ from websockets.exceptions import ConnectionClosed
 
 from hutch.config import Settings
 from hutch.services.composed import Services
-from tests.component.conftest import API_KEY
+from tests.component.conftest import API_KEY, until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -98,13 +98,13 @@ class InFlight:
         await self._downloading.wait()
         # The collected exec shows nothing until it ends: it is in flight once the
         # service has it inside (a sleep standing for that raced on a busy host).
-        deadline = time.monotonic() + 30
-        while not any(
-            "collected" in work.what
-            for work in self.service.core.activity.inflight.inside(self.sid)
-        ):
-            assert time.monotonic() < deadline, "the collected exec never got inside"
-            await asyncio.sleep(0.01)
+        await until(
+            lambda: any(
+                "collected" in work.what
+                for work in self.service.core.activity.inflight.inside(self.sid)
+            ),
+            "the collected exec never got inside",
+        )
         return calls
 
 
@@ -199,10 +199,10 @@ async def test_auto_pause_never_pauses_over_a_call_that_just_started(
     exec_call = asyncio.create_task(
         api.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "sleep 1; echo kept"})
     )
-    deadline = time.monotonic() + 30
-    while service.core.activity.idle_for(service.core.get(sid), service.core.clock()) > 0:
-        assert time.monotonic() < deadline, "the exec never took its lease"
-        await asyncio.sleep(0.01)  # the exec is inside (it holds a lease) ...
+    await until(  # the exec is inside (it holds a lease) ...
+        lambda: service.core.activity.idle_for(service.core.get(sid), service.core.clock()) == 0,
+        "the exec never took its lease",
+    )
     lock.release()
     await policies
     assert (await api.get(f"/v1/sandboxes/{sid}")).json()["state"] == "running"

@@ -6,7 +6,6 @@ as members come and torn down as they go. The real data path is not proven yet
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
@@ -22,6 +21,7 @@ from hutch.services.network import NetworkService
 from hutch.services.overlay import POLL_S
 from hutch.store import Store
 from hutch.store.hosts import HostRow, HostStore
+from tests.component.conftest import until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -71,10 +71,7 @@ def _dataplane(net: NetworkService) -> MemoryDataplane:
 
 
 async def _until(check: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + POLL_S * 5
-    while not check():
-        assert time.monotonic() < deadline, "the other host never learned it"
-        await asyncio.sleep(0.05)
+    await until(check, "the other host never learned it", POLL_S * 5)
 
 
 async def test_members_on_two_hosts_learn_each_other_and_the_tunnel_follows(
