@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import shutil
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,11 +33,18 @@ from tests.conftest import delete_live_sandboxes, named_database
 API_KEY = "hk_test-key"
 
 
-async def until(check: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
-    """Poll ``check`` until it holds (a state with no event to wait on); fails naming
-    ``what`` did not happen after ``timeout_s``."""
+async def until(
+    check: Callable[[], bool | Awaitable[bool]], what: str, timeout_s: float = 30.0
+) -> None:
+    """Poll ``check`` (plain or async, e.g. an API call) until it holds (a state with no
+    event to wait on); fails naming ``what`` did not happen after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
-    while not check():
+    while True:
+        held = check()
+        if inspect.isawaitable(held):
+            held = await held
+        if held:
+            return
         assert time.monotonic() < deadline, f"{what} (not within {timeout_s:g} s)"
         await asyncio.sleep(0.01)
 

@@ -13,7 +13,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from tests.component.conftest import API_KEY
+from tests.component.conftest import API_KEY, until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -164,10 +164,11 @@ async def test_process_survives_pause_and_resume(api: httpx.AsyncClient, sid: st
     # It prints on after the resume, past its first two ticks (every 0.1 s: polled,
     # since a busy host may take longer).
     past = max(before["output_bytes"], len("tick 1\ntick 2\n") - 1)
-    deadline = time.monotonic() + 30
-    while (await api.get(f"{base}/{pid}")).json()["output_bytes"] <= past:
-        assert time.monotonic() < deadline, "the process printed nothing after the resume"
-        await asyncio.sleep(0.1)
+
+    async def printed_past() -> bool:
+        return bool((await api.get(f"{base}/{pid}")).json()["output_bytes"] > past)
+
+    await until(printed_past, "the process printed nothing after the resume")
     out = (await api.get(f"{base}/{pid}/output")).json()["stdout"]
     assert out.startswith("tick 1\ntick 2\n")
     assert (await api.delete(f"{base}/{pid}")).json()["state"] == "exited"
